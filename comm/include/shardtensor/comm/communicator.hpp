@@ -1,0 +1,59 @@
+#pragma once
+// Communicator: ShardTensor's own duplicate of the caller's MPI communicator.
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shardtensor {
+
+struct RankMesh;
+
+/// A duplicate of an MPI communicator, so that ShardTensor's messages never match a
+/// solver's own. Copies share the duplicate; the last copy frees it (unless MPI has
+/// already been finalized).
+class Communicator {
+public:
+  /// Duplicates `comm` (collective over `comm`).
+  explicit Communicator(MPI_Comm comm = MPI_COMM_WORLD);
+
+  MPI_Comm get() const;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  void barrier() const;
+
+  /// Collective error agreement: every rank passes its own error message (empty when it
+  /// found none). If any rank found one, every rank throws shardtensor::Error with the
+  /// lowest failing rank's message, so no rank is left waiting in a later collective.
+  void agree(const std::string& local_error) const;
+
+  /// Collective check that `values` are the same on every rank; otherwise every rank
+  /// throws "<where>: <what> differs between ranks: rank r has (...), rank s has (...)".
+  void require_same(const std::vector<long long>& values, const std::string& where,
+                    const std::string& what) const;
+
+  /// Splits the ranks into a (data x domain) mesh: `data_groups` groups of size()/data_groups
+  /// consecutive ranks each share one sample (domain parallelism inside a group); ranks at
+  /// the same position in different groups form the data-parallel communicator.
+  RankMesh mesh(int data_groups) const;
+
+private:
+  struct adopt_tag {};
+  Communicator(adopt_tag, MPI_Comm comm);
+  struct Handle;
+  std::shared_ptr<Handle> handle_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+/// A two-level (data x domain) Cartesian rank mesh.
+struct RankMesh {
+  Communicator world;   ///< all ranks of the mesh
+  Communicator domain;  ///< the ranks that share one sample (spatially split)
+  Communicator data;    ///< one rank from each data group, at the same domain position
+  int data_group = 0;   ///< which data group this rank belongs to (= data.rank())
+};
+
+}  // namespace shardtensor

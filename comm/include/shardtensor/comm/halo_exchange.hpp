@@ -1,0 +1,91 @@
+#pragma once
+// HaloExchange: a persistent plan that fills a ShardTensor's ghost cells from its
+// neighbours (faces, edges and corners), and its adjoint.
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor {
+
+/// Built once per (communicator, decomposition, ghost widths, batch, channels); the
+/// exchanges then allocate nothing. One message per neighbouring rank and direction
+/// (up to 26 in 3-D), so corner ghosts arrive in the same single round as faces.
+///
+/// Forward (`start`/`finish`, or `exchange`): ghost cells that lie inside the global field,
+/// or across a periodic boundary, receive copies of the owning rank's cells. Ghost cells past
+/// an open boundary are left as they are (layers fill them: padding).
+///
+/// Adjoint (`reverse_start`/`reverse_finish`, or `reverse_accumulate`): the ghost values
+/// are sent back and added to the cells they were copied from, and those ghost cells are
+/// set to zero. This is the transpose of the forward map: the backward pass of any op that
+/// reads ghost cells.
+///
+/// start() packs and posts non-blocking sends and receives and returns, so interior
+/// computation can overlap the communication; finish() waits and unpacks.
+template <class T>
+class HaloExchange {
+public:
+  /// One message of the plan. Boxes are in the shard's local (allocation) indices.
+  struct Message {
+    int neighbor;         ///< rank in the communicator
+    Direction direction;  ///< where the neighbour lies, each component -1, 0, +1
+    Box send_box;         ///< owned cells the neighbour needs (its ghosts at -direction)
+    Box recv_box;         ///< this shard's ghost cells towards `direction`
+    std::size_t send_offset, send_count;  ///< in the send buffer, elements
+    std::size_t recv_offset, recv_count;  ///< in the receive buffer, elements
+  };
+
+  /// Collective over `comm`. `like` gives the layout of every field the plan will exchange;
+  /// its rank must be comm.rank() and comm.size() must equal its decomposition's rank count.
+  /// Throws (on every rank) if the layouts differ between ranks or a ghost region is wider
+  /// than the neighbouring shard that must fill it.
+  HaloExchange(const Communicator& comm, const ShardTensor<T>& like);
+  ~HaloExchange();
+  HaloExchange(const HaloExchange&) = delete;
+  HaloExchange& operator=(const HaloExchange&) = delete;
+
+  void start(const ShardTensor<T>& field);
+  void finish(const ShardTensor<T>& field);
+  void exchange(const ShardTensor<T>& field) {
+    start(field);
+    finish(field);
+  }
+
+  void reverse_start(const ShardTensor<T>& field);
+  void reverse_finish(const ShardTensor<T>& field);
+  void reverse_accumulate(const ShardTensor<T>& field) {
+    reverse_start(field);
+    reverse_finish(field);
+  }
+
+  const std::vector<Message>& messages() const { return messages_; }
+  /// Bytes this rank sends in one forward exchange.
+  std::size_t bytes_sent() const { return send_buffer_.span() * sizeof(T); }
+  /// Bytes this rank receives in one forward exchange.
+  std::size_t bytes_received() const { return recv_buffer_.span() * sizeof(T); }
+
+private:
+  enum class Phase { idle, forward, reverse };
+  void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
+  void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
+
+  Communicator comm_;  // a duplicate of its own: plans never match each other's messages
+  // Layout every exchanged field must have.
+  Decomposition decomposition_;
+  GhostWidths ghosts_;
+  Index batch_, channels_;
+  std::vector<Message> messages_;
+  Kokkos::View<T*, DefaultMemorySpace> send_buffer_, recv_buffer_;
+  std::vector<MPI_Request> recv_requests_, send_requests_;
+  std::vector<int> recv_message_;  // message index of each receive request
+  Phase phase_ = Phase::idle;
+};
+
+extern template class HaloExchange<float>;
+extern template class HaloExchange<double>;
+
+}  // namespace shardtensor

@@ -1,0 +1,112 @@
+#include "shardtensor/comm/communicator.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "shardtensor/core/error.hpp"
+
+namespace shardtensor {
+
+struct Communicator::Handle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  ~Handle() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+};
+
+namespace {
+void check_mpi_initialized(const char* where) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  SHARDTENSOR_REQUIRE(initialized, where, "MPI_Init has not been called");
+}
+}  // namespace
+
+Communicator::Communicator(MPI_Comm comm) {
+  check_mpi_initialized("Communicator");
+  SHARDTENSOR_REQUIRE(comm != MPI_COMM_NULL, "Communicator", "MPI_COMM_NULL given");
+  handle_ = std::make_shared<Handle>();
+  MPI_Comm_dup(comm, &handle_->comm);
+  MPI_Comm_rank(handle_->comm, &rank_);
+  MPI_Comm_size(handle_->comm, &size_);
+}
+
+Communicator::Communicator(adopt_tag, MPI_Comm comm) {
+  handle_ = std::make_shared<Handle>();
+  handle_->comm = comm;
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+}
+
+MPI_Comm Communicator::get() const { return handle_->comm; }
+
+void Communicator::barrier() const { MPI_Barrier(get()); }
+
+void Communicator::agree(const std::string& local_error) const {
+  int first_failing = local_error.empty() ? size_ : rank_;
+  MPI_Allreduce(MPI_IN_PLACE, &first_failing, 1, MPI_INT, MPI_MIN, get());
+  if (first_failing == size_) return;
+  int length = rank_ == first_failing ? static_cast<int>(local_error.size()) : 0;
+  MPI_Bcast(&length, 1, MPI_INT, first_failing, get());
+  std::string message = rank_ == first_failing ? local_error : std::string(length, ' ');
+  MPI_Bcast(&message[0], length, MPI_CHAR, first_failing, get());
+  if (size_ > 1) message += " (reported by rank " + std::to_string(first_failing) + ")";
+  throw Error(message);
+}
+
+void Communicator::require_same(const std::vector<long long>& values, const std::string& where,
+                                const std::string& what) const {
+  int count = static_cast<int>(values.size());
+  int max_count = count;
+  MPI_Allreduce(MPI_IN_PLACE, &max_count, 1, MPI_INT, MPI_MAX, get());
+  // Pad to a common length so ranks that disagree on the length still take part.
+  std::vector<long long> padded(values);
+  padded.resize(max_count + 1, -1);
+  padded[max_count] = count;
+  std::vector<long long> lowest(padded), highest(padded);
+  MPI_Allreduce(MPI_IN_PLACE, lowest.data(), max_count + 1, MPI_LONG_LONG, MPI_MIN, get());
+  MPI_Allreduce(MPI_IN_PLACE, highest.data(), max_count + 1, MPI_LONG_LONG, MPI_MAX, get());
+  if (lowest == highest) return;
+  // Everyone learns every rank's values to name the disagreement.
+  std::vector<long long> all(static_cast<std::size_t>(max_count + 1) * size_);
+  MPI_Allgather(padded.data(), max_count + 1, MPI_LONG_LONG, all.data(), max_count + 1,
+                MPI_LONG_LONG, get());
+  auto describe = [&](int r) {
+    std::ostringstream os;
+    const long long* v = &all[static_cast<std::size_t>(r) * (max_count + 1)];
+    os << "rank " << r << " has (";
+    for (long long i = 0; i < v[max_count]; ++i) os << (i ? "," : "") << v[i];
+    os << ")";
+    return os.str();
+  };
+  int other = 1;
+  for (; other < size_; ++other)
+    if (!std::equal(all.begin(), all.begin() + max_count + 1,
+                    all.begin() + static_cast<std::ptrdiff_t>(other) * (max_count + 1)))
+      break;
+  SHARDTENSOR_FAIL(where, what << " differs between ranks: " << describe(0) << ", "
+                                << describe(other));
+}
+
+RankMesh Communicator::mesh(int data_groups) const {
+  SHARDTENSOR_REQUIRE(data_groups >= 1 && size_ % data_groups == 0, "Communicator::mesh",
+                      data_groups << " data-parallel groups do not divide " << size_
+                                  << " ranks");
+  int dims[2] = {data_groups, size_ / data_groups};
+  int periods[2] = {0, 0};
+  MPI_Comm cart = MPI_COMM_NULL;
+  MPI_Cart_create(get(), 2, dims, periods, /*reorder=*/0, &cart);
+  MPI_Comm data_comm = MPI_COMM_NULL, domain_comm = MPI_COMM_NULL;
+  int keep_data[2] = {1, 0};
+  int keep_domain[2] = {0, 1};
+  MPI_Cart_sub(cart, keep_data, &data_comm);
+  MPI_Cart_sub(cart, keep_domain, &domain_comm);
+  RankMesh mesh{Communicator(adopt_tag{}, cart), Communicator(adopt_tag{}, domain_comm),
+                Communicator(adopt_tag{}, data_comm), 0};
+  mesh.data_group = mesh.data.rank();
+  return mesh;
+}
+
+}  // namespace shardtensor

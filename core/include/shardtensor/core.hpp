@@ -1,0 +1,10 @@
+#pragma once
+// Umbrella header of the core module.
+
+#include "shardtensor/core/box.hpp"
+#include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/decomposition.hpp"
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/core/ghost_widths.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+#include "shardtensor/core/types.hpp"

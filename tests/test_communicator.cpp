@@ -1,0 +1,2 @@
+#include <catch2/catch.hpp>
+TEST_CASE("placeholder") { CHECK(true); }

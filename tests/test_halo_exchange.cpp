@@ -1,0 +1,210 @@
+// HaloExchange: every ghost cell (faces, edges, corners) holds the owner's value after an
+// exchange, for 1-D/2-D/3-D process grids, uneven splits, periodic and open boundaries,
+// widths 1-3 (also asymmetric), float and double; and the reverse is the exact adjoint.
+
+#include <catch2/catch.hpp>
+#include <sstream>
+
+#include "test_support.hpp"
+
+using namespace shardtensor;
+
+namespace {
+
+constexpr double sentinel = -7.0;
+
+/// Global extents giving every rank of `grid` at least `min_cells` cells, uneven where the
+/// grid allows it.
+std::vector<Index> extents_for(const std::vector<int>& grid, int min_cells) {
+  std::vector<Index> e;
+  for (std::size_t k = 0; k < grid.size(); ++k) e.push_back(grid[k] * min_cells + 1 + Index(k));
+  return e;
+}
+
+/// Fills owned cells with (global linear index + 1) and ghosts with the sentinel, exchanges,
+/// and returns the number of cells whose value is not what the owner holds (or the sentinel
+/// past an open boundary).
+template <class T>
+long long wrong_cells_after_exchange(const Decomposition& d, const GhostWidths& ghosts,
+                                     bool split_phase) {
+  const Communicator comm;
+  const Index batch = 2, channels = 3;
+  ShardTensor<T> field(d, comm.rank(), batch, channels, ghosts);
+  auto expected_value = [&](Index n, Index c, SpatialIndex g) {
+    if (!test::wrap_global(d, g)) return sentinel;
+    return double(test::global_linear_index(d, channels, n, c, g) + 1);
+  };
+  test::fill(field, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
+    return test::is_ghost(field, local) ? sentinel : expected_value(n, c, g);
+  });
+  HaloExchange<T> halo(comm, field);
+  if (split_phase) {
+    halo.start(field);
+    // Interior work would go here; the owned cells may be read meanwhile.
+    halo.finish(field);
+  } else {
+    halo.exchange(field);
+  }
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), field.view());
+  long long wrong = 0;
+  for (Index n = 0; n < batch; ++n)
+    for (Index c = 0; c < channels; ++c)
+      for (Index x = 0; x < field.allocated_extent(0); ++x)
+        for (Index y = 0; y < field.allocated_extent(1); ++y)
+          for (Index z = 0; z < field.allocated_extent(2); ++z) {
+            const double want = expected_value(n, c, field.to_global({x, y, z}));
+            if (double(host(n, c, x, y, z)) != want) ++wrong;
+          }
+  return wrong;
+}
+
+std::vector<std::vector<bool>> periodic_variants(int ndims) {
+  std::vector<std::vector<bool>> out{std::vector<bool>(ndims, false),
+                                     std::vector<bool>(ndims, true)};
+  if (ndims > 1) {
+    std::vector<bool> mixed(ndims, false);
+    mixed[0] = true;
+    out.push_back(mixed);
+  }
+  return out;
+}
+
+std::string describe(const Decomposition& d, const GhostWidths& g) {
+  std::ostringstream os;
+  os << d.describe() << ", ghosts " << g;
+  return os.str();
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("halo exchange fills every ghost cell from its owner", "[halo]", float,
+                   double) {
+  const int nranks = test::world_size();
+  for (int ndims = 1; ndims <= 3; ++ndims) {
+    for (const std::vector<int>& grid : test::process_grids(nranks, ndims)) {
+      for (const std::vector<bool>& periodic : periodic_variants(ndims)) {
+        for (int width = 1; width <= 3; ++width) {
+          const Decomposition d(extents_for(grid, 3), grid, periodic);
+          const GhostWidths ghosts = GhostWidths::uniform(width, ndims);
+          INFO(describe(d, ghosts));
+          CHECK(wrong_cells_after_exchange<TestType>(d, ghosts, width == 2) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("halo exchange with asymmetric widths and explicit uneven splits", "[halo]",
+                   float, double) {
+  const int nranks = test::world_size();
+  for (const std::vector<int>& grid : test::process_grids(nranks, 3)) {
+    // Uneven explicit split points: part i along dim k has 3 + (i + k) % 3 cells.
+    std::vector<std::vector<Index>> points(3);
+    for (int k = 0; k < 3; ++k) {
+      points[k].push_back(0);
+      for (int i = 0; i < grid[k]; ++i) points[k].push_back(points[k].back() + 3 + (i + k) % 3);
+    }
+    for (const std::vector<bool>& periodic : periodic_variants(3)) {
+      const Decomposition d = Decomposition::from_split_points(points, periodic);
+      GhostWidths ghosts;
+      ghosts.lower = {1, 3, 0};
+      ghosts.upper = {2, 0, 3};
+      INFO(describe(d, ghosts));
+      CHECK(wrong_cells_after_exchange<TestType>(d, ghosts, true) == 0);
+    }
+  }
+}
+
+TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]") {
+  const int nranks = test::world_size();
+  const Communicator comm;
+  int case_index = 0;
+  for (int ndims = 1; ndims <= 3; ++ndims) {
+    for (const std::vector<int>& grid : test::process_grids(nranks, ndims)) {
+      for (const std::vector<bool>& periodic : periodic_variants(ndims)) {
+        ++case_index;
+        const Decomposition d(extents_for(grid, 3), grid, periodic);
+        GhostWidths ghosts = GhostWidths::uniform(2, ndims);
+        ghosts.lower[0] = 1;  // asymmetric on the first axis
+        ghosts.upper[0] = 3;
+        INFO(describe(d, ghosts));
+        const Index channels = 2;
+        ShardTensor<double> x(d, comm.rank(), 1, channels, ghosts);
+        ShardTensor<double> y(d, comm.rank(), 1, channels, ghosts);
+        // x: random owned values, zero ghosts (H acts on owned cells); y: random everywhere.
+        test::fill(x, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
+          return test::is_ghost(x, local)
+                     ? 0.0
+                     : test::hashed_uniform(case_index, test::global_linear_index(d, channels, n, c, g));
+        });
+        test::fill(y, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex&) {
+          const std::uint64_t id = ((comm.rank() * 8 + n) * channels + c) * 1000003ull +
+                                   (local[0] * 1009 + local[1]) * 1013 + local[2];
+          return test::hashed_uniform(1000 + case_index, id);
+        });
+        HaloExchange<double> halo(comm, x);
+        auto local_dot = [](const ShardTensor<double>& a, const ShardTensor<double>& b) {
+          double s = 0;
+          Kokkos::parallel_reduce(
+              "dot", a.view().span(),
+              KOKKOS_LAMBDA(const std::size_t i, double& acc) {
+                acc += a.view().data()[i] * b.view().data()[i];
+              },
+              s);
+          return s;
+        };
+        ShardTensor<double> hx(d, comm.rank(), 1, channels, ghosts);
+        Kokkos::deep_copy(hx.view(), x.view());
+        halo.exchange(hx);
+        const double lhs = test::sum_over_ranks(local_dot(hx, y));
+        ShardTensor<double> hty(d, comm.rank(), 1, channels, ghosts);
+        Kokkos::deep_copy(hty.view(), y.view());
+        halo.reverse_accumulate(hty);
+        const double rhs = test::sum_over_ranks(local_dot(x, hty));
+        INFO("<Hx, y> = " << lhs << ", <x, H^T y> = " << rhs);
+        CHECK(std::abs(lhs - rhs) <= 1e-12 * std::max(1.0, std::abs(lhs)));
+      }
+    }
+  }
+}
+
+TEST_CASE("reverse_accumulate adds ghost values into their owners and clears them", "[halo]") {
+  // Ones in every ghost cell that has an owner: afterwards each owned cell holds the number
+  // of ghost copies of it on all ranks (counted by brute force here), every ghost holds 0.
+  const Communicator comm;
+  for (const std::vector<bool>& periodic : periodic_variants(2)) {
+    const Decomposition d = Decomposition::automatic({7, 6}, comm.size(), periodic);
+    const GhostWidths ghosts = GhostWidths::uniform(1, 2);
+    INFO(describe(d, ghosts));
+    const SpatialIndex e = d.global_extents();
+    std::vector<double> copies_of(static_cast<std::size_t>(e[0] * e[1]), 0.0);
+    for (int r = 0; r < d.nranks(); ++r) {
+      const Box b = d.box(r);
+      for (Index x = b.lower[0] - 1; x < b.upper(0) + 1; ++x)
+        for (Index y = b.lower[1] - 1; y < b.upper(1) + 1; ++y) {
+          SpatialIndex g{x, y, 0};
+          if (b.contains(g) || !test::wrap_global(d, g)) continue;
+          copies_of[static_cast<std::size_t>(g[0] * e[1] + g[1])] += 1.0;
+        }
+    }
+    ShardTensor<double> field(d, comm.rank(), 1, 1, ghosts);
+    test::fill(field, [&](Index, Index, const SpatialIndex& local, const SpatialIndex& g) {
+      SpatialIndex w = g;
+      return test::is_ghost(field, local) && test::wrap_global(d, w) ? 1.0 : 0.0;
+    });
+    HaloExchange<double> halo(comm, field);
+    halo.reverse_accumulate(field);
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), field.view());
+    long long wrong = 0;
+    for (Index x = 0; x < field.allocated_extent(0); ++x)
+      for (Index y = 0; y < field.allocated_extent(1); ++y) {
+        const SpatialIndex local{x, y, 0};
+        const SpatialIndex g = field.to_global(local);
+        const double want = test::is_ghost(field, local)
+                                ? 0.0
+                                : copies_of[static_cast<std::size_t>(g[0] * e[1] + g[1])];
+        if (host(0, 0, x, y, 0) != want) ++wrong;
+      }
+    CHECK(wrong == 0);
+  }
+}

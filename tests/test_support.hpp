@@ -1,0 +1,123 @@
+#pragma once
+// Shared helpers of the MPI tests: world rank/size, process grids to try, and fields whose
+// values are a function of the global index (so any decomposition can be checked).
+
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "shardtensor/comm.hpp"
+#include "shardtensor/core.hpp"
+
+namespace shardtensor::test {
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+inline int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+/// Every way to write `nranks` as a product of `ndims` ordered factors.
+inline std::vector<std::vector<int>> process_grids(int nranks, int ndims) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> grid(ndims, 1);
+  std::function<void(int, int)> visit = [&](int dim, int remaining) {
+    if (dim == ndims - 1) {
+      grid[dim] = remaining;
+      out.push_back(grid);
+      return;
+    }
+    for (int p = 1; p <= remaining; ++p)
+      if (remaining % p == 0) {
+        grid[dim] = p;
+        visit(dim + 1, remaining / p);
+      }
+  };
+  visit(0, nranks);
+  return out;
+}
+
+/// A reproducible value in [-1, 1) for a (seed, index) pair: splitmix64.
+inline double hashed_uniform(std::uint64_t seed, std::uint64_t index) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+/// Linear index of (n, c, global cell) in the whole field.
+inline std::uint64_t global_linear_index(const Decomposition& d, Index channels, Index n, Index c,
+                                         const SpatialIndex& g) {
+  const SpatialIndex e = d.global_extents();
+  return static_cast<std::uint64_t>((((n * channels + c) * e[0] + g[0]) * e[1] + g[1]) * e[2] + g[2]);
+}
+
+/// Sets every allocated cell (ghosts included) of `tensor` with value(n, c, local, global).
+template <class T, class F>
+void fill(const ShardTensor<T>& tensor, F value) {
+  auto host = Kokkos::create_mirror_view(tensor.view());
+  for (Index n = 0; n < tensor.batch(); ++n)
+    for (Index c = 0; c < tensor.channels(); ++c)
+      for (Index x = 0; x < tensor.allocated_extent(0); ++x)
+        for (Index y = 0; y < tensor.allocated_extent(1); ++y)
+          for (Index z = 0; z < tensor.allocated_extent(2); ++z) {
+            const SpatialIndex local{x, y, z};
+            host(n, c, x, y, z) = static_cast<T>(value(n, c, local, tensor.to_global(local)));
+          }
+  Kokkos::deep_copy(tensor.view(), host);
+}
+
+/// True if the local cell is a ghost cell (not owned).
+template <class T>
+bool is_ghost(const ShardTensor<T>& tensor, const SpatialIndex& local) {
+  return !tensor.interior_box().contains(local);
+}
+
+/// Global index wrapped into the field along periodic axes; false if it lies past an open
+/// boundary (then no rank owns it).
+inline bool wrap_global(const Decomposition& d, SpatialIndex& g) {
+  for (int k = 0; k < max_spatial_dims; ++k) {
+    const Index e = d.global_extents()[k];
+    if (g[k] >= 0 && g[k] < e) continue;
+    if (!d.periodic(k)) return false;
+    g[k] = ((g[k] % e) + e) % e;
+  }
+  return true;
+}
+
+/// Sum over all ranks of a local double.
+inline double sum_over_ranks(double local) {
+  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return local;
+}
+
+/// Runs `body` on every rank and returns the message of the shardtensor::Error it threw
+/// ("" if none). Each rank reports whether it threw, so a test can require that all did.
+template <class F>
+std::string error_message_of(F body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// Number of ranks on which `message` is non-empty.
+inline int ranks_with_error(const std::string& message) {
+  int n = message.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &n, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return n;
+}
+
+}  // namespace shardtensor::test
