@@ -108,12 +108,12 @@ Decomposition::Decomposition(std::vector<Index> global_extent, std::vector<int> 
                                                   << " (field " << join(global_extent) << ")");
     points.push_back(balanced_split_points(global_extent[d], process_grid[d]));
   }
-  *this = Decomposition(std::move(points), std::move(periodic));
+  *this = Decomposition(from_points_tag{}, std::move(points), std::move(periodic));
 }
 
 Decomposition Decomposition::from_split_points(std::vector<std::vector<Index>> split_points,
                                                std::vector<bool> periodic) {
-  return Decomposition(std::move(split_points), std::move(periodic));
+  return Decomposition(from_points_tag{}, std::move(split_points), std::move(periodic));
 }
 
 Decomposition Decomposition::automatic(std::vector<Index> global_extent, int nranks,
@@ -122,7 +122,7 @@ Decomposition Decomposition::automatic(std::vector<Index> global_extent, int nra
   return Decomposition(std::move(global_extent), std::move(grid), std::move(periodic));
 }
 
-Decomposition::Decomposition(std::vector<std::vector<Index>> split_points,
+Decomposition::Decomposition(from_points_tag, std::vector<std::vector<Index>> split_points,
                              std::vector<bool> periodic) {
   constexpr const char* where = "Decomposition";
   check_ndims(split_points.size(), where);

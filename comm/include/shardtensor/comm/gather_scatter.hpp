@@ -49,7 +49,7 @@ void unpack_all_ranks(const BufferView& buffer, const Decomposition& decompositi
 template <class T>
 FieldView<T> allocate_global(const ShardTensor<T>& tensor, const char* label) {
   const SpatialIndex e = tensor.decomposition().global_extents();
-  return FieldView<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), tensor.batch(),
+  return FieldView<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), tensor.batch(),
                       tensor.channels(), e[0], e[1], e[2]);
 }
 

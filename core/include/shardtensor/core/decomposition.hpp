@@ -76,7 +76,9 @@ public:
   friend bool operator!=(const Decomposition& a, const Decomposition& b) { return !(a == b); }
 
 private:
-  Decomposition(std::vector<std::vector<Index>> split_points, std::vector<bool> periodic);
+  struct from_points_tag {};
+  Decomposition(from_points_tag, std::vector<std::vector<Index>> split_points,
+                std::vector<bool> periodic);
   void check_rank(int rank, const char* where) const;
 
   int ndims_ = 0;
