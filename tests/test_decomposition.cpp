@@ -70,6 +70,11 @@ TEST_CASE("automatic process grids minimise the cut surface", "[decomposition]")
   CHECK(choose_process_grid({4, 1000}, 4) == std::vector<int>{1, 4});
   CHECK(choose_process_grid({3, 3}, 9) == std::vector<int>{3, 3});
   CHECK(choose_process_grid({100}, 7) == std::vector<int>{7});
+  // Pinned axes, as with MPI_Dims_create: 0 leaves an axis free.
+  CHECK(choose_process_grid({64, 64, 64}, 8, {0, 0, 1}) == std::vector<int>{4, 2, 1});
+  CHECK(choose_process_grid({64, 64, 64}, 8, {1, 0, 0}) == std::vector<int>{1, 4, 2});
+  CHECK_THROWS_WITH(choose_process_grid({64, 64}, 8, {3, 0}),
+                    Catch::Matchers::Contains("with grid 3x0 (0 = free)"));
   Decomposition d = Decomposition::automatic({32, 32}, 4, {true, false});
   CHECK(d.process_grid() == std::vector<int>{2, 2});
   CHECK(d.periodic(0));

@@ -45,11 +45,17 @@ std::vector<Index> balanced_split_points(Index extent, int parts) {
   return points;
 }
 
-std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, int nranks) {
+std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, int nranks,
+                                     const std::vector<int>& fixed_grid) {
   constexpr const char* where = "choose_process_grid";
   check_ndims(global_extent.size(), where);
   SHARDTENSOR_REQUIRE(nranks >= 1, where, "rank count must be positive, got " << nranks);
   const int ndims = static_cast<int>(global_extent.size());
+  std::vector<int> fixed = fixed_grid;
+  if (fixed.empty()) fixed.assign(ndims, 0);
+  SHARDTENSOR_REQUIRE(static_cast<int>(fixed.size()) == ndims, where,
+                      "fixed grid " << join(fixed) << " has " << fixed.size() << " dims, the field "
+                                    << join(global_extent) << " has " << ndims);
 
   std::vector<int> best;
   double best_cut = std::numeric_limits<double>::infinity();
@@ -57,7 +63,7 @@ std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, in
   // Depth-first over the factorizations of nranks into ndims factors.
   std::function<void(int, int)> visit = [&](int dim, int remaining) {
     if (dim == ndims - 1) {
-      if (remaining > global_extent[dim]) return;
+      if (remaining > global_extent[dim] || (fixed[dim] > 0 && remaining != fixed[dim])) return;
       grid[dim] = remaining;
       double cut = 0.0;  // total area of the cut planes, in cells
       for (int d = 0; d < ndims; ++d) {
@@ -74,7 +80,8 @@ std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, in
       return;
     }
     for (int p = remaining; p >= 1; --p) {
-      if (remaining % p != 0 || p > global_extent[dim]) continue;
+      if (remaining % p != 0 || p > global_extent[dim] || (fixed[dim] > 0 && p != fixed[dim]))
+        continue;
       grid[dim] = p;
       visit(dim + 1, remaining / p);
     }
@@ -82,7 +89,12 @@ std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, in
   visit(0, nranks);
   SHARDTENSOR_REQUIRE(!best.empty(), where,
                       "cannot split a " << join(global_extent) << " field over " << nranks
-                                        << " ranks: more ranks than cells along the dims");
+                                        << " ranks"
+                                        << (fixed_grid.empty() ? std::string()
+                                                               : " with grid " + join(fixed) +
+                                                                     " (0 = free)")
+                                        << ": more ranks than cells along the dims, or the "
+                                           "fixed counts do not divide the rank count");
   return best;
 }
 
@@ -117,8 +129,8 @@ Decomposition Decomposition::from_split_points(std::vector<std::vector<Index>> s
 }
 
 Decomposition Decomposition::automatic(std::vector<Index> global_extent, int nranks,
-                                       std::vector<bool> periodic) {
-  std::vector<int> grid = choose_process_grid(global_extent, nranks);
+                                       std::vector<bool> periodic, std::vector<int> fixed_grid) {
+  std::vector<int> grid = choose_process_grid(global_extent, nranks, fixed_grid);
   return Decomposition(std::move(global_extent), std::move(grid), std::move(periodic));
 }
 

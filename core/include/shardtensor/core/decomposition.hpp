@@ -36,9 +36,10 @@ public:
   static Decomposition from_split_points(std::vector<std::vector<Index>> split_points,
                                          std::vector<bool> periodic = {});
 
-  /// Balanced split over a process grid chosen for `nranks` (see choose_process_grid).
+  /// Balanced split over a process grid chosen for `nranks` (see choose_process_grid);
+  /// positive entries of `fixed_grid` pin the process count of that axis, 0 leaves it free.
   static Decomposition automatic(std::vector<Index> global_extent, int nranks,
-                                 std::vector<bool> periodic = {});
+                                 std::vector<bool> periodic = {}, std::vector<int> fixed_grid = {});
 
   int ndims() const { return ndims_; }
   int nranks() const { return nranks_; }
@@ -91,8 +92,10 @@ private:
 /// Factors `nranks` into one process count per axis (at most the extent along each axis)
 /// so that the total area of the cuts, and so the halo traffic, is smallest; ties go to
 /// splitting earlier (slower-varying) axes, whose faces are contiguous in memory.
+/// Positive entries of `fixed_grid` (like MPI_Dims_create's nonzero dims) are kept as given.
 /// Throws if no factorization fits (e.g. more ranks than cells).
-std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, int nranks);
+std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, int nranks,
+                                     const std::vector<int>& fixed_grid = {});
 
 /// Split points of a balanced split of `extent` cells into `parts`.
 std::vector<Index> balanced_split_points(Index extent, int parts);
