@@ -161,6 +161,12 @@ Decomposition::Decomposition(from_points_tag, std::vector<std::vector<Index>> sp
   split_points_ = std::move(split_points);
 }
 
+const std::vector<Index>& Decomposition::split_points(int dim) const {
+  SHARDTENSOR_REQUIRE(dim >= 0 && dim < ndims_, "Decomposition::split_points",
+                      "dim " << dim << " of a " << ndims_ << "-D decomposition");
+  return split_points_[dim];
+}
+
 SpatialIndex Decomposition::global_extents() const {
   SpatialIndex out{1, 1, 1};
   for (int d = 0; d < ndims_; ++d) out[d] = global_extent(d);

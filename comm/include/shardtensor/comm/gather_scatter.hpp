@@ -2,6 +2,7 @@
 // Whole-field transfers of a ShardTensor: gather to one rank, gather to all ranks,
 // scatter from one rank.
 
+#include <sstream>
 #include <vector>
 
 #include "shardtensor/comm/collectives.hpp"
@@ -121,6 +122,12 @@ ShardTensor<T> scatter_from_root(const Communicator& comm, const FieldView<T>& g
     }
     comm.agree(local_error.str());
   }
+  std::vector<long long> layout = impl::signature(decomposition);
+  for (int k = 0; k < max_spatial_dims; ++k) {
+    layout.push_back(ghosts.lower[k]);
+    layout.push_back(ghosts.upper[k]);
+  }
+  comm.require_same(layout, where, "target decomposition and ghost widths");
   long long shape[2] = {static_cast<long long>(global.extent(0)),
                         static_cast<long long>(global.extent(1))};
   MPI_Bcast(shape, 2, MPI_LONG_LONG, root, comm.get());

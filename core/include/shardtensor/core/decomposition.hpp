@@ -43,13 +43,15 @@ public:
 
   int ndims() const { return ndims_; }
   int nranks() const { return nranks_; }
-  Index global_extent(int dim) const { return split_points_.at(dim).back(); }
+  /// Cells of the whole field along `dim` (1 past ndims()).
+  Index global_extent(int dim) const { return dim < ndims_ ? split_points_[dim].back() : 1; }
   SpatialIndex global_extents() const;
   Index global_cells() const;
   int process_grid(int dim) const { return dim < ndims_ ? process_grid_[dim] : 1; }
   const std::vector<int>& process_grid() const { return process_grid_; }
   bool periodic(int dim) const { return dim < ndims_ && periodic_[dim]; }
-  const std::vector<Index>& split_points(int dim) const { return split_points_.at(dim); }
+  /// {0, s_1, ..., global_extent(dim)}; dim must be below ndims().
+  const std::vector<Index>& split_points(int dim) const;
 
   /// Position of `rank` in the process grid (axes past ndims() are 0).
   std::array<int, max_spatial_dims> coords_of(int rank) const;
