@@ -32,14 +32,28 @@ inline int mpi_count(std::size_t count, const char* where) {
   return static_cast<int>(count);
 }
 
-/// Views handed to MPI must be contiguous and host-accessible (no GPU-aware MPI yet).
+/// Views handed to MPI must be contiguous.
 template <class View>
 void check_contiguous(const View& view, const char* where) {
-  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                           typename View::memory_space>::accessible,
-                "MPI collectives need host-accessible Views");
   SHARDTENSOR_REQUIRE(view.span_is_contiguous(), where,
                       "View '" << view.label() << "' is not contiguous");
+}
+
+/// MPI reads and writes host memory (no GPU-aware MPI yet): these give a host View of the
+/// same data, the View itself when it is host-accessible (no copy), else a host mirror.
+template <class View>
+auto host_copy_of(const View& view) {
+  Kokkos::fence();
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+}
+template <class View>
+auto host_buffer_for(const View& view) {
+  return Kokkos::create_mirror_view(Kokkos::HostSpace(), view);
+}
+/// Copies MPI's result back to the device View when host_buffer_for made a mirror.
+template <class View, class HostView>
+void copy_back(const View& view, const HostView& host) {
+  if (host.data() != view.data()) Kokkos::deep_copy(view, host);
 }
 
 /// Counts must name one block per rank.
@@ -73,9 +87,10 @@ inline std::size_t sum(const std::vector<std::size_t>& counts) {
 template <class View>
 void allreduce(const Communicator& comm, const View& data, ReduceOp op = ReduceOp::sum) {
   impl::check_contiguous(data, "allreduce");
-  Kokkos::fence();
-  MPI_Allreduce(MPI_IN_PLACE, data.data(), impl::mpi_count(data.span(), "allreduce"),
+  const auto host = impl::host_copy_of(data);
+  MPI_Allreduce(MPI_IN_PLACE, host.data(), impl::mpi_count(data.span(), "allreduce"),
                 impl::mpi_type<typename View::value_type>(), impl::mpi_op(op), comm.get());
+  impl::copy_back(data, host);
 }
 
 /// recv = concatenation of every rank's `send` in rank order (recv.span() = size * send.span()).
@@ -86,11 +101,13 @@ void allgather(const Communicator& comm, const SendView& send, const RecvView& r
   SHARDTENSOR_REQUIRE(recv.span() == send.span() * comm.size(), "allgather",
                       "receive View holds " << recv.span() << " elements, need " << comm.size()
                                             << " x " << send.span());
-  Kokkos::fence();
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
-  MPI_Allgather(send.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
-                recv.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
+  MPI_Allgather(host_send.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
+                host_recv.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
                 comm.get());
+  impl::copy_back(recv, host_recv);
 }
 
 /// recv = concatenation of every rank's `send`, rank r contributing counts[r] elements.
@@ -107,11 +124,13 @@ void allgatherv(const Communicator& comm, const SendView& send, const RecvView& 
   SHARDTENSOR_REQUIRE(recv.span() == impl::sum(counts), where,
                       "receive View holds " << recv.span() << " elements, counts sum to "
                                             << impl::sum(counts));
-  Kokkos::fence();
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
   const std::vector<int> displs = impl::displacements(c);
-  MPI_Allgatherv(send.data(), c[comm.rank()], impl::mpi_type<T>(), recv.data(), c.data(),
+  MPI_Allgatherv(host_send.data(), c[comm.rank()], impl::mpi_type<T>(), host_recv.data(), c.data(),
                  displs.data(), impl::mpi_type<T>(), comm.get());
+  impl::copy_back(recv, host_recv);
 }
 
 /// Element-wise reduction of every rank's `send` (sum of counts elements), after which
@@ -129,10 +148,12 @@ void reduce_scatter(const Communicator& comm, const SendView& send, const RecvVi
   SHARDTENSOR_REQUIRE(recv.span() == counts[comm.rank()], where,
                       "rank " << comm.rank() << " receive View holds " << recv.span()
                               << " elements, counts says " << counts[comm.rank()]);
-  Kokkos::fence();
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
-  MPI_Reduce_scatter(send.data(), recv.data(), c.data(), impl::mpi_type<T>(), impl::mpi_op(op),
+  MPI_Reduce_scatter(host_send.data(), host_recv.data(), c.data(), impl::mpi_type<T>(), impl::mpi_op(op),
                      comm.get());
+  impl::copy_back(recv, host_recv);
 }
 
 /// Block r of `send` goes to rank r; block s of `recv` comes from rank s. Equal blocks.
@@ -145,11 +166,13 @@ void alltoall(const Communicator& comm, const SendView& send, const RecvView& re
                       "send (" << send.span() << ") and receive (" << recv.span()
                                << ") Views must hold the same multiple of " << comm.size()
                                << " elements");
-  Kokkos::fence();
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
   const int block = impl::mpi_count(send.span() / comm.size(), where);
-  MPI_Alltoall(send.data(), block, impl::mpi_type<T>(), recv.data(), block, impl::mpi_type<T>(),
+  MPI_Alltoall(host_send.data(), block, impl::mpi_type<T>(), host_recv.data(), block, impl::mpi_type<T>(),
                comm.get());
+  impl::copy_back(recv, host_recv);
 }
 
 /// send_counts[r] elements of `send` (in rank order) go to rank r; recv_counts[s] elements
@@ -168,12 +191,14 @@ void alltoallv(const Communicator& comm, const SendView& send,
                       "Views hold " << send.span() << " / " << recv.span()
                                     << " elements, counts need " << impl::sum(send_counts)
                                     << " / " << impl::sum(recv_counts));
-  Kokkos::fence();
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
   const std::vector<int> sd = impl::displacements(sc);
   const std::vector<int> rd = impl::displacements(rc);
-  MPI_Alltoallv(send.data(), sc.data(), sd.data(), impl::mpi_type<T>(), recv.data(), rc.data(),
+  MPI_Alltoallv(host_send.data(), sc.data(), sd.data(), impl::mpi_type<T>(), host_recv.data(), rc.data(),
                 rd.data(), impl::mpi_type<T>(), comm.get());
+  impl::copy_back(recv, host_recv);
 }
 
 /// Sends `send` to rank (rank + shift) mod size and receives into `recv` from
@@ -186,14 +211,16 @@ void ring_shift(const Communicator& comm, const SendView& send, const RecvView& 
   impl::check_contiguous(recv, where);
   SHARDTENSOR_REQUIRE(send.span() == recv.span(), where,
                       "send holds " << send.span() << " elements, receive " << recv.span());
-  Kokkos::fence();
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
   const int p = comm.size();
   const int to = ((comm.rank() + shift) % p + p) % p;
   const int from = ((comm.rank() - shift) % p + p) % p;
   const int count = impl::mpi_count(send.span(), where);
-  MPI_Sendrecv(send.data(), count, impl::mpi_type<T>(), to, 0, recv.data(), count,
+  MPI_Sendrecv(host_send.data(), count, impl::mpi_type<T>(), to, 0, host_recv.data(), count,
                impl::mpi_type<T>(), from, 0, comm.get(), MPI_STATUS_IGNORE);
+  impl::copy_back(recv, host_recv);
 }
 
 }  // namespace shardtensor

@@ -76,8 +76,11 @@ FieldView<T> gather_to_root(const Communicator& comm, const ShardTensor<T>& tens
     recv = Kokkos::View<T*, DefaultMemorySpace>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "gather_recv"), global.span());
   }
-  MPI_Gatherv(send.data(), counts[comm.rank()], impl::mpi_type<T>(), recv.data(), counts.data(),
-              displs.data(), impl::mpi_type<T>(), root, comm.get());
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
+  MPI_Gatherv(host_send.data(), counts[comm.rank()], impl::mpi_type<T>(), host_recv.data(),
+              counts.data(), displs.data(), impl::mpi_type<T>(), root, comm.get());
+  impl::copy_back(recv, host_recv);
   if (comm.rank() == root) impl::unpack_all_ranks<T>(recv, tensor.decomposition(), global);
   return global;
 }
@@ -149,8 +152,11 @@ ShardTensor<T> scatter_from_root(const Communicator& comm, const FieldView<T>& g
   }
   Kokkos::View<T*, DefaultMemorySpace> recv(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "scatter_recv"), counts[comm.rank()]);
-  MPI_Scatterv(send.data(), counts.data(), displs.data(), impl::mpi_type<T>(), recv.data(),
-               counts[comm.rank()], impl::mpi_type<T>(), root, comm.get());
+  const auto host_send = impl::host_copy_of(send);
+  const auto host_recv = impl::host_buffer_for(recv);
+  MPI_Scatterv(host_send.data(), counts.data(), displs.data(), impl::mpi_type<T>(),
+               host_recv.data(), counts[comm.rank()], impl::mpi_type<T>(), root, comm.get());
+  impl::copy_back(recv, host_recv);
   unpack_box(recv, tensor.view(), tensor.interior_box());
   Kokkos::fence();
   return tensor;
