@@ -11,12 +11,14 @@ using Catch::Matchers::Contains;
 TEST_CASE("more ranks than cells along a dim", "[errors]") {
   const Communicator comm;
   const int p = comm.size();
-  const std::string message = test::error_message_of(
-      [&] { Decomposition::automatic({Index(p) - 1 + (p == 1), 1}, p + (p == 1)); });
+  const std::string message = test::error_message_of([&] {
+    Decomposition::automatic({Index(p) - 1 + (p == 1), 1}, p + (p == 1));
+  });
   CHECK(test::ranks_with_error(message) == p);
   CHECK_THAT(message, Contains("cannot split"));
-  const std::string explicit_grid =
-      test::error_message_of([&] { Decomposition({3, 3}, {4 * p, 1}); });
+  const std::string explicit_grid = test::error_message_of([&] {
+    Decomposition({3, 3}, {4 * p, 1});
+  });
   CHECK(test::ranks_with_error(explicit_grid) == p);
   CHECK_THAT(explicit_grid, Contains("more ranks than cells: " + std::to_string(4 * p) +
                                      " ranks along dim 0 of extent 3"));
@@ -43,7 +45,8 @@ TEST_CASE("a halo wider than a neighbour's extent", "[errors]") {
     HaloExchange<double> halo(comm, t);
   });
   CHECK(test::ranks_with_error(message) == comm.size());
-  CHECK_THAT(message, Contains("HaloExchange: halo width 3 exceeds local extent 2 on rank 0 (dim 0)"));
+  CHECK_THAT(message,
+             Contains("HaloExchange: halo width 3 exceeds local extent 2 on rank 0 (dim 0)"));
 }
 
 TEST_CASE("mismatched shapes between ranks", "[errors]") {
@@ -78,6 +81,8 @@ TEST_CASE("a field that does not match the plan or the decomposition", "[errors]
   CHECK_THROWS_WITH(halo.finish(t), Contains("HaloExchange::finish: no exchange in progress"));
   halo.start(t);
   CHECK_THROWS_WITH(halo.start(t), Contains("an exchange is already in progress"));
+  ShardTensor<double> same_layout(d, comm.rank(), 1, 2, GhostWidths::uniform(1, 2));
+  CHECK_THROWS_WITH(halo.finish(same_layout), Contains("another field than the one its start()"));
   halo.finish(t);
 
   // Scatter of a whole field whose shape disagrees with the decomposition: root's error,

@@ -9,7 +9,9 @@ using namespace shardtensor;
 namespace {
 /// The value rank r contributes at position i (known to every rank, so each can compute
 /// the serial answer).
-double contribution(int r, std::size_t i) { return test::hashed_uniform(r + 1, i); }
+double contribution(int r, std::size_t i) {
+  return test::hashed_uniform(r + 1, i);
+}
 }  // namespace
 
 TEMPLATE_TEST_CASE("allreduce sum, max and min", "[collectives]", float, double) {
@@ -101,7 +103,8 @@ TEST_CASE("alltoall and alltoallv route block r to rank r", "[collectives]") {
   alltoallv(comm, vsend, send_counts, vrecv, recv_counts);
   k = 0;
   for (int s = 0; s < p; ++s)
-    for (std::size_t i = 0; i < recv_counts[s]; ++i) CHECK(vrecv(k++) == 1000.0 * s + 10.0 * me + i);
+    for (std::size_t i = 0; i < recv_counts[s]; ++i)
+      CHECK(vrecv(k++) == 1000.0 * s + 10.0 * me + i);
 }
 
 TEST_CASE("ring_shift passes blocks around the ring", "[collectives]") {

@@ -27,7 +27,7 @@ TEST_CASE("balanced split gives the first remainder parts one more cell", "[deco
 TEST_CASE("the boxes of all ranks tile the field exactly once", "[decomposition]") {
   for (int nranks : {1, 2, 3, 4, 5, 6, 8, 12}) {
     for (int ndims = 1; ndims <= 3; ++ndims) {
-      const std::vector<Index> extents = std::vector<Index>{13, 12, 17}; 
+      const std::vector<Index> extents = std::vector<Index>{13, 12, 17};
       std::vector<Index> global(extents.begin(), extents.begin() + ndims);
       for (const std::vector<int>& grid : test::process_grids(nranks, ndims)) {
         bool fits = true;
@@ -100,8 +100,7 @@ TEST_CASE("neighbours include edges and corners and wrap on periodic axes", "[de
   CHECK(open.neighbor(open.rank_of({2, 2, 2}), {-1, -1, -1}) == centre);
 
   Decomposition periodic({9, 9, 9}, {3, 3, 3}, {true, false, true});
-  CHECK(periodic.neighbor(periodic.rank_of({0, 1, 0}), {-1, 0, -1}) ==
-        periodic.rank_of({2, 1, 2}));
+  CHECK(periodic.neighbor(periodic.rank_of({0, 1, 0}), {-1, 0, -1}) == periodic.rank_of({2, 1, 2}));
   CHECK(periodic.neighbor(periodic.rank_of({0, 2, 0}), {-1, 1, -1}) == no_neighbor);
   // A periodic axis with one process is its own neighbour.
   Decomposition single({8}, {1}, {true});
@@ -111,11 +110,12 @@ TEST_CASE("neighbours include edges and corners and wrap on periodic axes", "[de
 
 TEST_CASE("invalid decompositions name the offending values", "[decomposition][errors]") {
   using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(Decomposition({4, 4}, {5, 1}),
-                    Contains("more ranks than cells") && Contains("5 ranks along dim 0") &&
-                        Contains("extent 4"));
+  CHECK_THROWS_WITH(Decomposition({4, 4}, {5, 1}), Contains("more ranks than cells") &&
+                                                       Contains("5 ranks along dim 0") &&
+                                                       Contains("extent 4"));
   CHECK_THROWS_WITH(choose_process_grid({2, 2}, 5), Contains("cannot split a 2x2 field over 5"));
-  CHECK_THROWS_WITH(Decomposition({4, 4, 4, 4}, {1, 1, 1, 1}), Contains("1 to 3 spatial dims, got 4"));
+  CHECK_THROWS_WITH(Decomposition({4, 4, 4, 4}, {1, 1, 1, 1}),
+                    Contains("1 to 3 spatial dims, got 4"));
   CHECK_THROWS_WITH(Decomposition({4, 4}, {2}), Contains("process grid 2 has 1 dims"));
   CHECK_THROWS_WITH(Decomposition({0, 4}, {1, 1}), Contains("global extent 0 in dim 0"));
   CHECK_THROWS_WITH(Decomposition({4, 4}, {1, 1}, {true}), Contains("periodic flags for 1 dims"));

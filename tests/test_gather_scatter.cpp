@@ -50,10 +50,9 @@ long long wrong_in_shard(const ShardTensor<T>& t) {
         for (Index y = 0; y < t.allocated_extent(1); ++y)
           for (Index z = 0; z < t.allocated_extent(2); ++z) {
             const SpatialIndex local{x, y, z};
-            const T want = test::is_ghost(t, local)
-                               ? T(0)
-                               : cell_value<T>(t.decomposition(), t.channels(), n, c,
-                                               t.to_global(local));
+            const T want = test::is_ghost(t, local) ? T(0)
+                                                    : cell_value<T>(t.decomposition(), t.channels(),
+                                                                    n, c, t.to_global(local));
             if (host(n, c, x, y, z) != want) ++wrong;
           }
   return wrong;
@@ -74,8 +73,8 @@ std::vector<Decomposition> decompositions_for(int nranks) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("gather, all-gather and scatter round trips are bit-exact", "[gather]",
-                   float, double) {
+TEMPLATE_TEST_CASE("gather, all-gather and scatter round trips are bit-exact", "[gather]", float,
+                   double) {
   const Communicator comm;
   for (const Decomposition& d : decompositions_for(comm.size())) {
     INFO(d.describe());
@@ -111,7 +110,8 @@ TEMPLATE_TEST_CASE("redistribute between any two decompositions is bit-exact", "
     std::vector<std::vector<Index>> points;
     for (int k = 0; k < ndims; ++k) points.push_back({0, same_dims.front().global_extent(k)});
     points[0] = {0};
-    for (int r = 0; r < comm.size(); ++r) points[0].push_back(points[0].back() + (r == 0 ? 11 - (comm.size() - 1) : 1));
+    for (int r = 0; r < comm.size(); ++r)
+      points[0].push_back(points[0].back() + (r == 0 ? 11 - (comm.size() - 1) : 1));
     same_dims.push_back(Decomposition::from_split_points(points));
     for (const Decomposition& from : same_dims)
       for (const Decomposition& to : same_dims) {

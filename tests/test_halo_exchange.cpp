@@ -77,8 +77,7 @@ std::string describe(const Decomposition& d, const GhostWidths& g) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("halo exchange fills every ghost cell from its owner", "[halo]", float,
-                   double) {
+TEMPLATE_TEST_CASE("halo exchange fills every ghost cell from its owner", "[halo]", float, double) {
   const int nranks = test::world_size();
   for (int ndims = 1; ndims <= 3; ++ndims) {
     for (const std::vector<int>& grid : test::process_grids(nranks, ndims)) {
@@ -135,7 +134,8 @@ TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]"
         test::fill(x, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
           return test::is_ghost(x, local)
                      ? 0.0
-                     : test::hashed_uniform(case_index, test::global_linear_index(d, channels, n, c, g));
+                     : test::hashed_uniform(case_index,
+                                            test::global_linear_index(d, channels, n, c, g));
         });
         test::fill(y, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex&) {
           const std::uint64_t id = ((comm.rank() * 8 + n) * channels + c) * 1000003ull +

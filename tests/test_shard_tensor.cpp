@@ -31,7 +31,8 @@ TEMPLATE_TEST_CASE("a shard has the owned extents plus ghosts on each side", "[s
     // Index maps invert each other and place the first owned cell at the offset.
     for (int k = 0; k < 3; ++k) {
       CHECK(t.to_global(k, g.lower[k]) == d.offset(r, k));
-      for (Index i = 0; i < t.allocated_extent(k); ++i) CHECK(t.to_local(k, t.to_global(k, i)) == i);
+      for (Index i = 0; i < t.allocated_extent(k); ++i)
+        CHECK(t.to_local(k, t.to_global(k, i)) == i);
     }
     CHECK(t.owns(t.to_global(SpatialIndex{g.lower[0], g.lower[1], g.lower[2]})));
     CHECK_FALSE(t.owns(t.to_global(SpatialIndex{0, g.lower[1], g.lower[2]})));
@@ -66,7 +67,8 @@ TEST_CASE("wrapping a caller's array shares its memory", "[shard_tensor]") {
 TEST_CASE("bad shard parameters are rejected with their values", "[shard_tensor][errors]") {
   using Catch::Matchers::Contains;
   const Decomposition d({6, 4}, {2, 1});
-  CHECK_THROWS_WITH(ShardTensor<float>(d, 2, 1, 1), Contains("rank 2 outside a decomposition of 2"));
+  CHECK_THROWS_WITH(ShardTensor<float>(d, 2, 1, 1),
+                    Contains("rank 2 outside a decomposition of 2"));
   CHECK_THROWS_WITH(ShardTensor<float>(d, 0, 0, 1), Contains("batch 0 and channels 1"));
   GhostWidths negative;
   negative.lower[1] = -1;

@@ -59,7 +59,8 @@ inline double hashed_uniform(std::uint64_t seed, std::uint64_t index) {
 inline std::uint64_t global_linear_index(const Decomposition& d, Index channels, Index n, Index c,
                                          const SpatialIndex& g) {
   const SpatialIndex e = d.global_extents();
-  return static_cast<std::uint64_t>((((n * channels + c) * e[0] + g[0]) * e[1] + g[1]) * e[2] + g[2]);
+  return static_cast<std::uint64_t>((((n * channels + c) * e[0] + g[0]) * e[1] + g[1]) * e[2] +
+                                    g[2]);
 }
 
 /// Sets every allocated cell (ghosts included) of `tensor` with value(n, c, local, global).

@@ -9,6 +9,7 @@ namespace shardtensor {
 
 struct Communicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
+  int next_tag = Communicator::first_plan_tag;
   ~Handle() {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -40,9 +41,26 @@ Communicator::Communicator(adopt_tag, MPI_Comm comm) {
   MPI_Comm_size(comm, &size_);
 }
 
-MPI_Comm Communicator::get() const { return handle_->comm; }
+MPI_Comm Communicator::get() const {
+  return handle_->comm;
+}
 
-void Communicator::barrier() const { MPI_Barrier(get()); }
+int Communicator::reserve_tags(int count) const {
+  int* tag_upper_bound = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(get(), MPI_TAG_UB, &tag_upper_bound, &found);
+  const int upper = found ? *tag_upper_bound : 32767;  // MPI guarantees at least 32767
+  SHARDTENSOR_REQUIRE(count > 0 && count <= upper - first_plan_tag, "Communicator::reserve_tags",
+                      "cannot reserve " << count << " tags below MPI_TAG_UB " << upper);
+  if (handle_->next_tag + count > upper) handle_->next_tag = first_plan_tag;  // wrap around
+  const int first = handle_->next_tag;
+  handle_->next_tag += count;
+  return first;
+}
+
+void Communicator::barrier() const {
+  MPI_Barrier(get());
+}
 
 void Communicator::agree(const std::string& local_error) const {
   int first_failing = local_error.empty() ? size_ : rank_;
@@ -86,14 +104,13 @@ void Communicator::require_same(const std::vector<long long>& values, const std:
     if (!std::equal(all.begin(), all.begin() + max_count + 1,
                     all.begin() + static_cast<std::ptrdiff_t>(other) * (max_count + 1)))
       break;
-  SHARDTENSOR_FAIL(where, what << " differs between ranks: " << describe(0) << ", "
-                                << describe(other));
+  SHARDTENSOR_FAIL(where,
+                   what << " differs between ranks: " << describe(0) << ", " << describe(other));
 }
 
 RankMesh Communicator::mesh(int data_groups) const {
   SHARDTENSOR_REQUIRE(data_groups >= 1 && size_ % data_groups == 0, "Communicator::mesh",
-                      data_groups << " data-parallel groups do not divide " << size_
-                                  << " ranks");
+                      data_groups << " data-parallel groups do not divide " << size_ << " ranks");
   int dims[2] = {data_groups, size_ / data_groups};
   int periods[2] = {0, 0};
   MPI_Comm cart = MPI_COMM_NULL;

@@ -10,10 +10,14 @@ namespace {
 
 constexpr int directions_per_plan = 27;
 
-/// Message tag of a direction: 0..26. Reverse messages use tags 27..53.
-int direction_tag(const Direction& d) { return (d[0] + 1) * 9 + (d[1] + 1) * 3 + (d[2] + 1); }
+/// 0..26, one per direction.
+int direction_index(const Direction& d) {
+  return (d[0] + 1) * 9 + (d[1] + 1) * 3 + (d[2] + 1);
+}
 
-Direction opposite(const Direction& d) { return {-d[0], -d[1], -d[2]}; }
+Direction opposite(const Direction& d) {
+  return {-d[0], -d[1], -d[2]};
+}
 
 /// Owned cells a neighbour at `d` needs for its ghost region at -d.
 Box send_box_towards(const Direction& d, const SpatialIndex& extent, const GhostWidths& g) {
@@ -23,7 +27,7 @@ Box send_box_towards(const Direction& d, const SpatialIndex& extent, const Ghost
       b.lower[k] = g.lower[k] + (extent[k] - g.lower[k]);  // the last g.lower[k] owned cells
       b.extent[k] = g.lower[k];
     } else if (d[k] < 0) {
-      b.lower[k] = g.lower[k];
+      b.lower[k] = g.lower[k];  // the first g.upper[k] owned cells
       b.extent[k] = g.upper[k];
     } else {
       b.lower[k] = g.lower[k];
@@ -62,44 +66,67 @@ void check_widths_fit(const Decomposition& decomposition, const GhostWidths& g) 
       down[k] = -1;
       const Index extent = decomposition.extent(r, k);
       SHARDTENSOR_REQUIRE(decomposition.neighbor(r, up) == no_neighbor || g.lower[k] <= extent,
-                          "HaloExchange", "halo width " << g.lower[k] << " exceeds local extent "
-                                                        << extent << " on rank " << r << " (dim "
-                                                        << k << ")");
+                          "HaloExchange",
+                          "halo width " << g.lower[k] << " exceeds local extent " << extent
+                                        << " on rank " << r << " (dim " << k << ")");
       SHARDTENSOR_REQUIRE(decomposition.neighbor(r, down) == no_neighbor || g.upper[k] <= extent,
-                          "HaloExchange", "halo width " << g.upper[k] << " exceeds local extent "
-                                                        << extent << " on rank " << r << " (dim "
-                                                        << k << ")");
+                          "HaloExchange",
+                          "halo width " << g.upper[k] << " exceeds local extent " << extent
+                                        << " on rank " << r << " (dim " << k << ")");
     }
   }
+}
+
+/// MPI datatype selecting `box` (all batches and channels) of a field View in C order.
+template <class T>
+MPI_Datatype subarray_type(const FieldView<T>& layout, const Box& box) {
+  int sizes[5], subsizes[5], starts[5];
+  for (int a = 0; a < 5; ++a) {
+    sizes[a] = static_cast<int>(layout.extent(a));
+    subsizes[a] = a < 2 ? sizes[a] : static_cast<int>(box.extent[a - 2]);
+    starts[a] = a < 2 ? 0 : static_cast<int>(box.lower[a - 2]);
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Type_create_subarray(5, sizes, subsizes, starts, MPI_ORDER_C, impl::mpi_type<T>(), &type);
+  MPI_Type_commit(&type);
+  return type;
 }
 
 }  // namespace
 
 template <class T>
 HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& like)
-    : comm_(comm.get()),
+    : comm_(comm),
       decomposition_(like.decomposition()),
       ghosts_(like.ghosts()),
       batch_(like.batch()),
       channels_(like.channels()) {
   impl::check_layout_on_all_ranks(comm_, like, "HaloExchange");
   check_widths_fit(decomposition_, ghosts_);
+  tag_base_ = comm_.reserve_tags(2 * directions_per_plan);
 
   const int rank = comm.rank();
   const SpatialIndex extent = decomposition_.box(rank).extent;
   const Index values_per_cell = batch_ * channels_;
   std::size_t send_total = 0, recv_total = 0;
   const int ndims = decomposition_.ndims();
+  int message_of_direction[directions_per_plan];
+  std::fill(message_of_direction, message_of_direction + directions_per_plan, -1);
   for (int dx = -1; dx <= 1; ++dx) {
     for (int dy = -1; dy <= 1; ++dy) {
       for (int dz = -1; dz <= 1; ++dz) {
-        const Direction d{dx, ndims > 1 ? dy : 0, ndims > 2 ? dz : 0};
-        if ((ndims < 2 && dy != 0) || (ndims < 3 && dz != 0) || d == Direction{0, 0, 0})
-          continue;
+        const Direction d{dx, dy, dz};
+        if ((ndims < 2 && dy != 0) || (ndims < 3 && dz != 0) || d == Direction{0, 0, 0}) continue;
         const int neighbor = decomposition_.neighbor(rank, d);
         if (neighbor == no_neighbor) continue;
-        Message m{neighbor, d, send_box_towards(d, extent, ghosts_),
-                  ghost_box_towards(d, extent, ghosts_), 0, 0, 0, 0};
+        Message m{neighbor,
+                  d,
+                  send_box_towards(d, extent, ghosts_),
+                  ghost_box_towards(d, extent, ghosts_),
+                  0,
+                  0,
+                  0,
+                  0};
         m.send_count = static_cast<std::size_t>(m.send_box.size() * values_per_cell);
         m.recv_count = static_cast<std::size_t>(m.recv_box.size() * values_per_cell);
         if (m.send_count == 0 && m.recv_count == 0) continue;
@@ -107,12 +134,25 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
         m.recv_offset = recv_total;
         send_total += m.send_count;
         recv_total += m.recv_count;
+        message_of_direction[direction_index(d)] = static_cast<int>(messages_.size());
         messages_.push_back(m);
       }
     }
   }
-  send_buffer_ = Kokkos::View<T*, DefaultMemorySpace>("halo_send", send_total);
-  recv_buffer_ = Kokkos::View<T*, DefaultMemorySpace>("halo_recv", recv_total);
+  // On a periodic axis with one process, the neighbour in both directions is this rank.
+  for (Message& m : messages_)
+    if (m.neighbor == rank)
+      m.self_partner = message_of_direction[direction_index(opposite(m.direction))];
+
+  send_buffer_ = Buffer("halo_send", send_total);
+  recv_buffer_ = Buffer("halo_recv", recv_total);
+  send_host_ = Kokkos::create_mirror_view(send_buffer_);
+  recv_host_ = Kokkos::create_mirror_view(recv_buffer_);
+  ghost_types_.assign(messages_.size(), MPI_DATATYPE_NULL);
+  if (receives_in_place)
+    for (std::size_t i = 0; i < messages_.size(); ++i)
+      if (messages_[i].recv_count > 0 && messages_[i].self_partner < 0)
+        ghost_types_[i] = subarray_type(like.view(), messages_[i].recv_box);
   recv_requests_.reserve(messages_.size());
   send_requests_.reserve(messages_.size());
   recv_message_.reserve(messages_.size());
@@ -120,11 +160,11 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
 
 template <class T>
 HaloExchange<T>::~HaloExchange() {
-  // A plan destroyed mid-exchange (e.g. while an exception unwinds) must not leave MPI
-  // writing into freed buffers.
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  // A plan destroyed mid-exchange (e.g. while an exception unwinds) must not leave MPI
+  // writing into freed buffers.
   for (MPI_Request& r : recv_requests_)
     if (r != MPI_REQUEST_NULL) {
       MPI_Cancel(&r);
@@ -133,53 +173,96 @@ HaloExchange<T>::~HaloExchange() {
   if (!send_requests_.empty())
     MPI_Waitall(static_cast<int>(send_requests_.size()), send_requests_.data(),
                 MPI_STATUSES_IGNORE);
+  for (MPI_Datatype& type : ghost_types_)
+    if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+}
+
+template <class T>
+int HaloExchange<T>::forward_tag(const Direction& d) const {
+  return tag_base_ + direction_index(d);
+}
+
+template <class T>
+int HaloExchange<T>::reverse_tag(const Direction& d) const {
+  return tag_base_ + directions_per_plan + direction_index(d);
 }
 
 template <class T>
 void HaloExchange<T>::check_field(const ShardTensor<T>& field, Phase expected,
                                   const char* where) const {
-  SHARDTENSOR_REQUIRE(phase_ == expected, where,
-                      (phase_ == Phase::idle ? "no exchange in progress"
-                                             : "an exchange is already in progress")
-                          << " on rank " << comm_.rank());
-  SHARDTENSOR_REQUIRE(field.rank() == comm_.rank() && field.batch() == batch_ &&
-                          field.channels() == channels_ && field.ghosts() == ghosts_ &&
-                          field.decomposition() == decomposition_,
-                      where,
-                      "field (batch " << field.batch() << ", channels " << field.channels()
-                                      << ", ghosts " << field.ghosts() << ", "
-                                      << field.decomposition().describe()
-                                      << ") does not match the plan (batch " << batch_
-                                      << ", channels " << channels_ << ", ghosts " << ghosts_
-                                      << ", " << decomposition_.describe() << ") on rank "
-                                      << comm_.rank());
+  SHARDTENSOR_REQUIRE(
+      phase_ == expected, where,
+      (phase_ == Phase::idle ? "no exchange in progress" : "an exchange is already in progress")
+          << " on rank " << comm_.rank());
+  SHARDTENSOR_REQUIRE(
+      field.rank() == comm_.rank() && field.batch() == batch_ && field.channels() == channels_ &&
+          field.ghosts() == ghosts_ && field.decomposition() == decomposition_,
+      where,
+      "field (batch " << field.batch() << ", channels " << field.channels() << ", ghosts "
+                      << field.ghosts() << ", " << field.decomposition().describe()
+                      << ") does not match the plan (batch " << batch_ << ", channels " << channels_
+                      << ", ghosts " << ghosts_ << ", " << decomposition_.describe() << ") on rank "
+                      << comm_.rank());
+  SHARDTENSOR_REQUIRE(
+      expected == Phase::idle || field.view().data() == in_flight_, where,
+      "called with another field than the one its start() was given, on rank " << comm_.rank());
+}
+
+template <class T>
+void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field) {
+  in_flight_ = field.view().data();
+  recv_requests_.clear();
+  send_requests_.clear();
+  recv_message_.clear();
+  phase_ = phase;
+}
+
+template <class T>
+void HaloExchange<T>::post_receive(T* data, std::size_t count, MPI_Datatype type, int neighbor,
+                                   int tag, int message) {
+  recv_requests_.emplace_back();
+  recv_message_.push_back(message);
+  MPI_Irecv(data, static_cast<int>(count), type, neighbor, tag, comm_.get(),
+            &recv_requests_.back());
+}
+
+template <class T>
+void HaloExchange<T>::post_send(const Buffer& buffer, const HostBuffer& host, std::size_t offset,
+                                std::size_t count, int neighbor, int tag) {
+  Kokkos::fence();  // the packing kernel is done: send while the next message packs
+  if (host.data() != buffer.data()) {
+    const Kokkos::pair<std::size_t, std::size_t> range(offset, offset + count);
+    Kokkos::deep_copy(Kokkos::subview(host, range), Kokkos::subview(buffer, range));
+  }
+  send_requests_.emplace_back();
+  MPI_Isend(host.data() + offset, static_cast<int>(count), impl::mpi_type<T>(), neighbor, tag,
+            comm_.get(), &send_requests_.back());
 }
 
 template <class T>
 void HaloExchange<T>::start(const ShardTensor<T>& field) {
   check_field(field, Phase::idle, "HaloExchange::start");
-  const MPI_Datatype type = impl::mpi_type<T>();
-  recv_requests_.clear();
-  send_requests_.clear();
-  recv_message_.clear();
+  begin_phase(Phase::forward, field);
   for (std::size_t i = 0; i < messages_.size(); ++i) {
     const Message& m = messages_[i];
-    if (m.recv_count == 0) continue;
-    recv_requests_.emplace_back();
-    recv_message_.push_back(static_cast<int>(i));
-    MPI_Irecv(recv_buffer_.data() + m.recv_offset, static_cast<int>(m.recv_count), type,
-              m.neighbor, direction_tag(opposite(m.direction)), comm_.get(),
-              &recv_requests_.back());
+    if (m.recv_count == 0 || m.self_partner >= 0) continue;
+    const int tag = forward_tag(opposite(m.direction));
+    if (receives_in_place)
+      post_receive(field.view().data(), 1, ghost_types_[i], m.neighbor, tag, int(i));
+    else
+      post_receive(recv_host_.data() + m.recv_offset, m.recv_count, impl::mpi_type<T>(), m.neighbor,
+                   tag, int(i));
   }
   for (const Message& m : messages_) {
     if (m.send_count == 0) continue;
     pack_box(field.view(), m.send_box, send_buffer_, m.send_offset);
-    Kokkos::fence();  // this message is packed: send it while the next one packs
-    send_requests_.emplace_back();
-    MPI_Isend(send_buffer_.data() + m.send_offset, static_cast<int>(m.send_count), type,
-              m.neighbor, direction_tag(m.direction), comm_.get(), &send_requests_.back());
+    if (m.self_partner >= 0)
+      unpack_box(send_buffer_, field.view(), messages_[m.self_partner].recv_box, UnpackMode::assign,
+                 m.send_offset);
+    else
+      post_send(send_buffer_, send_host_, m.send_offset, m.send_count, m.neighbor,
+                forward_tag(m.direction));
   }
-  phase_ = Phase::forward;
 }
 
 template <class T>
@@ -191,33 +274,27 @@ void HaloExchange<T>::finish(const ShardTensor<T>& field) {
 template <class T>
 void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
   check_field(field, Phase::idle, "HaloExchange::reverse_start");
-  const MPI_Datatype type = impl::mpi_type<T>();
-  recv_requests_.clear();
-  send_requests_.clear();
-  recv_message_.clear();
-  // Roles swap: what was sent comes back into the send buffer, ghosts go out of the
-  // receive buffer.
+  begin_phase(Phase::reverse, field);
+  // Roles swap: ghosts go out of the receive buffer, owned cells' contributions come back
+  // into the send buffer.
   for (std::size_t i = 0; i < messages_.size(); ++i) {
     const Message& m = messages_[i];
-    if (m.send_count == 0) continue;
-    recv_requests_.emplace_back();
-    recv_message_.push_back(static_cast<int>(i));
-    MPI_Irecv(send_buffer_.data() + m.send_offset, static_cast<int>(m.send_count), type,
-              m.neighbor, directions_per_plan + direction_tag(opposite(m.direction)),
-              comm_.get(), &recv_requests_.back());
+    if (m.send_count == 0 || m.self_partner >= 0) continue;
+    post_receive(send_host_.data() + m.send_offset, m.send_count, impl::mpi_type<T>(), m.neighbor,
+                 reverse_tag(opposite(m.direction)), int(i));
   }
   for (const Message& m : messages_) {
     if (m.recv_count == 0) continue;
     pack_box(field.view(), m.recv_box, recv_buffer_, m.recv_offset);
-    Kokkos::fence();
-    send_requests_.emplace_back();
-    MPI_Isend(recv_buffer_.data() + m.recv_offset, static_cast<int>(m.recv_count), type,
-              m.neighbor, directions_per_plan + direction_tag(m.direction), comm_.get(),
-              &send_requests_.back());
+    if (m.self_partner >= 0)
+      unpack_box(recv_buffer_, field.view(), messages_[m.self_partner].send_box, UnpackMode::add,
+                 m.recv_offset);
+    else
+      post_send(recv_buffer_, recv_host_, m.recv_offset, m.recv_count, m.neighbor,
+                reverse_tag(m.direction));
   }
   // The ghost values now live in the buffer; in the adjoint they are consumed.
   for (const Message& m : messages_) fill_box(field.view(), m.recv_box, T(0));
-  phase_ = Phase::reverse;
 }
 
 template <class T>
@@ -228,22 +305,31 @@ void HaloExchange<T>::reverse_finish(const ShardTensor<T>& field) {
 
 template <class T>
 void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse) {
-  // Unpack each message as it arrives. Messages of one exchange touch disjoint cells in the
-  // forward direction; in reverse several may add into the same owned cell, so they are
-  // unpacked one after another.
-  for (std::size_t done = 0; done < recv_requests_.size(); ++done) {
+  const bool in_place = receives_in_place && !reverse;
+  if (in_place) {
+    MPI_Waitall(static_cast<int>(recv_requests_.size()), recv_requests_.data(),
+                MPI_STATUSES_IGNORE);
+  }
+  // Otherwise unpack each message as it arrives. In reverse several messages may add into
+  // the same owned cell, so they are unpacked one after another, never concurrently.
+  for (std::size_t done = 0; !in_place && done < recv_requests_.size(); ++done) {
     int index = MPI_UNDEFINED;
     MPI_Waitany(static_cast<int>(recv_requests_.size()), recv_requests_.data(), &index,
                 MPI_STATUS_IGNORE);
     const Message& m = messages_[recv_message_[index]];
-    if (reverse)
-      unpack_box(send_buffer_, field.view(), m.send_box, UnpackMode::add, m.send_offset);
-    else
-      unpack_box(recv_buffer_, field.view(), m.recv_box, UnpackMode::assign, m.recv_offset);
+    const Buffer& buffer = reverse ? send_buffer_ : recv_buffer_;
+    const HostBuffer& host = reverse ? send_host_ : recv_host_;
+    const std::size_t offset = reverse ? m.send_offset : m.recv_offset;
+    const std::size_t count = reverse ? m.send_count : m.recv_count;
+    if (host.data() != buffer.data()) {
+      const Kokkos::pair<std::size_t, std::size_t> range(offset, offset + count);
+      Kokkos::deep_copy(Kokkos::subview(buffer, range), Kokkos::subview(host, range));
+    }
+    unpack_box(buffer, field.view(), reverse ? m.send_box : m.recv_box,
+               reverse ? UnpackMode::add : UnpackMode::assign, offset);
   }
   Kokkos::fence();
-  MPI_Waitall(static_cast<int>(send_requests_.size()), send_requests_.data(),
-              MPI_STATUSES_IGNORE);
+  MPI_Waitall(static_cast<int>(send_requests_.size()), send_requests_.data(), MPI_STATUSES_IGNORE);
   recv_requests_.clear();
   send_requests_.clear();
   phase_ = Phase::idle;

@@ -29,9 +29,9 @@ void check_ndims(std::size_t ndims, const char* where) {
 std::vector<bool> normalized_periodic(std::vector<bool> periodic, std::size_t ndims,
                                       const char* where) {
   if (periodic.empty()) periodic.assign(ndims, false);
-  SHARDTENSOR_REQUIRE(periodic.size() == ndims, where,
-                      "periodic flags for " << periodic.size() << " dims given for a "
-                                            << ndims << "-D field");
+  SHARDTENSOR_REQUIRE(
+      periodic.size() == ndims, where,
+      "periodic flags for " << periodic.size() << " dims given for a " << ndims << "-D field");
   return periodic;
 }
 
@@ -88,13 +88,12 @@ std::vector<int> choose_process_grid(const std::vector<Index>& global_extent, in
   };
   visit(0, nranks);
   SHARDTENSOR_REQUIRE(!best.empty(), where,
-                      "cannot split a " << join(global_extent) << " field over " << nranks
-                                        << " ranks"
-                                        << (fixed_grid.empty() ? std::string()
-                                                               : " with grid " + join(fixed) +
-                                                                     " (0 = free)")
-                                        << ": more ranks than cells along the dims, or the "
-                                           "fixed counts do not divide the rank count");
+                      "cannot split a "
+                          << join(global_extent) << " field over " << nranks << " ranks"
+                          << (fixed_grid.empty() ? std::string()
+                                                 : " with grid " + join(fixed) + " (0 = free)")
+                          << ": more ranks than cells along the dims, or the "
+                             "fixed counts do not divide the rank count");
   return best;
 }
 
@@ -104,20 +103,20 @@ Decomposition::Decomposition(std::vector<Index> global_extent, std::vector<int> 
   check_ndims(global_extent.size(), where);
   SHARDTENSOR_REQUIRE(process_grid.size() == global_extent.size(), where,
                       "process grid " << join(process_grid) << " has " << process_grid.size()
-                                      << " dims but the field " << join(global_extent)
-                                      << " has " << global_extent.size());
+                                      << " dims but the field " << join(global_extent) << " has "
+                                      << global_extent.size());
   std::vector<std::vector<Index>> points;
   for (std::size_t d = 0; d < global_extent.size(); ++d) {
-    SHARDTENSOR_REQUIRE(global_extent[d] >= 1, where,
-                        "global extent " << global_extent[d] << " in dim " << d
-                                         << " must be positive");
+    SHARDTENSOR_REQUIRE(
+        global_extent[d] >= 1, where,
+        "global extent " << global_extent[d] << " in dim " << d << " must be positive");
     SHARDTENSOR_REQUIRE(process_grid[d] >= 1, where,
                         "process grid " << join(process_grid) << " has " << process_grid[d]
                                         << " ranks in dim " << d);
     SHARDTENSOR_REQUIRE(process_grid[d] <= global_extent[d], where,
                         "more ranks than cells: " << process_grid[d] << " ranks along dim " << d
-                                                  << " of extent " << global_extent[d]
-                                                  << " (field " << join(global_extent) << ")");
+                                                  << " of extent " << global_extent[d] << " (field "
+                                                  << join(global_extent) << ")");
     points.push_back(balanced_split_points(global_extent[d], process_grid[d]));
   }
   *this = Decomposition(from_points_tag{}, std::move(points), std::move(periodic));
@@ -147,13 +146,11 @@ Decomposition::Decomposition(from_points_tag, std::vector<std::vector<Index>> sp
                         "split points of dim " << d << " need at least {0, extent}, got "
                                                << p.size() << " value(s)");
     SHARDTENSOR_REQUIRE(p.front() == 0, where,
-                        "split points of dim " << d << " must start at 0, got "
-                                               << join(p, ","));
+                        "split points of dim " << d << " must start at 0, got " << join(p, ","));
     for (std::size_t i = 1; i < p.size(); ++i) {
       SHARDTENSOR_REQUIRE(p[i] > p[i - 1], where,
                           "split points of dim " << d << " must increase strictly, got "
-                                                 << join(p, ",")
-                                                 << " (a rank would own no cells)");
+                                                 << join(p, ",") << " (a rank would own no cells)");
     }
     process_grid_.push_back(static_cast<int>(p.size() - 1));
     nranks_ *= process_grid_.back();
@@ -180,8 +177,7 @@ Index Decomposition::global_cells() const {
 
 void Decomposition::check_rank(int rank, const char* where) const {
   SHARDTENSOR_REQUIRE(rank >= 0 && rank < nranks_, where,
-                      "rank " << rank << " is outside a decomposition of " << nranks_
-                              << " ranks");
+                      "rank " << rank << " is outside a decomposition of " << nranks_ << " ranks");
 }
 
 std::array<int, max_spatial_dims> Decomposition::coords_of(int rank) const {
@@ -245,10 +241,10 @@ int Decomposition::owner(const SpatialIndex& global_cell) const {
   for (int d = 0; d < ndims_; ++d) {
     const std::vector<Index>& p = split_points_[d];
     SHARDTENSOR_REQUIRE(global_cell[d] >= 0 && global_cell[d] < p.back(), "Decomposition::owner",
-                        "cell index " << global_cell[d] << " outside the field extent "
-                                      << p.back() << " (dim " << d << ")");
-    coords[d] = static_cast<int>(std::upper_bound(p.begin(), p.end(), global_cell[d]) -
-                                 p.begin() - 1);
+                        "cell index " << global_cell[d] << " outside the field extent " << p.back()
+                                      << " (dim " << d << ")");
+    coords[d] =
+        static_cast<int>(std::upper_bound(p.begin(), p.end(), global_cell[d]) - p.begin() - 1);
   }
   return rank_of(coords);
 }

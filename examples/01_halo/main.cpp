@@ -34,9 +34,9 @@ void diffuse(const ShardTensor<double>& field, const ShardTensor<double>& next, 
       Kokkos::MDRangePolicy<Kokkos::Rank<2>>({box.lower[0], box.lower[1]},
                                              {box.upper(0), box.upper(1)}),
       KOKKOS_LAMBDA(const Index x, const Index y) {
-        const double laplacian =
-            u(0, 0, x - 1, y, 0) + u(0, 0, x + 1, y, 0) + u(0, 0, x, y - 1, 0) +
-            u(0, 0, x, y + 1, 0) - 4.0 * u(0, 0, x, y, 0);
+        const double laplacian = u(0, 0, x - 1, y, 0) + u(0, 0, x + 1, y, 0) +
+                                 u(0, 0, x, y - 1, 0) + u(0, 0, x, y + 1, 0) -
+                                 4.0 * u(0, 0, x, y, 0);
         v(0, 0, x, y, 0) = u(0, 0, x, y, 0) + diffusion_number * laplacian;
       });
 }
@@ -74,7 +74,8 @@ InteriorSplit split_interior(const Box& owned) {
 double initial_temperature(Index x, Index y, Index nx, Index ny) {
   const double pi = 3.14159265358979323846;
   const double fx = double(x) / double(nx), fy = (double(y) + 0.5) / double(ny);
-  return std::sin(2 * pi * fx) * std::sin(pi * fy) + 0.5 * std::exp(-40.0 * ((fx - 0.3) * (fx - 0.3) + (fy - 0.6) * (fy - 0.6)));
+  return std::sin(2 * pi * fx) * std::sin(pi * fy) +
+         0.5 * std::exp(-40.0 * ((fx - 0.3) * (fx - 0.3) + (fy - 0.6) * (fy - 0.6)));
 }
 
 /// Runs `steps` diffusion steps on the decomposition and returns the whole field on rank 0.
@@ -96,9 +97,11 @@ FieldView<double> simulate(const Communicator& comm, const Decomposition& d, int
     for (int r = 0; r < comm.size(); ++r) {
       if (r == comm.rank()) {
         const Box b = field.global_box();
-        std::printf("  rank %d owns x [%lld, %lld) y [%lld, %lld): %zu halo messages, %zu bytes out per step\n",
-                    r, (long long)b.lower[0], (long long)b.upper(0), (long long)b.lower[1],
-                    (long long)b.upper(1), halo.messages().size(), halo.bytes_sent());
+        std::printf(
+            "  rank %d owns x [%lld, %lld) y [%lld, %lld): %zu halo messages, %zu bytes out per "
+            "step\n",
+            r, (long long)b.lower[0], (long long)b.upper(0), (long long)b.lower[1],
+            (long long)b.upper(1), halo.messages().size(), halo.bytes_sent());
         std::fflush(stdout);
       }
       comm.barrier();
@@ -106,7 +109,7 @@ FieldView<double> simulate(const Communicator& comm, const Decomposition& d, int
   }
   const InteriorSplit split = split_interior(owned);
   for (int step = 0; step < steps; ++step) {
-    halo.start(field);               // ghosts travel while...
+    halo.start(field);                  // ghosts travel while...
     diffuse(field, next, split.inner);  // ...the cells that do not need them update
     halo.finish(field);
     for (const Box& b : split.rim) diffuse(field, next, b);
@@ -151,11 +154,13 @@ int main(int argc, char** argv) {
         double max_difference = 0, max_value = 0, total = 0;
         for (Index x = 0; x < nx; ++x)
           for (Index y = 0; y < ny; ++y) {
-            max_difference = std::max(max_difference, std::abs(a(0, 0, x, y, 0) - b(0, 0, x, y, 0)));
+            max_difference =
+                std::max(max_difference, std::abs(a(0, 0, x, y, 0) - b(0, 0, x, y, 0)));
             max_value = std::max(max_value, std::abs(a(0, 0, x, y, 0)));
             total += a(0, 0, x, y, 0);
           }
-        std::printf("Sharded run: %.3f s; max |T| = %.6f, sum T = %.6f\n", elapsed, max_value, total);
+        std::printf("Sharded run: %.3f s; max |T| = %.6f, sum T = %.6f\n", elapsed, max_value,
+                    total);
         std::printf("Max |sharded - single rank| = %.3g %s\n", max_difference,
                     max_difference == 0.0 ? "(bit-identical)" : "(MISMATCH)");
         if (max_difference != 0.0) status = 1;

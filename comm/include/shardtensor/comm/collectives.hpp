@@ -19,9 +19,12 @@ namespace impl {
 
 inline MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
-    default: return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;
   }
 }
 
@@ -121,9 +124,9 @@ void allgatherv(const Communicator& comm, const SendView& send, const RecvView& 
   SHARDTENSOR_REQUIRE(send.span() == counts[comm.rank()], where,
                       "rank " << comm.rank() << " sends " << send.span()
                               << " elements but counts says " << counts[comm.rank()]);
-  SHARDTENSOR_REQUIRE(recv.span() == impl::sum(counts), where,
-                      "receive View holds " << recv.span() << " elements, counts sum to "
-                                            << impl::sum(counts));
+  SHARDTENSOR_REQUIRE(
+      recv.span() == impl::sum(counts), where,
+      "receive View holds " << recv.span() << " elements, counts sum to " << impl::sum(counts));
   const auto host_send = impl::host_copy_of(send);
   const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
@@ -142,17 +145,17 @@ void reduce_scatter(const Communicator& comm, const SendView& send, const RecvVi
   impl::check_contiguous(send, where);
   impl::check_contiguous(recv, where);
   const std::vector<int> c = impl::to_mpi_counts(counts, comm.size(), where, "counts");
-  SHARDTENSOR_REQUIRE(send.span() == impl::sum(counts), where,
-                      "send View holds " << send.span() << " elements, counts sum to "
-                                         << impl::sum(counts));
+  SHARDTENSOR_REQUIRE(
+      send.span() == impl::sum(counts), where,
+      "send View holds " << send.span() << " elements, counts sum to " << impl::sum(counts));
   SHARDTENSOR_REQUIRE(recv.span() == counts[comm.rank()], where,
                       "rank " << comm.rank() << " receive View holds " << recv.span()
                               << " elements, counts says " << counts[comm.rank()]);
   const auto host_send = impl::host_copy_of(send);
   const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
-  MPI_Reduce_scatter(host_send.data(), host_recv.data(), c.data(), impl::mpi_type<T>(), impl::mpi_op(op),
-                     comm.get());
+  MPI_Reduce_scatter(host_send.data(), host_recv.data(), c.data(), impl::mpi_type<T>(),
+                     impl::mpi_op(op), comm.get());
   impl::copy_back(recv, host_recv);
 }
 
@@ -170,8 +173,8 @@ void alltoall(const Communicator& comm, const SendView& send, const RecvView& re
   const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
   const int block = impl::mpi_count(send.span() / comm.size(), where);
-  MPI_Alltoall(host_send.data(), block, impl::mpi_type<T>(), host_recv.data(), block, impl::mpi_type<T>(),
-               comm.get());
+  MPI_Alltoall(host_send.data(), block, impl::mpi_type<T>(), host_recv.data(), block,
+               impl::mpi_type<T>(), comm.get());
   impl::copy_back(recv, host_recv);
 }
 
@@ -186,18 +189,17 @@ void alltoallv(const Communicator& comm, const SendView& send,
   impl::check_contiguous(recv, where);
   const std::vector<int> sc = impl::to_mpi_counts(send_counts, comm.size(), where, "send_counts");
   const std::vector<int> rc = impl::to_mpi_counts(recv_counts, comm.size(), where, "recv_counts");
-  SHARDTENSOR_REQUIRE(send.span() >= impl::sum(send_counts) && recv.span() >= impl::sum(recv_counts),
-                      where,
-                      "Views hold " << send.span() << " / " << recv.span()
-                                    << " elements, counts need " << impl::sum(send_counts)
-                                    << " / " << impl::sum(recv_counts));
+  SHARDTENSOR_REQUIRE(
+      send.span() >= impl::sum(send_counts) && recv.span() >= impl::sum(recv_counts), where,
+      "Views hold " << send.span() << " / " << recv.span() << " elements, counts need "
+                    << impl::sum(send_counts) << " / " << impl::sum(recv_counts));
   const auto host_send = impl::host_copy_of(send);
   const auto host_recv = impl::host_buffer_for(recv);
   using T = typename SendView::value_type;
   const std::vector<int> sd = impl::displacements(sc);
   const std::vector<int> rd = impl::displacements(rc);
-  MPI_Alltoallv(host_send.data(), sc.data(), sd.data(), impl::mpi_type<T>(), host_recv.data(), rc.data(),
-                rd.data(), impl::mpi_type<T>(), comm.get());
+  MPI_Alltoallv(host_send.data(), sc.data(), sd.data(), impl::mpi_type<T>(), host_recv.data(),
+                rc.data(), rd.data(), impl::mpi_type<T>(), comm.get());
   impl::copy_back(recv, host_recv);
 }
 

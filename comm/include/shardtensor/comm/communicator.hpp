@@ -15,7 +15,7 @@ struct RankMesh;
 /// solver's own. Copies share the duplicate; the last copy frees it (unless MPI has
 /// already been finalized).
 class Communicator {
-public:
+ public:
   /// Duplicates `comm` (collective over `comm`).
   explicit Communicator(MPI_Comm comm = MPI_COMM_WORLD);
 
@@ -34,12 +34,19 @@ public:
   void require_same(const std::vector<long long>& values, const std::string& where,
                     const std::string& what) const;
 
+  /// Reserves `count` consecutive message tags for a persistent plan and returns the first.
+  /// Plans are built collectively, in the same order on every rank, so every rank gets the
+  /// same tags, and plans in flight at the same time never match each other's messages.
+  /// Tags below first_plan_tag are left for one-off point-to-point calls (ring_shift).
+  int reserve_tags(int count) const;
+  static constexpr int first_plan_tag = 64;
+
   /// Splits the ranks into a (data x domain) mesh: `data_groups` groups of size()/data_groups
   /// consecutive ranks each share one sample (domain parallelism inside a group); ranks at
   /// the same position in different groups form the data-parallel communicator.
   RankMesh mesh(int data_groups) const;
 
-private:
+ private:
   struct adopt_tag {};
   Communicator(adopt_tag, MPI_Comm comm);
   struct Handle;

@@ -50,8 +50,8 @@ void unpack_all_ranks(const BufferView& buffer, const Decomposition& decompositi
 template <class T>
 FieldView<T> allocate_global(const ShardTensor<T>& tensor, const char* label) {
   const SpatialIndex e = tensor.decomposition().global_extents();
-  return FieldView<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), tensor.batch(),
-                      tensor.channels(), e[0], e[1], e[2]);
+  return FieldView<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                      tensor.batch(), tensor.channels(), e[0], e[1], e[2]);
 }
 
 }  // namespace impl
@@ -118,9 +118,9 @@ ShardTensor<T> scatter_from_root(const Communicator& comm, const FieldView<T>& g
       const SpatialIndex e = decomposition.global_extents();
       if (global.extent(2) != std::size_t(e[0]) || global.extent(3) != std::size_t(e[1]) ||
           global.extent(4) != std::size_t(e[2]) || global.extent(0) == 0 || global.extent(1) == 0)
-        local_error << where << ": field of shape (" << global.extent(0) << ", "
-                    << global.extent(1) << ", " << global.extent(2) << ", " << global.extent(3)
-                    << ", " << global.extent(4) << ") does not match the decomposition ("
+        local_error << where << ": field of shape (" << global.extent(0) << ", " << global.extent(1)
+                    << ", " << global.extent(2) << ", " << global.extent(3) << ", "
+                    << global.extent(4) << ") does not match the decomposition ("
                     << decomposition.describe() << ")";
     }
     comm.agree(local_error.str());

@@ -25,10 +25,17 @@ namespace shardtensor {
 /// reads ghost cells.
 ///
 /// start() packs and posts non-blocking sends and receives and returns, so interior
-/// computation can overlap the communication; finish() waits and unpacks.
+/// computation can overlap the communication; finish() waits and unpacks. finish() takes the
+/// same field as start(); between the two, owned cells may be read but ghost cells neither
+/// read nor written.
+///
+/// How data moves: outgoing boxes are packed by Kokkos kernels into one send buffer. In host
+/// memory, MPI receives straight into the ghost cells through a subarray datatype (no unpack
+/// pass); in device memory, messages are staged through host buffers and unpacked by
+/// kernels. A message to the rank itself (a periodic axis with one process) is a local copy.
 template <class T>
 class HaloExchange {
-public:
+ public:
   /// One message of the plan. Boxes are in the shard's local (allocation) indices.
   struct Message {
     int neighbor;         ///< rank in the communicator
@@ -37,6 +44,9 @@ public:
     Box recv_box;         ///< this shard's ghost cells towards `direction`
     std::size_t send_offset, send_count;  ///< in the send buffer, elements
     std::size_t recv_offset, recv_count;  ///< in the receive buffer, elements
+    /// For a message to this rank itself: index of the message in the opposite direction,
+    /// whose ghost box this message's send box fills. -1 otherwise.
+    int self_partner = -1;
   };
 
   /// Collective over `comm`. `like` gives the layout of every field the plan will exchange;
@@ -68,21 +78,38 @@ public:
   /// Bytes this rank receives in one forward exchange.
   std::size_t bytes_received() const { return recv_buffer_.span() * sizeof(T); }
 
-private:
+ private:
+  using Buffer = Kokkos::View<T*, DefaultMemorySpace>;
+  using HostBuffer = typename Buffer::HostMirror;
+  /// Host memory: MPI can receive straight into the field.
+  static constexpr bool receives_in_place =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible;
   enum class Phase { idle, forward, reverse };
-  void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
-  void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
 
-  Communicator comm_;  // a duplicate of its own: plans never match each other's messages
+  void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
+  void begin_phase(Phase phase, const ShardTensor<T>& field);
+  void post_receive(T* data, std::size_t count, MPI_Datatype type, int neighbor, int tag,
+                    int message);
+  void post_send(const Buffer& buffer, const HostBuffer& host, std::size_t offset,
+                 std::size_t count, int neighbor, int tag);
+  void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
+  int forward_tag(const Direction& d) const;
+  int reverse_tag(const Direction& d) const;
+
+  Communicator comm_;
+  int tag_base_ = 0;  // this plan's block of message tags (Communicator::reserve_tags)
   // Layout every exchanged field must have.
   Decomposition decomposition_;
   GhostWidths ghosts_;
   Index batch_, channels_;
   std::vector<Message> messages_;
-  Kokkos::View<T*, DefaultMemorySpace> send_buffer_, recv_buffer_;
+  Buffer send_buffer_, recv_buffer_;
+  HostBuffer send_host_, recv_host_;       // the buffers themselves in host memory, else mirrors
+  std::vector<MPI_Datatype> ghost_types_;  // per message: its ghost box in the field (host)
   std::vector<MPI_Request> recv_requests_, send_requests_;
   std::vector<int> recv_message_;  // message index of each receive request
   Phase phase_ = Phase::idle;
+  const T* in_flight_ = nullptr;  // the field of the exchange in progress
 };
 
 extern template class HaloExchange<float>;

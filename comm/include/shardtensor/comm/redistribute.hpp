@@ -24,11 +24,10 @@ ShardTensor<T> redistribute(const Communicator& comm, const ShardTensor<T>& from
   SHARDTENSOR_REQUIRE(to.nranks() == comm.size(), where,
                       "target decomposition (" << to.describe() << ") has " << to.nranks()
                                                << " ranks, the communicator " << comm.size());
-  SHARDTENSOR_REQUIRE(to.ndims() == source.ndims() && to.global_extents() == source.global_extents(),
-                      where,
-                      "target decomposition (" << to.describe()
-                                               << ") covers another field than the source ("
-                                               << source.describe() << ")");
+  SHARDTENSOR_REQUIRE(
+      to.ndims() == source.ndims() && to.global_extents() == source.global_extents(), where,
+      "target decomposition (" << to.describe() << ") covers another field than the source ("
+                               << source.describe() << ")");
   ShardTensor<T> result(to, comm.rank(), from.batch(), from.channels(), to_ghosts,
                         "redistributed_field");
   const Index values_per_cell = from.batch() * from.channels();

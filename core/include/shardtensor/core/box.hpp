@@ -50,8 +50,8 @@ inline Box intersect(const Box& a, const Box& b) {
 }
 
 inline std::ostream& operator<<(std::ostream& os, const Box& box) {
-  os << "[" << box.lower[0] << ":" << box.upper(0) << ", " << box.lower[1] << ":"
-     << box.upper(1) << ", " << box.lower[2] << ":" << box.upper(2) << ")";
+  os << "[" << box.lower[0] << ":" << box.upper(0) << ", " << box.lower[1] << ":" << box.upper(1)
+     << ", " << box.lower[2] << ":" << box.upper(2) << ")";
   return os;
 }
 

@@ -24,7 +24,7 @@ inline constexpr int no_neighbor = -1;
 /// locally: any rank can ask for any other rank's offsets, extents and neighbours.
 /// Every rank builds the same Decomposition, so checks made here fail on all ranks alike.
 class Decomposition {
-public:
+ public:
   /// Balanced split: along axis d, each of the process_grid[d] parts gets
   /// global_extent[d] / process_grid[d] cells, the first (global_extent[d] % process_grid[d])
   /// parts one more. `periodic` may be empty (no periodic axis).
@@ -78,7 +78,7 @@ public:
   friend bool operator==(const Decomposition& a, const Decomposition& b);
   friend bool operator!=(const Decomposition& a, const Decomposition& b) { return !(a == b); }
 
-private:
+ private:
   struct from_points_tag {};
   Decomposition(from_points_tag, std::vector<std::vector<Index>> split_points,
                 std::vector<bool> periodic);

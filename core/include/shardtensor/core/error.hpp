@@ -11,7 +11,7 @@ namespace shardtensor {
 /// problem and the offending values, e.g.
 /// "HaloExchange: halo width 3 exceeds local extent 2 on rank 5 (dim 1)".
 class Error : public std::runtime_error {
-public:
+ public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
@@ -20,13 +20,13 @@ public:
 /// Throws shardtensor::Error unless `condition` holds. `where` is the qualified function
 /// name; the rest is streamed into the message:
 ///   SHARDTENSOR_REQUIRE(n > 0, "Decomposition", "extent " << n << " in dim " << d);
-#define SHARDTENSOR_REQUIRE(condition, where, message)                    \
-  do {                                                                    \
-    if (!(condition)) {                                                   \
-      std::ostringstream shardtensor_error_stream_;                       \
-      shardtensor_error_stream_ << where << ": " << message;              \
-      throw ::shardtensor::Error(shardtensor_error_stream_.str());        \
-    }                                                                     \
+#define SHARDTENSOR_REQUIRE(condition, where, message)             \
+  do {                                                             \
+    if (!(condition)) {                                            \
+      std::ostringstream shardtensor_error_stream_;                \
+      shardtensor_error_stream_ << where << ": " << message;       \
+      throw ::shardtensor::Error(shardtensor_error_stream_.str()); \
+    }                                                              \
   } while (false)
 
 /// Unconditional form of SHARDTENSOR_REQUIRE.

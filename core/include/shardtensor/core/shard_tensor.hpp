@@ -30,7 +30,7 @@ class ShardTensor {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                 "ShardTensor holds float or double");
 
-public:
+ public:
   using value_type = T;
   using view_type = FieldView<T>;
   using memory_space = DefaultMemorySpace;
@@ -47,8 +47,8 @@ public:
   /// values in C order, in memory_space, and outlive every copy of the returned tensor.
   static ShardTensor wrap(T* data, const Decomposition& decomposition, int rank, Index batch,
                           Index channels, const GhostWidths& ghosts = {}) {
-    SHARDTENSOR_REQUIRE(data != nullptr, "ShardTensor::wrap", "null data pointer for rank "
-                                                                  << rank);
+    SHARDTENSOR_REQUIRE(data != nullptr, "ShardTensor::wrap",
+                        "null data pointer for rank " << rank);
     return ShardTensor(decomposition, rank, batch, channels, ghosts, data, "");
   }
 
@@ -89,9 +89,13 @@ public:
 
   /// Global index of local (allocation) index `local` along `dim`. Ghost cells map to
   /// indices outside [0, global extent) at open boundaries; they are not wrapped.
-  Index to_global(int dim, Index local) const { return box_.lower[dim] + local - ghosts_.lower[dim]; }
+  Index to_global(int dim, Index local) const {
+    return box_.lower[dim] + local - ghosts_.lower[dim];
+  }
   /// Local (allocation) index of global index `global` along `dim`.
-  Index to_local(int dim, Index global) const { return global - box_.lower[dim] + ghosts_.lower[dim]; }
+  Index to_local(int dim, Index global) const {
+    return global - box_.lower[dim] + ghosts_.lower[dim];
+  }
   SpatialIndex to_global(const SpatialIndex& local) const {
     return {to_global(0, local[0]), to_global(1, local[1]), to_global(2, local[2])};
   }
@@ -113,24 +117,23 @@ public:
            channels() == other.channels() && decomposition_ == other.decomposition_;
   }
 
-private:
+ private:
   ShardTensor(const Decomposition& decomposition, int rank, Index batch, Index channels,
               const GhostWidths& ghosts, T* data, const std::string& label)
       : decomposition_(decomposition), rank_(rank), ghosts_(ghosts) {
     constexpr const char* where = "ShardTensor";
-    SHARDTENSOR_REQUIRE(rank >= 0 && rank < decomposition.nranks(), where,
-                        "rank " << rank << " outside a decomposition of "
-                                << decomposition.nranks() << " ranks");
+    SHARDTENSOR_REQUIRE(
+        rank >= 0 && rank < decomposition.nranks(), where,
+        "rank " << rank << " outside a decomposition of " << decomposition.nranks() << " ranks");
     SHARDTENSOR_REQUIRE(batch >= 1 && channels >= 1, where,
-                        "batch " << batch << " and channels " << channels
-                                 << " must be positive");
+                        "batch " << batch << " and channels " << channels << " must be positive");
     for (int d = 0; d < max_spatial_dims; ++d) {
       SHARDTENSOR_REQUIRE(ghosts.lower[d] >= 0 && ghosts.upper[d] >= 0, where,
                           "negative ghost width (" << ghosts << ") in dim " << d);
-      SHARDTENSOR_REQUIRE(d < decomposition.ndims() || (ghosts.lower[d] == 0 && ghosts.upper[d] == 0),
-                          where,
-                          "ghost width in dim " << d << " of a " << decomposition.ndims()
-                                                << "-D field (" << ghosts << ")");
+      SHARDTENSOR_REQUIRE(
+          d < decomposition.ndims() || (ghosts.lower[d] == 0 && ghosts.upper[d] == 0), where,
+          "ghost width in dim " << d << " of a " << decomposition.ndims() << "-D field (" << ghosts
+                                << ")");
     }
     box_ = decomposition.box(rank);
     const Index nx = box_.extent[0] + ghosts.lower[0] + ghosts.upper[0];

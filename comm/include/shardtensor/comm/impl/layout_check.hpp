@@ -30,9 +30,8 @@ void check_layout_on_all_ranks(const Communicator& comm, const ShardTensor<T>& t
   const Decomposition& decomposition = tensor.decomposition();
   std::ostringstream local_error;
   if (comm.size() != decomposition.nranks())
-    local_error << where << ": communicator has " << comm.size()
-                << " ranks but the decomposition (" << decomposition.describe() << ") has "
-                << decomposition.nranks();
+    local_error << where << ": communicator has " << comm.size() << " ranks but the decomposition ("
+                << decomposition.describe() << ") has " << decomposition.nranks();
   else if (tensor.rank() != comm.rank())
     local_error << where << ": the shard of rank " << tensor.rank() << " was given on rank "
                 << comm.rank();
