@@ -10,7 +10,7 @@ namespace {
 /// The value rank r contributes at position i (known to every rank, so each can compute
 /// the serial answer).
 double contribution(int r, std::size_t i) {
-  return test::hashed_uniform(r + 1, i);
+  return hashed_uniform(r + 1, i);
 }
 }  // namespace
 

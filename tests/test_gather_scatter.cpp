@@ -12,7 +12,7 @@ namespace {
 /// Random value of a global cell, the same whatever the decomposition.
 template <class T>
 T cell_value(const Decomposition& d, Index channels, Index n, Index c, const SpatialIndex& g) {
-  return static_cast<T>(test::hashed_uniform(7, test::global_linear_index(d, channels, n, c, g)));
+  return static_cast<T>(hashed_uniform(7, test::global_linear_index(d, channels, n, c, g)));
 }
 
 template <class T>

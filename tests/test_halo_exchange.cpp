@@ -134,13 +134,13 @@ TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]"
         test::fill(x, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
           return test::is_ghost(x, local)
                      ? 0.0
-                     : test::hashed_uniform(case_index,
+                     : hashed_uniform(case_index,
                                             test::global_linear_index(d, channels, n, c, g));
         });
         test::fill(y, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex&) {
           const std::uint64_t id = ((comm.rank() * 8 + n) * channels + c) * 1000003ull +
                                    (local[0] * 1009 + local[1]) * 1013 + local[2];
-          return test::hashed_uniform(1000 + case_index, id);
+          return hashed_uniform(1000 + case_index, id);
         });
         HaloExchange<double> halo(comm, x);
         auto local_dot = [](const ShardTensor<double>& a, const ShardTensor<double>& b) {

@@ -46,15 +46,6 @@ inline std::vector<std::vector<int>> process_grids(int nranks, int ndims) {
   return out;
 }
 
-/// A reproducible value in [-1, 1) for a (seed, index) pair: splitmix64.
-inline double hashed_uniform(std::uint64_t seed, std::uint64_t index) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * (2.0 / 9007199254740992.0) - 1.0;
-}
-
 /// Linear index of (n, c, global cell) in the whole field.
 inline std::uint64_t global_linear_index(const Decomposition& d, Index channels, Index n, Index c,
                                          const SpatialIndex& g) {

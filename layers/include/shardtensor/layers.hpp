@@ -1,0 +1,9 @@
+#pragma once
+// Umbrella header of the layers module.
+
+#include "shardtensor/layers/conv.hpp"
+#include "shardtensor/layers/loss.hpp"
+#include "shardtensor/layers/module.hpp"
+#include "shardtensor/layers/padding.hpp"
+#include "shardtensor/layers/pointwise.hpp"
+#include "shardtensor/layers/variable.hpp"

@@ -1,0 +1,69 @@
+#pragma once
+// Module<T>: a layer or model with named, replicated parameters and a train/eval mode.
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardtensor/core/random.hpp"
+#include "shardtensor/layers/variable.hpp"
+
+namespace shardtensor {
+
+template <class T>
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  /// Forward pass on a sharded field.
+  virtual Variable<T> forward(const Variable<T>& input) = 0;
+  Variable<T> operator()(const Variable<T>& input) { return forward(input); }
+
+  /// Parameters of this module and its children, named "child.param" (registration order).
+  std::vector<std::pair<std::string, Variable<T>>> named_parameters() const {
+    std::vector<std::pair<std::string, Variable<T>>> out = parameters_;
+    for (const auto& [name, child] : children_)
+      for (auto& [child_name, p] : child->named_parameters())
+        out.emplace_back(name + "." + child_name, p);
+    return out;
+  }
+
+  void train(bool on = true) {
+    training_ = on;
+    for (auto& child : children_) child.second->train(on);
+  }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  void zero_grad() {
+    for (auto& named : named_parameters()) named.second.zero_grad();
+  }
+
+ protected:
+  /// A parameter drawn uniformly from [-bound, bound) with a counter-based generator, so
+  /// every rank holds the same values without communication.
+  Variable<T> register_parameter(const std::string& name, std::vector<Index> shape, double bound,
+                                 std::uint64_t seed) {
+    Index size = 1;
+    for (Index e : shape) size *= e;
+    ReplicatedView<T> values(name, size);
+    auto host = Kokkos::create_mirror_view(values);
+    for (Index i = 0; i < size; ++i) host(i) = static_cast<T>(bound * hashed_uniform(seed, i));
+    Kokkos::deep_copy(values, host);
+    Variable<T> p = Variable<T>::replicated(values, std::move(shape), true, name);
+    parameters_.emplace_back(name, p);
+    return p;
+  }
+
+  void register_module(const std::string& name, std::shared_ptr<Module> child) {
+    children_.emplace_back(name, std::move(child));
+  }
+
+ private:
+  std::vector<std::pair<std::string, Variable<T>>> parameters_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace shardtensor

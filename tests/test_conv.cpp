@@ -1,0 +1,168 @@
+// Conv: sharded == single rank (outputs, input and parameter gradients) for 1-D/2-D/3-D
+// kernels with strides, dilations, every padding mode and groups, on several process grids
+// and uneven splits; finite-difference gradients in double; bad input.
+
+#include <catch2/catch.hpp>
+
+#include "equivalence.hpp"
+
+using namespace shardtensor;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct ConvCase {
+  const char* name;
+  std::vector<Index> extents;
+  ConvOptions options;
+};
+
+std::vector<ConvCase> conv_cases() {
+  auto opts = [](int in, int out, std::vector<int> k, std::vector<int> s, std::vector<int> dil,
+                 std::vector<int> pad, PaddingMode mode, int groups, bool bias) {
+    ConvOptions o;
+    o.in_channels = in;
+    o.out_channels = out;
+    o.kernel = k;
+    o.stride = s;
+    o.dilation = dil;
+    o.padding = pad;
+    o.padding_mode = mode;
+    o.groups = groups;
+    o.bias = bias;
+    return o;
+  };
+  return {
+      {"1-D k3 same zeros", {40}, opts(2, 3, {3}, {}, {}, {1}, PaddingMode::zeros, 1, true)},
+      {"1-D k5 dilation 2 periodic",
+       {44},
+       opts(2, 2, {5}, {}, {2}, {4}, PaddingMode::periodic, 1, true)},
+      {"1-D k4 stride 2 valid", {48}, opts(3, 2, {4}, {2}, {}, {0}, PaddingMode::zeros, 1, false)},
+      {"2-D k3 same reflect",
+       {20, 18},
+       opts(2, 3, {3, 3}, {}, {}, {1, 1}, PaddingMode::reflect, 1, true)},
+      {"2-D k3x2 stride 2x1 replicate",
+       {22, 17},
+       opts(2, 2, {3, 2}, {2, 1}, {}, {1, 1}, PaddingMode::replicate, 1, true)},
+      {"2-D k3 groups 2 periodic",
+       {16, 20},
+       opts(4, 6, {3, 3}, {}, {}, {1, 1}, PaddingMode::periodic, 2, true)},
+      {"2-D k2 stride 2 downsample",
+       {24, 16},
+       opts(2, 4, {2, 2}, {2, 2}, {}, {}, PaddingMode::zeros, 1, true)},
+      {"3-D k3 same zeros",
+       {12, 10, 9},
+       opts(2, 2, {3, 3, 3}, {}, {}, {1, 1, 1}, PaddingMode::zeros, 1, true)},
+      {"3-D k3 stride 2 periodic",
+       {16, 12, 10},
+       opts(2, 3, {3, 3, 3}, {2, 2, 2}, {}, {1, 1, 1}, PaddingMode::periodic, 1, true)},
+      {"3-D k3 dilation 2 reflect depthwise",
+       {16, 14, 12},
+       opts(3, 3, {3, 3, 3}, {}, {2, 1, 2}, {2, 1, 2}, PaddingMode::reflect, 3, false)},
+  };
+}
+
+template <class T>
+test::ModuleFactory<T> conv_factory(const ConvOptions& options) {
+  return [options](const Communicator& comm) {
+    return std::make_shared<Conv<T>>(comm, options, "conv");
+  };
+}
+
+/// Fewest cells a shard needs along an axis for this convolution to split.
+Index min_cells(const ConvOptions& o) {
+  Index need = 2;
+  for (std::size_t d = 0; d < o.kernel.size(); ++d) {
+    const int dilation = o.dilation.empty() ? 1 : o.dilation[d];
+    const int padding = o.padding.empty() ? 0 : o.padding[d];
+    const int stride = o.stride.empty() ? 1 : o.stride[d];
+    need = std::max<Index>(need, std::max(dilation * (o.kernel[d] - 1), padding + 1) + stride);
+  }
+  return need;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Conv sharded equals Conv on one rank", "[conv][equivalence]", float, double) {
+  const int nranks = test::world_size();
+  for (const ConvCase& c : conv_cases()) {
+    INFO(c.name);
+    const std::vector<bool> periodic(c.extents.size(),
+                                     c.options.padding_mode == PaddingMode::periodic);
+    const auto decompositions =
+        test::test_decompositions(c.extents, nranks, periodic, min_cells(c.options));
+    for (const Decomposition& d : decompositions)
+      test::check_equivalence<TestType>(conv_factory<TestType>(c.options), d, 2,
+                                        c.options.in_channels);
+  }
+}
+
+TEST_CASE("Conv gradients match finite differences", "[conv][gradient]") {
+  const int nranks = test::world_size();
+  for (const ConvCase& c : conv_cases()) {
+    INFO(c.name);
+    const std::vector<bool> periodic(c.extents.size(),
+                                     c.options.padding_mode == PaddingMode::periodic);
+    const auto decompositions =
+        test::test_decompositions(c.extents, nranks, periodic, min_cells(c.options));
+    if (decompositions.empty()) continue;
+    test::check_gradients_by_finite_differences(conv_factory<double>(c.options),
+                                                decompositions.back(), 1, c.options.in_channels);
+  }
+}
+
+TEST_CASE("Conv rejects bad input naming layer, dim and values", "[conv][errors]") {
+  const Communicator comm;
+  const int p = comm.size();
+  ConvOptions o;
+  o.in_channels = 2;
+  o.out_channels = 2;
+  o.kernel = {3, 3};
+  o.padding = {1, 1};
+  Conv<float> conv(comm, o, "c1");
+  {  // channel mismatch
+    const Decomposition d = Decomposition::automatic({16, 16}, p);
+    auto x = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 3));
+    CHECK_THROWS_WITH(conv.forward(x),
+                      Contains("Conv2d 'c1': input has 3 channels, the layer expects 2"));
+  }
+  {  // a local extent smaller than the halo (2 cells per rank, halo 3)
+    ConvOptions wide = o;
+    wide.kernel = {7, 1};
+    wide.padding = {3, 0};
+    Conv<float> conv7(comm, wide, "c7");
+    const Decomposition d({Index(2 * p), 8}, {p, 1}, {true, false});
+    auto x = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 2));
+    const std::string message = test::error_message_of([&] { conv7.forward(x); });
+    CHECK(test::ranks_with_error(message) == p);
+    CHECK_THAT(message, Contains("Conv2d 'c7': HaloExchange: halo width 3 exceeds local extent 2"));
+  }
+  if (p > 1) {  // stride that leaves a rank with no output
+    ConvOptions strided = o;
+    strided.kernel = {1, 1};
+    strided.padding = {};
+    strided.stride = {4, 1};
+    Conv<float> conv_s(comm, strided, "s4");
+    const Decomposition d =
+        Decomposition::from_split_points({[&] {
+                                            std::vector<Index> points{0};
+                                            for (int r = 0; r < p; ++r)
+                                              points.push_back(points.back() + (r == 0 ? 5 : 1));
+                                            return points;
+                                          }(),
+                                          {0, 8}});
+    auto x = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 2));
+    const std::string message = test::error_message_of([&] { conv_s.forward(x); });
+    CHECK(test::ranks_with_error(message) == p);
+    CHECK_THAT(message,
+               Contains("Conv2d 's4': stride 4 and kernel 1 leave the ranks at grid position"));
+  }
+  ConvOptions bad_groups = o;
+  bad_groups.groups = 3;
+  CHECK_THROWS_WITH(Conv<float>(comm, bad_groups, "g"),
+                    Contains("groups 3 must divide in_channels 2"));
+  ConvOptions bad_stride = o;
+  bad_stride.stride = {1};
+  CHECK_THROWS_WITH(Conv<float>(comm, bad_stride, "s"),
+                    Contains("stride has 1 values for a 2-D kernel"));
+}
