@@ -16,6 +16,10 @@ namespace shardtensor::test {
 template <class T>
 using ModuleFactory = std::function<std::shared_ptr<Module<T>>(const Communicator&)>;
 
+/// Turns the module's output into the scalar that backward starts from.
+template <class T>
+using LossFunction = std::function<Variable<T>(const Communicator&, const Variable<T>& output)>;
+
 /// A field of the decomposition with reproducible random values per global cell.
 template <class T>
 ShardTensor<T> random_shard(const Decomposition& d, int rank, Index batch, Index channels,
@@ -52,8 +56,18 @@ double relative_error(const A& a, const B& b) {
   return scale > 0 ? diff / scale : diff;
 }
 
-/// Result of one forward + backward: loss = sum(output * weights), weights random per global
-/// output cell, so every output cell gets a different gradient.
+/// The default loss: sum(output * weights), weights random per global output cell, so every
+/// output cell gets a different gradient.
+template <class T>
+Variable<T> weighted_sum(const Communicator& comm, const Variable<T>& output) {
+  const ShardTensor<T>& y = output.value();
+  const auto weights = Variable<T>::field(
+      random_shard<T>(y.decomposition(), comm.rank(), y.batch(), y.channels(), 23), false,
+      "weights");
+  return sum(comm, multiply(output, weights));
+}
+
+/// Result of one forward + backward.
 template <class T>
 struct Run {
   std::shared_ptr<Module<T>> module;
@@ -63,17 +77,13 @@ struct Run {
 
 template <class T>
 Run<T> run_module(const ModuleFactory<T>& make, const Communicator& comm, const Decomposition& d,
-                  Index batch, Index channels) {
+                  Index batch, Index channels, const LossFunction<T>& loss_function) {
   Run<T> run;
   run.module = make(comm);
   run.input =
       Variable<T>::field(random_shard<T>(d, comm.rank(), batch, channels, 11), true, "input");
   run.output = run.module->forward(run.input);
-  const ShardTensor<T>& y = run.output.value();
-  const auto weights = Variable<T>::field(
-      random_shard<T>(y.decomposition(), comm.rank(), y.batch(), y.channels(), 23), false,
-      "weights");
-  const Variable<T> loss = sum(comm, multiply(run.output, weights));
+  const Variable<T> loss = loss_function(comm, run.output);
   backward(loss);
   run.loss = loss.item();
   return run;
@@ -82,12 +92,12 @@ Run<T> run_module(const ModuleFactory<T>& make, const Communicator& comm, const 
 /// Sharded over `d` on all ranks vs the whole field on each rank alone.
 template <class T>
 void check_equivalence(const ModuleFactory<T>& make, const Decomposition& d, Index batch,
-                       Index channels) {
+                       Index channels, const LossFunction<T>& loss_function = weighted_sum<T>) {
   const double tolerance = std::is_same<T, float>::value ? 1e-5 : 1e-12;
   const Communicator world;
   const Communicator self(MPI_COMM_SELF);
-  const Run<T> reference = run_module(make, self, unsharded(d), batch, channels);
-  const Run<T> sharded = run_module(make, world, d, batch, channels);
+  const Run<T> reference = run_module(make, self, unsharded(d), batch, channels, loss_function);
+  const Run<T> sharded = run_module(make, world, d, batch, channels, loss_function);
   INFO("decomposition " << d.describe());
   CHECK(std::abs(sharded.loss - reference.loss) <=
         tolerance * std::max(1.0, std::abs(reference.loss)));
@@ -107,21 +117,18 @@ void check_equivalence(const ModuleFactory<T>& make, const Decomposition& d, Ind
 
 /// Central finite differences in double of loss = sum(output * weights) against the
 /// gradients from backward, at a few input cells and parameter entries.
-inline void check_gradients_by_finite_differences(const ModuleFactory<double>& make,
-                                                  const Decomposition& d, Index batch,
-                                                  Index channels) {
+inline void check_gradients_by_finite_differences(
+    const ModuleFactory<double>& make, const Decomposition& d, Index batch, Index channels,
+    const LossFunction<double>& loss_function = weighted_sum<double>) {
   const Communicator comm;
-  const Run<double> run = run_module(make, comm, d, batch, channels);
+  const Run<double> run = run_module(make, comm, d, batch, channels, loss_function);
   auto loss_with = [&](const std::function<void(const Run<double>&)>& perturb) {
     Run<double> probe;
     probe.module = make(comm);  // same seeds: the same parameters as `run`
     probe.input =
         Variable<double>::field(random_shard<double>(d, comm.rank(), batch, channels, 11), false);
     perturb(probe);
-    const Variable<double> y = probe.module->forward(probe.input);
-    const auto weights = Variable<double>::field(random_shard<double>(
-        y.value().decomposition(), comm.rank(), y.value().batch(), y.value().channels(), 23));
-    return sum(comm, multiply(y, weights)).item();
+    return loss_function(comm, probe.module->forward(probe.input)).item();
   };
   const double eps = 1e-6;
   // Input cells: a few global cells, perturbed on their owner.

@@ -130,8 +130,9 @@ TEST_CASE("Conv rejects bad input naming layer, dim and values", "[conv][errors]
     ConvOptions wide = o;
     wide.kernel = {7, 1};
     wide.padding = {3, 0};
+    wide.padding_mode = PaddingMode::periodic;
     Conv<float> conv7(comm, wide, "c7");
-    const Decomposition d({Index(2 * p), 8}, {p, 1}, {true, false});
+    const Decomposition d({Index(2 * p), 8}, {p, 1});
     auto x = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 2));
     const std::string message = test::error_message_of([&] { conv7.forward(x); });
     CHECK(test::ranks_with_error(message) == p);

@@ -268,13 +268,13 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
 
-  // The padded input lives on the same split, periodic where the padding wraps around.
+  // The padded input lives on the same split, periodic when the padding wraps around (the
+  // layer's padding mode decides, not the field's periodic flags).
   std::vector<std::vector<Index>> points;
   std::vector<bool> periodic;
   for (int d = 0; d < geometry_.ndims; ++d) {
     points.push_back(x.decomposition().split_points(d));
-    periodic.push_back(options_.padding_mode == PaddingMode::periodic ||
-                       x.decomposition().periodic(d));
+    periodic.push_back(options_.padding_mode == PaddingMode::periodic);
   }
   const Decomposition padded_decomposition = Decomposition::from_split_points(points, periodic);
   const GhostWidths ghosts = geometry_.input_ghosts();

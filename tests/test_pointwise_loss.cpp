@@ -1,0 +1,130 @@
+// Pointwise ops, skip connections, shared layers, reductions and losses: sharded == one rank
+// and finite-difference gradients.
+
+#include <catch2/catch.hpp>
+
+#include "equivalence.hpp"
+
+using namespace shardtensor;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::vector<Index> extents{14, 12};
+
+ConvOptions conv3x3(int in, int out, std::uint64_t seed) {
+  ConvOptions o;
+  o.in_channels = in;
+  o.out_channels = out;
+  o.kernel = {3, 3};
+  o.padding = {1, 1};
+  o.seed = seed;
+  return o;
+}
+
+/// y = (x + act(conv(x))) * conv(conv(x)): a skip connection, a product, and one conv used
+/// twice (shared parameters, gradients from both uses).
+template <class T>
+class ResidualBlock : public Module<T> {
+ public:
+  ResidualBlock(const Communicator& comm, Activation kind) : kind_(kind) {
+    conv_ = std::make_shared<Conv<T>>(comm, conv3x3(2, 2, 5), "conv");
+    shared_ = std::make_shared<Conv<T>>(comm, conv3x3(2, 2, 9), "shared");
+    this->register_module("conv", conv_);
+    this->register_module("shared", shared_);
+  }
+  Variable<T> forward(const Variable<T>& x) override {
+    const Variable<T> skip = add(x, activate(conv_->forward(x), kind_, 0.1));
+    return multiply(skip, shared_->forward(shared_->forward(x)));
+  }
+
+ private:
+  Activation kind_;
+  std::shared_ptr<Conv<T>> conv_, shared_;
+};
+
+template <class T>
+test::ModuleFactory<T> block_factory(Activation kind) {
+  return
+      [kind](const Communicator& comm) { return std::make_shared<ResidualBlock<T>>(comm, kind); };
+}
+
+/// A loss against a random target field, from the module's output.
+template <class T>
+test::LossFunction<T> loss_against_target(int which) {
+  return [which](const Communicator& comm, const Variable<T>& output) {
+    const ShardTensor<T>& y = output.value();
+    const auto target = Variable<T>::field(
+        test::random_shard<T>(y.decomposition(), comm.rank(), y.batch(), y.channels(), 31), false,
+        "target");
+    switch (which) {
+      case 0:
+        return mse_loss(comm, output, target);
+      case 1:
+        return l1_loss(comm, output, target);
+      case 2:
+        return relative_l2_loss(comm, output, target);
+      default:
+        return mean(comm, output);
+    }
+  };
+}
+
+const std::vector<Activation> all_activations{Activation::relu, Activation::leaky_relu,
+                                              Activation::gelu, Activation::silu,
+                                              Activation::tanh, Activation::sigmoid};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("activations, skips and shared layers: sharded equals one rank",
+                   "[pointwise][equivalence]", float, double) {
+  for (Activation kind : all_activations) {
+    INFO("activation " << int(kind));
+    for (const Decomposition& d :
+         test::test_decompositions(extents, test::world_size(), {false, false}, 2))
+      test::check_equivalence<TestType>(block_factory<TestType>(kind), d, 2, 2);
+  }
+}
+
+TEMPLATE_TEST_CASE("losses and reductions: sharded equals one rank", "[loss][equivalence]", float,
+                   double) {
+  for (int which = 0; which < 4; ++which) {
+    INFO("loss " << which);
+    for (const Decomposition& d :
+         test::test_decompositions(extents, test::world_size(), {true, false}, 2))
+      test::check_equivalence<TestType>(block_factory<TestType>(Activation::gelu), d, 2, 2,
+                                        loss_against_target<TestType>(which));
+  }
+}
+
+TEST_CASE("pointwise ops and losses match finite differences", "[pointwise][loss][gradient]") {
+  const auto decompositions =
+      test::test_decompositions(extents, test::world_size(), {false, false}, 2);
+  REQUIRE(!decompositions.empty());
+  for (Activation kind : all_activations) {
+    INFO("activation " << int(kind));
+    test::check_gradients_by_finite_differences(block_factory<double>(kind), decompositions.back(),
+                                                1, 2);
+  }
+  for (int which = 0; which < 4; ++which) {
+    INFO("loss " << which);
+    test::check_gradients_by_finite_differences(block_factory<double>(Activation::silu),
+                                                decompositions.back(), 2, 2,
+                                                loss_against_target<double>(which));
+  }
+}
+
+TEST_CASE("pointwise ops and losses reject fields that do not match", "[pointwise][errors]") {
+  const Communicator comm;
+  const Decomposition d = Decomposition::automatic({12, 10}, comm.size());
+  const auto a = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 2), false, "a");
+  const auto b = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 3), false, "b");
+  CHECK_THROWS_WITH(
+      add(a, b), Contains("add: 'a' (batch 1, channels 2") && Contains("'b' (batch 1, channels 3"));
+  CHECK_THROWS_WITH(mse_loss(comm, a, b), Contains("mse_loss:"));
+  const auto scalar = sum(comm, a);
+  CHECK_THROWS_WITH(activate(scalar, Activation::relu),
+                    Contains("activate: 'sum' is not a sharded field"));
+  CHECK_THROWS_WITH(backward(a),
+                    Contains("backward: the loss must be a replicated scalar, got 'a'"));
+}
