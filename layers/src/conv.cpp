@@ -3,8 +3,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "shardtensor/comm/impl/layout_check.hpp"
-
 namespace shardtensor {
 
 namespace {
@@ -61,15 +59,6 @@ void conv_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedVi
       });
 }
 
-/// Output index along one axis whose window tap `tap` lands on padded index i; -1 if none.
-KOKKOS_INLINE_FUNCTION Index output_of(Index i, Index base, Index tap, Index stride, Index dilation,
-                                       Index outputs) {
-  const Index t = i - base - tap * dilation;
-  if (t < 0 || t % stride != 0) return -1;
-  const Index o = t / stride;
-  return o < outputs ? o : -1;
-}
-
 /// Gradient of the padded input: each cell gathers from the outputs whose windows cover it.
 template <class T>
 void conv_backward_data(const ConvShape& g, const FieldView<T>& gy, const ReplicatedView<T>& w,
@@ -90,13 +79,13 @@ void conv_backward_data(const ConvShape& g, const FieldView<T>& gy, const Replic
         const Index group = ci / g.in_per_group, cig = ci % g.in_per_group;
         T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {
-          const Index ox = output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
+          const Index ox = window_output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
           if (ox < 0) continue;
           for (Index b = 0; b < g.k[1]; ++b) {
-            const Index oy = output_of(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
+            const Index oy = window_output_of(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
             if (oy < 0) continue;
             for (Index c = 0; c < g.k[2]; ++c) {
-              const Index oz = output_of(iz, g.base[2], c, g.s[2], g.d[2], g.out[2]);
+              const Index oz = window_output_of(iz, g.base[2], c, g.s[2], g.d[2], g.out[2]);
               if (oz < 0) continue;
               for (Index cog = 0; cog < g.out_per_group; ++cog) {
                 const Index co = group * g.out_per_group + cog;
@@ -150,57 +139,11 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
   }
 }
 
-/// target.interior() += source.interior() (same owned cells, any ghost widths).
-template <class T>
-void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
-  const auto s = source.interior();
-  const auto t = target.interior();
-  Kokkos::parallel_for(
-      "add_interior",
-      Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
-          {0, 0, 0, 0}, {Index(s.extent(0) * s.extent(1)), Index(s.extent(2)), Index(s.extent(3)),
-                         Index(s.extent(4))}),
-      KOKKOS_LAMBDA(const Index nc, const Index x, const Index y, const Index z) {
-        const Index n = nc / s.extent(1), c = nc % s.extent(1);
-        t(n, c, x, y, z) += s(n, c, x, y, z);
-      });
-}
-
 std::string layer_name(int ndims, const std::string& name) {
   return "Conv" + std::to_string(ndims) + "d '" + name + "'";
 }
 
 }  // namespace
-
-Decomposition ConvGeometry::output_decomposition(const Decomposition& input,
-                                                 const std::string& where) const {
-  SHARDTENSOR_REQUIRE(input.ndims() == ndims, where,
-                      "input field has " << input.ndims() << " spatial dims, the kernel " << ndims);
-  std::vector<std::vector<Index>> points(ndims);
-  std::vector<bool> periodic(ndims);
-  for (int d = 0; d < ndims; ++d) {
-    const Index n = input.global_extent(d);
-    const Index outputs = output_extent(d, n);
-    SHARDTENSOR_REQUIRE(outputs >= 1, where,
-                        "input extent " << n << " along dim " << d << " is smaller than the kernel "
-                                        << kernel[d] << " (dilation " << dilation[d] << ", padding "
-                                        << padding[d] << ")");
-    const std::vector<Index>& in = input.split_points(d);
-    const int parts = input.process_grid(d);
-    points[d].push_back(0);
-    for (int i = 1; i < parts; ++i) points[d].push_back((in[i] + stride[d] - 1) / stride[d]);
-    points[d].push_back(outputs);
-    for (int i = 0; i < parts; ++i)
-      SHARDTENSOR_REQUIRE(points[d][i] < points[d][i + 1], where,
-                          "stride " << stride[d] << " and kernel " << kernel[d]
-                                    << " leave the ranks at grid position " << i << " along dim "
-                                    << d << " (input cells [" << in[i] << ", " << in[i + 1]
-                                    << ")) with no output (global output extent " << outputs
-                                    << ")");
-    periodic[d] = input.periodic(d);
-  }
-  return Decomposition::from_split_points(points, periodic);
-}
 
 template <class T>
 Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& name)
@@ -241,21 +184,7 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
   weight_ = this->register_parameter("weight", shape, bound, 2 * options_.seed);
   if (options_.bias)
     bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * options_.seed + 1);
-}
-
-template <class T>
-HaloExchange<T>& Conv<T>::plan_for(const ShardTensor<T>& padded) {
-  std::vector<long long> key = impl::signature(padded.decomposition());
-  key.push_back(padded.batch());
-  auto& plan = plans_[key];
-  if (!plan) {
-    try {
-      plan = std::make_unique<HaloExchange<T>>(comm_, padded);
-    } catch (const Error& e) {  // name the layer: "Conv3d 'conv1': HaloExchange: halo width ..."
-      throw Error(layer_name(geometry_.ndims, name_) + ": " + e.what());
-    }
-  }
-  return *plan;
+  halo_ = std::make_unique<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
 }
 
 template <class T>
@@ -268,27 +197,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
 
-  // The padded input lives on the same split, periodic when the padding wraps around (the
-  // layer's padding mode decides, not the field's periodic flags).
-  std::vector<std::vector<Index>> points;
-  std::vector<bool> periodic;
-  for (int d = 0; d < geometry_.ndims; ++d) {
-    points.push_back(x.decomposition().split_points(d));
-    periodic.push_back(options_.padding_mode == PaddingMode::periodic);
-  }
-  const Decomposition padded_decomposition = Decomposition::from_split_points(points, periodic);
-  const GhostWidths ghosts = geometry_.input_ghosts();
-  BoundaryPadding boundary{options_.padding_mode, {0, 0, 0}, {0, 0, 0}};
-  for (int d = 0; d < geometry_.ndims; ++d)
-    boundary.lower[d] = boundary.upper[d] = geometry_.padding[d];
-  check_padding_sources(padded_decomposition, boundary, where);
-
-  ShardTensor<T> padded(padded_decomposition, x.rank(), x.batch(), x.channels(), ghosts,
-                        name_ + ".padded_input");
-  Kokkos::deep_copy(padded.interior(), x.interior());
-  HaloExchange<T>& plan = plan_for(padded);
-  plan.exchange(padded);
-  fill_boundary_padding(padded, boundary);
+  const ShardTensor<T> padded = halo_->forward(x);
 
   ShardTensor<T> y(out_decomposition, x.rank(), x.batch(), options_.out_channels, {},
                    name_ + ".output");
@@ -302,13 +211,13 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                   {},
                   {},
                   {}};
+  const auto base = window_base(geometry_, x, y);
   for (int d = 0; d < max_spatial_dims; ++d) {
     shape.k[d] = geometry_.kernel[d];
     shape.s[d] = geometry_.stride[d];
     shape.d[d] = geometry_.dilation[d];
     shape.out[d] = y.local_extent(d);
-    // Window start of the first local output, in padded-buffer indices.
-    shape.base[d] = y.global_box().lower[d] * geometry_.stride[d] - x.global_box().lower[d];
+    shape.base[d] = base[d];
   }
   const ReplicatedView<T> no_bias;
   conv_forward(shape, padded.view(), weight_.data(), bias_.defined() ? bias_.data() : no_bias,
@@ -323,7 +232,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     auto w_node = weight_.node();
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
-    HaloExchange<T>* plan_pointer = &plan;
+    HaloPadding<T>* halo = halo_.get();
     node->backward = [=](impl::Node<T>& self) {
       const FieldView<T> gy = self.grad_field().view();
       const ReplicatedView<T> gw =
@@ -335,9 +244,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
         ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
                                    padded.channels(), padded.ghosts(), name_ + ".padded_grad");
         conv_backward_data(shape, gy, w_node->data, grad_padded.view());
-        unfill_boundary_padding(grad_padded, boundary);
-        plan_pointer->reverse_accumulate(grad_padded);
-        add_interior(grad_padded, x_node->grad_field());
+        halo->backward(grad_padded, x_node->grad_field());
       }
     };
   }

@@ -2,15 +2,13 @@
 // Conv<T>: N-D convolution (1-3 spatial dims) of a sharded field, with any kernel size,
 // stride, dilation, padding mode and group count, equal to the unsharded convolution.
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
-#include "shardtensor/comm/halo_exchange.hpp"
+#include "shardtensor/layers/halo_padding.hpp"
 #include "shardtensor/layers/module.hpp"
-#include "shardtensor/layers/padding.hpp"
 
 namespace shardtensor {
 
@@ -25,34 +23,6 @@ struct ConvOptions {
   int groups = 1;
   bool bias = true;
   std::uint64_t seed = 1;  ///< initialisation (same on every rank)
-};
-
-/// Geometry of a convolution along the spatial axes (unused axes: kernel 1, stride 1).
-struct ConvGeometry {
-  int ndims = 0;
-  std::array<int, max_spatial_dims> kernel{1, 1, 1}, stride{1, 1, 1}, dilation{1, 1, 1};
-  std::array<int, max_spatial_dims> padding{0, 0, 0};
-
-  /// Global output extent along `dim` for `input` cells.
-  Index output_extent(int dim, Index input) const {
-    return (input + 2 * padding[dim] - dilation[dim] * (kernel[dim] - 1) - 1) / stride[dim] + 1;
-  }
-
-  /// Ghost cells the padded input needs: `padding` below; above, whatever the windows of the
-  /// outputs anchored in this shard reach past its last cell (and the padding at the end).
-  GhostWidths input_ghosts() const {
-    GhostWidths g;
-    for (int d = 0; d < ndims; ++d) {
-      g.lower[d] = padding[d];
-      g.upper[d] = std::max({0, dilation[d] * (kernel[d] - 1) - padding[d], padding[d]});
-    }
-    return g;
-  }
-
-  /// Output o belongs to the rank owning input cell o * stride (its window's anchor), so a
-  /// stride-1 "same" convolution keeps the input's decomposition. Throws if a rank would own
-  /// no output.
-  Decomposition output_decomposition(const Decomposition& input, const std::string& where) const;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
@@ -70,19 +40,17 @@ class Conv : public Module<T> {
   Variable<T> forward(const Variable<T>& input) override;
 
   const ConvOptions& options() const { return options_; }
-  const ConvGeometry& geometry() const { return geometry_; }
+  const WindowGeometry& geometry() const { return geometry_; }
   Variable<T> weight() const { return weight_; }
   Variable<T> bias() const { return bias_; }
 
  private:
-  HaloExchange<T>& plan_for(const ShardTensor<T>& padded);
-
   Communicator comm_;
   ConvOptions options_;
-  ConvGeometry geometry_;
+  WindowGeometry geometry_;
   std::string name_;
   Variable<T> weight_, bias_;
-  std::map<std::vector<long long>, std::unique_ptr<HaloExchange<T>>> plans_;
+  std::unique_ptr<HaloPadding<T>> halo_;
 };
 
 extern template class Conv<float>;

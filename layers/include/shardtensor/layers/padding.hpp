@@ -86,6 +86,7 @@ void for_each_padding_line(const ShardTensor<T>& t, int dim, bool upper, int wid
 struct BoundaryPadding {
   PaddingMode mode = PaddingMode::zeros;
   std::array<int, max_spatial_dims> lower{0, 0, 0}, upper{0, 0, 0};
+  double constant = 0;  ///< value of zeros-mode padding (-inf for max pooling)
 };
 
 /// Fills the padding cells of a shard at an open global boundary, axis by axis (x, then y,
@@ -95,6 +96,7 @@ template <class T>
 void fill_boundary_padding(const ShardTensor<T>& t, const BoundaryPadding& padding) {
   const auto v = t.view();
   const PaddingMode mode = padding.mode;
+  const T constant = static_cast<T>(padding.constant);
   for (int dim = 0; dim < t.ndims(); ++dim) {
     if (t.decomposition().periodic(dim)) continue;
     for (bool upper : {false, true}) {
@@ -107,7 +109,7 @@ void fill_boundary_padding(const ShardTensor<T>& t, const BoundaryPadding& paddi
           t, dim, upper, width, mode,
           KOKKOS_LAMBDA(Index n, Index c, const Index* cell, const Index* source) {
             v(n, c, cell[0], cell[1], cell[2]) =
-                source[dim] < 0 ? T(0) : v(n, c, source[0], source[1], source[2]);
+                source[dim] < 0 ? constant : v(n, c, source[0], source[1], source[2]);
           });
     }
   }

@@ -1,0 +1,50 @@
+#pragma once
+// HaloPadding: the input of a windowed op (convolution, pooling) as its windows read it --
+// the shard plus ghost cells from the neighbours (halo exchange) and padding past the global
+// boundary -- and the adjoint that takes a gradient of that buffer back to the shard.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/comm/halo_exchange.hpp"
+#include "shardtensor/layers/padding.hpp"
+#include "shardtensor/layers/window_geometry.hpp"
+
+namespace shardtensor {
+
+template <class T>
+class HaloPadding {
+ public:
+  /// `constant` fills zeros-mode padding (0 for convolution, -inf for max pooling).
+  /// `where` names the layer in error messages.
+  HaloPadding(const Communicator& comm, const WindowGeometry& geometry, PaddingMode mode,
+              T constant, std::string where);
+
+  /// Copy of the shard with the ghost cells the windows read: exchanged from neighbours
+  /// (wrapped for periodic padding), boundary padding filled. Collective.
+  ShardTensor<T> forward(const ShardTensor<T>& input);
+
+  /// Adjoint of forward: gradients of padding cells go to the cells they copied, ghost
+  /// gradients go back to their owners, and the owned part is added into `input_grad`.
+  /// Overwrites `padded_grad`. Collective.
+  void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad);
+
+  /// Layout of forward's result for an input decomposition.
+  Decomposition padded_decomposition(const Decomposition& input) const;
+
+ private:
+  HaloExchange<T>& plan_for(const ShardTensor<T>& padded);
+
+  Communicator comm_;
+  WindowGeometry geometry_;
+  BoundaryPadding boundary_;
+  std::string where_;
+  std::map<std::vector<long long>, std::unique_ptr<HaloExchange<T>>> plans_;
+};
+
+extern template class HaloPadding<float>;
+extern template class HaloPadding<double>;
+
+}  // namespace shardtensor

@@ -1,0 +1,85 @@
+#include "shardtensor/layers/halo_padding.hpp"
+
+#include "shardtensor/comm/impl/layout_check.hpp"
+
+namespace shardtensor {
+
+namespace {
+
+/// target.interior() += source.interior() (same owned cells, any ghost widths).
+template <class T>
+void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
+  const auto s = source.interior();
+  const auto t = target.interior();
+  const Index channels = s.extent(1);
+  Kokkos::parallel_for(
+      "add_interior",
+      Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
+          {0, 0, 0, 0}, {Index(s.extent(0)) * channels, Index(s.extent(2)), Index(s.extent(3)),
+                         Index(s.extent(4))}),
+      KOKKOS_LAMBDA(const Index nc, const Index x, const Index y, const Index z) {
+        t(nc / channels, nc % channels, x, y, z) += s(nc / channels, nc % channels, x, y, z);
+      });
+}
+
+}  // namespace
+
+template <class T>
+HaloPadding<T>::HaloPadding(const Communicator& comm, const WindowGeometry& geometry,
+                            PaddingMode mode, T constant, std::string where)
+    : comm_(comm), geometry_(geometry), where_(std::move(where)) {
+  boundary_.mode = mode;
+  boundary_.constant = static_cast<double>(constant);
+  for (int d = 0; d < geometry_.ndims; ++d)
+    boundary_.lower[d] = boundary_.upper[d] = geometry_.padding[d];
+}
+
+template <class T>
+Decomposition HaloPadding<T>::padded_decomposition(const Decomposition& input) const {
+  // Same split; periodic when the padding wraps around (the op's padding mode decides, not
+  // the field's periodic flags).
+  std::vector<std::vector<Index>> points;
+  for (int d = 0; d < input.ndims(); ++d) points.push_back(input.split_points(d));
+  return Decomposition::from_split_points(
+      points, std::vector<bool>(input.ndims(), boundary_.mode == PaddingMode::periodic));
+}
+
+template <class T>
+HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
+  std::vector<long long> key = impl::signature(padded.decomposition());
+  key.push_back(padded.batch());
+  key.push_back(padded.channels());
+  auto& plan = plans_[key];
+  if (!plan) {
+    try {
+      plan = std::make_unique<HaloExchange<T>>(comm_, padded);
+    } catch (const Error& e) {  // name the layer: "Conv3d 'conv1': HaloExchange: halo width ..."
+      throw Error(where_ + ": " + e.what());
+    }
+  }
+  return *plan;
+}
+
+template <class T>
+ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
+  const Decomposition decomposition = padded_decomposition(input.decomposition());
+  check_padding_sources(decomposition, boundary_, where_);
+  ShardTensor<T> padded(decomposition, input.rank(), input.batch(), input.channels(),
+                        geometry_.input_ghosts(), where_ + " padded input");
+  Kokkos::deep_copy(padded.interior(), input.interior());
+  plan_for(padded).exchange(padded);
+  fill_boundary_padding(padded, boundary_);
+  return padded;
+}
+
+template <class T>
+void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad) {
+  unfill_boundary_padding(padded_grad, boundary_);
+  plan_for(padded_grad).reverse_accumulate(padded_grad);
+  add_interior(padded_grad, input_grad);
+}
+
+template class HaloPadding<float>;
+template class HaloPadding<double>;
+
+}  // namespace shardtensor
