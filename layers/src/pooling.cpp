@@ -1,0 +1,218 @@
+#include "shardtensor/layers/pooling.hpp"
+
+#include <limits>
+
+namespace shardtensor {
+
+namespace {
+
+/// Index arithmetic shared by the pooling kernels.
+struct PoolShape {
+  Index channels;
+  Index k[3], s[3], d[3];
+  Index base[3];          // padded index of the first local output's window start
+  Index out[3];           // local output extents
+  Index padded[3];        // padded buffer extents
+  Index first_global[3];  // global index of the first local output's window start
+  Index global[3];        // global field extents
+  bool count_include_pad;
+
+  KOKKOS_INLINE_FUNCTION Index padded_flat(Index x, Index y, Index z) const {
+    return (x * padded[1] + y) * padded[2] + z;
+  }
+  /// Cells of output o's window that average pooling divides by.
+  KOKKOS_INLINE_FUNCTION Index divisor(Index ox, Index oy, Index oz) const {
+    if (count_include_pad) return k[0] * k[1] * k[2];
+    const Index o[3] = {ox, oy, oz};
+    Index count = 1;
+    for (int a = 0; a < 3; ++a) {
+      const Index start = first_global[a] + o[a] * s[a];
+      const Index lo = start < 0 ? 0 : start;
+      const Index hi = start + k[a] > global[a] ? global[a] : start + k[a];
+      count *= hi - lo;
+    }
+    return count;
+  }
+};
+
+template <class T>
+void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, const FieldView<T>& y,
+                  const Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace>& argmax) {
+  const Index total = static_cast<Index>(y.span());
+  Kokkos::parallel_for(
+      "Pool::forward", total, KOKKOS_LAMBDA(const Index flat) {
+        Index r = flat;
+        const Index oz = r % g.out[2];
+        r /= g.out[2];
+        const Index oy = r % g.out[1];
+        r /= g.out[1];
+        const Index ox = r % g.out[0];
+        r /= g.out[0];
+        const Index c = r % g.channels, n = r / g.channels;
+        const Index x0 = g.base[0] + ox * g.s[0], y0 = g.base[1] + oy * g.s[1],
+                    z0 = g.base[2] + oz * g.s[2];
+        if (kind == PoolKind::max) {
+          T best = -Kokkos::Experimental::infinity<T>::value;
+          Index where = g.padded_flat(x0, y0, z0);
+          for (Index a = 0; a < g.k[0]; ++a)
+            for (Index b = 0; b < g.k[1]; ++b)
+              for (Index e = 0; e < g.k[2]; ++e) {
+                const Index ix = x0 + a * g.d[0], iy = y0 + b * g.d[1], iz = z0 + e * g.d[2];
+                const T v = xp(n, c, ix, iy, iz);
+                if (v > best) {  // the first maximum wins, as in PyTorch
+                  best = v;
+                  where = g.padded_flat(ix, iy, iz);
+                }
+              }
+          y(n, c, ox, oy, oz) = best;
+          argmax(n, c, ox, oy, oz) = where;
+        } else {
+          T sum = 0;
+          for (Index a = 0; a < g.k[0]; ++a)
+            for (Index b = 0; b < g.k[1]; ++b)
+              for (Index e = 0; e < g.k[2]; ++e) sum += xp(n, c, x0 + a, y0 + b, z0 + e);
+          y(n, c, ox, oy, oz) = sum / T(g.divisor(ox, oy, oz));
+        }
+      });
+}
+
+/// Gradient of the padded input: each cell gathers from the outputs whose windows cover it.
+template <class T>
+void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
+                   const Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace>& argmax,
+                   const FieldView<T>& gxp) {
+  const Index total = static_cast<Index>(gxp.span());
+  Kokkos::parallel_for(
+      "Pool::backward", total, KOKKOS_LAMBDA(const Index flat) {
+        Index r = flat;
+        const Index iz = r % g.padded[2];
+        r /= g.padded[2];
+        const Index iy = r % g.padded[1];
+        r /= g.padded[1];
+        const Index ix = r % g.padded[0];
+        r /= g.padded[0];
+        const Index c = r % g.channels, n = r / g.channels;
+        const Index self = g.padded_flat(ix, iy, iz);
+        T sum = 0;
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ox = window_output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
+          if (ox < 0) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index oy = window_output_of(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
+            if (oy < 0) continue;
+            for (Index e = 0; e < g.k[2]; ++e) {
+              const Index oz = window_output_of(iz, g.base[2], e, g.s[2], g.d[2], g.out[2]);
+              if (oz < 0) continue;
+              if (kind == PoolKind::max) {
+                if (argmax(n, c, ox, oy, oz) == self) sum += gy(n, c, ox, oy, oz);
+              } else {
+                sum += gy(n, c, ox, oy, oz) / T(g.divisor(ox, oy, oz));
+              }
+            }
+          }
+        }
+        gxp(n, c, ix, iy, iz) = sum;
+      });
+}
+
+std::vector<int> per_dim(const std::vector<int>& values, int ndims,
+                         const std::vector<int>& fallback, const char* what,
+                         const std::string& where) {
+  if (values.empty()) return fallback;
+  SHARDTENSOR_REQUIRE(static_cast<int>(values.size()) == ndims, where,
+                      what << " has " << values.size() << " values for a " << ndims << "-D window");
+  return values;
+}
+
+}  // namespace
+
+template <class T>
+Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& name)
+    : comm_(comm), options_(std::move(options)), name_(name) {
+  const int ndims = static_cast<int>(options_.window.size());
+  const std::string kind = options_.kind == PoolKind::max ? "MaxPool" : "AvgPool";
+  SHARDTENSOR_REQUIRE(ndims >= 1 && ndims <= max_spatial_dims, kind + " '" + name + "'",
+                      "window needs 1 to 3 sizes, got " << ndims);
+  const std::string where = kind + std::to_string(ndims) + "d '" + name + "'";
+  const std::vector<int> stride = per_dim(options_.stride, ndims, options_.window, "stride", where);
+  const std::vector<int> padding =
+      per_dim(options_.padding, ndims, std::vector<int>(ndims, 0), "padding", where);
+  const std::vector<int> dilation =
+      per_dim(options_.dilation, ndims, std::vector<int>(ndims, 1), "dilation", where);
+  geometry_.ndims = ndims;
+  for (int d = 0; d < ndims; ++d) {
+    SHARDTENSOR_REQUIRE(
+        options_.window[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 && padding[d] >= 0, where,
+        "window " << options_.window[d] << ", stride " << stride[d] << ", dilation " << dilation[d]
+                  << ", padding " << padding[d] << " along dim " << d);
+    SHARDTENSOR_REQUIRE(2 * padding[d] <= options_.window[d], where,
+                        "padding " << padding[d] << " along dim " << d
+                                   << " exceeds half the window " << options_.window[d]);
+    SHARDTENSOR_REQUIRE(
+        options_.kind == PoolKind::max || dilation[d] == 1, where,
+        "average pooling has no dilation, got " << dilation[d] << " along dim " << d);
+    geometry_.kernel[d] = options_.window[d];
+    geometry_.stride[d] = stride[d];
+    geometry_.dilation[d] = dilation[d];
+    geometry_.padding[d] = padding[d];
+  }
+  SHARDTENSOR_REQUIRE(
+      options_.padding_mode == PaddingMode::zeros || options_.padding_mode == PaddingMode::periodic,
+      where, "padding mode " << to_string(options_.padding_mode) << " is not supported by pooling");
+  const T constant =
+      options_.kind == PoolKind::max ? -Kokkos::Experimental::infinity<T>::value : T(0);
+  halo_ =
+      std::make_unique<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, constant, where);
+}
+
+template <class T>
+Variable<T> Pool<T>::forward(const Variable<T>& input) {
+  const std::string where = (options_.kind == PoolKind::max ? "MaxPool" : "AvgPool") +
+                            std::to_string(geometry_.ndims) + "d '" + name_ + "'";
+  SHARDTENSOR_REQUIRE(input.is_field(), where, "input '" << input.name() << "' is not a field");
+  const ShardTensor<T>& x = input.value();
+  const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
+  const ShardTensor<T> padded = halo_->forward(x);
+  ShardTensor<T> y(out_decomposition, x.rank(), x.batch(), x.channels(), {}, name_ + ".output");
+  Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace> argmax;
+  if (options_.kind == PoolKind::max)
+    argmax = decltype(argmax)(name_ + ".argmax", x.batch(), x.channels(), y.local_extent(0),
+                              y.local_extent(1), y.local_extent(2));
+  PoolShape shape{};
+  shape.channels = x.channels();
+  shape.count_include_pad =
+      options_.count_include_pad || options_.padding_mode == PaddingMode::periodic;
+  const auto base = window_base(geometry_, x, y);
+  for (int d = 0; d < max_spatial_dims; ++d) {
+    shape.k[d] = geometry_.kernel[d];
+    shape.s[d] = geometry_.stride[d];
+    shape.d[d] = geometry_.dilation[d];
+    shape.base[d] = base[d];
+    shape.out[d] = y.local_extent(d);
+    shape.padded[d] = padded.allocated_extent(d);
+    shape.first_global[d] = y.global_box().lower[d] * geometry_.stride[d] - geometry_.padding[d];
+    shape.global[d] = x.decomposition().global_extent(d);
+  }
+  pool_forward(shape, options_.kind, padded.view(), y.view(), argmax);
+
+  auto node = make_result_node<T>(name_, {input.node()});
+  node->field = y;
+  if (node->requires_grad) {
+    auto x_node = input.node();
+    const PoolKind kind = options_.kind;
+    HaloPadding<T>* halo = halo_.get();
+    const std::string label = name_ + ".padded_grad";
+    node->backward = [=](impl::Node<T>& self) {
+      ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
+                                 padded.channels(), padded.ghosts(), label);
+      pool_backward(shape, kind, self.grad_field().view(), argmax, grad_padded.view());
+      halo->backward(grad_padded, x_node->grad_field());
+    };
+  }
+  return Variable<T>(node);
+}
+
+template class Pool<float>;
+template class Pool<double>;
+
+}  // namespace shardtensor

@@ -1,0 +1,119 @@
+// Max and average pooling: sharded == single rank for any window, stride, padding and
+// dilation on 1-D/2-D/3-D fields; finite-difference gradients; bad input.
+
+#include <catch2/catch.hpp>
+
+#include "equivalence.hpp"
+
+using namespace shardtensor;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct PoolCase {
+  const char* name;
+  std::vector<Index> extents;
+  PoolOptions options;
+};
+
+PoolOptions pool(PoolKind kind, std::vector<int> window, std::vector<int> stride,
+                 std::vector<int> padding, std::vector<int> dilation = {},
+                 PaddingMode mode = PaddingMode::zeros, bool include_pad = true) {
+  PoolOptions o;
+  o.kind = kind;
+  o.window = window;
+  o.stride = stride;
+  o.padding = padding;
+  o.dilation = dilation;
+  o.padding_mode = mode;
+  o.count_include_pad = include_pad;
+  return o;
+}
+
+std::vector<PoolCase> pool_cases() {
+  return {
+      {"1-D max 2", {40}, pool(PoolKind::max, {2}, {}, {})},
+      {"1-D avg 3 stride 2 pad 1", {41}, pool(PoolKind::average, {3}, {2}, {1})},
+      {"1-D max 3 stride 1 dilation 2 pad 1", {40}, pool(PoolKind::max, {3}, {1}, {1}, {2})},
+      {"2-D max 2x2", {24, 20}, pool(PoolKind::max, {2, 2}, {}, {})},
+      {"2-D avg 3x3 stride 1 pad 1 exclude pad",
+       {20, 18},
+       pool(PoolKind::average, {3, 3}, {1, 1}, {1, 1}, {}, PaddingMode::zeros, false)},
+      {"2-D max 3x2 stride 3x1 periodic pad",
+       {27, 16},
+       pool(PoolKind::max, {3, 2}, {3, 1}, {1, 1}, {}, PaddingMode::periodic)},
+      {"3-D avg 2", {12, 10, 8}, pool(PoolKind::average, {2, 2, 2}, {}, {})},
+      {"3-D max 3 stride 2 pad 1",
+       {13, 11, 9},
+       pool(PoolKind::max, {3, 3, 3}, {2, 2, 2}, {1, 1, 1})},
+  };
+}
+
+template <class T>
+test::ModuleFactory<T> pool_factory(const PoolOptions& options) {
+  return [options](const Communicator& comm) {
+    return std::make_shared<Pool<T>>(comm, options, "pool");
+  };
+}
+
+Index min_cells(const PoolOptions& o) {
+  Index need = 2;
+  for (std::size_t d = 0; d < o.window.size(); ++d) {
+    const int dilation = o.dilation.empty() ? 1 : o.dilation[d];
+    const int stride = o.stride.empty() ? o.window[d] : o.stride[d];
+    need = std::max<Index>(need, dilation * (o.window[d] - 1) + stride);
+  }
+  return need;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Pool sharded equals Pool on one rank", "[pool][equivalence]", float, double) {
+  for (const PoolCase& c : pool_cases()) {
+    INFO(c.name);
+    const std::vector<bool> periodic(c.extents.size(), false);
+    for (const Decomposition& d :
+         test::test_decompositions(c.extents, test::world_size(), periodic, min_cells(c.options)))
+      test::check_equivalence<TestType>(pool_factory<TestType>(c.options), d, 2, 2);
+  }
+}
+
+TEST_CASE("Pool gradients match finite differences", "[pool][gradient]") {
+  for (const PoolCase& c : pool_cases()) {
+    INFO(c.name);
+    const std::vector<bool> periodic(c.extents.size(), false);
+    const auto decompositions =
+        test::test_decompositions(c.extents, test::world_size(), periodic, min_cells(c.options));
+    if (!decompositions.empty())
+      test::check_gradients_by_finite_differences(pool_factory<double>(c.options),
+                                                  decompositions.back(), 1, 2);
+  }
+}
+
+TEST_CASE("Pool values on a small known field", "[pool]") {
+  // 1-D field 0..5 on one rank: max over 2 -> 1, 3, 5; average over 3 stride 3 -> 1, 4.
+  const Communicator self(MPI_COMM_SELF);
+  const Decomposition d({6}, {1});
+  ShardTensor<double> x(d, 0, 1, 1);
+  test::fill(x,
+             [](Index, Index, const SpatialIndex&, const SpatialIndex& g) { return double(g[0]); });
+  auto host = [](const ShardTensor<double>& t) {
+    return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.view());
+  };
+  Pool<double> max_pool(self, pool(PoolKind::max, {2}, {}, {}), "max");
+  const auto m = host(max_pool.forward(Variable<double>::field(x)).value());
+  CHECK((m(0, 0, 0, 0, 0) == 1 && m(0, 0, 1, 0, 0) == 3 && m(0, 0, 2, 0, 0) == 5));
+  Pool<double> avg_pool(self, pool(PoolKind::average, {3}, {}, {}), "avg");
+  const auto a = host(avg_pool.forward(Variable<double>::field(x)).value());
+  CHECK((a(0, 0, 0, 0, 0) == 1 && a(0, 0, 1, 0, 0) == 4));
+}
+
+TEST_CASE("Pool rejects bad options naming layer and values", "[pool][errors]") {
+  const Communicator comm;
+  CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::max, {2}, {}, {2}), "p"),
+                    Contains("MaxPool1d 'p': padding 2 along dim 0 exceeds half the window 2"));
+  CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::average, {2, 2}, {}, {}, {2, 1}), "a"),
+                    Contains("AvgPool2d 'a': average pooling has no dilation"));
+  CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::max, {2, 2}, {1}, {}), "s"),
+                    Contains("stride has 1 values for a 2-D window"));
+}
