@@ -98,7 +98,9 @@ void conv_backward_data(const ConvShape& g, const FieldView<T>& gy, const Replic
       });
 }
 
-/// This rank's partial sums of the weight and bias gradients (over its own outputs).
+/// This rank's partial sums of the weight and bias gradients (over its own outputs), in
+/// double: they add up every output cell, and float sums in different orders on different
+/// decompositions would differ by more than float precision.
 template <class T>
 void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
                               const ReplicatedView<T>& gw, const ReplicatedView<T>& gb) {
@@ -115,7 +117,7 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
           const Index cig = r % g.in_per_group;
           const Index co = r / g.in_per_group;
           const Index ci = (co / g.out_per_group) * g.in_per_group + cig;
-          T sum = 0;
+          double sum = 0;  // many terms: accumulate in double
           for (Index n = 0; n < g.batch; ++n)
             for (Index ox = 0; ox < g.out[0]; ++ox)
               for (Index oy = 0; oy < g.out[1]; ++oy)
@@ -123,18 +125,18 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
                   sum += gy(n, co, ox, oy, oz) * xp(n, ci, g.base[0] + ox * g.s[0] + a * g.d[0],
                                                     g.base[1] + oy * g.s[1] + b * g.d[1],
                                                     g.base[2] + oz * g.s[2] + c * g.d[2]);
-          gw(flat) += sum;
+          gw(flat) += static_cast<T>(sum);
         });
   }
   if (gb.extent(0) > 0) {
     Kokkos::parallel_for(
         "Conv::backward_bias", g.out_channels, KOKKOS_LAMBDA(const Index co) {
-          T sum = 0;
+          double sum = 0;  // many terms: accumulate in double
           for (Index n = 0; n < g.batch; ++n)
             for (Index ox = 0; ox < g.out[0]; ++ox)
               for (Index oy = 0; oy < g.out[1]; ++oy)
                 for (Index oz = 0; oz < g.out[2]; ++oz) sum += gy(n, co, ox, oy, oz);
-          gb(co) += sum;
+          gb(co) += static_cast<T>(sum);
         });
   }
 }

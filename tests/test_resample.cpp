@@ -1,0 +1,172 @@
+// Upsampling, channel concatenation and dropout: sharded == single rank, finite
+// differences, known values; and a small U-Net-shaped block that chains them with conv and
+// pooling across resolutions.
+
+#include <catch2/catch.hpp>
+
+#include "equivalence.hpp"
+
+using namespace shardtensor;
+using Catch::Matchers::Contains;
+
+namespace {
+
+template <class T>
+test::ModuleFactory<T> upsample_factory(std::vector<int> scale, UpsampleMode mode) {
+  return [scale, mode](const Communicator& comm) {
+    return std::make_shared<Upsample<T>>(comm, scale, mode, "up");
+  };
+}
+
+/// conv -> maxpool 2 -> conv -> linear upsample 2 -> concat with the first conv -> conv,
+/// with dropout in the middle.
+template <class T>
+class TinyUNet : public Module<T> {
+ public:
+  TinyUNet(const Communicator& comm, int ndims) : comm_(comm) {
+    auto conv = [&](int in, int out, std::uint64_t seed) {
+      ConvOptions o;
+      o.in_channels = in;
+      o.out_channels = out;
+      o.kernel.assign(ndims, 3);
+      o.padding.assign(ndims, 1);
+      o.seed = seed;
+      return std::make_shared<Conv<T>>(comm, o, "conv" + std::to_string(seed));
+    };
+    PoolOptions p;
+    p.window.assign(ndims, 2);
+    down_ = conv(2, 3, 1);
+    middle_ = conv(3, 3, 2);
+    out_ = conv(6, 2, 3);
+    pool_ = std::make_shared<Pool<T>>(comm, p, "pool");
+    up_ =
+        std::make_shared<Upsample<T>>(comm, std::vector<int>(ndims, 2), UpsampleMode::linear, "up");
+    dropout_ = std::make_shared<Dropout<T>>(0.25);
+    this->register_module("down", down_);
+    this->register_module("middle", middle_);
+    this->register_module("out", out_);
+  }
+  Variable<T> forward(const Variable<T>& x) override {
+    const Variable<T> skip = activate(down_->forward(x), Activation::silu);
+    const Variable<T> coarse = dropout_->forward(middle_->forward(pool_->forward(skip)));
+    return out_->forward(concat_channels<T>({skip, up_->forward(coarse)}));
+  }
+
+ private:
+  Communicator comm_;
+  std::shared_ptr<Conv<T>> down_, middle_, out_;
+  std::shared_ptr<Pool<T>> pool_;
+  std::shared_ptr<Upsample<T>> up_;
+  std::shared_ptr<Dropout<T>> dropout_;
+};
+
+/// Extents per dims whose halves split evenly enough for pooling by 2 on every grid.
+std::vector<Index> unet_extents(int ndims) {
+  return std::vector<std::vector<Index>>{{48}, {24, 16}, {16, 12, 8}}[ndims - 1];
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Upsample sharded equals Upsample on one rank", "[upsample][equivalence]", float,
+                   double) {
+  const std::vector<std::vector<Index>> extents{{20}, {14, 11}, {8, 7, 6}};
+  for (UpsampleMode mode : {UpsampleMode::nearest, UpsampleMode::linear})
+    for (int ndims = 1; ndims <= 3; ++ndims)
+      for (int s : {2, 3}) {
+        std::vector<int> scale(ndims, s);
+        scale[0] = 2;  // mixed factors
+        INFO("mode " << int(mode) << ", " << ndims << "-D, scale " << s);
+        for (const Decomposition& d : test::test_decompositions(
+                 extents[ndims - 1], test::world_size(), std::vector<bool>(ndims, false), 1))
+          test::check_equivalence<TestType>(upsample_factory<TestType>(scale, mode), d, 2, 2);
+      }
+}
+
+TEMPLATE_TEST_CASE("a U-Net block (conv, pool, upsample, concat, dropout) sharded equals one rank",
+                   "[unet][equivalence]", float, double) {
+  for (int ndims = 1; ndims <= 3; ++ndims) {
+    // Even splits so that every shard pools to whole cells.
+    const std::vector<Index> extents = unet_extents(ndims);
+    for (const Decomposition& d : test::test_decompositions(extents, test::world_size(),
+                                                            std::vector<bool>(ndims, false), 2)) {
+      bool even = true;
+      for (int k = 0; k < d.ndims(); ++k)
+        for (Index p : d.split_points(k)) even = even && p % 2 == 0;
+      if (!even) continue;
+      test::check_equivalence<TestType>(
+          [ndims](const Communicator& comm) {
+            return std::make_shared<TinyUNet<TestType>>(comm, ndims);
+          },
+          d, 2, 2);
+    }
+  }
+}
+
+TEST_CASE("upsampling and the U-Net block match finite differences", "[upsample][unet][gradient]") {
+  for (UpsampleMode mode : {UpsampleMode::nearest, UpsampleMode::linear}) {
+    const auto ds = test::test_decompositions({10, 9}, test::world_size(), {false, false}, 1);
+    if (!ds.empty())
+      test::check_gradients_by_finite_differences(upsample_factory<double>({2, 3}, mode), ds.back(),
+                                                  1, 2);
+  }
+  for (const Decomposition& d :
+       test::test_decompositions(unet_extents(2), test::world_size(), {false, false}, 2)) {
+    bool even = true;
+    for (int k = 0; k < 2; ++k)
+      for (Index p : d.split_points(k)) even = even && p % 2 == 0;
+    if (!even) continue;
+    test::check_gradients_by_finite_differences(
+        [](const Communicator& comm) { return std::make_shared<TinyUNet<double>>(comm, 2); }, d, 1,
+        2);
+    break;
+  }
+}
+
+TEST_CASE("linear upsampling matches PyTorch's align_corners=False values", "[upsample]") {
+  const Communicator self(MPI_COMM_SELF);
+  ShardTensor<double> x(Decomposition({3}, {1}), 0, 1, 1);
+  test::fill(x,
+             [](Index, Index, const SpatialIndex&, const SpatialIndex& g) { return double(g[0]); });
+  Upsample<double> up(self, {2}, UpsampleMode::linear);
+  const auto y = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), up.forward(Variable<double>::field(x)).value().view());
+  const double expected[6] = {0,    0.25, 0.75,
+                              1.25, 1.75, 2};  // torch.nn.Upsample(scale_factor=2, mode='linear')
+  for (int i = 0; i < 6; ++i) CHECK(y(0, 0, i, 0, 0) == Approx(expected[i]).margin(1e-15));
+  Upsample<double> nearest(self, {3}, UpsampleMode::nearest);
+  const auto z = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), nearest.forward(Variable<double>::field(x)).value().view());
+  for (int i = 0; i < 9; ++i) CHECK(z(0, 0, i, 0, 0) == double(i / 3));
+}
+
+TEST_CASE("dropout keeps about 1 - p of the values, scaled, and is the identity in eval",
+          "[dropout]") {
+  const Communicator comm;
+  const Decomposition d = Decomposition::automatic({64, 64}, comm.size());
+  const ShardTensor<double> ones = test::random_shard<double>(d, comm.rank(), 1, 4, 3);
+  Kokkos::deep_copy(ones.view(), 1.0);
+  Dropout<double> dropout(0.3);
+  const Variable<double> y = dropout.forward(Variable<double>::field(ones));
+  const double kept = sum(comm, y).item() * 0.7 / (4.0 * 64 * 64);
+  CHECK(kept == Approx(0.7).margin(0.02));
+  const Variable<double> y2 = dropout.forward(Variable<double>::field(ones));
+  CHECK(sum(comm, multiply(y, y2)).item() !=
+        Approx(sum(comm, multiply(y, y)).item()));  // a new mask per call
+  dropout.eval();
+  CHECK(dropout.forward(Variable<double>::field(ones)).value().view().data() == ones.view().data());
+  CHECK_THROWS_WITH(Dropout<double>(1.0), Contains("probability 1 outside [0, 1)"));
+}
+
+TEST_CASE("concat and upsample reject mismatched input", "[concat][upsample][errors]") {
+  const Communicator comm;
+  const Decomposition d = Decomposition::automatic({12, 10}, comm.size());
+  const Decomposition other = Decomposition::automatic({12, 12}, comm.size());
+  const auto a = Variable<float>::field(ShardTensor<float>(d, comm.rank(), 1, 2), false, "a");
+  const auto b = Variable<float>::field(ShardTensor<float>(other, comm.rank(), 1, 2), false, "b");
+  CHECK_THROWS_WITH(concat_channels<float>({a, b}),
+                    Contains("concat_channels: 'b'") && Contains("does not match 'a'"));
+  CHECK_THROWS_WITH(Upsample<float>(comm, {2, 0}, UpsampleMode::nearest),
+                    Contains("scale factor 0 along dim 1"));
+  Upsample<float> up3(comm, {2, 2, 2}, UpsampleMode::linear, "u");
+  CHECK_THROWS_WITH(up3.forward(a), Contains("Upsample3d 'u': input field has 2 spatial dims"));
+}
