@@ -1,9 +1,14 @@
 #pragma once
 // Umbrella header of the layers module.
 
+#include "shardtensor/layers/concat.hpp"
 #include "shardtensor/layers/conv.hpp"
+#include "shardtensor/layers/dropout.hpp"
 #include "shardtensor/layers/loss.hpp"
 #include "shardtensor/layers/module.hpp"
+#include "shardtensor/layers/normalization.hpp"
 #include "shardtensor/layers/padding.hpp"
 #include "shardtensor/layers/pointwise.hpp"
+#include "shardtensor/layers/pooling.hpp"
+#include "shardtensor/layers/upsample.hpp"
 #include "shardtensor/layers/variable.hpp"
