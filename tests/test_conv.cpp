@@ -97,6 +97,36 @@ TEMPLATE_TEST_CASE("Conv sharded equals Conv on one rank", "[conv][equivalence]"
   }
 }
 
+TEMPLATE_TEST_CASE("the GEMM path equals the direct loop, also in many small chunks", "[conv]",
+                   float, double) {
+  const double tolerance = std::is_same<TestType, float>::value ? 2e-6 : 1e-13;
+  for (const ConvCase& c : conv_cases()) {
+    INFO(c.name);
+    const Communicator comm;
+    const std::vector<bool> periodic(c.extents.size(), false);
+    const auto decompositions =
+        test::test_decompositions(c.extents, comm.size(), periodic, min_cells(c.options));
+    if (decompositions.empty()) continue;
+    ConvOptions direct = c.options, chunked = c.options;
+    direct.algorithm = ConvAlgorithm::direct;
+    chunked.workspace_bytes = 1;  // one output plane per chunk
+    const auto run = [&](const ConvOptions& o) {
+      return test::run_module<TestType>(conv_factory<TestType>(o), comm, decompositions.front(), 2,
+                                        c.options.in_channels, test::weighted_sum<TestType>);
+    };
+    const auto reference = run(direct);
+    for (const auto& fast : {run(c.options), run(chunked)}) {
+      CHECK(test::relative_error(fast.output.value().view(), reference.output.value().view()) <=
+            tolerance);
+      CHECK(test::relative_error(fast.input.grad().view(), reference.input.grad().view()) <=
+            tolerance);
+      const auto p = fast.module->named_parameters(), q = reference.module->named_parameters();
+      for (std::size_t i = 0; i < p.size(); ++i)
+        CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) <= tolerance);
+    }
+  }
+}
+
 TEST_CASE("Conv gradients match finite differences", "[conv][gradient]") {
   const int nranks = test::world_size();
   for (const ConvCase& c : conv_cases()) {

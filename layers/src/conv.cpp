@@ -1,5 +1,7 @@
 #include "shardtensor/layers/conv.hpp"
 
+#include <KokkosBlas3_gemm.hpp>
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -141,6 +143,197 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The fast path: blocked im2col + GEMM. Output cells are processed in chunks of whole
+// x-planes; a chunk's column matrix (taps x cells) lives in a workspace of bounded size, so
+// memory does not grow with the field. Per sample n, group g and chunk:
+//   forward:  Y[co, p]   = W_g[co, k] . X[k, p]          (+ bias)
+//   backward: dW_g      += dY[co, p] . X[k, p]^T
+//             dX[k, p]   = W_g^T . dY, then col2im gathers dX into the padded gradient.
+
+template <class T>
+using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpace>;
+template <class T>
+using UnmanagedMatrix = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Output x-planes [x0, x1) of one chunk.
+struct Chunk {
+  Index x0, x1;
+};
+
+/// columns(r, p) = padded input under tap r of output p, for the chunk's outputs of group g.
+template <class T>
+void im2col(const ConvShape& g, const FieldView<T>& xp, Index n, Index group, const Chunk& chunk,
+            const UnmanagedMatrix<T>& columns) {
+  const Index taps = g.k[0] * g.k[1] * g.k[2];
+  const Index rows = g.in_per_group * taps * (chunk.x1 - chunk.x0) * g.out[1];
+  Kokkos::parallel_for(
+      "Conv::im2col", rows, KOKKOS_LAMBDA(const Index flat) {
+        Index r = flat;
+        const Index oy = r % g.out[1];
+        r /= g.out[1];
+        const Index ox = chunk.x0 + r % (chunk.x1 - chunk.x0);
+        const Index row = r / (chunk.x1 - chunk.x0);  // (cig, a, b, c)
+        Index t = row;
+        const Index c = t % g.k[2];
+        t /= g.k[2];
+        const Index b = t % g.k[1];
+        t /= g.k[1];
+        const Index a = t % g.k[0];
+        const Index ci = group * g.in_per_group + t / g.k[0];
+        const Index x = g.base[0] + ox * g.s[0] + a * g.d[0];
+        const Index y = g.base[1] + oy * g.s[1] + b * g.d[1];
+        const Index z0 = g.base[2] + c * g.d[2];
+        T* out = &columns(row, ((ox - chunk.x0) * g.out[1] + oy) * g.out[2]);
+        if (g.s[2] == 1) {
+          const T* in = &xp(n, ci, x, y, z0);
+          for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = in[oz];
+        } else {
+          for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = xp(n, ci, x, y, z0 + oz * g.s[2]);
+        }
+      });
+}
+
+/// Adds the column gradients of one chunk into the padded input gradient (gather form:
+/// each padded cell sums the taps of the chunk's outputs that read it; race-free).
+template <class T>
+void col2im(const ConvShape& g, const UnmanagedMatrix<T>& columns, Index n, Index group,
+            const Chunk& chunk, const FieldView<T>& gxp) {
+  const Index ix0 = g.base[0] + chunk.x0 * g.s[0];
+  const Index ix1 = g.base[0] + (chunk.x1 - 1) * g.s[0] + (g.k[0] - 1) * g.d[0] + 1;
+  const Index py = gxp.extent(3), pz = gxp.extent(4);
+  const Index total = g.in_per_group * (ix1 - ix0) * py * pz;
+  Kokkos::parallel_for(
+      "Conv::col2im", total, KOKKOS_LAMBDA(const Index flat) {
+        Index r = flat;
+        const Index iz = r % pz;
+        r /= pz;
+        const Index iy = r % py;
+        r /= py;
+        const Index ix = ix0 + r % (ix1 - ix0);
+        const Index cig = r / (ix1 - ix0);
+        T sum = 0;
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ox = window_output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
+          if (ox < chunk.x0 || ox >= chunk.x1) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index oy = window_output_of(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
+            if (oy < 0) continue;
+            for (Index c = 0; c < g.k[2]; ++c) {
+              const Index oz = window_output_of(iz, g.base[2], c, g.s[2], g.d[2], g.out[2]);
+              if (oz < 0) continue;
+              const Index row = ((cig * g.k[0] + a) * g.k[1] + b) * g.k[2] + c;
+              sum += columns(row, ((ox - chunk.x0) * g.out[1] + oy) * g.out[2] + oz);
+            }
+          }
+        }
+        gxp(n, group * g.in_per_group + cig, ix, iy, iz) += sum;
+      });
+}
+
+/// Copies a chunk of one group's output channels between the field and a (channels x cells)
+/// matrix, adding `bias` on the way in (forward) when given.
+template <class T>
+void copy_chunk(const ConvShape& g, const FieldView<T>& field, Index n, Index group,
+                const Chunk& chunk, const UnmanagedMatrix<T>& matrix, bool to_field,
+                const ReplicatedView<T>& bias) {
+  const Index plane = g.out[1] * g.out[2];
+  const bool has_bias = bias.extent(0) > 0;
+  Kokkos::parallel_for(
+      "Conv::copy_chunk", g.out_per_group * (chunk.x1 - chunk.x0) * g.out[1],
+      KOKKOS_LAMBDA(const Index flat) {
+        const Index oy = flat % g.out[1];
+        const Index ox = chunk.x0 + (flat / g.out[1]) % (chunk.x1 - chunk.x0);
+        const Index cog = flat / (g.out[1] * (chunk.x1 - chunk.x0));
+        const Index co = group * g.out_per_group + cog;
+        T* f = &field(n, co, ox, oy, 0);
+        T* m = &matrix(cog, (ox - chunk.x0) * plane + oy * g.out[2]);
+        if (to_field) {
+          const T b = has_bias ? bias(co) : T(0);
+          for (Index oz = 0; oz < g.out[2]; ++oz) f[oz] = m[oz] + b;
+        } else {
+          for (Index oz = 0; oz < g.out[2]; ++oz) m[oz] = f[oz];
+        }
+      });
+}
+
+/// x-planes per chunk so that the column matrix (taps x cells) stays within the budget.
+inline Index planes_per_chunk(const ConvShape& g, std::size_t value_size,
+                              std::size_t budget_bytes) {
+  const std::size_t taps = static_cast<std::size_t>(g.in_per_group * g.k[0] * g.k[1] * g.k[2]);
+  const std::size_t plane = static_cast<std::size_t>(g.out[1] * g.out[2]);
+  const std::size_t per_plane =
+      (taps + static_cast<std::size_t>(g.out_per_group)) * plane * value_size;
+  return std::max<Index>(1,
+                         std::min<Index>(g.out[0], static_cast<Index>(budget_bytes / per_plane)));
+}
+
+template <class T>
+UnmanagedMatrix<T> weight_matrix(const ConvShape& g, const ReplicatedView<T>& w, Index group) {
+  const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
+  return UnmanagedMatrix<T>(w.data() + group * g.out_per_group * taps, g.out_per_group, taps);
+}
+
+template <class T>
+void conv_forward_gemm(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
+                       const ReplicatedView<T>& bias, const FieldView<T>& y,
+                       impl::ConvWorkspace<T>& workspace) {
+  const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
+  const Index plane = g.out[1] * g.out[2];
+  const Index planes = planes_per_chunk(g, sizeof(T), workspace.budget_bytes);
+  T* buffer =
+      workspace.reserve(static_cast<std::size_t>((taps + g.out_per_group) * planes * plane));
+  const Index groups = g.out_channels / g.out_per_group;
+  for (Index n = 0; n < g.batch; ++n)
+    for (Index group = 0; group < groups; ++group) {
+      const UnmanagedMatrix<T> weights = weight_matrix(g, w, group);
+      for (Index x0 = 0; x0 < g.out[0]; x0 += planes) {
+        const Chunk chunk{x0, std::min(x0 + planes, g.out[0])};
+        const Index cells = (chunk.x1 - chunk.x0) * plane;
+        const UnmanagedMatrix<T> columns(buffer, taps, cells);
+        const UnmanagedMatrix<T> out(buffer + taps * cells, g.out_per_group, cells);
+        im2col(g, xp, n, group, chunk, columns);
+        KokkosBlas::gemm("N", "N", T(1), weights, columns, T(0), out);
+        copy_chunk(g, y, n, group, chunk, out, /*to_field=*/true, bias);
+      }
+    }
+}
+
+/// Weight gradient (into `gw`, this rank's partial sum; may be empty) and padded input
+/// gradient (into `gxp`, zero on entry; may be empty).
+template <class T>
+void conv_backward_gemm(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
+                        const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
+                        const FieldView<T>& gxp, impl::ConvWorkspace<T>& workspace) {
+  const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
+  const Index plane = g.out[1] * g.out[2];
+  const Index planes = planes_per_chunk(g, sizeof(T), workspace.budget_bytes);
+  T* buffer =
+      workspace.reserve(static_cast<std::size_t>((taps + g.out_per_group) * planes * plane));
+  const Index groups = g.out_channels / g.out_per_group;
+  const ReplicatedView<T> no_bias;
+  for (Index n = 0; n < g.batch; ++n)
+    for (Index group = 0; group < groups; ++group) {
+      const UnmanagedMatrix<T> weights = weight_matrix(g, w, group);
+      for (Index x0 = 0; x0 < g.out[0]; x0 += planes) {
+        const Chunk chunk{x0, std::min(x0 + planes, g.out[0])};
+        const Index cells = (chunk.x1 - chunk.x0) * plane;
+        const UnmanagedMatrix<T> columns(buffer, taps, cells);
+        const UnmanagedMatrix<T> grad_out(buffer + taps * cells, g.out_per_group, cells);
+        copy_chunk(g, gy, n, group, chunk, grad_out, /*to_field=*/false, no_bias);
+        if (gw.extent(0) > 0) {
+          im2col(g, xp, n, group, chunk, columns);
+          KokkosBlas::gemm("N", "T", T(1), grad_out, columns, T(1), weight_matrix(g, gw, group));
+        }
+        if (gxp.span() > 0) {
+          KokkosBlas::gemm("T", "N", T(1), weights, grad_out, T(0), columns);
+          col2im(g, columns, n, group, chunk, gxp);
+        }
+      }
+    }
+}
+
 std::string layer_name(int ndims, const std::string& name) {
   return "Conv" + std::to_string(ndims) + "d '" + name + "'";
 }
@@ -187,6 +380,7 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
   if (options_.bias)
     bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * options_.seed + 1);
   halo_ = std::make_unique<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
+  workspace_->budget_bytes = options_.workspace_bytes;
 }
 
 template <class T>
@@ -222,8 +416,14 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     shape.base[d] = base[d];
   }
   const ReplicatedView<T> no_bias;
-  conv_forward(shape, padded.view(), weight_.data(), bias_.defined() ? bias_.data() : no_bias,
-               y.view());
+  const ConvAlgorithm algorithm = options_.algorithm;
+  const std::shared_ptr<impl::ConvWorkspace<T>> workspace = workspace_;
+  if (algorithm == ConvAlgorithm::gemm)
+    conv_forward_gemm(shape, padded.view(), weight_.data(),
+                      bias_.defined() ? bias_.data() : no_bias, y.view(), *workspace);
+  else
+    conv_forward(shape, padded.view(), weight_.data(), bias_.defined() ? bias_.data() : no_bias,
+                 y.view());
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
   if (bias_.defined()) inputs.push_back(bias_.node());
@@ -241,13 +441,19 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
-      conv_backward_parameters(shape, gy, padded.view(), gw, gb);
-      if (x_node->requires_grad) {
-        ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
-                                   padded.channels(), padded.ghosts(), name_ + ".padded_grad");
-        conv_backward_data(shape, gy, w_node->data, grad_padded.view());
-        halo->backward(grad_padded, x_node->grad_field());
+      ShardTensor<T> grad_padded;
+      if (x_node->requires_grad)
+        grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
+                                     padded.channels(), padded.ghosts(), name_ + ".padded_grad");
+      if (algorithm == ConvAlgorithm::gemm) {
+        conv_backward_gemm(shape, gy, padded.view(), w_node->data, gw, grad_padded.view(),
+                           *workspace);
+        conv_backward_parameters(shape, gy, padded.view(), ReplicatedView<T>(), gb);  // bias only
+      } else {
+        conv_backward_parameters(shape, gy, padded.view(), gw, gb);
+        if (x_node->requires_grad) conv_backward_data(shape, gy, w_node->data, grad_padded.view());
       }
+      if (x_node->requires_grad) halo->backward(grad_padded, x_node->grad_field());
     };
   }
   return Variable<T>(node);

@@ -12,6 +12,26 @@
 
 namespace shardtensor {
 
+/// How Conv computes: blocked im2col + GEMM (KokkosBlas::gemm, fast) or a direct loop
+/// (the reference the fast path is tested against).
+enum class ConvAlgorithm { gemm, direct };
+
+namespace impl {
+/// Scratch memory of the GEMM path, kept between calls (no allocation once warm) and
+/// bounded: chunks are sized to stay within budget_bytes whatever the field size.
+template <class T>
+struct ConvWorkspace {
+  std::size_t budget_bytes = std::size_t(64) << 20;
+  Kokkos::View<T*, DefaultMemorySpace> buffer;
+  T* reserve(std::size_t count) {
+    if (buffer.extent(0) < count)
+      buffer = Kokkos::View<T*, DefaultMemorySpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("conv_workspace")), count);
+    return buffer.data();
+  }
+};
+}  // namespace impl
+
 struct ConvOptions {
   int in_channels = 1;
   int out_channels = 1;
@@ -23,6 +43,9 @@ struct ConvOptions {
   int groups = 1;
   bool bias = true;
   std::uint64_t seed = 1;  ///< initialisation (same on every rank)
+  ConvAlgorithm algorithm = ConvAlgorithm::gemm;
+  /// Bound on the GEMM path's scratch memory; chunks of output planes are sized to fit.
+  std::size_t workspace_bytes = std::size_t(64) << 20;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
@@ -51,6 +74,7 @@ class Conv : public Module<T> {
   std::string name_;
   Variable<T> weight_, bias_;
   std::unique_ptr<HaloPadding<T>> halo_;
+  std::shared_ptr<impl::ConvWorkspace<T>> workspace_ = std::make_shared<impl::ConvWorkspace<T>>();
 };
 
 extern template class Conv<float>;
