@@ -195,40 +195,56 @@ void im2col(const ConvShape& g, const FieldView<T>& xp, Index n, Index group, co
       });
 }
 
+/// Output index along one axis that tap `tap` of a window reads padded index i from; -1 if
+/// none. Unit stride (the common case) needs no division.
+template <bool unit_stride>
+KOKKOS_INLINE_FUNCTION Index tap_output(Index i, Index base, Index tap, Index stride,
+                                        Index dilation, Index outputs) {
+  if (unit_stride) {
+    const Index o = i - base - tap * dilation;
+    return o >= 0 && o < outputs ? o : -1;
+  }
+  return window_output_of(i, base, tap, stride, dilation, outputs);
+}
+
 /// Adds the column gradients of one chunk into the padded input gradient (gather form:
 /// each padded cell sums the taps of the chunk's outputs that read it; race-free).
-template <class T>
+template <bool unit_stride, class T>
 void col2im(const ConvShape& g, const UnmanagedMatrix<T>& columns, Index n, Index group,
             const Chunk& chunk, const FieldView<T>& gxp) {
   const Index ix0 = g.base[0] + chunk.x0 * g.s[0];
   const Index ix1 = g.base[0] + (chunk.x1 - 1) * g.s[0] + (g.k[0] - 1) * g.d[0] + 1;
   const Index py = gxp.extent(3), pz = gxp.extent(4);
-  const Index total = g.in_per_group * (ix1 - ix0) * py * pz;
   Kokkos::parallel_for(
-      "Conv::col2im", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index iz = r % pz;
-        r /= pz;
-        const Index iy = r % py;
-        r /= py;
-        const Index ix = ix0 + r % (ix1 - ix0);
-        const Index cig = r / (ix1 - ix0);
-        T sum = 0;
+      "Conv::col2im", g.in_per_group * (ix1 - ix0) * py, KOKKOS_LAMBDA(const Index flat) {
+        const Index iy = flat % py;
+        const Index ix = ix0 + (flat / py) % (ix1 - ix0);
+        const Index cig = flat / (py * (ix1 - ix0));
+        T* out = &gxp(n, group * g.in_per_group + cig, ix, iy, 0);
         for (Index a = 0; a < g.k[0]; ++a) {
-          const Index ox = window_output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
+          const Index ox = tap_output<unit_stride>(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
           if (ox < chunk.x0 || ox >= chunk.x1) continue;
           for (Index b = 0; b < g.k[1]; ++b) {
-            const Index oy = window_output_of(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
+            const Index oy = tap_output<unit_stride>(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
             if (oy < 0) continue;
             for (Index c = 0; c < g.k[2]; ++c) {
-              const Index oz = window_output_of(iz, g.base[2], c, g.s[2], g.d[2], g.out[2]);
-              if (oz < 0) continue;
               const Index row = ((cig * g.k[0] + a) * g.k[1] + b) * g.k[2] + c;
-              sum += columns(row, ((ox - chunk.x0) * g.out[1] + oy) * g.out[2] + oz);
+              const T* in = &columns(row, ((ox - chunk.x0) * g.out[1] + oy) * g.out[2]);
+              if (unit_stride) {
+                // Output oz reads padded z = base + oz + c * d: a shifted contiguous row.
+                const Index shift = g.base[2] + c * g.d[2];
+                const Index first = shift, last = shift + g.out[2];
+                for (Index iz = first < 0 ? 0 : first; iz < last && iz < pz; ++iz)
+                  out[iz] += in[iz - shift];
+              } else {
+                for (Index iz = 0; iz < pz; ++iz) {
+                  const Index oz = window_output_of(iz, g.base[2], c, g.s[2], g.d[2], g.out[2]);
+                  if (oz >= 0) out[iz] += in[oz];
+                }
+              }
             }
           }
         }
-        gxp(n, group * g.in_per_group + cig, ix, iy, iz) += sum;
       });
 }
 
@@ -328,7 +344,10 @@ void conv_backward_gemm(const ConvShape& g, const FieldView<T>& gy, const FieldV
         }
         if (gxp.span() > 0) {
           KokkosBlas::gemm("T", "N", T(1), weights, grad_out, T(0), columns);
-          col2im(g, columns, n, group, chunk, gxp);
+          if (g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1)
+            col2im<true>(g, columns, n, group, chunk, gxp);
+          else
+            col2im<false>(g, columns, n, group, chunk, gxp);
         }
       }
     }

@@ -1,0 +1,147 @@
+// bench_conv: forward + backward of a sharded Conv3d (default 32 -> 32 channels, kernel 3,
+// 64^3 cells, batch 1, float), against OpenBLAS sgemm measured in the same run.
+//
+//   mpirun -n 1 ./bench_conv        mpirun -n 2 ./bench_conv      (same global field)
+//   options: --size N (global cube edge, 64) --channels C (32) --iters K (3) --warmup K (1)
+//            --algorithm gemm|direct
+//
+// FLOPs: 2 * Cin * Cout * k^3 * output cells per pass, three passes (forward, input
+// gradient, weight gradient). Time: slowest rank, best of `iters` steps. Per-core
+// GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
+// conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once. Peak
+// memory: the process's maximum resident set (getrusage), per rank, max over ranks.
+// Last line: one JSON object.
+
+#include <mpi.h>
+#include <sys/resource.h>
+
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "shardtensor/layers.hpp"
+
+using namespace shardtensor;
+
+namespace {
+
+double max_over_ranks(double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+
+double peak_resident_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;  // Linux reports KiB
+}
+
+std::string option(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+
+/// Best sgemm rate (GFLOP/s per rank) of a conv-shaped product, every rank at once.
+double sgemm_gflops(int m, int k, int n, int reps) {
+  Kokkos::View<float**, Kokkos::LayoutRight> a("a", m, k), b("b", k, n), c("c", m, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    Kokkos::fence();
+    best = std::min(best, max_over_ranks(MPI_Wtime() - t0));
+  }
+  return 2.0 * m * k * double(n) / best / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int status = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    const Communicator comm;
+    try {
+      const Index size = std::stol(option(argc, argv, "--size", "64"));
+      const int channels = std::stoi(option(argc, argv, "--channels", "32"));
+      const int iters = std::stoi(option(argc, argv, "--iters", "3"));
+      const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
+      const std::string algorithm = option(argc, argv, "--algorithm", "gemm");
+      SHARDTENSOR_REQUIRE(size >= 4 && channels >= 1 && iters >= 1 && warmup >= 0 &&
+                              (algorithm == "gemm" || algorithm == "direct"),
+                          "bench_conv",
+                          "bad options: size " << size << ", channels " << channels << ", iters "
+                                               << iters << ", algorithm " << algorithm);
+      const double memory_before = max_over_ranks(peak_resident_mib());
+      const Decomposition d = Decomposition::automatic({size, size, size}, comm.size());
+      ConvOptions o;
+      o.in_channels = o.out_channels = channels;
+      o.kernel = {3, 3, 3};
+      o.padding = {1, 1, 1};
+      o.algorithm = algorithm == "gemm" ? ConvAlgorithm::gemm : ConvAlgorithm::direct;
+      Conv<float> conv(comm, o, "bench");
+      ShardTensor<float> x(d, comm.rank(), 1, channels);
+      Kokkos::parallel_for(
+          "init", x.view().span(),
+          KOKKOS_LAMBDA(const std::size_t i) { x.view().data()[i] = float(hashed_uniform(1, i)); });
+      double best = 1e30, forward_best = 1e30;
+      for (int step = 0; step < warmup + iters; ++step) {
+        conv.zero_grad();
+        const auto input = Variable<float>::field(x, true, "x");
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        const Variable<float> y = conv.forward(input);
+        Kokkos::fence();
+        const double t1 = MPI_Wtime();
+        backward(sum(comm, y));
+        Kokkos::fence();
+        const double t2 = MPI_Wtime();
+        if (step >= warmup) {
+          best = std::min(best, max_over_ranks(t2 - t0));
+          forward_best = std::min(forward_best, max_over_ranks(t1 - t0));
+        }
+      }
+      const double peak = max_over_ranks(peak_resident_mib());
+      const double cells = double(size) * size * size;
+      const double flops_per_pass = 2.0 * channels * channels * 27 * cells;
+      const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / comm.size();
+      const double sgemm = sgemm_gflops(channels, channels * 27, 4096, 5);
+      if (comm.rank() == 0) {
+        std::printf(
+            "bench_conv: Conv3d %d->%d, kernel 3, %ldx%ldx%ld cells (%s), batch 1, float, %s, %d "
+            "rank(s)\n",
+            channels, channels, long(size), long(size), long(size), d.describe().c_str(),
+            algorithm.c_str(), comm.size());
+        std::printf("  forward + backward step     %10.2f ms   (forward %.2f ms)\n", best * 1e3,
+                    forward_best * 1e3);
+        std::printf("  throughput per core         %10.1f GFLOP/s (3 passes x %.2f GFLOP)\n",
+                    gflops_per_core, flops_per_pass / 1e9);
+        std::printf("  sgemm %dx%dx4096 per core  %10.1f GFLOP/s  -> ratio %.2f\n", channels,
+                    channels * 27, sgemm, gflops_per_core / sgemm);
+        std::printf("  peak resident memory/rank   %10.1f MiB (%.1f MiB before the layer)\n", peak,
+                    memory_before);
+        std::printf(
+            "{\"bench\":\"conv3d\",\"ranks\":%d,\"grid\":\"%s\",\"size\":%ld,\"channels\":%d,"
+            "\"algorithm\":\"%s\","
+            "\"step_s\":%.6g,\"forward_s\":%.6g,\"gflops_per_core\":%.4g,\"sgemm_gflops_per_core\":"
+            "%.4g,"
+            "\"ratio_to_sgemm\":%.4g,\"peak_mib_per_rank\":%.1f}\n",
+            comm.size(), d.describe().c_str(), long(size), channels, algorithm.c_str(), best,
+            forward_best, gflops_per_core, sgemm, gflops_per_core / sgemm, peak);
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
+      status = 2;
+    }
+  }
+  MPI_Finalize();
+  return status;
+}
