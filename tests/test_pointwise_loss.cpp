@@ -128,3 +128,53 @@ TEST_CASE("pointwise ops and losses reject fields that do not match", "[pointwis
   CHECK_THROWS_WITH(backward(a),
                     Contains("backward: the loss must be a replicated scalar, got 'a'"));
 }
+
+TEST_CASE("data-parallel groups average gradients to the full-batch gradient", "[data_parallel]") {
+  // P ranks as a (groups x domain) mesh: each group takes its own sample of a global batch,
+  // split over its domain ranks; averaged gradients equal one rank's gradient of the mean
+  // loss over the whole batch.
+  const Communicator world;
+  for (int groups = 1; groups <= world.size(); ++groups) {
+    if (world.size() % groups != 0) continue;
+    INFO(groups << " data-parallel groups");
+    const RankMesh mesh = world.mesh(groups);
+    const Decomposition full({14, 12}, {1, 1});
+    const Decomposition split = Decomposition::automatic({14, 12}, mesh.domain.size());
+    // Batch of `groups` samples: sample s is the random field of seed 100 + s.
+    auto sample = [&](const Decomposition& d, int rank, int s) {
+      return test::random_shard<double>(d, rank, 1, 2, 100 + s);
+    };
+    auto target_of = [&](const Decomposition& d, int rank, int s) {
+      return test::random_shard<double>(d, rank, 1, 2, 200 + s);
+    };
+    ResidualBlock<double> replica(mesh.domain, Activation::tanh);
+    const auto x =
+        Variable<double>::field(sample(split, mesh.domain.rank(), mesh.data_group), false);
+    const auto t =
+        Variable<double>::field(target_of(split, mesh.domain.rank(), mesh.data_group), false);
+    backward(mse_loss(mesh.domain, replica.forward(x), t));
+    replica.average_gradients(mesh.data);
+
+    const Communicator self(MPI_COMM_SELF);
+    ResidualBlock<double> reference(self, Activation::tanh);
+    // Reference: the same samples stacked in one batch on one rank.
+    ShardTensor<double> xs(full, 0, groups, 2), ts(full, 0, groups, 2);
+    for (int s = 0; s < groups; ++s) {
+      Kokkos::deep_copy(
+          Kokkos::subview(xs.view(), s, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
+          Kokkos::subview(sample(full, 0, s).view(), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL,
+                          Kokkos::ALL));
+      Kokkos::deep_copy(
+          Kokkos::subview(ts.view(), s, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
+          Kokkos::subview(target_of(full, 0, s).view(), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL,
+                          Kokkos::ALL));
+    }
+    backward(mse_loss(self, reference.forward(Variable<double>::field(xs)),
+                      Variable<double>::field(ts)));
+    const auto a = replica.named_parameters(), b = reference.named_parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO(a[i].first);
+      CHECK(test::relative_error(a[i].second.data_grad(), b[i].second.data_grad()) <= 1e-12);
+    }
+  }
+}

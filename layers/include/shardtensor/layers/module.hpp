@@ -40,6 +40,21 @@ class Module {
     for (auto& named : named_parameters()) named.second.zero_grad();
   }
 
+  /// Data parallelism: after backward, replaces every parameter gradient by its mean over
+  /// the replicas in `data_parallel` (each replica has processed other samples), so every
+  /// replica takes the same optimizer step. Collective over `data_parallel`.
+  void average_gradients(const Communicator& data_parallel) {
+    if (data_parallel.size() == 1) return;
+    const T scale = T(1) / T(data_parallel.size());
+    for (auto& named : named_parameters()) {
+      const ReplicatedView<T> grad = named.second.data_grad();
+      allreduce(data_parallel, grad);
+      Kokkos::parallel_for(
+          "average_gradients", grad.extent(0),
+          KOKKOS_LAMBDA(const std::size_t i) { grad(i) *= scale; });
+    }
+  }
+
  protected:
   /// A parameter drawn uniformly from [-bound, bound) with a counter-based generator, so
   /// every rank holds the same values without communication.
