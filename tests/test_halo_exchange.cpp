@@ -134,8 +134,7 @@ TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]"
         test::fill(x, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
           return test::is_ghost(x, local)
                      ? 0.0
-                     : hashed_uniform(case_index,
-                                            test::global_linear_index(d, channels, n, c, g));
+                     : hashed_uniform(case_index, test::global_linear_index(d, channels, n, c, g));
         });
         test::fill(y, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex&) {
           const std::uint64_t id = ((comm.rank() * 8 + n) * channels + c) * 1000003ull +

@@ -45,6 +45,9 @@ class TinyUNet : public Module<T> {
     this->register_module("down", down_);
     this->register_module("middle", middle_);
     this->register_module("out", out_);
+    this->register_module("pool", pool_);
+    this->register_module("up", up_);
+    this->register_module("dropout", dropout_);
   }
   Variable<T> forward(const Variable<T>& x) override {
     const Variable<T> skip = activate(down_->forward(x), Activation::silu);

@@ -395,9 +395,10 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
   }
   // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  weight_ = this->register_parameter("weight", shape, bound, 2 * options_.seed);
+  const std::uint64_t seed = this->initialisation_seed(options_.seed, name);
+  weight_ = this->register_parameter("weight", shape, bound, 2 * seed);
   if (options_.bias)
-    bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * options_.seed + 1);
+    bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * seed + 1);
   halo_ = std::make_unique<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
   workspace_->budget_bytes = options_.workspace_bytes;
 }

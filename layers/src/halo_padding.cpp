@@ -22,16 +22,37 @@ void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
       });
 }
 
+/// Zeros / periodic / replicate / reflect padding of a window's width on both sides.
+BoundaryPadding window_padding(const WindowGeometry& geometry, PaddingMode mode, double constant) {
+  BoundaryPadding boundary;
+  boundary.mode = mode;
+  boundary.constant = constant;
+  for (int d = 0; d < geometry.ndims; ++d)
+    boundary.lower[d] = boundary.upper[d] = geometry.padding[d];
+  return boundary;
+}
+
 }  // namespace
 
 template <class T>
 HaloPadding<T>::HaloPadding(const Communicator& comm, const WindowGeometry& geometry,
                             PaddingMode mode, T constant, std::string where)
-    : comm_(comm), geometry_(geometry), where_(std::move(where)) {
-  boundary_.mode = mode;
-  boundary_.constant = static_cast<double>(constant);
-  for (int d = 0; d < geometry_.ndims; ++d)
-    boundary_.lower[d] = boundary_.upper[d] = geometry_.padding[d];
+    : HaloPadding(comm, geometry.input_ghosts(),
+                  window_padding(geometry, mode, static_cast<double>(constant)), std::move(where)) {
+}
+
+template <class T>
+HaloPadding<T>::HaloPadding(const Communicator& comm, const GhostWidths& ghosts,
+                            const BoundaryPadding& boundary, std::string where)
+    : comm_(comm), ghosts_(ghosts), boundary_(boundary), where_(std::move(where)) {
+  for (int d = 0; d < max_spatial_dims; ++d)
+    SHARDTENSOR_REQUIRE(ghosts_.lower[d] >= 0 && ghosts_.upper[d] >= 0 && boundary_.lower[d] >= 0 &&
+                            boundary_.upper[d] >= 0 && boundary_.lower[d] <= ghosts_.lower[d] &&
+                            boundary_.upper[d] <= ghosts_.upper[d],
+                        where_,
+                        "boundary padding ("
+                            << boundary_.lower[d] << ", " << boundary_.upper[d] << ") along dim "
+                            << d << " must be non-negative and fit the ghost widths " << ghosts_);
 }
 
 template <class T>
@@ -64,8 +85,8 @@ template <class T>
 ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
   const Decomposition decomposition = padded_decomposition(input.decomposition());
   check_padding_sources(decomposition, boundary_, where_);
-  ShardTensor<T> padded(decomposition, input.rank(), input.batch(), input.channels(),
-                        geometry_.input_ghosts(), where_ + " padded input");
+  ShardTensor<T> padded(decomposition, input.rank(), input.batch(), input.channels(), ghosts_,
+                        where_ + " padded input");
   Kokkos::deep_copy(padded.interior(), input.interior());
   plan_for(padded).exchange(padded);
   fill_boundary_padding(padded, boundary_);

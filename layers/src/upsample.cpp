@@ -43,7 +43,8 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
         if (mode == UpsampleMode::nearest) {
           const Index o[3] = {ox, oy, oz};
           Index i[3];
-          for (int a = 0; a < 3; ++a) i[a] = (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a];
+          for (int a = 0; a < 3; ++a)
+            i[a] = (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a] + g.ghost[a];
           y(n, c, ox, oy, oz) = x(n, c, i[0], i[1], i[2]);
           return;
         }
@@ -95,8 +96,10 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
               T weight = 1;
               for (int a = 0; a < 3 && weight != T(0); ++a) {
                 if (mode == UpsampleMode::nearest) {
-                  weight = (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a] == i[a] ? weight
-                                                                                          : T(0);
+                  weight =
+                      (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a] + g.ghost[a] == i[a]
+                          ? weight
+                          : T(0);
                   continue;
                 }
                 Index lower;

@@ -42,7 +42,9 @@ struct ConvOptions {
   PaddingMode padding_mode = PaddingMode::zeros;
   int groups = 1;
   bool bias = true;
-  std::uint64_t seed = 1;  ///< initialisation (same on every rank)
+  /// Initialisation seed (same on every rank); 0 derives it from the layer name, so layers
+  /// with different names start from different weights.
+  std::uint64_t seed = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::gemm;
   /// Bound on the GEMM path's scratch memory; chunks of output planes are sized to fit.
   std::size_t workspace_bytes = std::size_t(64) << 20;

@@ -22,6 +22,12 @@ class HaloPadding {
   HaloPadding(const Communicator& comm, const WindowGeometry& geometry, PaddingMode mode,
               T constant, std::string where);
 
+  /// Explicit ghost widths (the same on every rank) and the padding filled past open global
+  /// boundaries (its widths at most the ghost widths), for ops whose reads are not a
+  /// WindowGeometry's (e.g. transposed convolution).
+  HaloPadding(const Communicator& comm, const GhostWidths& ghosts, const BoundaryPadding& boundary,
+              std::string where);
+
   /// Copy of the shard with the ghost cells the windows read: exchanged from neighbours
   /// (wrapped for periodic padding), boundary padding filled. Collective.
   ShardTensor<T> forward(const ShardTensor<T>& input);
@@ -34,11 +40,14 @@ class HaloPadding {
   /// Layout of forward's result for an input decomposition.
   Decomposition padded_decomposition(const Decomposition& input) const;
 
+  /// Ghost widths of forward's result.
+  const GhostWidths& ghosts() const { return ghosts_; }
+
  private:
   HaloExchange<T>& plan_for(const ShardTensor<T>& padded);
 
   Communicator comm_;
-  WindowGeometry geometry_;
+  GhostWidths ghosts_;
   BoundaryPadding boundary_;
   std::string where_;
   std::map<std::vector<long long>, std::unique_ptr<HaloExchange<T>>> plans_;

@@ -56,6 +56,15 @@ class Module {
   }
 
  protected:
+  /// `seed` itself, or for 0 a hash (FNV-1a) of the layer name: the same on every rank and
+  /// platform, and different for differently named layers.
+  static std::uint64_t initialisation_seed(std::uint64_t seed, const std::string& name) {
+    if (seed != 0) return seed;
+    std::uint64_t hash = 14695981039346656037ull;
+    for (unsigned char ch : name) hash = (hash ^ ch) * 1099511628211ull;
+    return hash;
+  }
+
   /// A parameter drawn uniformly from [-bound, bound) with a counter-based generator, so
   /// every rank holds the same values without communication.
   Variable<T> register_parameter(const std::string& name, std::vector<Index> shape, double bound,

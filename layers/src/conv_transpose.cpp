@@ -1,0 +1,413 @@
+#include "shardtensor/layers/conv_transpose.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace shardtensor {
+
+namespace {
+
+std::vector<int> per_dim(const std::vector<int>& values, int ndims, int fallback, const char* what,
+                         const std::string& where) {
+  if (values.empty()) return std::vector<int>(ndims, fallback);
+  SHARDTENSOR_REQUIRE(static_cast<int>(values.size()) == ndims, where,
+                      what << " has " << values.size() << " values for a " << ndims << "-D kernel");
+  return values;
+}
+
+/// a / b and a mod b rounded towards minus infinity (b > 0).
+Index floor_div(Index a, Index b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+Index floor_mod(Index a, Index b) {
+  return a - floor_div(a, b) * b;
+}
+
+/// Index arithmetic shared by the kernels: weights (in, out / groups, kx, ky, kz) in C order;
+/// output o (global) receives input i through tap t when o = i * s - p + t * d.
+struct ConvTransposeShape {
+  Index batch, in_channels, out_channels, in_per_group, out_per_group;
+  Index k[3], s[3], d[3], p[3];
+  Index out_first[3];  // global index of the first local output
+  Index out[3];        // local output extents
+  Index in_first[3];   // global index of padded cell 0 (first owned input minus the ghosts)
+  Index in_global[3];  // global input extents
+  Index padded[3];     // padded input buffer extents
+
+  KOKKOS_INLINE_FUNCTION Index weight_index(Index ci, Index cog, Index a, Index b, Index c) const {
+    return (((ci * out_per_group + cog) * k[0] + a) * k[1] + b) * k[2] + c;
+  }
+  /// Padded-buffer index of the input that local output `o` reads through tap `t` along
+  /// `dim`; -1 if none (the tap falls between inputs or past the global boundary).
+  KOKKOS_INLINE_FUNCTION Index input_of(int dim, Index o, Index t) const {
+    const Index num = out_first[dim] + o + p[dim] - t * d[dim];
+    if (num < 0 || num % s[dim] != 0) return -1;
+    const Index i = num / s[dim];
+    return i < in_global[dim] ? i - in_first[dim] : -1;
+  }
+  /// Local output that padded cell `i` feeds through tap `t` along `dim`; -1 if that output
+  /// is not owned here (or the cell lies past the global boundary).
+  KOKKOS_INLINE_FUNCTION Index output_of(int dim, Index i, Index t) const {
+    const Index global = in_first[dim] + i;
+    if (global < 0 || global >= in_global[dim]) return -1;
+    const Index o = global * s[dim] - p[dim] + t * d[dim] - out_first[dim];
+    return o >= 0 && o < out[dim] ? o : -1;
+  }
+};
+
+template <class T>
+void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
+                            const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+                            const FieldView<T>& y) {
+  const bool has_bias = bias.extent(0) > 0;
+  const Index total = g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2];
+  Kokkos::parallel_for(
+      "ConvTranspose::forward", total, KOKKOS_LAMBDA(const Index flat) {
+        Index r = flat;
+        const Index oz = r % g.out[2];
+        r /= g.out[2];
+        const Index oy = r % g.out[1];
+        r /= g.out[1];
+        const Index ox = r % g.out[0];
+        r /= g.out[0];
+        const Index co = r % g.out_channels;
+        const Index n = r / g.out_channels;
+        const Index group = co / g.out_per_group, cog = co % g.out_per_group;
+        T sum = has_bias ? bias(co) : T(0);
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ix = g.input_of(0, ox, a);
+          if (ix < 0) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index iy = g.input_of(1, oy, b);
+            if (iy < 0) continue;
+            for (Index c = 0; c < g.k[2]; ++c) {
+              const Index iz = g.input_of(2, oz, c);
+              if (iz < 0) continue;
+              for (Index cig = 0; cig < g.in_per_group; ++cig) {
+                const Index ci = group * g.in_per_group + cig;
+                sum += w(g.weight_index(ci, cog, a, b, c)) * xp(n, ci, ix, iy, iz);
+              }
+            }
+          }
+        }
+        y(n, co, ox, oy, oz) = sum;
+      });
+}
+
+/// Gradient of the padded input: each cell gathers from the owned outputs it feeds.
+template <class T>
+void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T>& gy,
+                                  const ReplicatedView<T>& w, const FieldView<T>& gxp) {
+  const Index total = g.batch * g.in_channels * g.padded[0] * g.padded[1] * g.padded[2];
+  Kokkos::parallel_for(
+      "ConvTranspose::backward_data", total, KOKKOS_LAMBDA(const Index flat) {
+        Index r = flat;
+        const Index iz = r % g.padded[2];
+        r /= g.padded[2];
+        const Index iy = r % g.padded[1];
+        r /= g.padded[1];
+        const Index ix = r % g.padded[0];
+        r /= g.padded[0];
+        const Index ci = r % g.in_channels;
+        const Index n = r / g.in_channels;
+        const Index group = ci / g.in_per_group;
+        T sum = 0;
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ox = g.output_of(0, ix, a);
+          if (ox < 0) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index oy = g.output_of(1, iy, b);
+            if (oy < 0) continue;
+            for (Index c = 0; c < g.k[2]; ++c) {
+              const Index oz = g.output_of(2, iz, c);
+              if (oz < 0) continue;
+              for (Index cog = 0; cog < g.out_per_group; ++cog) {
+                const Index co = group * g.out_per_group + cog;
+                sum += w(g.weight_index(ci, cog, a, b, c)) * gy(n, co, ox, oy, oz);
+              }
+            }
+          }
+        }
+        gxp(n, ci, ix, iy, iz) = sum;
+      });
+}
+
+/// This rank's partial sums of the weight and bias gradients (over its own outputs), in
+/// double: they add up every output cell, and float sums in different orders on different
+/// decompositions would differ by more than float precision.
+template <class T>
+void conv_transpose_backward_parameters(const ConvTransposeShape& g, const FieldView<T>& gy,
+                                        const FieldView<T>& xp, const ReplicatedView<T>& gw,
+                                        const ReplicatedView<T>& gb) {
+  if (gw.extent(0) > 0) {
+    Kokkos::parallel_for(
+        "ConvTranspose::backward_weight", static_cast<Index>(gw.extent(0)),
+        KOKKOS_LAMBDA(const Index flat) {
+          Index r = flat;
+          const Index c = r % g.k[2];
+          r /= g.k[2];
+          const Index b = r % g.k[1];
+          r /= g.k[1];
+          const Index a = r % g.k[0];
+          r /= g.k[0];
+          const Index cog = r % g.out_per_group;
+          const Index ci = r / g.out_per_group;
+          const Index co = (ci / g.in_per_group) * g.out_per_group + cog;
+          double sum = 0;  // many terms: accumulate in double
+          // Each (owned output, tap) pair has exactly one input cell: walk the padded inputs.
+          for (Index ix = 0; ix < g.padded[0]; ++ix) {
+            const Index ox = g.output_of(0, ix, a);
+            if (ox < 0) continue;
+            for (Index iy = 0; iy < g.padded[1]; ++iy) {
+              const Index oy = g.output_of(1, iy, b);
+              if (oy < 0) continue;
+              for (Index iz = 0; iz < g.padded[2]; ++iz) {
+                const Index oz = g.output_of(2, iz, c);
+                if (oz < 0) continue;
+                for (Index n = 0; n < g.batch; ++n)
+                  sum += double(gy(n, co, ox, oy, oz)) * double(xp(n, ci, ix, iy, iz));
+              }
+            }
+          }
+          gw(flat) += static_cast<T>(sum);
+        });
+  }
+  if (gb.extent(0) > 0) {
+    Kokkos::parallel_for(
+        "ConvTranspose::backward_bias", g.out_channels, KOKKOS_LAMBDA(const Index co) {
+          double sum = 0;  // many terms: accumulate in double
+          for (Index n = 0; n < g.batch; ++n)
+            for (Index ox = 0; ox < g.out[0]; ++ox)
+              for (Index oy = 0; oy < g.out[1]; ++oy)
+                for (Index oz = 0; oz < g.out[2]; ++oz) sum += gy(n, co, ox, oy, oz);
+          gb(co) += static_cast<T>(sum);
+        });
+  }
+}
+
+std::string layer_name(int ndims, const std::string& name) {
+  return "ConvTranspose" + std::to_string(ndims) + "d '" + name + "'";
+}
+
+}  // namespace
+
+template <class T>
+ConvTranspose<T>::ConvTranspose(const Communicator& comm, ConvTransposeOptions options,
+                                const std::string& name)
+    : comm_(comm), options_(std::move(options)), name_(name) {
+  ndims_ = static_cast<int>(options_.kernel.size());
+  SHARDTENSOR_REQUIRE(ndims_ >= 1 && ndims_ <= max_spatial_dims, "ConvTranspose '" + name + "'",
+                      "kernel needs 1 to 3 sizes, got " << ndims_);
+  where_ = layer_name(ndims_, name);
+  const std::vector<int> stride = per_dim(options_.stride, ndims_, 1, "stride", where_);
+  const std::vector<int> dilation = per_dim(options_.dilation, ndims_, 1, "dilation", where_);
+  const std::vector<int> padding = per_dim(options_.padding, ndims_, 0, "padding", where_);
+  const std::vector<int> output_padding =
+      per_dim(options_.output_padding, ndims_, 0, "output_padding", where_);
+  for (int d = 0; d < ndims_; ++d) {
+    SHARDTENSOR_REQUIRE(options_.kernel[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 &&
+                            padding[d] >= 0 && output_padding[d] >= 0,
+                        where_,
+                        "kernel " << options_.kernel[d] << ", stride " << stride[d] << ", dilation "
+                                  << dilation[d] << ", padding " << padding[d]
+                                  << ", output_padding " << output_padding[d] << " along dim "
+                                  << d);
+    SHARDTENSOR_REQUIRE(output_padding[d] < std::max(stride[d], dilation[d]), where_,
+                        "output_padding " << output_padding[d] << " along dim " << d
+                                          << " must be smaller than the stride " << stride[d]
+                                          << " or the dilation " << dilation[d]);
+    kernel_[d] = options_.kernel[d];
+    stride_[d] = stride[d];
+    dilation_[d] = dilation[d];
+    padding_[d] = padding[d];
+    output_padding_[d] = output_padding[d];
+  }
+  SHARDTENSOR_REQUIRE(options_.in_channels >= 1 && options_.out_channels >= 1 &&
+                          options_.groups >= 1 && options_.in_channels % options_.groups == 0 &&
+                          options_.out_channels % options_.groups == 0,
+                      where_,
+                      "groups " << options_.groups << " must divide in_channels "
+                                << options_.in_channels << " and out_channels "
+                                << options_.out_channels);
+  std::vector<Index> shape{options_.in_channels, options_.out_channels / options_.groups};
+  // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with fan_in
+  // computed from the weight's second axis (out / groups) times the kernel volume.
+  Index fan_in = options_.out_channels / options_.groups;
+  for (int d = 0; d < ndims_; ++d) {
+    shape.push_back(options_.kernel[d]);
+    fan_in *= options_.kernel[d];
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  const std::uint64_t seed = this->initialisation_seed(options_.seed, name);
+  weight_ = this->register_parameter("weight", shape, bound, 2 * seed);
+  if (options_.bias)
+    bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * seed + 1);
+}
+
+template <class T>
+Index ConvTranspose<T>::output_extent(int dim, Index input) const {
+  return (input - 1) * stride_[dim] - 2 * padding_[dim] + dilation_[dim] * (kernel_[dim] - 1) +
+         output_padding_[dim] + 1;
+}
+
+template <class T>
+Decomposition ConvTranspose<T>::output_decomposition(const Decomposition& input) const {
+  SHARDTENSOR_REQUIRE(
+      input.ndims() == ndims_, where_,
+      "input field has " << input.ndims() << " spatial dims, the kernel " << ndims_);
+  std::vector<std::vector<Index>> points(ndims_);
+  std::vector<bool> periodic(ndims_);
+  for (int d = 0; d < ndims_; ++d) {
+    const Index n = input.global_extent(d);
+    const Index outputs = output_extent(d, n);
+    SHARDTENSOR_REQUIRE(outputs >= 1, where_,
+                        "input extent " << n << " along dim " << d << " gives output extent "
+                                        << outputs << " (kernel " << kernel_[d] << ", stride "
+                                        << stride_[d] << ", dilation " << dilation_[d]
+                                        << ", padding " << padding_[d] << ", output_padding "
+                                        << output_padding_[d] << ")");
+    const std::vector<Index>& in = input.split_points(d);
+    const int parts = input.process_grid(d);
+    points[d].push_back(0);
+    for (int i = 1; i < parts; ++i) points[d].push_back(in[i] * stride_[d]);
+    points[d].push_back(outputs);
+    for (int i = 0; i < parts; ++i)
+      SHARDTENSOR_REQUIRE(points[d][i] < points[d][i + 1], where_,
+                          "stride " << stride_[d] << " and padding " << padding_[d]
+                                    << " leave the ranks at grid position " << i << " along dim "
+                                    << d << " (input cells [" << in[i] << ", " << in[i + 1]
+                                    << ")) with no output (their outputs would start at "
+                                    << points[d][i] << ", global output extent " << outputs << ")");
+    periodic[d] = input.periodic(d);
+  }
+  return Decomposition::from_split_points(points, periodic);
+}
+
+template <class T>
+GhostWidths ConvTranspose<T>::input_ghosts(const Decomposition& input) const {
+  const Decomposition output = output_decomposition(input);
+  GhostWidths g;
+  for (int dim = 0; dim < ndims_; ++dim) {
+    const Index n = input.global_extent(dim), s = stride_[dim];
+    const std::vector<Index>& in = input.split_points(dim);
+    const std::vector<Index>& out = output.split_points(dim);
+    const int parts = input.process_grid(dim);
+    Index lower = 0, upper = 0;
+    for (int r = 0; r < parts; ++r) {
+      const Index a = in[r], b = in[r + 1], lo = out[r], hi = out[r + 1];
+      // Per tap, the owned outputs with an input behind them read consecutive inputs, from
+      // those of the first to those of the last such output; inputs past the global boundary
+      // are not read.
+      Index first = std::numeric_limits<Index>::max(), last = std::numeric_limits<Index>::min();
+      for (Index t = 0; t < kernel_[dim]; ++t) {
+        const Index shift = padding_[dim] - t * dilation_[dim];  // i * s = o + shift
+        const Index o_low = lo + floor_mod(-(lo + shift), s);
+        const Index o_high = hi - 1 - floor_mod(hi - 1 + shift, s);
+        if (o_low > o_high) continue;
+        const Index i_low = std::max<Index>(floor_div(o_low + shift, s), 0);
+        const Index i_high = std::min(floor_div(o_high + shift, s), n - 1);
+        if (i_low > i_high) continue;
+        first = std::min(first, i_low);
+        last = std::max(last, i_high);
+      }
+      if (first > last) continue;  // reads nothing
+      if (r > 0) lower = std::max(lower, a - first);
+      if (r < parts - 1) upper = std::max(upper, last - (b - 1));
+    }
+    g.lower[dim] = static_cast<int>(lower);
+    g.upper[dim] = static_cast<int>(upper);
+  }
+  return g;
+}
+
+template <class T>
+HaloPadding<T>& ConvTranspose<T>::halo_for(const GhostWidths& ghosts) {
+  std::vector<int> key(ghosts.lower.begin(), ghosts.lower.end());
+  key.insert(key.end(), ghosts.upper.begin(), ghosts.upper.end());
+  auto& halo = halos_[key];
+  if (!halo) {
+    BoundaryPadding zeros;  // ghosts past the global boundary: zeros (never read)
+    zeros.lower = ghosts.lower;
+    zeros.upper = ghosts.upper;
+    halo = std::make_unique<HaloPadding<T>>(comm_, ghosts, zeros, where_);
+  }
+  return *halo;
+}
+
+template <class T>
+Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
+  SHARDTENSOR_REQUIRE(input.is_field(), where_, "input '" << input.name() << "' is not a field");
+  const ShardTensor<T>& x = input.value();
+  SHARDTENSOR_REQUIRE(
+      x.channels() == options_.in_channels, where_,
+      "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
+  const Decomposition out_decomposition = output_decomposition(x.decomposition());
+  HaloPadding<T>& halo = halo_for(input_ghosts(x.decomposition()));
+
+  const ShardTensor<T> padded = halo.forward(x);
+
+  ShardTensor<T> y(out_decomposition, x.rank(), x.batch(), options_.out_channels, {},
+                   name_ + ".output");
+  ConvTransposeShape shape{x.batch(),
+                           options_.in_channels,
+                           options_.out_channels,
+                           options_.in_channels / options_.groups,
+                           options_.out_channels / options_.groups,
+                           {},
+                           {},
+                           {},
+                           {},
+                           {},
+                           {},
+                           {},
+                           {},
+                           {}};
+  for (int d = 0; d < max_spatial_dims; ++d) {
+    shape.k[d] = kernel_[d];
+    shape.s[d] = stride_[d];
+    shape.d[d] = dilation_[d];
+    shape.p[d] = padding_[d];
+    shape.out_first[d] = y.global_box().lower[d];
+    shape.out[d] = y.local_extent(d);
+    shape.in_first[d] = x.global_box().lower[d] - padded.ghosts().lower[d];
+    shape.in_global[d] = x.decomposition().global_extent(d);
+    shape.padded[d] = padded.allocated_extent(d);
+  }
+  const ReplicatedView<T> no_bias;
+  conv_transpose_forward(shape, padded.view(), weight_.data(),
+                         bias_.defined() ? bias_.data() : no_bias, y.view());
+
+  std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
+  if (bias_.defined()) inputs.push_back(bias_.node());
+  auto node = make_result_node<T>(name_, inputs);
+  node->field = y;
+  if (node->requires_grad) {
+    auto x_node = input.node();
+    auto w_node = weight_.node();
+    auto b_node = bias_.defined() ? bias_.node() : nullptr;
+    const Communicator comm = comm_;
+    HaloPadding<T>* halo_padding = &halo;
+    const std::string name = name_;
+    node->backward = [=](impl::Node<T>& self) {
+      const FieldView<T> gy = self.grad_field().view();
+      const ReplicatedView<T> gw =
+          w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
+      const ReplicatedView<T> gb =
+          b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
+      conv_transpose_backward_parameters(shape, gy, padded.view(), gw, gb);
+      if (x_node->requires_grad) {
+        ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
+                                   padded.channels(), padded.ghosts(), name + ".padded_grad");
+        conv_transpose_backward_data(shape, gy, w_node->data, grad_padded.view());
+        halo_padding->backward(grad_padded, x_node->grad_field());
+      }
+    };
+  }
+  return Variable<T>(node);
+}
+
+template class ConvTranspose<float>;
+template class ConvTranspose<double>;
+
+}  // namespace shardtensor
