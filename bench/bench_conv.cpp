@@ -3,7 +3,8 @@
 //
 //   mpirun -n 1 ./bench_conv        mpirun -n 2 ./bench_conv      (same global field)
 //   options: --size N (global cube edge, 64) --channels C (32) --iters K (3) --warmup K (1)
-//            --algorithm gemm|direct
+//            --algorithm gemm|direct --workspace-mib M (GEMM scratch bound, 16)
+//            --no-allocation-cache (last argument: let glibc unmap freed buffers)
 //
 // FLOPs: 2 * Cin * Cout * k^3 * output cells per pass, three passes (forward, input
 // gradient, weight gradient). Time: slowest rank, best of `iters` steps. Per-core
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <string>
 
+#include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/layers.hpp"
 
 using namespace shardtensor;
@@ -65,6 +67,8 @@ double sgemm_gflops(int m, int k, int n, int reps) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  const bool cache = std::string(argc > 1 ? argv[argc - 1] : "") != "--no-allocation-cache";
+  if (cache) keep_freed_memory();
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
@@ -75,6 +79,7 @@ int main(int argc, char** argv) {
       const int iters = std::stoi(option(argc, argv, "--iters", "3"));
       const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
       const std::string algorithm = option(argc, argv, "--algorithm", "gemm");
+      const double workspace_mib = std::stod(option(argc, argv, "--workspace-mib", "16"));
       SHARDTENSOR_REQUIRE(size >= 4 && channels >= 1 && iters >= 1 && warmup >= 0 &&
                               (algorithm == "gemm" || algorithm == "direct"),
                           "bench_conv",
@@ -87,6 +92,7 @@ int main(int argc, char** argv) {
       o.kernel = {3, 3, 3};
       o.padding = {1, 1, 1};
       o.algorithm = algorithm == "gemm" ? ConvAlgorithm::gemm : ConvAlgorithm::direct;
+      o.workspace_bytes = static_cast<std::size_t>(workspace_mib * 1024 * 1024);
       Conv<float> conv(comm, o, "bench");
       ShardTensor<float> x(d, comm.rank(), 1, channels);
       Kokkos::parallel_for(
@@ -133,9 +139,9 @@ int main(int argc, char** argv) {
             "\"algorithm\":\"%s\","
             "\"step_s\":%.6g,\"forward_s\":%.6g,\"gflops_per_core\":%.4g,\"sgemm_gflops_per_core\":"
             "%.4g,"
-            "\"ratio_to_sgemm\":%.4g,\"peak_mib_per_rank\":%.1f}\n",
+            "\"ratio_to_sgemm\":%.4g,\"peak_mib_per_rank\":%.1f,\"workspace_mib\":%.4g}\n",
             comm.size(), d.describe().c_str(), long(size), channels, algorithm.c_str(), best,
-            forward_best, gflops_per_core, sgemm, gflops_per_core / sgemm, peak);
+            forward_best, gflops_per_core, sgemm, gflops_per_core / sgemm, peak, workspace_mib);
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

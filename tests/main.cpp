@@ -7,8 +7,11 @@
 #include <Kokkos_Core.hpp>
 #include <catch2/catch.hpp>
 
+#include "shardtensor/core/allocation_cache.hpp"
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  shardtensor::keep_freed_memory();
   int failed = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

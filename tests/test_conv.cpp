@@ -97,8 +97,8 @@ TEMPLATE_TEST_CASE("Conv sharded equals Conv on one rank", "[conv][equivalence]"
   }
 }
 
-TEMPLATE_TEST_CASE("the GEMM path equals the direct loop, also in many small chunks", "[conv]",
-                   float, double) {
+TEMPLATE_TEST_CASE("the GEMM path equals the direct loop, also in one-row chunks", "[conv]", float,
+                   double) {
   const double tolerance = std::is_same<TestType, float>::value ? 2e-6 : 1e-13;
   for (const ConvCase& c : conv_cases()) {
     INFO(c.name);
@@ -109,7 +109,7 @@ TEMPLATE_TEST_CASE("the GEMM path equals the direct loop, also in many small chu
     if (decompositions.empty()) continue;
     ConvOptions direct = c.options, chunked = c.options;
     direct.algorithm = ConvAlgorithm::direct;
-    chunked.workspace_bytes = 1;  // one output plane per chunk
+    chunked.workspace_bytes = 1;  // one z row of outputs per chunk
     const auto run = [&](const ConvOptions& o) {
       return test::run_module<TestType>(conv_factory<TestType>(o), comm, decompositions.front(), 2,
                                         c.options.in_channels, test::weighted_sum<TestType>);

@@ -144,9 +144,9 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
 }
 
 // ---------------------------------------------------------------------------------------
-// The fast path: blocked im2col + GEMM. Output cells are processed in chunks of whole
-// x-planes; a chunk's column matrix (taps x cells) lives in a workspace of bounded size, so
-// memory does not grow with the field. Per sample n, group g and chunk:
+// The fast path: blocked im2col + GEMM. Output cells are processed in chunks of whole z rows
+// (consecutive (x, y) pairs); a chunk's column matrix (taps x cells) lives in a workspace of
+// bounded size, so memory does not grow with the field. Per sample n, group g and chunk:
 //   forward:  Y[co, p]   = W_g[co, k] . X[k, p]          (+ bias)
 //   backward: dW_g      += dY[co, p] . X[k, p]^T
 //             dX[k, p]   = W_g^T . dY, then col2im gathers dX into the padded gradient.
@@ -157,9 +157,10 @@ template <class T>
 using UnmanagedMatrix = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpace,
                                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-/// Output x-planes [x0, x1) of one chunk.
+/// Output z rows [first, last) of one chunk, row = ox * (output extent in y) + oy.
 struct Chunk {
-  Index x0, x1;
+  Index first, last;
+  KOKKOS_INLINE_FUNCTION Index rows() const { return last - first; }
 };
 
 /// columns(r, p) = padded input under tap r of output p, for the chunk's outputs of group g.
@@ -167,14 +168,11 @@ template <class T>
 void im2col(const ConvShape& g, const FieldView<T>& xp, Index n, Index group, const Chunk& chunk,
             const UnmanagedMatrix<T>& columns) {
   const Index taps = g.k[0] * g.k[1] * g.k[2];
-  const Index rows = g.in_per_group * taps * (chunk.x1 - chunk.x0) * g.out[1];
   Kokkos::parallel_for(
-      "Conv::im2col", rows, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index oy = r % g.out[1];
-        r /= g.out[1];
-        const Index ox = chunk.x0 + r % (chunk.x1 - chunk.x0);
-        const Index row = r / (chunk.x1 - chunk.x0);  // (cig, a, b, c)
+      "Conv::im2col", g.in_per_group * taps * chunk.rows(), KOKKOS_LAMBDA(const Index flat) {
+        const Index z_row = flat % chunk.rows();  // within the chunk
+        const Index ox = (chunk.first + z_row) / g.out[1], oy = (chunk.first + z_row) % g.out[1];
+        const Index row = flat / chunk.rows();  // (cig, a, b, c)
         Index t = row;
         const Index c = t % g.k[2];
         t /= g.k[2];
@@ -185,7 +183,7 @@ void im2col(const ConvShape& g, const FieldView<T>& xp, Index n, Index group, co
         const Index x = g.base[0] + ox * g.s[0] + a * g.d[0];
         const Index y = g.base[1] + oy * g.s[1] + b * g.d[1];
         const Index z0 = g.base[2] + c * g.d[2];
-        T* out = &columns(row, ((ox - chunk.x0) * g.out[1] + oy) * g.out[2]);
+        T* out = &columns(row, z_row * g.out[2]);
         if (g.s[2] == 1) {
           const T* in = &xp(n, ci, x, y, z0);
           for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = in[oz];
@@ -212,8 +210,9 @@ KOKKOS_INLINE_FUNCTION Index tap_output(Index i, Index base, Index tap, Index st
 template <bool unit_stride, class T>
 void col2im(const ConvShape& g, const UnmanagedMatrix<T>& columns, Index n, Index group,
             const Chunk& chunk, const FieldView<T>& gxp) {
-  const Index ix0 = g.base[0] + chunk.x0 * g.s[0];
-  const Index ix1 = g.base[0] + (chunk.x1 - 1) * g.s[0] + (g.k[0] - 1) * g.d[0] + 1;
+  // Input x-planes that the chunk's windows reach.
+  const Index ix0 = g.base[0] + (chunk.first / g.out[1]) * g.s[0];
+  const Index ix1 = g.base[0] + ((chunk.last - 1) / g.out[1]) * g.s[0] + (g.k[0] - 1) * g.d[0] + 1;
   const Index py = gxp.extent(3), pz = gxp.extent(4);
   Kokkos::parallel_for(
       "Conv::col2im", g.in_per_group * (ix1 - ix0) * py, KOKKOS_LAMBDA(const Index flat) {
@@ -223,13 +222,14 @@ void col2im(const ConvShape& g, const UnmanagedMatrix<T>& columns, Index n, Inde
         T* out = &gxp(n, group * g.in_per_group + cig, ix, iy, 0);
         for (Index a = 0; a < g.k[0]; ++a) {
           const Index ox = tap_output<unit_stride>(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
-          if (ox < chunk.x0 || ox >= chunk.x1) continue;
+          if (ox < 0) continue;
           for (Index b = 0; b < g.k[1]; ++b) {
             const Index oy = tap_output<unit_stride>(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
-            if (oy < 0) continue;
+            const Index z_row = ox * g.out[1] + oy;
+            if (oy < 0 || z_row < chunk.first || z_row >= chunk.last) continue;
             for (Index c = 0; c < g.k[2]; ++c) {
               const Index row = ((cig * g.k[0] + a) * g.k[1] + b) * g.k[2] + c;
-              const T* in = &columns(row, ((ox - chunk.x0) * g.out[1] + oy) * g.out[2]);
+              const T* in = &columns(row, (z_row - chunk.first) * g.out[2]);
               if (unit_stride) {
                 // Output oz reads padded z = base + oz + c * d: a shifted contiguous row.
                 const Index shift = g.base[2] + c * g.d[2];
@@ -254,17 +254,14 @@ template <class T>
 void copy_chunk(const ConvShape& g, const FieldView<T>& field, Index n, Index group,
                 const Chunk& chunk, const UnmanagedMatrix<T>& matrix, bool to_field,
                 const ReplicatedView<T>& bias) {
-  const Index plane = g.out[1] * g.out[2];
   const bool has_bias = bias.extent(0) > 0;
   Kokkos::parallel_for(
-      "Conv::copy_chunk", g.out_per_group * (chunk.x1 - chunk.x0) * g.out[1],
-      KOKKOS_LAMBDA(const Index flat) {
-        const Index oy = flat % g.out[1];
-        const Index ox = chunk.x0 + (flat / g.out[1]) % (chunk.x1 - chunk.x0);
-        const Index cog = flat / (g.out[1] * (chunk.x1 - chunk.x0));
-        const Index co = group * g.out_per_group + cog;
+      "Conv::copy_chunk", g.out_per_group * chunk.rows(), KOKKOS_LAMBDA(const Index flat) {
+        const Index z_row = flat % chunk.rows();
+        const Index ox = (chunk.first + z_row) / g.out[1], oy = (chunk.first + z_row) % g.out[1];
+        const Index co = group * g.out_per_group + flat / chunk.rows();
         T* f = &field(n, co, ox, oy, 0);
-        T* m = &matrix(cog, (ox - chunk.x0) * plane + oy * g.out[2]);
+        T* m = &matrix(flat / chunk.rows(), z_row * g.out[2]);
         if (to_field) {
           const T b = has_bias ? bias(co) : T(0);
           for (Index oz = 0; oz < g.out[2]; ++oz) f[oz] = m[oz] + b;
@@ -274,15 +271,14 @@ void copy_chunk(const ConvShape& g, const FieldView<T>& field, Index n, Index gr
       });
 }
 
-/// x-planes per chunk so that the column matrix (taps x cells) stays within the budget.
-inline Index planes_per_chunk(const ConvShape& g, std::size_t value_size,
-                              std::size_t budget_bytes) {
+/// z rows per chunk so that the column and output matrices stay within the budget (at least
+/// one row).
+inline Index rows_per_chunk(const ConvShape& g, std::size_t value_size, std::size_t budget_bytes) {
   const std::size_t taps = static_cast<std::size_t>(g.in_per_group * g.k[0] * g.k[1] * g.k[2]);
-  const std::size_t plane = static_cast<std::size_t>(g.out[1] * g.out[2]);
-  const std::size_t per_plane =
-      (taps + static_cast<std::size_t>(g.out_per_group)) * plane * value_size;
-  return std::max<Index>(1,
-                         std::min<Index>(g.out[0], static_cast<Index>(budget_bytes / per_plane)));
+  const std::size_t per_row = (taps + static_cast<std::size_t>(g.out_per_group)) *
+                              static_cast<std::size_t>(g.out[2]) * value_size;
+  return std::max<Index>(
+      1, std::min<Index>(g.out[0] * g.out[1], static_cast<Index>(budget_bytes / per_row)));
 }
 
 template <class T>
@@ -296,17 +292,16 @@ void conv_forward_gemm(const ConvShape& g, const FieldView<T>& xp, const Replica
                        const ReplicatedView<T>& bias, const FieldView<T>& y,
                        impl::ConvWorkspace<T>& workspace) {
   const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
-  const Index plane = g.out[1] * g.out[2];
-  const Index planes = planes_per_chunk(g, sizeof(T), workspace.budget_bytes);
+  const Index chunk_rows = rows_per_chunk(g, sizeof(T), workspace.budget_bytes);
   T* buffer =
-      workspace.reserve(static_cast<std::size_t>((taps + g.out_per_group) * planes * plane));
+      workspace.reserve(static_cast<std::size_t>((taps + g.out_per_group) * chunk_rows * g.out[2]));
   const Index groups = g.out_channels / g.out_per_group;
   for (Index n = 0; n < g.batch; ++n)
     for (Index group = 0; group < groups; ++group) {
       const UnmanagedMatrix<T> weights = weight_matrix(g, w, group);
-      for (Index x0 = 0; x0 < g.out[0]; x0 += planes) {
-        const Chunk chunk{x0, std::min(x0 + planes, g.out[0])};
-        const Index cells = (chunk.x1 - chunk.x0) * plane;
+      for (Index first = 0; first < g.out[0] * g.out[1]; first += chunk_rows) {
+        const Chunk chunk{first, std::min(first + chunk_rows, g.out[0] * g.out[1])};
+        const Index cells = chunk.rows() * g.out[2];
         const UnmanagedMatrix<T> columns(buffer, taps, cells);
         const UnmanagedMatrix<T> out(buffer + taps * cells, g.out_per_group, cells);
         im2col(g, xp, n, group, chunk, columns);
@@ -323,18 +318,17 @@ void conv_backward_gemm(const ConvShape& g, const FieldView<T>& gy, const FieldV
                         const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
                         const FieldView<T>& gxp, impl::ConvWorkspace<T>& workspace) {
   const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
-  const Index plane = g.out[1] * g.out[2];
-  const Index planes = planes_per_chunk(g, sizeof(T), workspace.budget_bytes);
+  const Index chunk_rows = rows_per_chunk(g, sizeof(T), workspace.budget_bytes);
   T* buffer =
-      workspace.reserve(static_cast<std::size_t>((taps + g.out_per_group) * planes * plane));
+      workspace.reserve(static_cast<std::size_t>((taps + g.out_per_group) * chunk_rows * g.out[2]));
   const Index groups = g.out_channels / g.out_per_group;
   const ReplicatedView<T> no_bias;
   for (Index n = 0; n < g.batch; ++n)
     for (Index group = 0; group < groups; ++group) {
       const UnmanagedMatrix<T> weights = weight_matrix(g, w, group);
-      for (Index x0 = 0; x0 < g.out[0]; x0 += planes) {
-        const Chunk chunk{x0, std::min(x0 + planes, g.out[0])};
-        const Index cells = (chunk.x1 - chunk.x0) * plane;
+      for (Index first = 0; first < g.out[0] * g.out[1]; first += chunk_rows) {
+        const Chunk chunk{first, std::min(first + chunk_rows, g.out[0] * g.out[1])};
+        const Index cells = chunk.rows() * g.out[2];
         const UnmanagedMatrix<T> columns(buffer, taps, cells);
         const UnmanagedMatrix<T> grad_out(buffer + taps * cells, g.out_per_group, cells);
         copy_chunk(g, gy, n, group, chunk, grad_out, /*to_field=*/false, no_bias);
@@ -415,8 +409,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
 
   const ShardTensor<T> padded = halo_->forward(x);
 
-  ShardTensor<T> y(out_decomposition, x.rank(), x.batch(), options_.out_channels, {},
-                   name_ + ".output");
+  ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
+                                                   options_.out_channels, {}, name_ + ".output");
   ConvShape shape{x.batch(),
                   options_.in_channels,
                   options_.out_channels,

@@ -347,8 +347,8 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
 
   const ShardTensor<T> padded = halo.forward(x);
 
-  ShardTensor<T> y(out_decomposition, x.rank(), x.batch(), options_.out_channels, {},
-                   name_ + ".output");
+  ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
+                                                   options_.out_channels, {}, name_ + ".output");
   ConvTransposeShape shape{x.batch(),
                            options_.in_channels,
                            options_.out_channels,

@@ -173,7 +173,8 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
   const ShardTensor<T>& x = input.value();
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
   const ShardTensor<T> padded = halo_->forward(x);
-  ShardTensor<T> y(out_decomposition, x.rank(), x.batch(), x.channels(), {}, name_ + ".output");
+  ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
+                                                   x.channels(), {}, name_ + ".output");
   Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace> argmax;
   if (options_.kind == PoolKind::max)
     argmax = decltype(argmax)(name_ + ".argmax", x.batch(), x.channels(), y.local_extent(0),

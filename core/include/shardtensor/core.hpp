@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella header of the core module.
 
+#include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/box.hpp"
 #include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/decomposition.hpp"

@@ -42,6 +42,14 @@ class ShardTensor {
               const GhostWidths& ghosts = {}, const std::string& label = "shard_tensor")
       : ShardTensor(decomposition, rank, batch, channels, ghosts, nullptr, label) {}
 
+  /// Allocates without zero-filling: for results every cell of which is written next.
+  static ShardTensor uninitialized(const Decomposition& decomposition, int rank, Index batch,
+                                   Index channels, const GhostWidths& ghosts = {},
+                                   const std::string& label = "shard_tensor") {
+    return ShardTensor(decomposition, rank, batch, channels, ghosts, nullptr, label,
+                       /*zero_fill=*/false);
+  }
+
   /// Wraps the caller's array without copying. `data` must hold
   /// batch x channels x allocated_extent(0) x allocated_extent(1) x allocated_extent(2)
   /// values in C order, in memory_space, and outlive every copy of the returned tensor.
@@ -119,7 +127,7 @@ class ShardTensor {
 
  private:
   ShardTensor(const Decomposition& decomposition, int rank, Index batch, Index channels,
-              const GhostWidths& ghosts, T* data, const std::string& label)
+              const GhostWidths& ghosts, T* data, const std::string& label, bool zero_fill = true)
       : decomposition_(decomposition), rank_(rank), ghosts_(ghosts) {
     constexpr const char* where = "ShardTensor";
     SHARDTENSOR_REQUIRE(
@@ -142,8 +150,12 @@ class ShardTensor {
     if (data) {
       view_ = view_type(data, batch, channels, nx, ny, nz);
       owns_memory_ = false;
-    } else {
+    } else if (zero_fill) {
       view_ = view_type(label, batch, channels, nx, ny, nz);
+      owns_memory_ = true;
+    } else {
+      view_ = view_type(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), batch, channels, nx,
+                        ny, nz);
       owns_memory_ = true;
     }
   }

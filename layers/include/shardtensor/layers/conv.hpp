@@ -21,7 +21,7 @@ namespace impl {
 /// bounded: chunks are sized to stay within budget_bytes whatever the field size.
 template <class T>
 struct ConvWorkspace {
-  std::size_t budget_bytes = std::size_t(64) << 20;
+  std::size_t budget_bytes = std::size_t(16) << 20;
   Kokkos::View<T*, DefaultMemorySpace> buffer;
   T* reserve(std::size_t count) {
     if (buffer.extent(0) < count)
@@ -47,7 +47,7 @@ struct ConvOptions {
   std::uint64_t seed = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::gemm;
   /// Bound on the GEMM path's scratch memory; chunks of output planes are sized to fit.
-  std::size_t workspace_bytes = std::size_t(64) << 20;
+  std::size_t workspace_bytes = std::size_t(16) << 20;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
