@@ -195,5 +195,5 @@ TEST_CASE("Conv rejects bad input naming layer, dim and values", "[conv][errors]
   ConvOptions bad_stride = o;
   bad_stride.stride = {1};
   CHECK_THROWS_WITH(Conv<float>(comm, bad_stride, "s"),
-                    Contains("stride has 1 values for a 2-D kernel"));
+                    Contains("stride has 1 values for 2 spatial dims"));
 }

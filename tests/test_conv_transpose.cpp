@@ -281,5 +281,5 @@ TEST_CASE("ConvTranspose rejects bad input naming layer, dim and values",
   ConvTransposeOptions bad_stride = o;
   bad_stride.stride = {1};
   CHECK_THROWS_WITH(ConvTranspose<float>(comm, bad_stride, "s"),
-                    Contains("ConvTranspose2d 's': stride has 1 values for a 2-D kernel"));
+                    Contains("ConvTranspose2d 's': stride has 1 values for 2 spatial dims"));
 }

@@ -115,5 +115,5 @@ TEST_CASE("Pool rejects bad options naming layer and values", "[pool][errors]") 
   CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::average, {2, 2}, {}, {}, {2, 1}), "a"),
                     Contains("AvgPool2d 'a': average pooling has no dilation"));
   CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::max, {2, 2}, {1}, {}), "s"),
-                    Contains("stride has 1 values for a 2-D window"));
+                    Contains("stride has 1 values for 2 spatial dims"));
 }

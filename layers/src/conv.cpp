@@ -1,5 +1,7 @@
 #include "shardtensor/layers/conv.hpp"
 
+#include "shardtensor/layers/impl/per_dim_option.hpp"
+
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <cmath>
@@ -8,14 +10,6 @@
 namespace shardtensor {
 
 namespace {
-
-std::vector<int> per_dim(const std::vector<int>& values, int ndims, int fallback, const char* what,
-                         const std::string& where) {
-  if (values.empty()) return std::vector<int>(ndims, fallback);
-  SHARDTENSOR_REQUIRE(static_cast<int>(values.size()) == ndims, where,
-                      what << " has " << values.size() << " values for a " << ndims << "-D kernel");
-  return values;
-}
 
 /// Index arithmetic shared by the kernels: weights (out, in / groups, kx, ky, kz) in C order.
 struct ConvShape {
@@ -361,9 +355,11 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
                       "kernel needs 1 to 3 sizes, got " << ndims);
   const std::string where = layer_name(ndims, name);
   geometry_.ndims = ndims;
-  const std::vector<int> stride = per_dim(options_.stride, ndims, 1, "stride", where);
-  const std::vector<int> dilation = per_dim(options_.dilation, ndims, 1, "dilation", where);
-  const std::vector<int> padding = per_dim(options_.padding, ndims, 0, "padding", where);
+  const std::vector<int> stride = impl::per_dim_option(options_.stride, ndims, 1, "stride", where);
+  const std::vector<int> dilation =
+      impl::per_dim_option(options_.dilation, ndims, 1, "dilation", where);
+  const std::vector<int> padding =
+      impl::per_dim_option(options_.padding, ndims, 0, "padding", where);
   for (int d = 0; d < ndims; ++d) {
     SHARDTENSOR_REQUIRE(
         options_.kernel[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 && padding[d] >= 0, where,

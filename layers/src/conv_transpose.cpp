@@ -1,5 +1,7 @@
 #include "shardtensor/layers/conv_transpose.hpp"
 
+#include "shardtensor/layers/impl/per_dim_option.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,14 +9,6 @@
 namespace shardtensor {
 
 namespace {
-
-std::vector<int> per_dim(const std::vector<int>& values, int ndims, int fallback, const char* what,
-                         const std::string& where) {
-  if (values.empty()) return std::vector<int>(ndims, fallback);
-  SHARDTENSOR_REQUIRE(static_cast<int>(values.size()) == ndims, where,
-                      what << " has " << values.size() << " values for a " << ndims << "-D kernel");
-  return values;
-}
 
 /// a / b and a mod b rounded towards minus infinity (b > 0).
 Index floor_div(Index a, Index b) {
@@ -200,11 +194,14 @@ ConvTranspose<T>::ConvTranspose(const Communicator& comm, ConvTransposeOptions o
   SHARDTENSOR_REQUIRE(ndims_ >= 1 && ndims_ <= max_spatial_dims, "ConvTranspose '" + name + "'",
                       "kernel needs 1 to 3 sizes, got " << ndims_);
   where_ = layer_name(ndims_, name);
-  const std::vector<int> stride = per_dim(options_.stride, ndims_, 1, "stride", where_);
-  const std::vector<int> dilation = per_dim(options_.dilation, ndims_, 1, "dilation", where_);
-  const std::vector<int> padding = per_dim(options_.padding, ndims_, 0, "padding", where_);
+  const std::vector<int> stride =
+      impl::per_dim_option(options_.stride, ndims_, 1, "stride", where_);
+  const std::vector<int> dilation =
+      impl::per_dim_option(options_.dilation, ndims_, 1, "dilation", where_);
+  const std::vector<int> padding =
+      impl::per_dim_option(options_.padding, ndims_, 0, "padding", where_);
   const std::vector<int> output_padding =
-      per_dim(options_.output_padding, ndims_, 0, "output_padding", where_);
+      impl::per_dim_option(options_.output_padding, ndims_, 0, "output_padding", where_);
   for (int d = 0; d < ndims_; ++d) {
     SHARDTENSOR_REQUIRE(options_.kernel[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 &&
                             padding[d] >= 0 && output_padding[d] >= 0,

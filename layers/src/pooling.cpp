@@ -1,5 +1,7 @@
 #include "shardtensor/layers/pooling.hpp"
 
+#include "shardtensor/layers/impl/per_dim_option.hpp"
+
 #include <limits>
 
 namespace shardtensor {
@@ -115,15 +117,6 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
       });
 }
 
-std::vector<int> per_dim(const std::vector<int>& values, int ndims,
-                         const std::vector<int>& fallback, const char* what,
-                         const std::string& where) {
-  if (values.empty()) return fallback;
-  SHARDTENSOR_REQUIRE(static_cast<int>(values.size()) == ndims, where,
-                      what << " has " << values.size() << " values for a " << ndims << "-D window");
-  return values;
-}
-
 }  // namespace
 
 template <class T>
@@ -134,11 +127,12 @@ Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& 
   SHARDTENSOR_REQUIRE(ndims >= 1 && ndims <= max_spatial_dims, kind + " '" + name + "'",
                       "window needs 1 to 3 sizes, got " << ndims);
   const std::string where = kind + std::to_string(ndims) + "d '" + name + "'";
-  const std::vector<int> stride = per_dim(options_.stride, ndims, options_.window, "stride", where);
+  const std::vector<int> stride =
+      impl::per_dim_option(options_.stride, ndims, options_.window, "stride", where);
   const std::vector<int> padding =
-      per_dim(options_.padding, ndims, std::vector<int>(ndims, 0), "padding", where);
+      impl::per_dim_option(options_.padding, ndims, std::vector<int>(ndims, 0), "padding", where);
   const std::vector<int> dilation =
-      per_dim(options_.dilation, ndims, std::vector<int>(ndims, 1), "dilation", where);
+      impl::per_dim_option(options_.dilation, ndims, std::vector<int>(ndims, 1), "dilation", where);
   geometry_.ndims = ndims;
   for (int d = 0; d < ndims; ++d) {
     SHARDTENSOR_REQUIRE(
