@@ -281,10 +281,38 @@ UnmanagedMatrix<T> weight_matrix(const ConvShape& g, const ReplicatedView<T>& w,
   return UnmanagedMatrix<T>(w.data() + group * g.out_per_group * taps, g.out_per_group, taps);
 }
 
+/// The padded-buffer cells the windows of a chunk's outputs read (a bounding box).
+inline Box chunk_reads(const ConvShape& g, const Chunk& chunk) {
+  const Index x_first = chunk.first / g.out[1], x_last = (chunk.last - 1) / g.out[1];
+  const bool one_plane = x_first == x_last;
+  const Index first[3] = {x_first, one_plane ? chunk.first % g.out[1] : 0, 0};
+  const Index last[3] = {x_last, one_plane ? (chunk.last - 1) % g.out[1] : g.out[1] - 1,
+                         g.out[2] - 1};
+  Box box;
+  for (int a = 0; a < 3; ++a) {
+    box.lower[a] = g.base[a] + first[a] * g.s[a];
+    box.extent[a] = (last[a] - first[a]) * g.s[a] + (g.k[a] - 1) * g.d[a] + 1;
+  }
+  return box;
+}
+
+/// Which chunks a call computes: all, or only those that read (or do not read) given boxes.
+struct ChunkFilter {
+  enum { all, avoiding, touching } keep = all;
+  std::vector<Box> boxes;
+  bool operator()(const ConvShape& g, const Chunk& chunk) const {
+    if (keep == all) return true;
+    const Box reads = chunk_reads(g, chunk);
+    bool touches = false;
+    for (const Box& b : boxes) touches = touches || !intersect(reads, b).empty();
+    return touches == (keep == touching);
+  }
+};
+
 template <class T>
 void conv_forward_gemm(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
                        const ReplicatedView<T>& bias, const FieldView<T>& y,
-                       impl::ConvWorkspace<T>& workspace) {
+                       impl::ConvWorkspace<T>& workspace, const ChunkFilter& filter = {}) {
   const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
   const Index chunk_rows = rows_per_chunk(g, sizeof(T), workspace.budget_bytes);
   T* buffer =
@@ -295,6 +323,7 @@ void conv_forward_gemm(const ConvShape& g, const FieldView<T>& xp, const Replica
       const UnmanagedMatrix<T> weights = weight_matrix(g, w, group);
       for (Index first = 0; first < g.out[0] * g.out[1]; first += chunk_rows) {
         const Chunk chunk{first, std::min(first + chunk_rows, g.out[0] * g.out[1])};
+        if (!filter(g, chunk)) continue;
         const Index cells = chunk.rows() * g.out[2];
         const UnmanagedMatrix<T> columns(buffer, taps, cells);
         const UnmanagedMatrix<T> out(buffer + taps * cells, g.out_per_group, cells);
@@ -403,7 +432,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
 
-  const ShardTensor<T> padded = halo_->forward(x);
+  // Post the halo exchange first; chunks of outputs whose windows read no exchanged ghost
+  // cell are computed while the messages travel.
+  const ShardTensor<T> padded = halo_->start(x);
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
@@ -428,12 +459,20 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const ReplicatedView<T> no_bias;
   const ConvAlgorithm algorithm = options_.algorithm;
   const std::shared_ptr<impl::ConvWorkspace<T>> workspace = workspace_;
-  if (algorithm == ConvAlgorithm::gemm)
-    conv_forward_gemm(shape, padded.view(), weight_.data(),
-                      bias_.defined() ? bias_.data() : no_bias, y.view(), *workspace);
-  else
-    conv_forward(shape, padded.view(), weight_.data(), bias_.defined() ? bias_.data() : no_bias,
-                 y.view());
+  const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : no_bias;
+  if (algorithm == ConvAlgorithm::gemm && halo_->padding_ready_after_start()) {
+    ChunkFilter interior{ChunkFilter::avoiding, halo_->exchanged_boxes(padded)};
+    conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, interior);
+    halo_->finish(padded);
+    interior.keep = ChunkFilter::touching;
+    conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, interior);
+  } else {
+    halo_->finish(padded);
+    if (algorithm == ConvAlgorithm::gemm)
+      conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace);
+    else
+      conv_forward(shape, padded.view(), weight_.data(), bias, y.view());
+  }
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
   if (bias_.defined()) inputs.push_back(bias_.node());

@@ -83,14 +83,34 @@ HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
 
 template <class T>
 ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
+  const ShardTensor<T> padded = start(input);
+  finish(padded);
+  return padded;
+}
+
+template <class T>
+ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
   const Decomposition decomposition = padded_decomposition(input.decomposition());
   check_padding_sources(decomposition, boundary_, where_);
   ShardTensor<T> padded(decomposition, input.rank(), input.batch(), input.channels(), ghosts_,
                         where_ + " padded input");
   Kokkos::deep_copy(padded.interior(), input.interior());
-  plan_for(padded).exchange(padded);
-  fill_boundary_padding(padded, boundary_);
+  plan_for(padded).start(padded);
   return padded;
+}
+
+template <class T>
+void HaloPadding<T>::finish(const ShardTensor<T>& padded) {
+  plan_for(padded).finish(padded);
+  fill_boundary_padding(padded, boundary_);
+}
+
+template <class T>
+std::vector<Box> HaloPadding<T>::exchanged_boxes(const ShardTensor<T>& padded) {
+  std::vector<Box> boxes;
+  for (const auto& m : plan_for(padded).messages())
+    if (m.recv_count > 0) boxes.push_back(m.recv_box);
+  return boxes;
 }
 
 template <class T>

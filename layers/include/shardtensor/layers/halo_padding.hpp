@@ -32,6 +32,23 @@ class HaloPadding {
   /// (wrapped for periodic padding), boundary padding filled. Collective.
   ShardTensor<T> forward(const ShardTensor<T>& input);
 
+  /// forward() in two halves, so that work on cells that need no exchanged ghost can run
+  /// while the messages travel: start() copies the shard and posts the exchange; finish()
+  /// completes it and fills the boundary padding. Between the two, the owned cells are
+  /// final, and so are zeros-mode padding cells (the buffer starts zero-filled).
+  ShardTensor<T> start(const ShardTensor<T>& input);
+  void finish(const ShardTensor<T>& padded);
+
+  /// The ghost boxes (local indices of `padded`) that the exchange writes: a computation that
+  /// reads none of them may run between start() and finish().
+  std::vector<Box> exchanged_boxes(const ShardTensor<T>& padded);
+  /// True if every cell outside the exchanged boxes is final after start(): zeros padding
+  /// (the buffer starts zero-filled) or periodic (no boundary padding at all).
+  bool padding_ready_after_start() const {
+    return (boundary_.mode == PaddingMode::zeros && boundary_.constant == 0) ||
+           boundary_.mode == PaddingMode::periodic;
+  }
+
   /// Adjoint of forward: gradients of padding cells go to the cells they copied, ghost
   /// gradients go back to their owners, and the owned part is added into `input_grad`.
   /// Overwrites `padded_grad`. Collective.
