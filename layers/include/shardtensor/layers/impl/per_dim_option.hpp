@@ -13,9 +13,9 @@ inline std::vector<int> per_dim_option(const std::vector<int>& values, int ndims
                                        const std::vector<int>& fallback, const char* what,
                                        const std::string& where) {
   if (values.empty()) return fallback;
-  SHARDTENSOR_REQUIRE(static_cast<int>(values.size()) == ndims, where,
-                      what << " has " << values.size() << " values for " << ndims
-                           << " spatial dims");
+  SHARDTENSOR_REQUIRE(
+      static_cast<int>(values.size()) == ndims, where,
+      what << " has " << values.size() << " values for " << ndims << " spatial dims");
   return values;
 }
 
