@@ -1,5 +1,7 @@
 #include "shardtensor/layers/conv.hpp"
 
+#include "shardtensor/core/cell_index.hpp"
+
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
 #include <KokkosBlas3_gemm.hpp>
@@ -30,15 +32,8 @@ void conv_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedVi
   const Index total = g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2];
   Kokkos::parallel_for(
       "Conv::forward", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index oz = r % g.out[2];
-        r /= g.out[2];
-        const Index oy = r % g.out[1];
-        r /= g.out[1];
-        const Index ox = r % g.out[0];
-        r /= g.out[0];
-        const Index co = r % g.out_channels;
-        const Index n = r / g.out_channels;
+        const CellIndex cell = unflatten(flat, g.out_channels, g.out[0], g.out[1], g.out[2]);
+        const Index n = cell.n, co = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
         const Index group = co / g.out_per_group;
         T sum = has_bias ? bias(co) : T(0);
         for (Index cig = 0; cig < g.in_per_group; ++cig) {
@@ -63,15 +58,8 @@ void conv_backward_data(const ConvShape& g, const FieldView<T>& gy, const Replic
   const Index total = g.batch * g.in_channels * px * py * pz;
   Kokkos::parallel_for(
       "Conv::backward_data", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index iz = r % pz;
-        r /= pz;
-        const Index iy = r % py;
-        r /= py;
-        const Index ix = r % px;
-        r /= px;
-        const Index ci = r % g.in_channels;
-        const Index n = r / g.in_channels;
+        const CellIndex cell = unflatten(flat, g.in_channels, px, py, pz);
+        const Index n = cell.n, ci = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
         const Index group = ci / g.in_per_group, cig = ci % g.in_per_group;
         T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {
@@ -103,15 +91,8 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
   if (gw.extent(0) > 0) {
     Kokkos::parallel_for(
         "Conv::backward_weight", static_cast<Index>(gw.extent(0)), KOKKOS_LAMBDA(const Index flat) {
-          Index r = flat;
-          const Index c = r % g.k[2];
-          r /= g.k[2];
-          const Index b = r % g.k[1];
-          r /= g.k[1];
-          const Index a = r % g.k[0];
-          r /= g.k[0];
-          const Index cig = r % g.in_per_group;
-          const Index co = r / g.in_per_group;
+          const CellIndex cell = unflatten(flat, g.in_per_group, g.k[0], g.k[1], g.k[2]);
+          const Index co = cell.n, cig = cell.c, a = cell.x, b = cell.y, c = cell.z;
           const Index ci = (co / g.out_per_group) * g.in_per_group + cig;
           double sum = 0;  // many terms: accumulate in double
           for (Index n = 0; n < g.batch; ++n)

@@ -1,5 +1,7 @@
 #include "shardtensor/layers/conv_transpose.hpp"
 
+#include "shardtensor/core/cell_index.hpp"
+
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
 #include <algorithm>
@@ -58,15 +60,8 @@ void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
   const Index total = g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2];
   Kokkos::parallel_for(
       "ConvTranspose::forward", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index oz = r % g.out[2];
-        r /= g.out[2];
-        const Index oy = r % g.out[1];
-        r /= g.out[1];
-        const Index ox = r % g.out[0];
-        r /= g.out[0];
-        const Index co = r % g.out_channels;
-        const Index n = r / g.out_channels;
+        const CellIndex cell = unflatten(flat, g.out_channels, g.out[0], g.out[1], g.out[2]);
+        const Index n = cell.n, co = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
         const Index group = co / g.out_per_group, cog = co % g.out_per_group;
         T sum = has_bias ? bias(co) : T(0);
         for (Index a = 0; a < g.k[0]; ++a) {
@@ -96,15 +91,9 @@ void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T
   const Index total = g.batch * g.in_channels * g.padded[0] * g.padded[1] * g.padded[2];
   Kokkos::parallel_for(
       "ConvTranspose::backward_data", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index iz = r % g.padded[2];
-        r /= g.padded[2];
-        const Index iy = r % g.padded[1];
-        r /= g.padded[1];
-        const Index ix = r % g.padded[0];
-        r /= g.padded[0];
-        const Index ci = r % g.in_channels;
-        const Index n = r / g.in_channels;
+        const CellIndex cell =
+            unflatten(flat, g.in_channels, g.padded[0], g.padded[1], g.padded[2]);
+        const Index n = cell.n, ci = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
         const Index group = ci / g.in_per_group;
         T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {
@@ -138,15 +127,8 @@ void conv_transpose_backward_parameters(const ConvTransposeShape& g, const Field
     Kokkos::parallel_for(
         "ConvTranspose::backward_weight", static_cast<Index>(gw.extent(0)),
         KOKKOS_LAMBDA(const Index flat) {
-          Index r = flat;
-          const Index c = r % g.k[2];
-          r /= g.k[2];
-          const Index b = r % g.k[1];
-          r /= g.k[1];
-          const Index a = r % g.k[0];
-          r /= g.k[0];
-          const Index cog = r % g.out_per_group;
-          const Index ci = r / g.out_per_group;
+          const CellIndex cell = unflatten(flat, g.out_per_group, g.k[0], g.k[1], g.k[2]);
+          const Index ci = cell.n, cog = cell.c, a = cell.x, b = cell.y, c = cell.z;
           const Index co = (ci / g.in_per_group) * g.out_per_group + cog;
           double sum = 0;  // many terms: accumulate in double
           // Each (owned output, tap) pair has exactly one input cell: walk the padded inputs.

@@ -1,5 +1,7 @@
 #include "shardtensor/layers/pooling.hpp"
 
+#include "shardtensor/core/cell_index.hpp"
+
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
 #include <limits>
@@ -43,14 +45,8 @@ void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, con
   const Index total = static_cast<Index>(y.span());
   Kokkos::parallel_for(
       "Pool::forward", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index oz = r % g.out[2];
-        r /= g.out[2];
-        const Index oy = r % g.out[1];
-        r /= g.out[1];
-        const Index ox = r % g.out[0];
-        r /= g.out[0];
-        const Index c = r % g.channels, n = r / g.channels;
+        const CellIndex cell = unflatten(flat, g.channels, g.out[0], g.out[1], g.out[2]);
+        const Index n = cell.n, c = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
         const Index x0 = g.base[0] + ox * g.s[0], y0 = g.base[1] + oy * g.s[1],
                     z0 = g.base[2] + oz * g.s[2];
         if (kind == PoolKind::max) {
@@ -86,14 +82,8 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
   const Index total = static_cast<Index>(gxp.span());
   Kokkos::parallel_for(
       "Pool::backward", total, KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index iz = r % g.padded[2];
-        r /= g.padded[2];
-        const Index iy = r % g.padded[1];
-        r /= g.padded[1];
-        const Index ix = r % g.padded[0];
-        r /= g.padded[0];
-        const Index c = r % g.channels, n = r / g.channels;
+        const CellIndex cell = unflatten(flat, g.channels, g.padded[0], g.padded[1], g.padded[2]);
+        const Index n = cell.n, c = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
         const Index self = g.padded_flat(ix, iy, iz);
         T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {

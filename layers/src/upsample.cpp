@@ -1,5 +1,7 @@
 #include "shardtensor/layers/upsample.hpp"
 
+#include "shardtensor/core/cell_index.hpp"
+
 #include <cmath>
 
 namespace shardtensor {
@@ -32,14 +34,8 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
                       const FieldView<T>& y) {
   Kokkos::parallel_for(
       "Upsample::forward", static_cast<Index>(y.span()), KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index oz = r % g.out[2];
-        r /= g.out[2];
-        const Index oy = r % g.out[1];
-        r /= g.out[1];
-        const Index ox = r % g.out[0];
-        r /= g.out[0];
-        const Index c = r % g.channels, n = r / g.channels;
+        const CellIndex cell = unflatten(flat, g.channels, g.out[0], g.out[1], g.out[2]);
+        const Index n = cell.n, c = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
         if (mode == UpsampleMode::nearest) {
           const Index o[3] = {ox, oy, oz};
           Index i[3];
@@ -70,14 +66,8 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
                        const FieldView<T>& gx) {
   Kokkos::parallel_for(
       "Upsample::backward", static_cast<Index>(gx.span()), KOKKOS_LAMBDA(const Index flat) {
-        Index r = flat;
-        const Index iz = r % g.in[2];
-        r /= g.in[2];
-        const Index iy = r % g.in[1];
-        r /= g.in[1];
-        const Index ix = r % g.in[0];
-        r /= g.in[0];
-        const Index c = r % g.channels, n = r / g.channels;
+        const CellIndex cell = unflatten(flat, g.channels, g.in[0], g.in[1], g.in[2]);
+        const Index n = cell.n, c = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
         const Index i[3] = {ix, iy, iz};
         // Candidate outputs per axis and this cell's weight in each.
         Index first[3], last[3];
