@@ -4,6 +4,7 @@
 #include "shardtensor/layers/concat.hpp"
 #include "shardtensor/layers/conv.hpp"
 #include "shardtensor/layers/conv_transpose.hpp"
+#include "shardtensor/layers/crop_pad.hpp"
 #include "shardtensor/layers/dropout.hpp"
 #include "shardtensor/layers/loss.hpp"
 #include "shardtensor/layers/module.hpp"
