@@ -2,6 +2,7 @@
 
 #include "shardtensor/core/cell_index.hpp"
 
+#include "shardtensor/layers/impl/conv_parameters.hpp"
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
 #include <algorithm>
@@ -202,22 +203,11 @@ ConvTranspose<T>::ConvTranspose(const Communicator& comm, ConvTransposeOptions o
     padding_[d] = padding[d];
     output_padding_[d] = output_padding[d];
   }
-  SHARDTENSOR_REQUIRE(options_.in_channels >= 1 && options_.out_channels >= 1 &&
-                          options_.groups >= 1 && options_.in_channels % options_.groups == 0 &&
-                          options_.out_channels % options_.groups == 0,
-                      where_,
-                      "groups " << options_.groups << " must divide in_channels "
-                                << options_.in_channels << " and out_channels "
-                                << options_.out_channels);
-  std::vector<Index> shape{options_.in_channels, options_.out_channels / options_.groups};
-  // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with fan_in
-  // computed from the weight's second axis (out / groups) times the kernel volume.
-  Index fan_in = options_.out_channels / options_.groups;
-  for (int d = 0; d < ndims_; ++d) {
-    shape.push_back(options_.kernel[d]);
-    fan_in *= options_.kernel[d];
-  }
-  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  impl::check_channel_groups(options_.in_channels, options_.out_channels, options_.groups, where_);
+  // Weights (in, out / groups, k...); fan_in is taken from the second axis, as in PyTorch.
+  double bound = 0;
+  const std::vector<Index> shape = impl::kernel_weight_shape(
+      options_.in_channels, options_.out_channels / options_.groups, options_.kernel, bound);
   const std::uint64_t seed = this->initialisation_seed(options_.seed, name);
   weight_ = this->register_parameter("weight", shape, bound, 2 * seed);
   if (options_.bias)
