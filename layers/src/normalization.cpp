@@ -356,6 +356,8 @@ BatchNorm<T>::BatchNorm(const Communicator& comm, int channels, double momentum,
   running_mean_ = ReplicatedView<T>(name + ".running_mean", channels);
   running_var_ = ReplicatedView<T>(name + ".running_var", channels);
   Kokkos::deep_copy(running_var_, T(1));
+  this->register_buffer("running_mean", running_mean_);
+  this->register_buffer("running_var", running_var_);
 }
 
 template <class T>

@@ -29,6 +29,16 @@ class Module {
     return out;
   }
 
+  /// Non-trainable state saved with the parameters (e.g. BatchNorm running statistics),
+  /// named like the parameters. Writing into a view sets the module's state.
+  std::vector<std::pair<std::string, ReplicatedView<T>>> named_buffers() const {
+    std::vector<std::pair<std::string, ReplicatedView<T>>> out = buffers_;
+    for (const auto& [name, child] : children_)
+      for (auto& [child_name, b] : child->named_buffers())
+        out.emplace_back(name + "." + child_name, b);
+    return out;
+  }
+
   void train(bool on = true) {
     training_ = on;
     for (auto& child : children_) child.second->train(on);
@@ -80,12 +90,17 @@ class Module {
     return p;
   }
 
+  void register_buffer(const std::string& name, ReplicatedView<T> values) {
+    buffers_.emplace_back(name, std::move(values));
+  }
+
   void register_module(const std::string& name, std::shared_ptr<Module> child) {
     children_.emplace_back(name, std::move(child));
   }
 
  private:
   std::vector<std::pair<std::string, Variable<T>>> parameters_;
+  std::vector<std::pair<std::string, ReplicatedView<T>>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };
