@@ -1,0 +1,8 @@
+#pragma once
+// Models: U-Net, sequential containers, the config-driven builder and summaries.
+
+#include "shardtensor/models/builder.hpp"
+#include "shardtensor/models/redistribute_field.hpp"
+#include "shardtensor/models/sequential.hpp"
+#include "shardtensor/models/summary.hpp"
+#include "shardtensor/models/unet.hpp"

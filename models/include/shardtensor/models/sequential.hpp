@@ -1,0 +1,77 @@
+#pragma once
+// Sequential<T> (children applied in order) and Residual<T> (x + layers(x)): the containers
+// the config-driven builder and the U-Net blocks are made of.
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardtensor/layers.hpp"
+
+namespace shardtensor::models {
+
+/// Applies its children in the order they were added. A child's parameters are named
+/// "<child name>.<parameter>", so the names are readable and stable.
+template <class T>
+class Sequential : public Module<T> {
+ public:
+  /// Appends `child` under `name` and returns it.
+  template <class M>
+  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> child) {
+    this->register_module(name, child);
+    layers_.push_back(child);
+    return child;
+  }
+
+  Variable<T> forward(const Variable<T>& input) override {
+    Variable<T> x = input;
+    for (const auto& layer : layers_) x = layer->forward(x);
+    return x;
+  }
+
+  std::size_t size() const { return layers_.size(); }
+  const std::shared_ptr<Module<T>>& operator[](std::size_t i) const { return layers_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module<T>>> layers_;
+};
+
+/// y = layers(x) + projection(x), with projection the identity when it is null (use a 1x1
+/// convolution when `layers` changes the channel count). The layers must keep the field's
+/// decomposition (same spatial size and split), or forward throws naming the block.
+template <class T>
+class Residual : public Module<T> {
+ public:
+  Residual(std::shared_ptr<Sequential<T>> layers, std::shared_ptr<Module<T>> projection,
+           std::string name = "residual")
+      : layers_(std::move(layers)), projection_(std::move(projection)), name_(std::move(name)) {
+    this->register_module("layers", layers_);
+    if (projection_) this->register_module("projection", projection_);
+  }
+
+  Variable<T> forward(const Variable<T>& input) override {
+    const Variable<T> y = layers_->forward(input);
+    const Variable<T> skip = projection_ ? projection_->forward(input) : input;
+    const ShardTensor<T>& a = y.value();
+    const ShardTensor<T>& b = skip.value();
+    SHARDTENSOR_REQUIRE(a.decomposition() == b.decomposition() && a.channels() == b.channels(),
+                        "Residual '" << name_ << "'",
+                        "its layers turn " << b.channels() << " channels on "
+                                           << b.decomposition().describe() << " into "
+                                           << a.channels() << " channels on "
+                                           << a.decomposition().describe()
+                                           << "; a residual block must keep the field's size");
+    return add(y, skip);
+  }
+
+  const std::shared_ptr<Sequential<T>>& layers() const { return layers_; }
+  const std::shared_ptr<Module<T>>& projection() const { return projection_; }
+
+ private:
+  std::shared_ptr<Sequential<T>> layers_;
+  std::shared_ptr<Module<T>> projection_;
+  std::string name_;
+};
+
+}  // namespace shardtensor::models

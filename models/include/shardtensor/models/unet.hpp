@@ -1,0 +1,94 @@
+#pragma once
+// UNet<T>: the classic encoder-decoder with skip connections, for 1-, 2- and 3-D sharded
+// fields; sharded runs compute what one rank computes on the whole field.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/layers.hpp"
+
+namespace shardtensor::models {
+
+/// Normalization after each convolution of a U-Net block.
+enum class NormKind { none, group, layer, batch };
+/// How a U-Net halves the resolution: max or average pooling (window 2), or a strided
+/// convolution (kernel 2, stride 2, channels kept).
+enum class DownMode { maxpool, avgpool, conv };
+/// How a U-Net doubles the resolution and halves the channels: a transposed convolution
+/// (kernel 2, stride 2), or nearest / linear upsampling followed by a 3-wide convolution.
+enum class UpMode { transpose, nearest, linear };
+
+const char* to_string(NormKind kind);
+const char* to_string(DownMode mode);
+const char* to_string(UpMode mode);
+
+struct UNetOptions {
+  int dims = 2;              ///< spatial dims: 1, 2 or 3
+  Index in_channels = 1;     ///< channels of the input field
+  Index out_channels = 1;    ///< channels of the output field
+  int depth = 4;             ///< number of downsamplings (0: no resolution change)
+  Index base_channels = 32;  ///< channels at full resolution, doubled per level
+  NormKind norm = NormKind::group;
+  int norm_groups = 8;  ///< GroupNorm groups; must divide base_channels
+  Activation activation = Activation::relu;
+  DownMode down = DownMode::maxpool;
+  UpMode up = UpMode::transpose;
+  PaddingMode padding = PaddingMode::zeros;  ///< boundary padding of every 3-wide convolution
+  int blocks = 2;                            ///< conv-norm-activation triples per level
+  std::uint64_t seed = 1;                    ///< initialisation: same seed, same parameters
+};
+
+/// U-Net (Ronneberger et al. 2015) with levels l = 0 .. depth of base_channels * 2^l channels.
+///
+///   down{l}      (l < depth)  block: input (or level l-1) -> c_l; its output is the skip
+///   downsample{l}             halves the resolution (a parameterless pooling or a strided conv)
+///   bottom                    block at the coarsest level: c_{depth-1} -> c_depth
+///   upsample{l}               doubles the resolution: c_{l+1} -> c_l
+///   up{l}                     block: concat(skip_l, upsampled) = 2 c_l -> c_l
+///   head                      1x1 convolution: c_0 -> out_channels
+///
+/// A block is `blocks` times conv{i} (3-wide, padding 1, the padding mode) -> norm{i} ->
+/// activation. Convolutions followed by a normalization have no bias (the normalization
+/// removes it). Parameter names: "down0.conv0.weight", "down0.norm0.bias",
+/// "downsample1.weight", "upsample0.weight" (transpose) or "upsample0.conv.weight",
+/// "up0.conv1.weight", "head.bias", ... (see docs/models.md).
+///
+/// Sharding: each field extent must be divisible by 2^depth. Pooling by 2 puts an odd split
+/// point p at ceil(p / 2), so after upsampling the split moves to p + 1; the upsampled field
+/// is then redistributed onto the skip's decomposition before the concatenation (one
+/// all-to-all; split points divisible by 2^depth avoid it). A rank must keep at least one
+/// cell at every level.
+template <class T>
+class UNet : public Module<T> {
+ public:
+  UNet(const Communicator& comm, UNetOptions options, const std::string& name = "unet");
+
+  Variable<T> forward(const Variable<T>& input) override;
+
+  const UNetOptions& options() const { return options_; }
+  /// Channels at level l: base_channels * 2^l.
+  Index channels(int level) const { return options_.base_channels << level; }
+  /// Throws (on every rank) unless `d` can run through this U-Net: extents divisible by
+  /// 2^depth and every rank owning at least one cell at every level.
+  void check_decomposition(const Decomposition& d) const;
+
+ private:
+  std::shared_ptr<Module<T>> make_block(const std::string& name, Index in, Index out);
+  std::shared_ptr<Module<T>> make_down(const std::string& name, Index channels);
+  std::shared_ptr<Module<T>> make_up(const std::string& name, Index in, Index out);
+  std::shared_ptr<Conv<T>> make_conv(const std::string& name, Index in, Index out, int kernel,
+                                     int stride, bool bias);
+
+  Communicator comm_;
+  UNetOptions options_;
+  std::string name_;
+  std::vector<std::shared_ptr<Module<T>>> down_, downsample_, upsample_, up_;
+  std::shared_ptr<Module<T>> bottom_, head_;
+};
+
+extern template class UNet<float>;
+extern template class UNet<double>;
+
+}  // namespace shardtensor::models
