@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job: install dependencies, build, and run the halo example on 2 ranks.
+# The main job: install dependencies, build, then generate heat-equation data, train a
+# U-Net surrogate on 2 ranks from examples/02_train_config/heat2d.yaml, run inference on
+# held-out samples and print their error. Extra arguments go to `shardtensor train`
+# (e.g. --set training.epochs=5).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build}"
+export BUILD_DIR="${BUILD_DIR:-$root/build}"
 source "$root/scripts/env.sh"
 bash "$root/scripts/build.sh"
 echo
-echo "== examples/01_halo on 2 ranks =="
-mpirun -n 2 --oversubscribe "$build/examples/01_halo/example_01_halo" "$@"
+bash "$root/examples/02_train_config/run.sh" "$@"

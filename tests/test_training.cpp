@@ -1,0 +1,258 @@
+// Training from configs: config errors, the sample schedule, and whole training runs —
+// sharded == single rank, data groups == a larger batch, restart == uninterrupted run,
+// checkpoints that load on another rank count, inference.
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "shardtensor/comm.hpp"
+#include "shardtensor/io.hpp"
+#include "shardtensor/train/checkpoint.hpp"
+#include "shardtensor/train/heat_equation.hpp"
+#include "shardtensor/train/run_config.hpp"
+#include "shardtensor/train/sample_schedule.hpp"
+#include "shardtensor/train/trainer.hpp"
+#include "test_support.hpp"
+
+using namespace shardtensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh directory, the same path on every rank.
+std::string shared_temporary_directory(const Communicator& comm) {
+  std::string path(256, '\0');
+  if (comm.rank() == 0) {
+    char pattern[] = "/tmp/shardtensor_training_XXXXXX";
+    path = mkdtemp(pattern);
+    path.resize(256, '\0');
+  }
+  MPI_Bcast(&path[0], 256, MPI_CHAR, 0, comm.get());
+  return path.c_str();
+}
+
+/// A small heat dataset, generated once per directory.
+std::string heat_data(const Communicator& comm, const std::string& dir) {
+  const std::string path = dir + "/heat.h5";
+  HeatOptions options;
+  options.dims = 2;
+  options.size = 16;
+  options.samples = 12;
+  options.steps = 10;
+  generate_heat_dataset(comm, options, path);
+  return path;
+}
+
+std::string config_text(const std::string& data, const std::string& run_dir, int epochs, int batch,
+                        int groups, const std::string& precision) {
+  std::ostringstream c;
+  c << "run_dir: " << run_dir << "\n"
+    << "data: {path: " << data << ", validation_samples: 3, periodic: true}\n"
+    << "parallel: {data_groups: " << groups << "}\n"
+    << "model: {type: unet, depth: 1, base_channels: 4, norm: group, norm_groups: 2,"
+    << " activation: gelu, padding: periodic, seed: 7}\n"
+    << "optimizer: {type: adam, lr: 0.003}\n"
+    << "schedule: {type: cosine, warmup_steps: 2, total_steps: 16}\n"
+    << "training: {epochs: " << epochs << ", batch_size: " << batch
+    << ", clip_grad_norm: 5.0, precision: " << precision << ", keep_checkpoints: 10}\n";
+  return c.str();
+}
+
+/// Column `name` of metrics.csv as numbers (empty cells skipped).
+std::vector<double> metric(const std::string& run_dir, const std::string& name) {
+  std::ifstream in(run_dir + "/metrics.csv");
+  std::string line, cell;
+  std::getline(in, line);
+  std::vector<std::string> header;
+  for (std::stringstream s(line); std::getline(s, cell, ',');) header.push_back(cell);
+  const auto column = std::find(header.begin(), header.end(), name) - header.begin();
+  std::vector<double> values;
+  while (std::getline(in, line)) {
+    std::stringstream s(line);
+    for (long i = 0; std::getline(s, cell, ','); ++i)
+      if (i == column && !cell.empty()) values.push_back(std::stod(cell));
+  }
+  return values;
+}
+
+double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), 1e-30));
+  return worst;
+}
+
+TrainOptions quiet(std::string resume = "") {
+  TrainOptions o;
+  o.progress = false;
+  o.resume = std::move(resume);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("config errors name the key, the value and the line", "[config]") {
+  const std::string bad_key =
+      "run_dir: x\ndata:\n  path: a.h5\n  shufle: true\nmodel: {type: unet}\n";
+  const std::string m1 = test::error_message_of([&] { RunConfig::parse(bad_key, "run.yaml"); });
+  CHECK_THAT(m1, Catch::Contains("run.yaml: data.shufle (line 4): unknown key"));
+  CHECK_THAT(m1, Catch::Contains("shuffle"));
+
+  const std::string bad_type =
+      "data: {path: a.h5}\nmodel: {type: unet}\ntraining:\n  epochs: many\n";
+  const std::string m2 = test::error_message_of([&] { RunConfig::parse(bad_type, "run.yaml"); });
+  CHECK_THAT(m2, Catch::Contains("training.epochs (line 4): expects an integer, got 'many'"));
+
+  const std::string bad_choice =
+      "data: {path: a.h5}\nmodel: {type: unet}\noptimizer: {type: lbfgs}\n";
+  const std::string m3 = test::error_message_of([&] { RunConfig::parse(bad_choice); });
+  CHECK_THAT(m3, Catch::Contains("optimizer.type"));
+  CHECK_THAT(m3, Catch::Contains("'lbfgs'"));
+  CHECK_THAT(m3, Catch::Contains("sgd, adam, adamw"));
+
+  const std::string missing = "model: {type: unet}\n";
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(missing); }),
+             Catch::Contains("data.path (line 1): missing required key"));
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse("data: [1, 2\n"); }),
+             Catch::Contains("YAML syntax error"));
+  CHECK_THAT(test::error_message_of([&] {
+               RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\noptimizer: {lr: -1}\n");
+             }),
+             Catch::Contains("lr"));
+}
+
+TEST_CASE("--set overrides keys, creating maps, and parses values as YAML", "[config]") {
+  const std::string text = "data: {path: a.h5}\nmodel: {type: unet, depth: 3}\n";
+  const RunConfig c = RunConfig::parse(
+      text, "run.yaml", {"training.epochs=7", "model.depth=1", "data.periodic=[true, false]"});
+  CHECK(c.training.epochs == 7);
+  CHECK(c.model["depth"].as<int>() == 1);
+  CHECK(c.data.periodic == std::vector<bool>{true, false});
+  CHECK_THAT(c.text, Catch::Contains("epochs: 7"));
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(text, "x", {"novalue"}); }),
+             Catch::Contains("expected key=value, got 'novalue'"));
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(text, "x", {"data.path.x=1"}); }),
+             Catch::Contains("'path' in 'data.path.x' is not a map"));
+}
+
+TEST_CASE("the sample schedule shuffles per epoch and splits batches between groups",
+          "[schedule]") {
+  std::vector<Index> samples;
+  for (Index i = 0; i < 23; ++i) samples.push_back(i * 2);
+  const SampleSchedule schedule(samples, 3, 2, 99, true);
+  CHECK(schedule.steps_per_epoch() == 3);
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+    std::set<Index> seen;
+    for (Index step = 0; step < 3; ++step)
+      for (int group = 0; group < 2; ++group)
+        for (Index s : schedule.batch(epoch, step, group)) {
+          CHECK(s % 2 == 0);
+          seen.insert(s);
+        }
+    CHECK(seen.size() == 18);  // disjoint batches
+  }
+  CHECK(schedule.order(0) != schedule.order(1));
+  CHECK(schedule.order(4) == SampleSchedule(samples, 3, 2, 99, true).order(4));
+  CHECK_THAT(test::error_message_of([&] { SampleSchedule(samples, 12, 2, 1, true); }),
+             Catch::Contains("needs batch_size 12 x data_groups 2 = 24 training samples"));
+}
+
+TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
+  const Communicator world;
+  const std::string dir = shared_temporary_directory(world);
+  const std::string data = heat_data(world, dir);
+
+  const RunConfig sharded =
+      RunConfig::parse(config_text(data, dir + "/sharded", 2, 2, 1, "double"));
+  const TrainResult r = train(world, sharded, quiet());
+  CHECK(r.steps == 8);  // 9 training samples, batch 2: 4 steps per epoch
+  CHECK(r.val_relative_l2 > 0);
+  if (world.rank() == 0) {
+    const Communicator self(MPI_COMM_SELF);
+    const RunConfig single =
+        RunConfig::parse(config_text(data, dir + "/single", 2, 2, 1, "double"));
+    const TrainResult s = train(self, single, quiet());
+    CHECK(max_relative_difference(metric(dir + "/sharded", "loss"),
+                                  metric(dir + "/single", "loss")) < 1e-10);
+    CHECK(std::abs(r.val_relative_l2 - s.val_relative_l2) < 1e-10 * s.val_relative_l2);
+    const auto losses = metric(dir + "/single", "loss");
+    CHECK(losses.size() == 8);
+    CHECK(metric(dir + "/single", "val_loss").size() == 2);
+    CHECK(fs::exists(dir + "/single/config.yaml"));
+    CHECK(list_checkpoints(dir + "/single/checkpoints").size() == 2);
+  }
+  world.barrier();
+
+  {  // data groups average gradients: 2 groups x batch 1 == 1 group x batch 2
+    if (world.size() % 2 == 0) {
+      const RunConfig groups =
+          RunConfig::parse(config_text(data, dir + "/groups", 2, 1, 2, "double"));
+      train(world, groups, quiet());
+      if (world.rank() == 0)
+        CHECK(max_relative_difference(metric(dir + "/groups", "loss"),
+                                      metric(dir + "/sharded", "loss")) < 1e-10);
+    }
+  }
+
+  {  // a restart continues with the same losses and parameters, bit for bit
+    const RunConfig four = RunConfig::parse(config_text(data, dir + "/four", 4, 2, 1, "float"));
+    const TrainResult straight = train(world, four, quiet());
+    const RunConfig two = RunConfig::parse(config_text(data, dir + "/restart", 2, 2, 1, "float"));
+    train(world, two, quiet());
+    const RunConfig more = RunConfig::parse(config_text(data, dir + "/restart", 4, 2, 1, "float"));
+    const TrainResult resumed = train(world, more, quiet("latest"));
+    CHECK(resumed.steps == straight.steps);
+    if (world.rank() == 0) {
+      CHECK(metric(dir + "/four", "loss") == metric(dir + "/restart", "loss"));
+      CHECK(metric(dir + "/four", "val_loss") == metric(dir + "/restart", "val_loss"));
+    }
+    const io::File a = io::File::open(world, straight.checkpoint);
+    const io::File b = io::File::open(world, resumed.checkpoint);
+    for (const std::string& name : io::list_datasets(a, "parameters"))
+      CHECK(io::read_array<float>(a, "parameters/" + name) ==
+            io::read_array<float>(b, "parameters/" + name));
+  }
+
+  {  // inference on any rank count, from a checkpoint written on another
+    InferOptions o;
+    o.checkpoint = r.checkpoint;
+    o.input_path = data;
+    o.output_path = dir + "/prediction.h5";
+    o.progress = false;
+    const InferResult mine = infer(world, sharded, o);
+    CHECK(mine.samples == 12);
+    CHECK(mine.relative_l2 > 0);
+    CHECK(fs::exists(dir + "/prediction.xdmf"));
+    if (world.rank() == 0) {
+      const Communicator self(MPI_COMM_SELF);
+      o.output_path = dir + "/prediction_single.h5";
+      const InferResult single = infer(self, sharded, o);
+      CHECK(std::abs(mine.relative_l2 - single.relative_l2) < 1e-10 * single.relative_l2);
+      const io::File a = io::File::open(self, dir + "/prediction.h5");
+      const io::File b = io::File::open(self, dir + "/prediction_single.h5");
+      const auto pa = io::read_array<double>(a, "prediction");
+      const auto pb = io::read_array<double>(b, "prediction");
+      CHECK(max_relative_difference(pa, pb) < 1e-9);
+    }
+    world.barrier();
+  }
+
+  {  // bad input is reported on every rank
+    RunConfig wrong = sharded;
+    wrong.data.target = "missing";
+    const std::string m = test::error_message_of([&] { train(world, wrong, quiet()); });
+    CHECK_THAT(m, Catch::Contains("missing"));
+    CHECK(test::ranks_with_error(m) == world.size());
+    RunConfig too_big = sharded;
+    too_big.training.batch_size = 100;
+    CHECK(test::ranks_with_error(test::error_message_of([&] { train(world, too_big, quiet()); })) ==
+          world.size());
+  }
+  world.barrier();
+  if (world.rank() == 0 && std::getenv("SHARDTENSOR_KEEP_TEST_FILES") == nullptr)
+    fs::remove_all(dir);
+}

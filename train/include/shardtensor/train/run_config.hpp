@@ -1,0 +1,65 @@
+#pragma once
+// RunConfig: everything `shardtensor train` / `infer` read from a run's YAML file, checked
+// once with errors that name the key and line. See docs/config.md for the schema.
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtensor/core/types.hpp"
+#include "shardtensor/layers/lr_schedule.hpp"
+#include "shardtensor/layers/optimizer.hpp"
+#include "shardtensor/train/config_node.hpp"
+
+namespace shardtensor {
+
+struct DataConfig {
+  std::string path;               ///< HDF5 file with the training fields
+  std::string input = "input";    ///< dataset [samples, channels, spatial...]
+  std::string target = "target";  ///< dataset [samples, channels, spatial...]
+  std::string validation_path;    ///< optional separate file; else the last samples
+  Index validation_samples = -1;  ///< from `path`: -1 means validation_fraction
+  double validation_fraction = 0.25;
+  bool normalize = true;  ///< per-channel mean/std of inputs and targets
+  bool shuffle = true;
+  bool prefetch = true;        ///< read the next batch while the current one computes
+  std::vector<bool> periodic;  ///< per spatial dim (one value: all dims); default open
+};
+
+struct ParallelConfig {
+  int data_groups = 1;    ///< ranks = data_groups x domain ranks
+  std::vector<int> grid;  ///< domain process grid; empty: chosen automatically
+};
+
+struct TrainingConfig {
+  int epochs = 10;
+  Index batch_size = 1;             ///< samples per data group per step
+  std::string loss = "mse";         ///< mse, l1, relative_l2 (on normalized targets)
+  double clip_grad_norm = 0;        ///< 0: no clipping
+  int validate_every = 1;           ///< epochs
+  int checkpoint_every = 1;         ///< epochs
+  int keep_checkpoints = 3;         ///< the last K checkpoint files are kept
+  std::string precision = "float";  ///< float or double
+  std::uint64_t seed = 1;           ///< shuffling (model seeds are under `model`)
+};
+
+struct RunConfig {
+  std::string run_dir = "run";
+  DataConfig data;
+  ParallelConfig parallel;
+  YAML::Node model;  ///< checked by models::build_model
+  OptimizerOptions optimizer;
+  ScheduleOptions schedule;  ///< base_lr comes from optimizer.lr; cosine total_steps defaults
+                             ///< to the whole run
+  TrainingConfig training;
+  std::string text;  ///< the resolved config as YAML (written to the run dir and checkpoints)
+
+  /// Reads and checks a config; `overrides` are "key=value" from --set, applied first.
+  static RunConfig load(const std::string& path, const std::vector<std::string>& overrides = {});
+  static RunConfig parse(const std::string& yaml_text, const std::string& source = "config",
+                         const std::vector<std::string>& overrides = {});
+};
+
+}  // namespace shardtensor

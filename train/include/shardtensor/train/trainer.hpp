@@ -1,0 +1,55 @@
+#pragma once
+// train() and infer(): what `shardtensor train` and `shardtensor infer` run. Both work on
+// any (data x domain) rank mesh and give the same numbers as one rank.
+
+#include <cstdint>
+#include <string>
+
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/train/run_config.hpp"
+
+namespace shardtensor {
+
+struct TrainOptions {
+  std::string resume;    ///< checkpoint to continue from; "latest": the newest in the run dir
+  bool progress = true;  ///< rank 0 prints progress (a bar on a terminal, else a line per epoch)
+};
+
+struct TrainResult {
+  std::int64_t steps = 0;       ///< optimizer steps taken in total
+  std::int64_t epochs = 0;      ///< epochs completed in total
+  double loss = 0;              ///< mean training loss of the last epoch
+  double val_loss = -1;         ///< last validation loss (normalized space); -1: none
+  double val_relative_l2 = -1;  ///< last mean relative L2 error (physical units); -1: none
+  double seconds = 0;
+  std::string checkpoint;  ///< the last checkpoint written
+};
+
+/// Trains the model of `config` on its data; writes metrics.csv, config.yaml and
+/// checkpoints into config.run_dir. Collective over `world`.
+TrainResult train(const Communicator& world, const RunConfig& config,
+                  const TrainOptions& options = {});
+
+struct InferOptions {
+  std::string checkpoint;      ///< required
+  std::string input_path;      ///< HDF5 file with the input dataset
+  std::string output_path;     ///< written atomically, with an XDMF sidecar
+  std::string input_dataset;   ///< default: config data.input
+  std::string target_dataset;  ///< if present in the input file: errors reported;
+                               ///< default: config data.target
+  std::string output_dataset = "prediction";
+  bool progress = true;
+};
+
+struct InferResult {
+  Index samples = 0;
+  double relative_l2 =
+      -1;  ///< mean over samples of |prediction - target| / |target|; -1: no target
+  double max_relative_l2 = -1;
+  double seconds = 0;
+};
+
+/// Runs the trained model on every sample of an input file and writes the predictions.
+InferResult infer(const Communicator& world, const RunConfig& config, const InferOptions& options);
+
+}  // namespace shardtensor

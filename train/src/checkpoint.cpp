@@ -1,0 +1,173 @@
+#include "shardtensor/train/checkpoint.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/io/array_io.hpp"
+#include "shardtensor/io/atomic_output.hpp"
+#include "shardtensor/io/attributes.hpp"
+#include "shardtensor/io/dataset.hpp"
+#include "shardtensor/io/file.hpp"
+
+namespace shardtensor {
+
+namespace {
+
+constexpr const char* format_name = "shardtensor-checkpoint-1";
+
+template <class T>
+std::vector<T> host_values(const ReplicatedView<T>& view) {
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+  return std::vector<T>(host.data(), host.data() + host.extent(0));
+}
+
+template <class T>
+void set_values(const ReplicatedView<T>& view, const std::vector<T>& values) {
+  auto host = Kokkos::create_mirror_view(view);
+  std::copy(values.begin(), values.end(), host.data());
+  Kokkos::deep_copy(view, host);
+}
+
+/// Reads `name` into `view`; its size must match. Collective.
+template <class T>
+void load_view(const io::File& file, const std::string& name, const ReplicatedView<T>& view,
+               const char* what) {
+  SHARDTENSOR_REQUIRE(io::has_dataset(file, name), "load_checkpoint",
+                      file.path() << " has no " << what << " '" << name
+                                  << "' (the model or optimizer does not match the checkpoint)");
+  std::vector<Index> shape;
+  const std::vector<T> values = io::read_array<T>(file, name, &shape);
+  SHARDTENSOR_REQUIRE(values.size() == view.extent(0), "load_checkpoint",
+                      file.path() << ": " << what << " '" << name << "' has " << values.size()
+                                  << " values, the model expects " << view.extent(0));
+  set_values(view, values);
+}
+
+void write_statistics(io::File& file, const std::string& prefix, const ChannelStatistics& s) {
+  io::write_array(file, "normalization/" + prefix + "_mean", s.mean);
+  io::write_array(file, "normalization/" + prefix + "_std", s.std);
+}
+
+ChannelStatistics read_statistics(const io::File& file, const std::string& prefix) {
+  ChannelStatistics s;
+  s.mean = io::read_array<double>(file, "normalization/" + prefix + "_mean");
+  s.std = io::read_array<double>(file, "normalization/" + prefix + "_std");
+  return s;
+}
+
+TrainingState read_state(const io::File& file) {
+  TrainingState state;
+  state.epoch = io::read_attribute<std::int64_t>(file, "/", "epoch");
+  state.step = io::read_attribute<std::int64_t>(file, "/", "step");
+  state.seed = io::read_attribute<std::vector<std::uint64_t>>(file, "/", "rng").at(0);
+  state.config = io::read_attribute<std::string>(file, "/", "config");
+  state.input_statistics = read_statistics(file, "input");
+  state.target_statistics = read_statistics(file, "target");
+  return state;
+}
+
+void require_checkpoint(const io::File& file) {
+  SHARDTENSOR_REQUIRE(io::has_attribute(file, "/", "format") &&
+                          io::read_attribute<std::string>(file, "/", "format") == format_name,
+                      "load_checkpoint",
+                      file.path() << " is not a ShardTensor checkpoint (" << format_name << ")");
+}
+
+}  // namespace
+
+template <class T>
+void save_checkpoint(const Communicator& comm, const std::string& path, const Module<T>& model,
+                     const Optimizer<T>* optimizer, const TrainingState& state) {
+  io::AtomicOutput output(comm, path);
+  {
+    io::File file = io::File::create(comm, output.temporary_path());
+    for (const auto& [name, p] : model.named_parameters()) {
+      const std::vector<T> values = host_values(p.data());
+      io::write_array(file, "parameters/" + name, p.shape(), values.data());
+    }
+    for (const auto& [name, b] : model.named_buffers())
+      io::write_array(file, "buffers/" + name, host_values(b));
+    if (optimizer) {
+      for (const auto& [name, s] : optimizer->named_state())
+        io::write_array(file, "optimizer/" + name, host_values(s));
+      io::write_attribute(file, "/", "optimizer_type", optimizer->type());
+      io::write_attribute(file, "/", "optimizer_step_count", optimizer->step_count());
+    }
+    write_statistics(file, "input", state.input_statistics);
+    write_statistics(file, "target", state.target_statistics);
+    io::write_attribute(file, "/", "format", std::string(format_name));
+    io::write_attribute(file, "/", "precision",
+                        std::string(std::is_same<T, float>::value ? "float" : "double"));
+    io::write_attribute(file, "/", "epoch", state.epoch);
+    io::write_attribute(file, "/", "step", state.step);
+    io::write_attribute(file, "/", "rng",
+                        std::vector<std::uint64_t>{state.seed, std::uint64_t(state.epoch),
+                                                   std::uint64_t(state.step)});
+    io::write_attribute(file, "/", "config", state.config);
+    file.close();
+  }
+  output.commit();
+}
+
+template <class T>
+TrainingState load_checkpoint(const Communicator& comm, const std::string& path,
+                              const Module<T>& model, Optimizer<T>* optimizer) {
+  io::File file = io::File::open(comm, path);
+  require_checkpoint(file);
+  for (const auto& [name, p] : model.named_parameters())
+    load_view(file, "parameters/" + name, p.data(), "parameter");
+  for (const auto& [name, b] : model.named_buffers())
+    load_view(file, "buffers/" + name, b, "buffer");
+  if (optimizer) {
+    SHARDTENSOR_REQUIRE(io::has_attribute(file, "/", "optimizer_type"), "load_checkpoint",
+                        path << " holds no optimizer state");
+    const std::string type = io::read_attribute<std::string>(file, "/", "optimizer_type");
+    SHARDTENSOR_REQUIRE(
+        type == optimizer->type(), "load_checkpoint",
+        path << " holds " << type << " state, the config asks for " << optimizer->type());
+    for (const auto& [name, s] : optimizer->named_state())
+      load_view(file, "optimizer/" + name, s, "optimizer state");
+    optimizer->set_step_count(io::read_attribute<std::int64_t>(file, "/", "optimizer_step_count"));
+  }
+  TrainingState state = read_state(file);
+  file.close();
+  return state;
+}
+
+TrainingState read_checkpoint_state(const Communicator& comm, const std::string& path) {
+  io::File file = io::File::open(comm, path);
+  require_checkpoint(file);
+  return read_state(file);
+}
+
+std::string checkpoint_name(const std::string& directory, std::int64_t step) {
+  std::ostringstream name;
+  name << "checkpoint_step" << std::setw(8) << std::setfill('0') << step << ".h5";
+  return (std::filesystem::path(directory) / name.str()).string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& directory) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("checkpoint_step", 0) == 0 && entry.path().extension() == ".h5")
+      names.push_back(entry.path().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+template void save_checkpoint(const Communicator&, const std::string&, const Module<float>&,
+                              const Optimizer<float>*, const TrainingState&);
+template void save_checkpoint(const Communicator&, const std::string&, const Module<double>&,
+                              const Optimizer<double>*, const TrainingState&);
+template TrainingState load_checkpoint(const Communicator&, const std::string&,
+                                       const Module<float>&, Optimizer<float>*);
+template TrainingState load_checkpoint(const Communicator&, const std::string&,
+                                       const Module<double>&, Optimizer<double>*);
+
+}  // namespace shardtensor

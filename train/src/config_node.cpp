@@ -1,0 +1,145 @@
+#include "shardtensor/train/config_node.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include "shardtensor/core/error.hpp"
+
+namespace shardtensor {
+
+ConfigNode::ConfigNode(YAML::Node node, std::string path, std::string source)
+    : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {}
+
+ConfigNode ConfigNode::load_file(const std::string& path) {
+  std::ifstream in(path);
+  SHARDTENSOR_REQUIRE(in.good(), "config", "cannot open config file '" << path << "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
+  try {
+    YAML::Node root = YAML::Load(text);
+    if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    SHARDTENSOR_REQUIRE(root.IsMap(), "config",
+                        source << ": the top level must be a map of keys, got '" << text << "'");
+    return ConfigNode(root, "", source);
+  } catch (const YAML::ParserException& e) {
+    SHARDTENSOR_FAIL("config",
+                     source << " (line " << e.mark.line + 1 << "): YAML syntax error: " << e.msg);
+  }
+}
+
+bool ConfigNode::has(const std::string& key) const {
+  return node_.IsMap() && node_[key].IsDefined() && !node_[key].IsNull();
+}
+
+ConfigNode ConfigNode::operator[](const std::string& key) const {
+  if (!node_.IsDefined() || node_.IsNull()) {
+    ConfigNode child(YAML::Node(), path_.empty() ? key : path_ + "." + key, source_);
+    child.parent_line_ = parent_line_;
+    return child;
+  }
+  check(node_.IsMap(), "expects a map of keys, got '" + text() + "'");
+  // A missing key of a const map is an invalid node that throws on most queries; stand in
+  // a null node for it.
+  const YAML::Node found = node_[key];
+  ConfigNode child(found.IsDefined() ? found : YAML::Node(),
+                   path_.empty() ? key : path_ + "." + key, source_);
+  child.parent_line_ = line();
+  return child;
+}
+
+std::vector<ConfigNode> ConfigNode::sequence(const std::string& key) const {
+  std::vector<ConfigNode> out;
+  if (!has(key)) return out;
+  const ConfigNode list = (*this)[key];
+  list.check(list.node_.IsSequence(), "expects a list, got '" + list.text() + "'");
+  for (std::size_t i = 0; i < list.node_.size(); ++i) {
+    ConfigNode element(list.node_[i], list.path_ + "[" + std::to_string(i) + "]", source_);
+    element.parent_line_ = list.line();
+    out.push_back(element);
+  }
+  return out;
+}
+
+std::string ConfigNode::choice(const std::string& key, const std::string& fallback,
+                               std::initializer_list<const char*> accepted) const {
+  const std::string value = get<std::string>(key, fallback);
+  std::string list;
+  for (const char* a : accepted) {
+    if (value == a) return value;
+    list += std::string(list.empty() ? "" : ", ") + a;
+  }
+  (*this)[key].fail("unknown value '" + value + "'; accepted: " + list);
+}
+
+void ConfigNode::allow_only(std::initializer_list<const char*> known) const {
+  if (!node_.IsMap()) return;
+  std::string list;
+  for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+  for (const auto& entry : node_) {
+    const std::string key = entry.first.as<std::string>();
+    bool found = false;
+    for (const char* k : known) found = found || key == k;
+    if (!found) {
+      ConfigNode bad(entry.first, path_.empty() ? key : path_ + "." + key, source_);
+      bad.fail("unknown key; accepted keys here: " + list);
+    }
+  }
+}
+
+void ConfigNode::fail(const std::string& message) const {
+  const int at = node_.IsDefined() && node_.Mark().line >= 0 ? line() : parent_line_;
+  std::ostringstream where;
+  where << (path_.empty() ? "<top level>" : path_);
+  if (at > 0) where << " (line " << at << ")";
+  SHARDTENSOR_FAIL(source_, where.str() << ": " << message);
+}
+
+std::string ConfigNode::text() const {
+  if (!node_.IsDefined() || node_.IsNull()) return "";
+  if (node_.IsScalar()) return node_.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << node_;
+  return out.c_str();
+}
+
+ConfigNode ConfigNode::required(const std::string& key) const {
+  const ConfigNode child = (*this)[key];
+  if (!child.defined()) child.fail("missing required key");
+  return child;
+}
+
+void apply_override(YAML::Node& root, const std::string& assignment) {
+  const auto equals = assignment.find('=');
+  SHARDTENSOR_REQUIRE(equals != std::string::npos && equals > 0, "--set",
+                      "expected key=value, got '" << assignment << "'");
+  const std::string key = assignment.substr(0, equals);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(equals + 1));
+  } catch (const YAML::Exception& e) {
+    SHARDTENSOR_FAIL("--set", "cannot parse the value of '" << assignment << "': " << e.msg);
+  }
+  // Walk the dotted path with fresh node handles: YAML::Node assignment would rebind.
+  std::vector<std::string> parts;
+  std::stringstream split(key);
+  for (std::string part; std::getline(split, part, '.');) {
+    SHARDTENSOR_REQUIRE(!part.empty(), "--set", "empty key component in '" << key << "'");
+    parts.push_back(part);
+  }
+  std::vector<YAML::Node> chain{root};
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    SHARDTENSOR_REQUIRE(!next.IsDefined() || next.IsNull() || next.IsMap(), "--set",
+                        "'" << parts[i] << "' in '" << key << "' is not a map of keys");
+    if (!next.IsDefined() || next.IsNull())
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    chain.push_back(chain.back()[parts[i]]);
+  }
+  chain.back()[parts.back()] = value;
+}
+
+}  // namespace shardtensor

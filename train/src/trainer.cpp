@@ -1,0 +1,531 @@
+#include "shardtensor/train/trainer.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/io/atomic_output.hpp"
+#include "shardtensor/io/dataset.hpp"
+#include "shardtensor/io/field_io.hpp"
+#include "shardtensor/io/file.hpp"
+#include "shardtensor/io/xdmf.hpp"
+#include "shardtensor/layers/grad_clip.hpp"
+#include "shardtensor/layers/loss.hpp"
+#include "shardtensor/models/builder.hpp"
+#include "shardtensor/train/batch_reader.hpp"
+#include "shardtensor/train/checkpoint.hpp"
+#include "shardtensor/train/progress.hpp"
+#include "shardtensor/train/sample_schedule.hpp"
+
+namespace shardtensor {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Shapes of a file's input and target datasets, checked against each other.
+struct FieldData {
+  int dims = 0;
+  std::vector<Index> extents;
+  Index samples = 0, input_channels = 0, target_channels = 0;
+  bool has_target = false;
+};
+
+FieldData inspect(const io::File& file, const std::string& input, const std::string& target,
+                  bool target_required) {
+  const char* where = "data";
+  const io::DatasetInfo in = io::dataset_info(file, input);
+  SHARDTENSOR_REQUIRE(in.dims.size() >= 3 && in.dims.size() <= 5, where,
+                      file.path() << ": dataset '" << input << "' has " << in.dims.size()
+                                  << " dims; expected [samples, channels, 1-3 spatial dims]");
+  FieldData f;
+  f.dims = int(in.dims.size()) - 2;
+  f.samples = in.dims[0];
+  f.input_channels = in.dims[1];
+  f.extents.assign(in.dims.begin() + 2, in.dims.end());
+  io::validate_field_dataset(file, input, f.input_channels, f.extents);
+  f.has_target = !target.empty() && io::has_dataset(file, target);
+  SHARDTENSOR_REQUIRE(f.has_target || !target_required, where,
+                      file.path() << " has no target dataset '" << target << "'");
+  if (f.has_target) {
+    const io::DatasetInfo out = io::dataset_info(file, target);
+    SHARDTENSOR_REQUIRE(out.dims.size() == in.dims.size() && out.dims[0] == f.samples, where,
+                        file.path() << ": target '" << target << "' must have the samples and "
+                                    << "spatial dims of input '" << input << "'");
+    f.target_channels = out.dims[1];
+    io::validate_field_dataset(file, target, f.target_channels, f.extents);
+  }
+  return f;
+}
+
+Decomposition domain_decomposition(const FieldData& data, const RunConfig& config,
+                                   int domain_ranks) {
+  std::vector<bool> periodic = config.data.periodic;
+  if (periodic.size() == 1) periodic.assign(data.dims, periodic[0]);
+  if (periodic.empty()) periodic.assign(data.dims, false);
+  SHARDTENSOR_REQUIRE(
+      int(periodic.size()) == data.dims, "data.periodic",
+      "has " << periodic.size() << " entries, the data has " << data.dims << " spatial dims");
+  std::vector<int> grid = config.parallel.grid;
+  if (!grid.empty()) {
+    SHARDTENSOR_REQUIRE(
+        int(grid.size()) == data.dims, "parallel.grid",
+        "has " << grid.size() << " entries, the data has " << data.dims << " spatial dims");
+    int product = 1;
+    for (int g : grid) product *= g;
+    SHARDTENSOR_REQUIRE(product == domain_ranks, "parallel.grid",
+                        "covers " << product << " ranks, each data group has " << domain_ranks);
+  }
+  return Decomposition::automatic(data.extents, domain_ranks, periodic, grid);
+}
+
+RankMesh make_mesh(const Communicator& world, int data_groups) {
+  SHARDTENSOR_REQUIRE(world.size() % data_groups == 0, "parallel.data_groups",
+                      data_groups << " data groups do not divide " << world.size() << " ranks");
+  return world.mesh(data_groups);
+}
+
+template <class T>
+double scalar_value(const Variable<T>& v) {
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v.data());
+  return double(host(0));
+}
+
+/// Sum over `comm` of a double on every rank.
+double sum_over(const Communicator& comm, double value) {
+  Kokkos::View<double*, Kokkos::HostSpace> v("value", 1);
+  v(0) = value;
+  allreduce(comm, v);
+  return v(0);
+}
+
+/// Per sample: sum (p - y)^2 and sum y^2 over this rank's cells.
+template <class T>
+std::vector<std::pair<double, double>> squared_errors(const ShardTensor<T>& prediction,
+                                                      const ShardTensor<T>& target) {
+  const auto p = prediction.interior(), y = target.interior();
+  std::vector<std::pair<double, double>> out;
+  for (std::size_t n = 0; n < p.extent(0); ++n) {
+    double error = 0, norm = 0;
+    Kokkos::parallel_reduce(
+        "relative_l2_sums",
+        Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
+            {0, 0, 0, 0}, {p.extent(1), p.extent(2), p.extent(3), p.extent(4)}),
+        KOKKOS_LAMBDA(const Index c, const Index i, const Index j, const Index k, double& e,
+                      double& s) {
+          const double d = double(p(n, c, i, j, k)) - double(y(n, c, i, j, k));
+          e += d * d;
+          s += double(y(n, c, i, j, k)) * double(y(n, c, i, j, k));
+        },
+        error, norm);
+    out.emplace_back(error, norm);
+  }
+  return out;
+}
+
+template <class T>
+Variable<T> loss_of(const std::string& kind, const Communicator& domain,
+                    const Variable<T>& prediction, const Variable<T>& target) {
+  if (kind == "l1") return l1_loss(domain, prediction, target);
+  if (kind == "relative_l2") return relative_l2_loss(domain, prediction, target);
+  return mse_loss(domain, prediction, target);
+}
+
+/// Everything a training or inference run sets up from the config and the data file.
+template <class T>
+struct Setup {
+  RankMesh mesh;
+  FieldData data;
+  Decomposition domain;
+  std::shared_ptr<Module<T>> model;
+};
+
+template <class T>
+Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::File& file,
+                const std::string& input, const std::string& target, bool target_required,
+                Index out_channels = 0) {
+  RankMesh mesh = make_mesh(world, config.parallel.data_groups);
+  FieldData data = inspect(file, input, target, target_required);
+  if (out_channels > 0) {
+    SHARDTENSOR_REQUIRE(!data.has_target || data.target_channels == out_channels, "infer",
+                        file.path() << ": target '" << target << "' has " << data.target_channels
+                                    << " channels, the model predicts " << out_channels);
+    data.target_channels = out_channels;
+  }
+  Decomposition domain = domain_decomposition(data, config, mesh.domain.size());
+  auto model = models::build_model<T>(config.model, mesh.domain,
+                                      {data.dims, data.input_channels, data.target_channels});
+  return Setup<T>{std::move(mesh), std::move(data), std::move(domain), std::move(model)};
+}
+
+/// Validation: mean loss (normalized space) and mean relative L2 error (physical units)
+/// over `samples`, shared round-robin between the data groups.
+template <class T>
+std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const io::File& file,
+                                   const std::vector<Index>& samples,
+                                   const ChannelStatistics& input_statistics,
+                                   const ChannelStatistics& target_statistics) {
+  s.model->eval();
+  const int groups = s.mesh.data.size();
+  BatchReader<T> reader(file, {config.data.input, config.data.target},
+                        {s.data.input_channels, s.data.target_channels}, s.domain,
+                        s.mesh.domain.rank(), false);
+  double loss_sum = 0, relative_sum = 0;
+  const Index rounds = (Index(samples.size()) + groups - 1) / groups;
+  for (Index r = 0; r < rounds; ++r) {
+    const Index index = r * groups + s.mesh.data_group;
+    const bool counted = index < Index(samples.size());
+    reader.start({samples[counted ? index : 0]});
+    std::vector<ShardTensor<T>> batch = reader.finish();
+    normalize(batch[0], input_statistics);
+    ShardTensor<T> target = batch[1];
+    ShardTensor<T> normalized_target =
+        ShardTensor<T>::uninitialized(s.domain, s.mesh.domain.rank(), 1, target.channels());
+    Kokkos::deep_copy(normalized_target.view(), target.view());
+    normalize(normalized_target, target_statistics);
+    const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
+    const double loss = scalar_value(loss_of(config.training.loss, s.mesh.domain, prediction,
+                                             Variable<T>::field(normalized_target)));
+    denormalize(prediction.value(), target_statistics);
+    const auto sums = squared_errors(prediction.value(), target)[0];
+    const double error = sum_over(s.mesh.domain, sums.first);
+    const double norm = sum_over(s.mesh.domain, sums.second);
+    if (counted) {
+      loss_sum += loss;
+      relative_sum += std::sqrt(error / std::max(norm, 1e-300));
+    }
+  }
+  s.model->train();
+  // Every domain rank of a group holds the same sums: combine over the data groups only.
+  const double n = double(samples.size());
+  return {sum_over(s.mesh.data, loss_sum) / n, sum_over(s.mesh.data, relative_sum) / n};
+}
+
+/// Rank 0 writes `text` to `path` through a temporary file; errors reach every rank.
+void write_text_file(const Communicator& comm, const std::string& path, const std::string& text) {
+  std::string error;
+  if (comm.rank() == 0) {
+    const std::string temporary = path + ".tmp";
+    std::ofstream out(temporary);
+    out << text;
+    out.close();
+    std::error_code ec;
+    if (!out.good())
+      error = "cannot write '" + temporary + "'";
+    else
+      fs::rename(temporary, path, ec);
+    if (ec) error = "cannot rename '" + temporary + "' to '" + path + "': " + ec.message();
+  }
+  comm.agree(error);
+}
+
+void make_directories(const Communicator& comm, const std::string& path) {
+  std::string error;
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(path, ec);
+    if (ec) error = "train: cannot create directory '" + path + "': " + ec.message();
+  }
+  comm.agree(error);
+}
+
+/// metrics.csv: one row per optimizer step; validation columns on the last step of an
+/// epoch that validated. Resuming drops rows past the checkpoint's step.
+class MetricsFile {
+ public:
+  MetricsFile(const Communicator& comm, const std::string& path, std::int64_t resumed_step)
+      : enabled_(comm.rank() == 0) {
+    if (!enabled_) return;
+    std::vector<std::string> kept;
+    if (resumed_step > 0) {
+      std::ifstream in(path);
+      std::string line;
+      std::getline(in, line);  // header
+      while (std::getline(in, line))
+        if (!line.empty() && std::stoll(line.substr(0, line.find(','))) <= resumed_step)
+          kept.push_back(line);
+    }
+    out_.open(path, std::ios::trunc);
+    out_ << "step,epoch,loss,val_loss,val_rel_l2,lr,grad_norm,samples_per_s\n";
+    for (const std::string& line : kept) out_ << line << "\n";
+    out_.flush();
+  }
+
+  void row(std::int64_t step, std::int64_t epoch, double loss, double val_loss, double val_rel,
+           double lr, double grad_norm, double samples_per_s) {
+    if (!enabled_) return;
+    char line[512];
+    std::snprintf(line, sizeof line, "%lld,%lld,%.9g,", (long long)step, (long long)epoch, loss);
+    out_ << line;
+    if (val_loss >= 0) {
+      std::snprintf(line, sizeof line, "%.9g,%.9g,", val_loss, val_rel);
+      out_ << line;
+    } else {
+      out_ << ",,";
+    }
+    std::snprintf(line, sizeof line, "%.9g,%.9g,%.6g\n", lr, grad_norm, samples_per_s);
+    out_ << line;
+    out_.flush();
+  }
+
+ private:
+  bool enabled_;
+  std::ofstream out_;
+};
+
+template <class T>
+TrainResult train_as(const Communicator& world, const RunConfig& config,
+                     const TrainOptions& options) {
+  const auto start_time = std::chrono::steady_clock::now();
+  io::File file = io::File::open(world, config.data.path);
+  Setup<T> s = set_up<T>(world, config, file, config.data.input, config.data.target, true);
+  const int groups = s.mesh.data.size();
+  const int rank0 = world.rank() == 0;
+
+  // Training and validation samples.
+  std::vector<Index> train_samples, val_samples;
+  std::unique_ptr<io::File> val_file_storage;
+  const io::File* val_file = &file;
+  if (!config.data.validation_path.empty()) {
+    for (Index i = 0; i < s.data.samples; ++i) train_samples.push_back(i);
+    val_file_storage =
+        std::make_unique<io::File>(io::File::open(world, config.data.validation_path));
+    const FieldData v = inspect(*val_file_storage, config.data.input, config.data.target, true);
+    SHARDTENSOR_REQUIRE(
+        v.extents == s.data.extents && v.input_channels == s.data.input_channels &&
+            v.target_channels == s.data.target_channels,
+        "data.validation_path",
+        config.data.validation_path << " holds fields of another shape than " << config.data.path);
+    for (Index i = 0; i < v.samples; ++i) val_samples.push_back(i);
+    val_file = val_file_storage.get();
+  } else {
+    Index validation = config.data.validation_samples >= 0
+                           ? config.data.validation_samples
+                           : Index(std::floor(config.data.validation_fraction * s.data.samples));
+    SHARDTENSOR_REQUIRE(validation < s.data.samples, "data.validation_samples",
+                        validation << " validation samples leave none of the " << s.data.samples
+                                   << " samples in " << config.data.path << " for training");
+    for (Index i = 0; i < s.data.samples - validation; ++i) train_samples.push_back(i);
+    for (Index i = s.data.samples - validation; i < s.data.samples; ++i) val_samples.push_back(i);
+  }
+  const SampleSchedule schedule(train_samples, config.training.batch_size, groups,
+                                config.training.seed, config.data.shuffle);
+  const Index steps_per_epoch = schedule.steps_per_epoch();
+
+  auto optimizer = make_optimizer<T>(config.optimizer, s.model->named_parameters());
+  ScheduleOptions schedule_options = config.schedule;
+  if (schedule_options.total_steps == 0)
+    schedule_options.total_steps = std::max<std::int64_t>(config.training.epochs * steps_per_epoch,
+                                                          schedule_options.warmup_steps + 1);
+  const LearningRateSchedule lr_schedule(schedule_options);
+
+  // Resume, or start: normalisation statistics are computed once and kept in checkpoints.
+  const std::string checkpoint_dir = (fs::path(config.run_dir) / "checkpoints").string();
+  make_directories(world, checkpoint_dir);
+  TrainingState state;
+  std::string resume = options.resume;
+  if (resume == "latest") {
+    const auto found = list_checkpoints(checkpoint_dir);
+    SHARDTENSOR_REQUIRE(!found.empty(), "train --resume latest",
+                        "no checkpoint in " << checkpoint_dir);
+    resume = found.back();
+  }
+  if (!resume.empty()) {
+    state = load_checkpoint(world, resume, *s.model, optimizer.get());
+    SHARDTENSOR_REQUIRE(state.input_statistics.channels() == s.data.input_channels &&
+                            state.target_statistics.channels() == s.data.target_channels,
+                        "train --resume", resume << " was trained on data with other channels");
+  } else {
+    state.seed = config.training.seed;
+    state.input_statistics =
+        config.data.normalize
+            ? compute_channel_statistics(file, config.data.input, s.data.input_channels, s.domain,
+                                         s.mesh, train_samples)
+            : ChannelStatistics::identity(s.data.input_channels);
+    state.target_statistics =
+        config.data.normalize
+            ? compute_channel_statistics(file, config.data.target, s.data.target_channels, s.domain,
+                                         s.mesh, train_samples)
+            : ChannelStatistics::identity(s.data.target_channels);
+  }
+  state.config = config.text;
+  write_text_file(world, (fs::path(config.run_dir) / "config.yaml").string(), config.text);
+  MetricsFile metrics(world, (fs::path(config.run_dir) / "metrics.csv").string(), state.step);
+
+  Progress progress(rank0 && options.progress, config.training.epochs, steps_per_epoch);
+  if (rank0 && options.progress) {
+    std::printf("train: %s, %d rank(s) = %d data group(s) x %d domain rank(s), %s\n",
+                config.run_dir.c_str(), world.size(), groups, s.mesh.domain.size(),
+                s.domain.describe().c_str());
+    std::printf("train: %lld training and %lld validation samples, %lld steps per epoch, %s\n",
+                (long long)train_samples.size(), (long long)val_samples.size(),
+                (long long)steps_per_epoch, config.training.precision.c_str());
+    std::fflush(stdout);
+  }
+
+  BatchReader<T> reader(file, {config.data.input, config.data.target},
+                        {s.data.input_channels, s.data.target_channels}, s.domain,
+                        s.mesh.domain.rank(), config.data.prefetch);
+  TrainResult result;
+  s.model->train();
+  s.model->zero_grad();
+  for (std::int64_t epoch = state.epoch; epoch < config.training.epochs; ++epoch) {
+    double loss_sum = 0;
+    reader.start(schedule.batch(epoch, 0, s.mesh.data_group));
+    progress.start_epoch(epoch);
+    for (Index step = 0; step < steps_per_epoch; ++step) {
+      const auto step_start = std::chrono::steady_clock::now();
+      std::vector<ShardTensor<T>> batch = reader.finish();
+      if (step + 1 < steps_per_epoch)
+        reader.start(schedule.batch(epoch, step + 1, s.mesh.data_group));
+      normalize(batch[0], state.input_statistics);
+      normalize(batch[1], state.target_statistics);
+
+      const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
+      const Variable<T> loss =
+          loss_of(config.training.loss, s.mesh.domain, prediction, Variable<T>::field(batch[1]));
+      backward(loss);
+      s.model->average_gradients(s.mesh.data);
+      double grad_norm = 0;
+      if (config.training.clip_grad_norm > 0)
+        grad_norm = clip_grad_norm(optimizer->parameters(), config.training.clip_grad_norm);
+      const double lr = lr_schedule.at(optimizer->step_count());
+      optimizer->set_learning_rate(lr);
+      optimizer->step();
+      optimizer->zero_grad();
+      ++state.step;
+
+      const double step_loss = sum_over(s.mesh.data, scalar_value(loss)) / groups;
+      loss_sum += step_loss;
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+      const double samples_per_s = double(groups * config.training.batch_size) / seconds;
+      progress.step(step, step_loss, samples_per_s);
+
+      const bool last_step = step + 1 == steps_per_epoch;
+      const bool validating = last_step && !val_samples.empty() &&
+                              ((epoch + 1) % config.training.validate_every == 0 ||
+                               epoch + 1 == config.training.epochs);
+      if (validating) {
+        std::tie(result.val_loss, result.val_relative_l2) = validate(
+            s, config, *val_file, val_samples, state.input_statistics, state.target_statistics);
+      }
+      metrics.row(state.step, epoch, step_loss, validating ? result.val_loss : -1,
+                  result.val_relative_l2, lr, grad_norm, samples_per_s);
+      if (last_step)
+        progress.end_epoch(loss_sum / steps_per_epoch, validating ? result.val_loss : -1,
+                           validating ? result.val_relative_l2 : -1, lr);
+    }
+    state.epoch = epoch + 1;
+    result.loss = loss_sum / steps_per_epoch;
+    if (state.epoch % config.training.checkpoint_every == 0 ||
+        state.epoch == config.training.epochs) {
+      result.checkpoint = checkpoint_name(checkpoint_dir, state.step);
+      save_checkpoint(world, result.checkpoint, *s.model, optimizer.get(), state);
+      if (rank0) {
+        const auto all = list_checkpoints(checkpoint_dir);
+        for (std::size_t i = 0; i + config.training.keep_checkpoints < all.size(); ++i) {
+          std::error_code ignored;
+          fs::remove(all[i], ignored);
+        }
+      }
+    }
+  }
+  result.steps = state.step;
+  result.epochs = state.epoch;
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  return result;
+}
+
+template <class T>
+InferResult infer_as(const Communicator& world, const RunConfig& config,
+                     const InferOptions& options) {
+  const auto start_time = std::chrono::steady_clock::now();
+  const std::string input =
+      options.input_dataset.empty() ? config.data.input : options.input_dataset;
+  const std::string target =
+      options.target_dataset.empty() ? config.data.target : options.target_dataset;
+  io::File file = io::File::open(world, options.input_path);
+  const Index out_channels =
+      read_checkpoint_state(world, options.checkpoint).target_statistics.channels();
+  Setup<T> s = set_up<T>(world, config, file, input, target, false, out_channels);
+  const TrainingState state = load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
+  SHARDTENSOR_REQUIRE(state.input_statistics.channels() == s.data.input_channels, "infer",
+                      options.input_path << " dataset '" << input << "' has "
+                                         << s.data.input_channels << " channels, "
+                                         << options.checkpoint << " was trained on "
+                                         << state.input_statistics.channels());
+  s.model->eval();
+
+  io::AtomicOutput output(world, options.output_path);
+  io::File out = io::File::create(world, output.temporary_path());
+  io::create_field_dataset(
+      out, options.output_dataset, s.data.samples, out_channels, s.data.extents,
+      std::is_same<T, float>::value ? io::DataType::float32 : io::DataType::float64);
+  std::vector<std::string> names{input};
+  std::vector<Index> channels{s.data.input_channels};
+  if (s.data.has_target) names.push_back(target), channels.push_back(s.data.target_channels);
+  BatchReader<T> reader(file, names, channels, s.domain, s.mesh.domain.rank(), false);
+
+  const int groups = s.mesh.data.size();
+  const Index rounds = (s.data.samples + groups - 1) / groups;
+  double relative_sum = 0, relative_max = 0;
+  for (Index r = 0; r < rounds; ++r) {
+    const Index index = r * groups + s.mesh.data_group;
+    const bool counted = index < s.data.samples;
+    const Index sample = counted ? index : 0;
+    reader.start({sample});
+    std::vector<ShardTensor<T>> batch = reader.finish();
+    normalize(batch[0], state.input_statistics);
+    const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
+    denormalize(prediction.value(), state.target_statistics);
+    // Groups past the end rewrite sample 0 with the same values: every rank joins the write.
+    io::write_field(out, options.output_dataset, sample, prediction.value());
+    if (s.data.has_target) {
+      const auto sums = squared_errors(prediction.value(), batch[1])[0];
+      const double relative = std::sqrt(sum_over(s.mesh.domain, sums.first) /
+                                        std::max(sum_over(s.mesh.domain, sums.second), 1e-300));
+      if (counted) relative_sum += relative, relative_max = std::max(relative_max, relative);
+    }
+  }
+  out.close();
+  output.commit();
+  const std::string xdmf = fs::path(options.output_path).replace_extension(".xdmf").string();
+  io::write_xdmf(world, options.output_path, xdmf, {options.output_dataset});
+
+  InferResult result;
+  result.samples = s.data.samples;
+  if (s.data.has_target) {
+    Kokkos::View<double*, Kokkos::HostSpace> v("max", 1);
+    v(0) = relative_max;
+    allreduce(s.mesh.data, v, ReduceOp::max);
+    result.relative_l2 = sum_over(s.mesh.data, relative_sum) / double(s.data.samples);
+    result.max_relative_l2 = v(0);
+  }
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  return result;
+}
+
+}  // namespace
+
+TrainResult train(const Communicator& world, const RunConfig& config, const TrainOptions& options) {
+  return config.training.precision == "double" ? train_as<double>(world, config, options)
+                                               : train_as<float>(world, config, options);
+}
+
+InferResult infer(const Communicator& world, const RunConfig& config, const InferOptions& options) {
+  SHARDTENSOR_REQUIRE(!options.checkpoint.empty(), "infer", "no checkpoint given");
+  return config.training.precision == "double" ? infer_as<double>(world, config, options)
+                                               : infer_as<float>(world, config, options);
+}
+
+}  // namespace shardtensor
