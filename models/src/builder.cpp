@@ -428,7 +428,8 @@ class SequentialBuilder {
 
 const std::vector<std::string> unet_keys{"type",        "depth",      "base_channels", "norm",
                                          "norm_groups", "activation", "down",          "up",
-                                         "padding",     "blocks",     "seed"};
+                                         "padding",     "blocks",     "seed",
+                                         "input_skip"};
 const std::vector<std::string> sequential_keys{"type", "layers", "seed"};
 
 void check_shape(const ModelShape& shape) {
@@ -467,6 +468,7 @@ UNetOptions unet_options(const YAML::Node& model, const ModelShape& shape, const
   o.padding = map.choice("padding", o.padding, padding_modes);
   o.blocks = int(map.integer("blocks", o.blocks, 1));
   o.seed = map.seed("seed", o.seed);
+  o.input_skip = map.boolean("input_skip", o.input_skip);
   if (o.depth > 16)
     fail(map.path("depth"), model["depth"],
          "depth " + std::to_string(o.depth) + " outside [0, 16]");

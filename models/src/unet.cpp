@@ -76,6 +76,10 @@ UNet<T>::UNet(const Communicator& comm, UNetOptions options, const std::string& 
   }
   head_ = make_conv("head", channels(0), o.out_channels, 1, 1, true);
   this->register_module("head", head_);
+  if (o.input_skip) {
+    skip_ = make_conv("skip", o.in_channels, o.out_channels, 1, 1, true);
+    this->register_module("skip", skip_);
+  }
 }
 
 template <class T>
@@ -218,7 +222,8 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     h = redistribute_field(comm_, h, skips[l].value().decomposition());
     h = up_[l]->forward(concat_channels<T>({skips[l], h}));
   }
-  return head_->forward(h);
+  h = head_->forward(h);
+  return skip_ ? add(h, skip_->forward(input)) : h;
 }
 
 template class UNet<float>;

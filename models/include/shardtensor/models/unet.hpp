@@ -38,6 +38,8 @@ struct UNetOptions {
   PaddingMode padding = PaddingMode::zeros;  ///< boundary padding of every 3-wide convolution
   int blocks = 2;                            ///< conv-norm-activation triples per level
   std::uint64_t seed = 1;                    ///< initialisation: same seed, same parameters
+  bool input_skip = false;  ///< add a 1x1 convolution of the input to the output ("skip"):
+                            ///< the linear part of a surrogate, learned directly
 };
 
 /// U-Net (Ronneberger et al. 2015) with levels l = 0 .. depth of base_channels * 2^l channels.
@@ -85,7 +87,7 @@ class UNet : public Module<T> {
   UNetOptions options_;
   std::string name_;
   std::vector<std::shared_ptr<Module<T>>> down_, downsample_, upsample_, up_;
-  std::shared_ptr<Module<T>> bottom_, head_;
+  std::shared_ptr<Module<T>> bottom_, head_, skip_;
 };
 
 extern template class UNet<float>;
