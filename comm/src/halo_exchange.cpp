@@ -306,16 +306,20 @@ void HaloExchange<T>::reverse_finish(const ShardTensor<T>& field) {
 template <class T>
 void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse) {
   const bool in_place = receives_in_place && !reverse;
-  if (in_place) {
+  // In reverse several messages may add into the same owned cell (a corner gets face, edge
+  // and corner contributions): they are added in the plan's fixed order, never in arrival
+  // order, so the float sums are the same in every run. Forward messages fill disjoint
+  // ghost boxes and are unpacked as they arrive.
+  const bool fixed_order = in_place || reverse;
+  if (fixed_order) {
     MPI_Waitall(static_cast<int>(recv_requests_.size()), recv_requests_.data(),
                 MPI_STATUSES_IGNORE);
   }
-  // Otherwise unpack each message as it arrives. In reverse several messages may add into
-  // the same owned cell, so they are unpacked one after another, never concurrently.
   for (std::size_t done = 0; !in_place && done < recv_requests_.size(); ++done) {
-    int index = MPI_UNDEFINED;
-    MPI_Waitany(static_cast<int>(recv_requests_.size()), recv_requests_.data(), &index,
-                MPI_STATUS_IGNORE);
+    int index = static_cast<int>(done);
+    if (!fixed_order)
+      MPI_Waitany(static_cast<int>(recv_requests_.size()), recv_requests_.data(), &index,
+                  MPI_STATUS_IGNORE);
     const Message& m = messages_[recv_message_[index]];
     const Buffer& buffer = reverse ? send_buffer_ : recv_buffer_;
     const HostBuffer& host = reverse ? send_host_ : recv_host_;
