@@ -8,6 +8,7 @@
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 namespace shardtensor {
@@ -282,9 +283,8 @@ inline Box chunk_reads(const ConvShape& g, const Chunk& chunk) {
 struct ChunkFilter {
   enum { all, avoiding, touching } keep = all;
   std::vector<Box> boxes;
-  bool operator()(const ConvShape& g, const Chunk& chunk) const {
+  bool operator()(const Box& reads) const {
     if (keep == all) return true;
-    const Box reads = chunk_reads(g, chunk);
     bool touches = false;
     for (const Box& b : boxes) touches = touches || !intersect(reads, b).empty();
     return touches == (keep == touching);
@@ -305,7 +305,7 @@ void conv_forward_gemm(const ConvShape& g, const FieldView<T>& xp, const Replica
       const UnmanagedMatrix<T> weights = weight_matrix(g, w, group);
       for (Index first = 0; first < g.out[0] * g.out[1]; first += chunk_rows) {
         const Chunk chunk{first, std::min(first + chunk_rows, g.out[0] * g.out[1])};
-        if (!filter(g, chunk)) continue;
+        if (!filter(chunk_reads(g, chunk))) continue;
         const Index cells = chunk.rows() * g.out[2];
         const UnmanagedMatrix<T> columns(buffer, taps, cells);
         const UnmanagedMatrix<T> out(buffer + taps * cells, g.out_per_group, cells);
@@ -350,6 +350,260 @@ void conv_backward_gemm(const ConvShape& g, const FieldView<T>& gy, const FieldV
         }
       }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The plane path, for unit strides (the common case): im2col expands only the (y, z) taps,
+// one source x-plane at a time, and the x taps become shifts between planes. Output plane o
+// under x tap a reads source plane offset + o + a * dilation, whose (y, z)-expanded columns
+// are built once into a ring of workspace slots and reused by the next outputs. So the
+// column data is 9x (not 27x) the field for a 3x3x3 kernel, and the GEMMs read and write the
+// fields in place (no copies of outputs or output gradients). Per output plane and x tap a:
+//   out[co, cells] += W_a[co, (ci, b, c)] . columns(plane)[(ci, b, c), cells]
+// The input gradient is the same correlation of the output gradient with flipped, transposed
+// weights (gather form: every padded cell written once, no col2im); the weight gradient is
+// dW_a += dY[co, cells] . columns(plane)^T over the forward's columns.
+
+/// out[o] = sum over taps t of W[t] . src[offset + o + t * dilation] along each axis, per
+/// group; src cells outside its extents read as zero.
+struct Correlation {
+  Index groups, src_per_group, out_per_group;
+  Index k[3], d[3], offset[3], out[3], src[3];
+  Index column_rows() const { return src_per_group * k[1] * k[2]; }
+  Index slots() const { return (k[0] - 1) * d[0] + 1; }  // source planes one output plane spans
+};
+
+/// Ring slot of source plane sx (sx may be negative).
+KOKKOS_INLINE_FUNCTION Index slot_of(Index sx, Index slots) {
+  return ((sx % slots) + slots) % slots;
+}
+
+/// The weights of one group for every ring rotation r (the slot of the output plane's first
+/// tap): packed[r][o][(s, j, b, c)] = weight of x tap a for the slot s = r + a * d (mod slots),
+/// zero for slots no tap reads. Forward weights, or (transposed) the input gradient's flipped
+/// ones.
+template <class T>
+void pack_weights(const Correlation& r, const ConvShape& g, const ReplicatedView<T>& w, Index group,
+                  bool transposed, T* packed) {
+  const Index outs = r.out_per_group, srcs = r.src_per_group, slots = r.slots();
+  const Index kx = g.k[0], ky = g.k[1], kz = g.k[2], dx = g.d[0];
+  Kokkos::parallel_for(
+      "Conv::pack_weights", slots * outs * slots * srcs * ky * kz, KOKKOS_LAMBDA(const Index flat) {
+        const Index taps = srcs * ky * kz, j_b_c = flat % taps;
+        const CellIndex cell = unflatten(flat / taps, outs, slots, 1, 1);  // (r, o, s)
+        const Index rotation = cell.n, o = cell.c, s = cell.x;
+        const Index j = j_b_c / (ky * kz), b = (j_b_c / kz) % ky, c = j_b_c % kz;
+        const Index shift = slot_of(s - rotation, slots);  // = a * dx for a tap a
+        const Index a = shift / dx;
+        T value = T(0);
+        if (shift % dx == 0 && a < kx)
+          value = transposed ? w(g.weight_index(group * g.out_per_group + j, o, kx - 1 - a,
+                                                ky - 1 - b, kz - 1 - c))
+                             : w(g.weight_index(group * g.out_per_group + o, j, a, b, c));
+        packed[flat] = value;
+      });
+}
+/// columns[(j, b, c), (y - y0) * out_z + z] = src(n, group's channel j, x, offset_y + y + b d_y,
+/// offset_z + z + c d_z) for output rows y in [y0, y1) of source plane x (zero outside src).
+template <class T>
+void plane_im2col(const Correlation& r, const FieldView<T>& src, Index n, Index group, Index x,
+                  Index y0, Index y1, const UnmanagedMatrix<T>& columns) {
+  const Index rows = y1 - y0;
+  Kokkos::parallel_for(
+      "Conv::plane_im2col", r.column_rows() * rows, KOKKOS_LAMBDA(const Index flat) {
+        const Index oy = y0 + flat % rows;
+        const Index row = flat / rows;  // (j, b, c)
+        const Index c = row % r.k[2], b = (row / r.k[2]) % r.k[1], j = row / (r.k[2] * r.k[1]);
+        T* out = &columns(row, (oy - y0) * r.out[2]);
+        const Index y = r.offset[1] + oy + b * r.d[1];
+        const Index shift = r.offset[2] + c * r.d[2];  // source z of output z = 0
+        // Output z in [first, last) reads inside the source; the rest is zero.
+        const Index first = std::min(r.out[2], std::max<Index>(0, -shift));
+        const Index last = std::max(first, std::min(r.out[2], r.src[2] - shift));
+        if (x < 0 || x >= r.src[0] || y < 0 || y >= r.src[1]) {  // plane or row outside src
+          for (Index z = 0; z < r.out[2]; ++z) out[z] = T(0);
+          return;
+        }
+        const T* in = &src(n, group * r.src_per_group + j, x, y, 0);
+        for (Index z = 0; z < first; ++z) out[z] = T(0);
+        for (Index z = first; z < last; ++z) out[z] = in[z + shift];
+        for (Index z = last; z < r.out[2]; ++z) out[z] = T(0);
+      });
+}
+
+/// Channels [c0, c0 + count) of output rows [y0, y1) of plane x of a field as a matrix
+/// (channels x cells): the rows are contiguous, the channels a stride apart. No copy.
+template <class T>
+UnmanagedMatrix<T> plane_rows(const FieldView<T>& f, Index n, Index c0, Index count, Index x,
+                              Index y0, Index y1) {
+  const UnmanagedMatrix<T> whole(&f(n, c0, x, y0, 0), count, f.stride(1));
+  return Kokkos::subview(whole, Kokkos::ALL,
+                         std::make_pair(Index(0), (y1 - y0) * Index(f.extent(4))));
+}
+
+/// Rows of output cells per chunk so that the ring of column slots fits `budget` values;
+/// 0 if not even one row fits.
+inline Index plane_chunk_rows(const Correlation& r, std::size_t budget) {
+  const std::size_t per_row = static_cast<std::size_t>(r.slots() * r.column_rows() * r.out[2]);
+  return std::min<Index>(r.out[1], static_cast<Index>(budget / per_row));
+}
+
+/// Calls plane(n, group, x, y0, y1, rotation, columns) for every output plane x and chunk of
+/// rows [y0, y1) selected by keep(x, y0, y1). `columns` stacks the ring's slots (slots x
+/// column rows, cells): the (y, z)-expanded source planes offset + x ... offset + x +
+/// (k - 1) d, the one of tap a in slot rotation + a d (mod slots); planes outside src are
+/// zero. Each source plane is expanded once per chunk of rows.
+template <class T, class Keep, class Plane>
+void for_each_plane(const Correlation& r, const FieldView<T>& src, T* ring, Index chunk_rows,
+                    const Keep& keep, const Plane& plane) {
+  const Index slots = r.slots();
+  std::vector<Index> slot_plane(slots);
+  for (Index n = 0; n < Index(src.extent(0)); ++n)
+    for (Index group = 0; group < r.groups; ++group)
+      for (Index y0 = 0; y0 < r.out[1]; y0 += chunk_rows) {
+        const Index y1 = std::min(y0 + chunk_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
+        std::fill(slot_plane.begin(), slot_plane.end(), std::numeric_limits<Index>::min());
+        for (Index x = 0; x < r.out[0]; ++x) {
+          if (!keep(x, y0, y1)) continue;
+          for (Index sx = r.offset[0] + x; sx < r.offset[0] + x + slots; ++sx) {
+            const Index slot = slot_of(sx, slots);
+            if (slot_plane[slot] == sx) continue;
+            const UnmanagedMatrix<T> columns(ring + slot * r.column_rows() * cells, r.column_rows(),
+                                             cells);
+            plane_im2col(r, src, n, group, sx, y0, y1, columns);
+            slot_plane[slot] = sx;
+          }
+          plane(n, group, x, y0, y1, slot_of(r.offset[0] + x, slots),
+                UnmanagedMatrix<T>(ring, slots * r.column_rows(), cells));
+        }
+      }
+}
+
+/// out = the correlation of src (every cell of out written), plus bias when given: the
+/// forward (y from the padded input) or the input gradient (padded gradient from dY, with
+/// `transposed` flipped weights). One GEMM per output plane (and chunk of rows), written
+/// straight into the field. `keep(x, y0, y1)` selects output chunks.
+template <class T, class Keep>
+void plane_correlate(const Correlation& r, const ConvShape& g, const FieldView<T>& src,
+                     const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
+                     const FieldView<T>& out, T* workspace, Index chunk_rows, const Keep& keep) {
+  const Index width = r.slots() * r.column_rows();  // GEMM depth
+  T* const packed = workspace;                      // weights per rotation, then the ring
+  T* const ring = workspace + r.slots() * r.out_per_group * width;
+  const bool has_bias = bias.extent(0) > 0;
+  Index packed_group = -1;
+  const auto plane = [&](Index n, Index group, Index x, Index y0, Index y1, Index rotation,
+                         const UnmanagedMatrix<T>& columns) {
+    if (packed_group != group) pack_weights(r, g, w, group, transposed, packed);
+    packed_group = group;
+    const UnmanagedMatrix<T> weights(packed + rotation * r.out_per_group * width, r.out_per_group,
+                                     width);
+    const UnmanagedMatrix<T> result =
+        plane_rows(out, n, group * r.out_per_group, r.out_per_group, x, y0, y1);
+    KokkosBlas::gemm("N", "N", T(1), weights, columns, T(0), result);
+    if (!has_bias) return;
+    const Index cells = result.extent(1), c0 = group * r.out_per_group;
+    Kokkos::parallel_for(
+        "Conv::plane_bias", r.out_per_group, KOKKOS_LAMBDA(const Index o) {
+          for (Index p = 0; p < cells; ++p) result(o, p) += bias(c0 + o);
+        });
+  };
+  for_each_plane(r, src, ring, chunk_rows, keep, plane);
+}
+
+/// gw += this rank's weight gradient: per output plane, dW[rotation] += dY plane rows .
+/// columns^T, accumulated per group and rotation in packed buffers, then added into gw's
+/// (co, ci, a, b, c) order.
+template <class T>
+void plane_weight_gradient(const Correlation& r, const ConvShape& g, const FieldView<T>& xp,
+                           const FieldView<T>& gy, const ReplicatedView<T>& gw, T* workspace,
+                           Index chunk_rows) {
+  const Index slots = r.slots(), width = slots * r.column_rows();
+  const Index packed_size = slots * r.out_per_group * width;
+  T* const packed = workspace;  // this group's dW per rotation, then the ring
+  T* const ring = workspace + packed_size;
+  const Kokkos::View<T*, DefaultMemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> all(
+      packed, packed_size);
+  Kokkos::deep_copy(all, T(0));
+  const auto add_packed = [&](Index group) {
+    const Index ky = g.k[1], kz = g.k[2], kx = g.k[0], dx = g.d[0];
+    const Index outs = r.out_per_group, taps = r.column_rows();
+    Kokkos::parallel_for(
+        "Conv::plane_weight_gradient", packed_size, KOKKOS_LAMBDA(const Index flat) {
+          const Index j_b_c = flat % taps;
+          const CellIndex cell = unflatten(flat / taps, outs, slots, 1, 1);  // (r, o, s)
+          const Index shift = slot_of(cell.x - cell.n, slots), a = shift / dx;
+          if (shift % dx == 0 && a < kx)
+            gw(g.weight_index(group * outs + cell.c, j_b_c / (ky * kz), a, (j_b_c / kz) % ky,
+                              j_b_c % kz)) += all(flat);
+          all(flat) = T(0);
+        });
+  };
+  Index current_group = 0;
+  const auto keep_all = [](Index, Index, Index) { return true; };
+  const auto plane = [&](Index n, Index group, Index x, Index y0, Index y1, Index rotation,
+                         const UnmanagedMatrix<T>& columns) {
+    if (group != current_group) add_packed(current_group);
+    current_group = group;
+    const UnmanagedMatrix<T> weights(packed + rotation * r.out_per_group * width, r.out_per_group,
+                                     width);
+    KokkosBlas::gemm("N", "T", T(1),
+                     plane_rows(gy, n, group * r.out_per_group, r.out_per_group, x, y0, y1),
+                     columns, T(1), weights);
+  };
+  for_each_plane(r, xp, ring, chunk_rows, keep_all, plane);
+  add_packed(current_group);
+}
+
+/// The padded-buffer cells that output rows [y0, y1) of output plane ox read (plane path).
+inline Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1) {
+  Box box;
+  box.lower = {g.base[0] + ox, g.base[1] + y0, g.base[2]};
+  box.extent = {(g.k[0] - 1) * g.d[0] + 1, (y1 - y0 - 1) + (g.k[1] - 1) * g.d[1] + 1,
+                (g.out[2] - 1) + (g.k[2] - 1) * g.d[2] + 1};
+  return box;
+}
+
+/// The plane path's correlations: the forward (also the weight gradient's columns) and the
+/// input gradient, with the output rows per chunk that fit the workspace (0: does not apply).
+struct PlanePlan {
+  Correlation forward, data;
+  Index forward_rows = 0, data_rows = 0;
+  std::size_t values = 0;  // workspace values needed
+};
+
+PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
+                      std::size_t budget_bytes) {
+  PlanePlan plan;
+  const Index groups = g.out_channels / g.out_per_group;
+  Correlation& f = plan.forward;
+  Correlation& d = plan.data;
+  f = {groups, g.in_per_group, g.out_per_group, {}, {}, {}, {}, {}};
+  d = {groups, g.out_per_group, g.in_per_group, {}, {}, {}, {}, {}};
+  for (int a = 0; a < 3; ++a) {
+    f.k[a] = d.k[a] = g.k[a];
+    f.d[a] = d.d[a] = g.d[a];
+    f.offset[a] = g.base[a];
+    f.out[a] = d.src[a] = g.out[a];
+    f.src[a] = d.out[a] = padded[a];
+    d.offset[a] = -g.base[a] - (g.k[a] - 1) * g.d[a];
+    // Unit strides only (the planes are shifts of each other); planes of at least 64 cells.
+    if (g.s[a] != 1) return plan;
+  }
+  if (g.out[1] * g.out[2] < 64) return plan;
+  const std::size_t budget = budget_bytes / value_size;
+  const auto weights = [](const Correlation& r) {
+    return static_cast<std::size_t>(r.slots() * r.out_per_group * r.slots() * r.column_rows());
+  };
+  if (budget <= std::max(weights(f), weights(d))) return plan;
+  plan.forward_rows = plane_chunk_rows(f, budget - weights(f));
+  plan.data_rows = plane_chunk_rows(d, budget - weights(d));
+  if (plan.forward_rows < 1 || plan.data_rows < 1) plan.forward_rows = plan.data_rows = 0;
+  const auto needs = [&](const Correlation& r, Index rows) {
+    return weights(r) + static_cast<std::size_t>(r.slots() * r.column_rows() * rows * r.out[2]);
+  };
+  plan.values = std::max(needs(f, plan.forward_rows), needs(d, plan.data_rows));
+  return plan;
 }
 
 std::string layer_name(int ndims, const std::string& name) {
@@ -431,16 +685,33 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const ConvAlgorithm algorithm = options_.algorithm;
   const std::shared_ptr<impl::ConvWorkspace<T>> workspace = workspace_;
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : no_bias;
+  const Index padded_extent[3] = {Index(padded.view().extent(2)), Index(padded.view().extent(3)),
+                                  Index(padded.view().extent(4))};
+  const PlanePlan planes =
+      algorithm == ConvAlgorithm::gemm
+          ? plan_planes(shape, padded_extent, sizeof(T), workspace->budget_bytes)
+          : PlanePlan{};
+  const auto forward_gemm = [&](const ChunkFilter& filter) {
+    if (planes.forward_rows == 0) {
+      conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, filter);
+      return;
+    }
+    const auto keep = [&](Index ox, Index y0, Index y1) {
+      return filter(plane_reads(shape, ox, y0, y1));
+    };
+    plane_correlate(planes.forward, shape, padded.view(), weight_.data(), false, bias, y.view(),
+                    workspace->reserve(planes.values), planes.forward_rows, keep);
+  };
   if (algorithm == ConvAlgorithm::gemm && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, halo_->exchanged_boxes(padded)};
-    conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, interior);
+    forward_gemm(interior);
     halo_->finish(padded);
     interior.keep = ChunkFilter::touching;
-    conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, interior);
+    forward_gemm(interior);
   } else {
     halo_->finish(padded);
     if (algorithm == ConvAlgorithm::gemm)
-      conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace);
+      forward_gemm(ChunkFilter{});
     else
       conv_forward(shape, padded.view(), weight_.data(), bias, y.view());
   }
@@ -462,16 +733,35 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
       ShardTensor<T> grad_padded;
-      if (x_node->requires_grad)
-        grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
-                                     padded.channels(), padded.ghosts(), name_ + ".padded_grad");
-      if (algorithm == ConvAlgorithm::gemm) {
-        conv_backward_gemm(shape, gy, padded.view(), w_node->data, gw, grad_padded.view(),
-                           *workspace);
+      if (planes.forward_rows > 0) {
+        // Plane path: weight gradient first, then the input gradient, which writes every
+        // padded cell (no zero fill).
+        T* scratch = workspace->reserve(planes.values);
+        if (gw.extent(0) > 0)
+          plane_weight_gradient(planes.forward, shape, padded.view(), gy, gw, scratch,
+                                planes.forward_rows);
         conv_backward_parameters(shape, gy, padded.view(), ReplicatedView<T>(), gb);  // bias only
+        if (x_node->requires_grad) {
+          grad_padded = ShardTensor<T>::uninitialized(padded.decomposition(), padded.rank(),
+                                                      padded.batch(), padded.channels(),
+                                                      padded.ghosts(), name_ + ".padded_grad");
+          const auto keep_all = [](Index, Index, Index) { return true; };
+          plane_correlate(planes.data, shape, gy, w_node->data, true, ReplicatedView<T>(),
+                          grad_padded.view(), scratch, planes.data_rows, keep_all);
+        }
       } else {
-        conv_backward_parameters(shape, gy, padded.view(), gw, gb);
-        if (x_node->requires_grad) conv_backward_data(shape, gy, w_node->data, grad_padded.view());
+        if (x_node->requires_grad)
+          grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
+                                       padded.channels(), padded.ghosts(), name_ + ".padded_grad");
+        if (algorithm == ConvAlgorithm::gemm) {
+          conv_backward_gemm(shape, gy, padded.view(), w_node->data, gw, grad_padded.view(),
+                             *workspace);
+          conv_backward_parameters(shape, gy, padded.view(), ReplicatedView<T>(), gb);  // bias only
+        } else {
+          conv_backward_parameters(shape, gy, padded.view(), gw, gb);
+          if (x_node->requires_grad)
+            conv_backward_data(shape, gy, w_node->data, grad_padded.view());
+        }
       }
       if (x_node->requires_grad) halo->backward(grad_padded, x_node->grad_field());
     };
