@@ -107,6 +107,12 @@ TEMPLATE_TEST_CASE("UNet 3-D and 1-D sharded equal one rank", "[models][unet][eq
   line.padding = PaddingMode::periodic;
   for (const Decomposition& d : unet_decompositions({64}, 3, 0, 3))
     test::check_equivalence<TestType>(unet_factory<TestType>(line), d, 2, 2);
+  // The input skip (a 1x1 convolution of the input added to the output).
+  UNetOptions skip = small_unet(2, 1);
+  skip.norm = NormKind::none;
+  skip.input_skip = true;
+  for (const Decomposition& d : unet_decompositions({16, 16}, 1, 0, 2))
+    test::check_equivalence<TestType>(unet_factory<TestType>(skip), d, 1, 2);
 }
 
 TEMPLATE_TEST_CASE("UNet on odd split points equals one rank", "[models][unet][equivalence]", float,
