@@ -426,10 +426,9 @@ class SequentialBuilder {
   std::uint64_t seed_;
 };
 
-const std::vector<std::string> unet_keys{"type",        "depth",      "base_channels", "norm",
-                                         "norm_groups", "activation", "down",          "up",
-                                         "padding",     "blocks",     "seed",
-                                         "input_skip"};
+const std::vector<std::string> unet_keys{
+    "type", "depth", "base_channels", "norm",   "norm_groups", "activation",
+    "down", "up",    "padding",       "blocks", "seed",        "input_skip"};
 const std::vector<std::string> sequential_keys{"type", "layers", "seed"};
 
 void check_shape(const ModelShape& shape) {

@@ -48,6 +48,6 @@ HeatSample solve_heat_sample(const Communicator& comm, const Decomposition& deco
 /// Returns the mean over samples of |u(T) - u0| / |u(T)|: the error of predicting "no
 /// change", the baseline a trained surrogate must beat.
 double generate_heat_dataset(const Communicator& comm, const HeatOptions& options,
-                           const std::string& path, bool verbose = false);
+                             const std::string& path, bool verbose = false);
 
 }  // namespace shardtensor
