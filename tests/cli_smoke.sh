@@ -30,6 +30,13 @@ run train --config "$config" "${small[@]}" --set training.epochs=3 --resume late
 expect "epoch 3/3" resume.log
 test "$(wc -l < runs/heat2d/metrics.csv)" -eq 13
 
+# Background prefetch (on above: the CLI asks for MPI_THREAD_MULTIPLE) reads the same batches.
+run train --config "$config" "${small[@]}" --set run_dir=runs/sync --set data.prefetch=false \
+  --quiet > sync.log
+if ! diff <(head -9 runs/heat2d/metrics.csv | cut -d, -f1-5) <(cut -d, -f1-5 runs/sync/metrics.csv); then
+  echo "FAIL: training with and without prefetch differ"; exit 1
+fi
+
 run infer --checkpoint runs/heat2d --input data.h5 --output prediction.h5 > infer.log
 expect "12 samples" infer.log
 expect "relative L2 error vs target" infer.log
