@@ -100,7 +100,7 @@ TEST_CASE("config errors name the key, the value and the line", "[config]") {
       "run_dir: x\ndata:\n  path: a.h5\n  shufle: true\nmodel: {type: unet}\n";
   const std::string m1 = test::error_message_of([&] { RunConfig::parse(bad_key, "run.yaml"); });
   CHECK_THAT(m1, Catch::Contains("run.yaml: data.shufle (line 4): unknown key"));
-  CHECK_THAT(m1, Catch::Contains("shuffle"));
+  CHECK_THAT(m1, Catch::Contains("did you mean 'shuffle'?"));
 
   const std::string bad_type =
       "data: {path: a.h5}\nmodel: {type: unet}\ntraining:\n  epochs: many\n";
@@ -251,6 +251,44 @@ TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
     too_big.training.batch_size = 100;
     CHECK(test::ranks_with_error(test::error_message_of([&] { train(world, too_big, quiet()); })) ==
           world.size());
+
+    // A process grid that does not fit the ranks.
+    RunConfig bad_grid = sharded;
+    bad_grid.parallel.grid = {world.size() + 1, 1};
+    const std::string g = test::error_message_of([&] { train(world, bad_grid, quiet()); });
+    CHECK_THAT(g, Catch::Contains("parallel.grid"));
+    CHECK(test::ranks_with_error(g) == world.size());
+
+    // A checkpoint from another model: the parameters it lacks are named.
+    InferOptions o;
+    o.checkpoint = r.checkpoint;
+    o.input_path = data;
+    o.output_path = dir + "/never.h5";
+    const RunConfig deeper = RunConfig::parse(config_text(data, dir + "/deeper", 2, 2, 1, "double"),
+                                              "deeper", {"model.depth=2"});
+    const std::string d = test::error_message_of([&] { infer(world, deeper, o); });
+    CHECK_THAT(d, Catch::Contains("has no parameter 'parameters/down1.conv0.weight'"));
+    CHECK(test::ranks_with_error(d) == world.size());
+    CHECK_FALSE(fs::exists(dir + "/never.h5"));
+
+    // Data whose channels do not match the model.
+    o.input_dataset = "target";  // 1 channel; the model reads 2
+    const std::string c = test::error_message_of([&] { infer(world, sharded, o); });
+    CHECK_THAT(c, Catch::Contains("has 1 channels"));
+    CHECK(test::ranks_with_error(c) == world.size());
+  }
+
+  {  // a diverging run stops with a message on every rank and keeps its last checkpoint
+    const RunConfig good = RunConfig::parse(config_text(data, dir + "/diverge", 1, 2, 1, "float"));
+    const TrainResult first = train(world, good, quiet());
+    const RunConfig wild = RunConfig::parse(config_text(data, dir + "/diverge", 3, 2, 1, "float"),
+                                            "wild", {"optimizer.lr=1.0e30"});
+    const std::string m = test::error_message_of([&] { train(world, wild, quiet("latest")); });
+    CHECK_THAT(m, Catch::Contains("training diverged and stops"));
+    CHECK_THAT(m, Catch::Contains("the last good checkpoint is " + first.checkpoint));
+    CHECK(test::ranks_with_error(m) == world.size());
+    CHECK(list_checkpoints(dir + "/diverge/checkpoints") ==
+          std::vector<std::string>{first.checkpoint});
   }
   world.barrier();
   if (world.rank() == 0 && std::getenv("SHARDTENSOR_KEEP_TEST_FILES") == nullptr)

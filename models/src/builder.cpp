@@ -1,5 +1,7 @@
 #include "shardtensor/models/builder.hpp"
 
+#include "shardtensor/core/closest_name.hpp"
+
 #include <limits>
 #include <map>
 #include <sstream>
@@ -62,7 +64,12 @@ class MapReader {
       bool known = false;
       for (const std::string& a : accepted_) known = known || a == key;
       if (!known)
-        fail(path_, entry.first, "unknown key '" + key + "'; accepted keys: " + join(accepted_));
+        fail(path_, entry.first,
+             "unknown key '" + key + "'" +
+                 (closest_name(key, accepted_).empty()
+                      ? ""
+                      : "; did you mean '" + closest_name(key, accepted_) + "'?") +
+                 "; accepted keys: " + join(accepted_));
     }
   }
 

@@ -1,8 +1,10 @@
 #include "shardtensor/train/config_node.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "shardtensor/core/closest_name.hpp"
 #include "shardtensor/core/error.hpp"
 
 namespace shardtensor {
@@ -77,16 +79,16 @@ std::string ConfigNode::choice(const std::string& key, const std::string& fallba
 
 void ConfigNode::allow_only(std::initializer_list<const char*> known) const {
   if (!node_.IsMap()) return;
+  const std::vector<std::string> names(known.begin(), known.end());
   std::string list;
-  for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+  for (const std::string& k : names) list += (list.empty() ? "" : ", ") + k;
   for (const auto& entry : node_) {
     const std::string key = entry.first.as<std::string>();
-    bool found = false;
-    for (const char* k : known) found = found || key == k;
-    if (!found) {
-      ConfigNode bad(entry.first, path_.empty() ? key : path_ + "." + key, source_);
-      bad.fail("unknown key; accepted keys here: " + list);
-    }
+    if (std::find(names.begin(), names.end(), key) != names.end()) continue;
+    const std::string closest = closest_name(key, names);
+    ConfigNode bad(entry.first, path_.empty() ? key : path_ + "." + key, source_);
+    bad.fail("unknown key" + (closest.empty() ? "" : "; did you mean '" + closest + "'?") +
+             " Accepted keys here: " + list);
   }
 }
 

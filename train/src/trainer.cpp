@@ -402,7 +402,19 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
       optimizer->zero_grad();
       ++state.step;
 
+      // The same on every rank (summed over the groups, equal within a group): all ranks
+      // stop together. Checkpoints written so far are left as they are.
       const double step_loss = sum_over(s.mesh.data, scalar_value(loss)) / groups;
+      if (!std::isfinite(step_loss)) {
+        const auto kept = list_checkpoints(checkpoint_dir);
+        SHARDTENSOR_FAIL(
+            "train", "the loss is " << step_loss << " at step " << state.step << " (epoch "
+                                    << epoch + 1 << "): training diverged and stops; "
+                                    << (kept.empty() ? "no checkpoint was written"
+                                                     : "the last good checkpoint is " + kept.back())
+                                    << " (try a smaller optimizer.lr or "
+                                       "training.clip_grad_norm)");
+      }
       loss_sum += step_loss;
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
@@ -454,15 +466,17 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   const std::string target =
       options.target_dataset.empty() ? config.data.target : options.target_dataset;
   io::File file = io::File::open(world, options.input_path);
-  const Index out_channels =
-      read_checkpoint_state(world, options.checkpoint).target_statistics.channels();
-  Setup<T> s = set_up<T>(world, config, file, input, target, false, out_channels);
+  const TrainingState stored = read_checkpoint_state(world, options.checkpoint);
+  const Index in_channels = inspect(file, input, "", false).input_channels;
+  SHARDTENSOR_REQUIRE(stored.input_statistics.channels() == in_channels, "infer",
+                      options.input_path << " dataset '" << input << "' has " << in_channels
+                                         << " channels, " << options.checkpoint
+                                         << " was trained on "
+                                         << stored.input_statistics.channels());
+  Setup<T> s =
+      set_up<T>(world, config, file, input, target, false, stored.target_statistics.channels());
   const TrainingState state = load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
-  SHARDTENSOR_REQUIRE(state.input_statistics.channels() == s.data.input_channels, "infer",
-                      options.input_path << " dataset '" << input << "' has "
-                                         << s.data.input_channels << " channels, "
-                                         << options.checkpoint << " was trained on "
-                                         << state.input_statistics.channels());
+  const Index out_channels = state.target_statistics.channels();
   s.model->eval();
 
   io::AtomicOutput output(world, options.output_path);

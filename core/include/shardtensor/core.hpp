@@ -4,6 +4,7 @@
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/box.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/closest_name.hpp"
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/decomposition.hpp"
 #include "shardtensor/core/error.hpp"
