@@ -27,9 +27,14 @@ class Progress {
 
   void step(std::int64_t step, double loss, double samples_per_s) {
     if (!terminal_) return;
+    // mpirun hands ranks a pseudo-terminal even when its own output goes to a file, so
+    // redraw at most twice a second: a log stays short either way.
+    const double now = seconds();
+    if (now - last_draw_ < 0.5 && step + 1 < steps_) return;
+    last_draw_ = now;
     const double done = double((epoch_ - first_epoch_) * steps_ + step + 1);
     const double total = double((epochs_ - first_epoch_) * steps_);
-    const double elapsed = seconds();
+    const double elapsed = now;
     const int width = 30, filled = int(width * (step + 1) / steps_);
     std::printf("\repoch %lld/%lld [%s%s] loss %.4e  %.1f samples/s  ETA %s   ",
                 (long long)epoch_ + 1, (long long)epochs_, std::string(filled, '#').c_str(),
@@ -61,6 +66,7 @@ class Progress {
 
   bool enabled_, terminal_;
   std::int64_t epochs_, steps_, epoch_ = 0, first_epoch_ = -1;
+  double last_draw_ = -1;
   std::chrono::steady_clock::time_point start_;
 };
 
