@@ -19,34 +19,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-/// A fresh directory under /tmp for one test case (rank 0 names it, every rank uses it),
-/// removed at the end.
-class TempDir {
- public:
-  explicit TempDir(const Communicator& comm) : comm_(comm) {
-    char name[] = "/tmp/shardtensor_test_io_XXXXXX";
-    int length = 0;
-    if (comm.rank() == 0) {
-      REQUIRE(mkdtemp(name) != nullptr);
-      dir_ = name;
-      length = static_cast<int>(dir_.size());
-    }
-    MPI_Bcast(&length, 1, MPI_INT, 0, comm.get());
-    dir_.resize(length);
-    MPI_Bcast(&dir_[0], length, MPI_CHAR, 0, comm.get());
-  }
-  ~TempDir() {
-    comm_.barrier();
-    if (comm_.rank() == 0) std::filesystem::remove_all(dir_);
-  }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  const std::string& dir() const { return dir_; }
-
- private:
-  Communicator comm_;
-  std::string dir_;
-};
-
 /// Random value of (global sample n, channel c, global cell g): the same whatever the
 /// decomposition; never zero in practice.
 double cell_value(std::uint64_t seed, const std::vector<Index>& extents, Index channels, Index n,
@@ -148,7 +120,7 @@ GhostWidths test_ghosts(int ndims) {
 TEMPLATE_TEST_CASE("write_field and read_field round trip bit-exactly between decompositions",
                    "[io][field]", float, double) {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const Index samples = 3, channels = 2;
   for (const std::vector<Index>& extents :
        {std::vector<Index>{17}, std::vector<Index>{13, 10}, std::vector<Index>{9, 7, 6}}) {
@@ -200,7 +172,7 @@ TEMPLATE_TEST_CASE("write_field and read_field round trip bit-exactly between de
 
 TEST_CASE("read_field reads chunked and contiguous datasets written by plain HDF5", "[io][field]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const std::string path = tmp.path("plain.h5");
   const std::vector<Index> extents2{12, 10}, extents3{8, 6, 5};
   const Index samples = 2, channels = 3;
@@ -286,7 +258,7 @@ TEST_CASE("read_field reads chunked and contiguous datasets written by plain HDF
 TEST_CASE("a float64 dataset written by write_field reads into a float ShardTensor",
           "[io][field]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const std::string path = tmp.path("convert.h5");
   const std::vector<Index> extents{10, 9, 4};
   const Decomposition d = Decomposition::automatic(extents, comm.size());
@@ -314,7 +286,7 @@ TEST_CASE("a float64 dataset written by write_field reads into a float ShardTens
 TEST_CASE("data-parallel groups write and read different samples in one collective call",
           "[io][field]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const int groups = comm.size() % 2 == 0 ? 2 : comm.size();
   const RankMesh mesh = comm.mesh(groups);
   const std::vector<Index> extents{12, 9};
@@ -351,7 +323,7 @@ TEST_CASE("data-parallel groups write and read different samples in one collecti
 
 TEST_CASE("replicated arrays and attributes round trip", "[io][array]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const std::string path = tmp.path("checkpoint.h5");
   std::vector<float> weight(4 * 3 * 3 * 3);
   std::vector<double> bias(4);
@@ -427,7 +399,7 @@ TEST_CASE("replicated arrays and attributes round trip", "[io][array]") {
 
 TEST_CASE("AtomicOutput replaces on commit and leaves the old file on failure", "[io][atomic]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const std::string final_path = tmp.path("state.h5");
   auto write_version = [&](std::int64_t version, bool fail) {
     io::AtomicOutput out(comm, final_path);
@@ -472,7 +444,7 @@ TEST_CASE("AtomicOutput replaces on commit and leaves the old file on failure", 
 TEST_CASE("bad files and datasets raise errors naming what differs, on every rank",
           "[io][errors]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const std::string path = tmp.path("fields.h5");
   const std::vector<Index> extents{12, 10};
   const Decomposition d = Decomposition::automatic(extents, comm.size());
@@ -539,7 +511,7 @@ TEST_CASE("bad files and datasets raise errors naming what differs, on every ran
 
 TEST_CASE("write_xdmf describes field datasets for ParaView", "[io][xdmf]") {
   const Communicator comm;
-  const TempDir tmp(comm);
+  const test::TempDir tmp(comm);
   const std::string h5 = tmp.path("run.h5"), xdmf = tmp.path("run.xdmf");
   {
     io::File file = io::File::create(comm, h5);

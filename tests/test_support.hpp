@@ -6,7 +6,11 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "shardtensor/comm.hpp"
@@ -111,5 +115,35 @@ inline int ranks_with_error(const std::string& message) {
   MPI_Allreduce(MPI_IN_PLACE, &n, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   return n;
 }
+
+/// A fresh directory under /tmp for one test (rank 0 names it, every rank uses it), removed
+/// at the end.
+class TempDir {
+ public:
+  explicit TempDir(const Communicator& comm) : comm_(comm) {
+    char name[] = "/tmp/shardtensor_test_XXXXXX";
+    int length = 0;
+    if (comm.rank() == 0) {
+      if (mkdtemp(name) == nullptr) throw std::runtime_error("TempDir: mkdtemp failed");
+      dir_ = name;
+      length = static_cast<int>(dir_.size());
+    }
+    MPI_Bcast(&length, 1, MPI_INT, 0, comm.get());
+    dir_.resize(length);
+    MPI_Bcast(&dir_[0], length, MPI_CHAR, 0, comm.get());
+  }
+  /// Kept for inspection when SHARDTENSOR_KEEP_TEST_FILES is set.
+  ~TempDir() {
+    comm_.barrier();
+    if (comm_.rank() == 0 && std::getenv("SHARDTENSOR_KEEP_TEST_FILES") == nullptr)
+      std::filesystem::remove_all(dir_);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  Communicator comm_;
+  std::string dir_;
+};
 
 }  // namespace shardtensor::test

@@ -22,18 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A fresh directory, the same path on every rank.
-std::string shared_temporary_directory(const Communicator& comm) {
-  std::string path(256, '\0');
-  if (comm.rank() == 0) {
-    char pattern[] = "/tmp/shardtensor_training_XXXXXX";
-    path = mkdtemp(pattern);
-    path.resize(256, '\0');
-  }
-  MPI_Bcast(&path[0], 256, MPI_CHAR, 0, comm.get());
-  return path.c_str();
-}
-
 /// A small heat dataset, generated once per directory.
 std::string heat_data(const Communicator& comm, const std::string& dir) {
   const std::string path = dir + "/heat.h5";
@@ -163,7 +151,8 @@ TEST_CASE("the sample schedule shuffles per epoch and splits batches between gro
 
 TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
   const Communicator world;
-  const std::string dir = shared_temporary_directory(world);
+  const test::TempDir temporary(world);
+  const std::string& dir = temporary.dir();
   const std::string data = heat_data(world, dir);
 
   const RunConfig sharded =
@@ -290,7 +279,4 @@ TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
     CHECK(list_checkpoints(dir + "/diverge/checkpoints") ==
           std::vector<std::string>{first.checkpoint});
   }
-  world.barrier();
-  if (world.rank() == 0 && std::getenv("SHARDTENSOR_KEEP_TEST_FILES") == nullptr)
-    fs::remove_all(dir);
 }

@@ -72,9 +72,8 @@ void fill_owned(const ShardTensor<double>& t, int channel, Index size, const F& 
   const Box global = t.global_box();
   const auto v = t.view();
   const double h = 1.0 / double(size);
-  Index origin[3], lower[3];
-  for (int d = 0; d < 3; ++d)
-    origin[d] = global.lower[d] - owned.lower[d], lower[d] = owned.lower[d];
+  Index origin[3];
+  for (int d = 0; d < 3; ++d) origin[d] = global.lower[d] - owned.lower[d];
   const int ndims = t.ndims();
   Kokkos::parallel_for(
       "heat_fill",
@@ -86,7 +85,6 @@ void fill_owned(const ShardTensor<double>& t, int channel, Index size, const F& 
         const double z = ndims > 2 ? (double(k + origin[2]) + 0.5) * h : 0.0;
         v(0, channel, i, j, k) = f(x, y, z);
       });
-  (void)lower;
 }
 
 }  // namespace

@@ -208,22 +208,18 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
   return {sum_over(s.mesh.data, loss_sum) / n, sum_over(s.mesh.data, relative_sum) / n};
 }
 
-/// Rank 0 writes `text` to `path` through a temporary file; errors reach every rank.
+/// Rank 0 writes `text` to `path`, atomically; errors reach every rank.
 void write_text_file(const Communicator& comm, const std::string& path, const std::string& text) {
+  io::AtomicOutput output(comm, path);
   std::string error;
   if (comm.rank() == 0) {
-    const std::string temporary = path + ".tmp";
-    std::ofstream out(temporary);
+    std::ofstream out(output.temporary_path());
     out << text;
     out.close();
-    std::error_code ec;
-    if (!out.good())
-      error = "cannot write '" + temporary + "'";
-    else
-      fs::rename(temporary, path, ec);
-    if (ec) error = "cannot rename '" + temporary + "' to '" + path + "': " + ec.message();
+    if (!out.good()) error = "train: cannot write '" + output.temporary_path() + "'";
   }
   comm.agree(error);
+  output.commit();
 }
 
 void make_directories(const Communicator& comm, const std::string& path) {
