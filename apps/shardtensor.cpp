@@ -195,11 +195,14 @@ int main(int argc, char** argv) {
         }
       } else if (infer_command->parsed()) {
         infer_options.checkpoint = resolve_checkpoint(infer_options.checkpoint);
+        // Inference reads its input from --input, not data.path: configs of models trained
+        // online by an embedding solver have none.
+        const auto arrays = RunConfig::DataUse::arrays;
         const RunConfig config =
             config_path.empty()
                 ? RunConfig::parse(read_checkpoint_state(world, infer_options.checkpoint).config,
-                                   infer_options.checkpoint + " (stored config)", overrides)
-                : RunConfig::load(config_path, overrides);
+                                   infer_options.checkpoint + " (stored config)", overrides, arrays)
+                : RunConfig::load(config_path, overrides, arrays);
         const InferResult r = infer(world, config, infer_options);
         if (rank == 0) {
           std::printf("infer: %lld samples -> %s in %.2f s\n", (long long)r.samples,

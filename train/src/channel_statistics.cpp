@@ -34,6 +34,44 @@ void affine_per_channel(const ShardTensor<T>& x, const std::vector<double>& scal
       });
 }
 
+/// sums(c) += sum of channel c, sums(channels + c) += sum of its squares, over the owned
+/// cells of every sample of `field`.
+template <class T>
+void add_channel_sums(const ShardTensor<T>& field,
+                      const Kokkos::View<double*, Kokkos::HostSpace>& sums) {
+  const Index channels = field.channels();
+  const auto v = field.interior();
+  for (Index n = 0; n < field.batch(); ++n)
+    for (Index c = 0; c < channels; ++c) {
+      double sum = 0, squares = 0;
+      Kokkos::parallel_reduce(
+          "channel_sums",
+          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
+                                                 {v.extent(2), v.extent(3), v.extent(4)}),
+          KOKKOS_LAMBDA(const Index i, const Index j, const Index k, double& s, double& q) {
+            const double value = v(n, c, i, j, k);
+            s += value;
+            q += value * value;
+          },
+          sum, squares);
+      sums(c) += sum;
+      sums(channels + c) += squares;
+    }
+}
+
+/// Mean and population std per channel from global sums over `cells` values each.
+ChannelStatistics statistics_from_sums(const Kokkos::View<double*, Kokkos::HostSpace>& sums,
+                                       Index channels, double cells) {
+  ChannelStatistics out;
+  for (Index c = 0; c < channels; ++c) {
+    const double mean = sums(c) / cells;
+    const double variance = std::max(0.0, sums(channels + c) / cells - mean * mean);
+    out.mean.push_back(mean);
+    out.std.push_back(variance > 1e-24 ? std::sqrt(variance) : 1.0);
+  }
+  return out;
+}
+
 }  // namespace
 
 ChannelStatistics compute_channel_statistics(const io::File& file, const std::string& name,
@@ -44,43 +82,28 @@ ChannelStatistics compute_channel_statistics(const io::File& file, const std::st
   SHARDTENSOR_REQUIRE(!samples.empty(), where, "no samples for '" << name << "'");
   const int groups = mesh.data.size();
   ShardTensor<double> field(domain, mesh.domain.rank(), 1, channels, {}, "statistics");
-  // sum and sum of squares per channel; rounds of one sample per data group, groups past
-  // the end re-read a sample with weight 0 so that every rank joins every collective read.
+  // Rounds of one sample per data group; groups past the end re-read a sample they do not
+  // count, so that every rank joins every collective read.
   Kokkos::View<double*, Kokkos::HostSpace> sums("sums", 2 * channels);
   const Index rounds = (Index(samples.size()) + groups - 1) / groups;
   for (Index r = 0; r < rounds; ++r) {
     const Index index = r * groups + mesh.data_group;
     const bool counted = index < Index(samples.size());
     io::read_field(file, name, samples[counted ? index : 0], field);
-    if (!counted) continue;
-    const auto v = field.interior();
-    for (Index c = 0; c < channels; ++c) {
-      double sum = 0, squares = 0;
-      Kokkos::parallel_reduce(
-          "channel_sums",
-          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
-                                                 {v.extent(2), v.extent(3), v.extent(4)}),
-          KOKKOS_LAMBDA(const Index i, const Index j, const Index k, double& s, double& q) {
-            const double value = v(0, c, i, j, k);
-            s += value;
-            q += value * value;
-          },
-          sum, squares);
-      sums(c) += sum;
-      sums(channels + c) += squares;
-    }
+    if (counted) add_channel_sums(field, sums);
   }
   allreduce(mesh.world, sums);
-  double cells = double(samples.size());
-  for (int d = 0; d < domain.ndims(); ++d) cells *= double(domain.global_extent(d));
-  ChannelStatistics out;
-  for (Index c = 0; c < channels; ++c) {
-    const double mean = sums(c) / cells;
-    const double variance = std::max(0.0, sums(channels + c) / cells - mean * mean);
-    out.mean.push_back(mean);
-    out.std.push_back(variance > 1e-24 ? std::sqrt(variance) : 1.0);
-  }
-  return out;
+  return statistics_from_sums(sums, channels,
+                              double(samples.size()) * double(domain.global_cells()));
+}
+
+template <class T>
+ChannelStatistics field_channel_statistics(const Communicator& comm, const ShardTensor<T>& field) {
+  Kokkos::View<double*, Kokkos::HostSpace> sums("sums", 2 * field.channels());
+  add_channel_sums(field, sums);
+  allreduce(comm, sums);
+  return statistics_from_sums(
+      sums, field.channels(), double(field.batch()) * double(field.decomposition().global_cells()));
 }
 
 template <class T>
@@ -102,5 +125,9 @@ template void normalize(const ShardTensor<float>&, const ChannelStatistics&);
 template void normalize(const ShardTensor<double>&, const ChannelStatistics&);
 template void denormalize(const ShardTensor<float>&, const ChannelStatistics&);
 template void denormalize(const ShardTensor<double>&, const ChannelStatistics&);
+template ChannelStatistics field_channel_statistics(const Communicator&,
+                                                    const ShardTensor<float>&);
+template ChannelStatistics field_channel_statistics(const Communicator&,
+                                                    const ShardTensor<double>&);
 
 }  // namespace shardtensor

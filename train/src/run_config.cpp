@@ -9,11 +9,11 @@ namespace shardtensor {
 
 namespace {
 
-DataConfig read_data(const ConfigNode& node) {
+DataConfig read_data(const ConfigNode& node, bool path_required) {
   node.allow_only({"path", "input", "target", "validation_path", "validation_samples",
                    "validation_fraction", "normalize", "shuffle", "prefetch", "periodic"});
   DataConfig d;
-  d.path = node.require<std::string>("path");
+  d.path = path_required ? node.require<std::string>("path") : node.get("path", d.path);
   d.input = node.get("input", d.input);
   d.target = node.get("target", d.target);
   d.validation_path = node.get("validation_path", d.validation_path);
@@ -109,16 +109,17 @@ TrainingConfig read_training(const ConfigNode& node) {
 
 }  // namespace
 
-RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides,
+                          DataUse data_use) {
   std::ifstream in(path);
   SHARDTENSOR_REQUIRE(in.good(), "config", "cannot open config file '" << path << "'");
   std::stringstream text;
   text << in.rdbuf();
-  return parse(text.str(), path, overrides);
+  return parse(text.str(), path, overrides, data_use);
 }
 
 RunConfig RunConfig::parse(const std::string& yaml_text, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+                           const std::vector<std::string>& overrides, DataUse data_use) {
   ConfigNode root = ConfigNode::parse(yaml_text, source);
   if (!overrides.empty()) {
     YAML::Node tree = root.yaml();
@@ -129,7 +130,7 @@ RunConfig RunConfig::parse(const std::string& yaml_text, const std::string& sour
   root.allow_only({"run_dir", "data", "parallel", "model", "optimizer", "schedule", "training"});
   RunConfig c;
   c.run_dir = root.get("run_dir", c.run_dir);
-  c.data = read_data(root["data"]);
+  c.data = read_data(root["data"], data_use == DataUse::file);
   c.parallel = read_parallel(root["parallel"]);
   root["model"].check(root.has("model") && root.yaml()["model"].IsMap(),
                       "missing or not a map: the model to train (see docs/models.md)");

@@ -16,13 +16,12 @@
 #include "shardtensor/io/field_io.hpp"
 #include "shardtensor/io/file.hpp"
 #include "shardtensor/io/xdmf.hpp"
-#include "shardtensor/layers/grad_clip.hpp"
-#include "shardtensor/layers/loss.hpp"
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/train/batch_reader.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/progress.hpp"
 #include "shardtensor/train/sample_schedule.hpp"
+#include "shardtensor/train/training_step.hpp"
 
 namespace shardtensor {
 
@@ -92,12 +91,6 @@ RankMesh make_mesh(const Communicator& world, int data_groups) {
   return world.mesh(data_groups);
 }
 
-template <class T>
-double scalar_value(const Variable<T>& v) {
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v.data());
-  return double(host(0));
-}
-
 /// Sum over `comm` of a double on every rank.
 double sum_over(const Communicator& comm, double value) {
   Kokkos::View<double*, Kokkos::HostSpace> v("value", 1);
@@ -128,14 +121,6 @@ std::vector<std::pair<double, double>> squared_errors(const ShardTensor<T>& pred
     out.emplace_back(error, norm);
   }
   return out;
-}
-
-template <class T>
-Variable<T> loss_of(const std::string& kind, const Communicator& domain,
-                    const Variable<T>& prediction, const Variable<T>& target) {
-  if (kind == "l1") return l1_loss(domain, prediction, target);
-  if (kind == "relative_l2") return relative_l2_loss(domain, prediction, target);
-  return mse_loss(domain, prediction, target);
 }
 
 /// Everything a training or inference run sets up from the config and the data file.
@@ -191,7 +176,7 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
     Kokkos::deep_copy(normalized_target.view(), target.view());
     normalize(normalized_target, target_statistics);
     const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
-    const double loss = scalar_value(loss_of(config.training.loss, s.mesh.domain, prediction,
+    const double loss = scalar_value(loss_by_name(config.training.loss, s.mesh.domain, prediction,
                                              Variable<T>::field(normalized_target)));
     denormalize(prediction.value(), target_statistics);
     const auto sums = squared_errors(prediction.value(), target)[0];
@@ -280,6 +265,8 @@ template <class T>
 TrainResult train_as(const Communicator& world, const RunConfig& config,
                      const TrainOptions& options) {
   const auto start_time = std::chrono::steady_clock::now();
+  SHARDTENSOR_REQUIRE(!config.data.path.empty(), "train",
+                      "data.path is empty: training reads its samples from an HDF5 file");
   io::File file = io::File::open(world, config.data.path);
   Setup<T> s = set_up<T>(world, config, file, config.data.input, config.data.target, true);
   const int groups = s.mesh.data.size();
@@ -384,23 +371,15 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
       normalize(batch[0], state.input_statistics);
       normalize(batch[1], state.target_statistics);
 
-      const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
-      const Variable<T> loss =
-          loss_of(config.training.loss, s.mesh.domain, prediction, Variable<T>::field(batch[1]));
-      backward(loss);
-      s.model->average_gradients(s.mesh.data);
-      double grad_norm = 0;
-      if (config.training.clip_grad_norm > 0)
-        grad_norm = clip_grad_norm(optimizer->parameters(), config.training.clip_grad_norm);
-      const double lr = lr_schedule.at(optimizer->step_count());
-      optimizer->set_learning_rate(lr);
-      optimizer->step();
-      optimizer->zero_grad();
+      const StepOutcome outcome = training_step(
+          *s.model, *optimizer, lr_schedule, s.mesh.domain, s.mesh.data, config.training.loss,
+          config.training.clip_grad_norm, batch[0], batch[1]);
+      const double grad_norm = outcome.grad_norm, lr = outcome.learning_rate;
       ++state.step;
 
       // The same on every rank (summed over the groups, equal within a group): all ranks
       // stop together. Checkpoints written so far are left as they are.
-      const double step_loss = sum_over(s.mesh.data, scalar_value(loss)) / groups;
+      const double step_loss = sum_over(s.mesh.data, outcome.loss) / groups;
       if (!std::isfinite(step_loss)) {
         const auto kept = list_checkpoints(checkpoint_dir);
         SHARDTENSOR_FAIL(

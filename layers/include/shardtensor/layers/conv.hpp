@@ -63,6 +63,8 @@ class Conv : public Module<T> {
   Conv(const Communicator& comm, ConvOptions options, const std::string& name = "conv");
 
   Variable<T> forward(const Variable<T>& input) override;
+  /// The input is copied into a padded buffer first: its ghost cells are never read.
+  bool reads_owned_cells_only() const override { return true; }
 
   const ConvOptions& options() const { return options_; }
   const WindowGeometry& geometry() const { return geometry_; }

@@ -20,6 +20,11 @@ class Module {
   virtual Variable<T> forward(const Variable<T>& input) = 0;
   Variable<T> operator()(const Variable<T>& input) { return forward(input); }
 
+  /// True if forward reads only the owned cells of its input, so the input may carry ghost
+  /// cells of any width (a solver's array wrapped without a copy). The default is the safe
+  /// answer; layers that copy their input into a padded buffer say yes.
+  virtual bool reads_owned_cells_only() const { return false; }
+
   /// Parameters of this module and its children, named "child.param" (registration order).
   std::vector<std::pair<std::string, Variable<T>>> named_parameters() const {
     std::vector<std::pair<std::string, Variable<T>>> out = parameters_;

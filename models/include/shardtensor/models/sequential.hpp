@@ -30,6 +30,10 @@ class Sequential : public Module<T> {
     return x;
   }
 
+  bool reads_owned_cells_only() const override {
+    return !layers_.empty() && layers_.front()->reads_owned_cells_only();
+  }
+
   std::size_t size() const { return layers_.size(); }
   const std::shared_ptr<Module<T>>& operator[](std::size_t i) const { return layers_.at(i); }
 

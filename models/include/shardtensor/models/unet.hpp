@@ -68,6 +68,8 @@ class UNet : public Module<T> {
   UNet(const Communicator& comm, UNetOptions options, const std::string& name = "unet");
 
   Variable<T> forward(const Variable<T>& input) override;
+  /// The input feeds only convolutions (the first block and the input skip).
+  bool reads_owned_cells_only() const override { return true; }
 
   const UNetOptions& options() const { return options_; }
   /// Channels at level l: base_channels * 2^l.

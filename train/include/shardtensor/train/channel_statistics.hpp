@@ -30,6 +30,11 @@ ChannelStatistics compute_channel_statistics(const io::File& file, const std::st
                                              const RankMesh& mesh,
                                              const std::vector<Index>& samples);
 
+/// Mean and standard deviation per channel over the owned cells of every sample of
+/// `field`, all ranks of `comm` together (its decomposition's ranks). Collective.
+template <class T>
+ChannelStatistics field_channel_statistics(const Communicator& comm, const ShardTensor<T>& field);
+
 /// x = (x - mean) / std per channel, in place (owned cells and ghosts alike).
 template <class T>
 void normalize(const ShardTensor<T>& x, const ChannelStatistics& statistics);

@@ -56,10 +56,16 @@ struct RunConfig {
   TrainingConfig training;
   std::string text;  ///< the resolved config as YAML (written to the run dir and checkpoints)
 
+  /// Where the training data comes from: a file (`data.path` required) or the caller's
+  /// arrays (an embedding solver; `data.path` optional).
+  enum class DataUse { file, arrays };
+
   /// Reads and checks a config; `overrides` are "key=value" from --set, applied first.
-  static RunConfig load(const std::string& path, const std::vector<std::string>& overrides = {});
+  static RunConfig load(const std::string& path, const std::vector<std::string>& overrides = {},
+                        DataUse data_use = DataUse::file);
   static RunConfig parse(const std::string& yaml_text, const std::string& source = "config",
-                         const std::vector<std::string>& overrides = {});
+                         const std::vector<std::string>& overrides = {},
+                         DataUse data_use = DataUse::file);
 };
 
 }  // namespace shardtensor

@@ -1,0 +1,389 @@
+#include "shardtensor/embed/session.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <sstream>
+#include <type_traits>
+
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/layers/lr_schedule.hpp"
+#include "shardtensor/layers/optimizer.hpp"
+#include "shardtensor/models/builder.hpp"
+#include "shardtensor/models/summary.hpp"
+#include "shardtensor/train/channel_statistics.hpp"
+#include "shardtensor/train/checkpoint.hpp"
+#include "shardtensor/train/run_config.hpp"
+#include "shardtensor/train/training_step.hpp"
+
+namespace shardtensor {
+
+namespace {
+
+constexpr const char* where = "Session";
+
+/// Strides (in values) of a solver array along each axis, and the offset of its first
+/// owned cell: C order has the last axis fastest, Fortran order the first.
+struct ArrayIndexing {
+  Index stride[max_spatial_dims] = {0, 0, 0};
+  Index first = 0;  ///< index of owned cell (0, 0, 0)
+  Index values = 0;  ///< values in one array (owned and ghost cells)
+};
+
+ArrayIndexing array_indexing(const Decomposition& decomposition, int rank,
+                             const SolverArrays& layout) {
+  const int ndims = decomposition.ndims();
+  Index allocated[max_spatial_dims];
+  for (int d = 0; d < max_spatial_dims; ++d)
+    allocated[d] = decomposition.extent(rank, d) + (d < ndims ? 2 * layout.ghost_width : 0);
+  ArrayIndexing a;
+  Index stride = 1;
+  for (int k = 0; k < max_spatial_dims; ++k) {
+    const int d = layout.order == ArrayOrder::c ? max_spatial_dims - 1 - k : k;
+    a.stride[d] = stride;
+    stride *= allocated[d];
+  }
+  a.values = stride;
+  for (int d = 0; d < ndims; ++d) a.first += layout.ghost_width * a.stride[d];
+  return a;
+}
+
+/// Checks made before any collective work of a call: on error every rank throws.
+template <class P>
+void check_arrays(const Communicator& comm, const std::vector<P>& arrays, Index channels,
+                  const char* call, const char* what) {
+  std::ostringstream problem;
+  if (Index(arrays.size()) != channels) {
+    problem << what << ": " << arrays.size() << " arrays given, the model has " << channels
+            << " channels";
+  } else {
+    for (std::size_t c = 0; c < arrays.size(); ++c)
+      if (arrays[c] == nullptr) {
+        problem << what << " array " << c << " is a null pointer";
+        break;
+      }
+  }
+  const std::string text = problem.str();
+  comm.agree(text.empty() ? "" : std::string(where) + "::" + call + ": rank " +
+                                     std::to_string(comm.rank()) + ": " + text);
+}
+
+bool is_identity(const ChannelStatistics& s) {
+  for (Index c = 0; c < s.channels(); ++c)
+    if (s.mean[c] != 0.0 || s.std[c] != 1.0) return false;
+  return true;
+}
+
+/// Per channel scale and shift on the device: value * scale[c] + shift[c].
+Kokkos::View<double**> affine_of(const ChannelStatistics& s, bool inverse) {
+  Kokkos::View<double**> out("affine", s.channels(), 2);
+  auto host = Kokkos::create_mirror_view(out);
+  for (Index c = 0; c < s.channels(); ++c) {
+    host(c, 0) = inverse ? s.std[c] : 1.0 / s.std[c];
+    host(c, 1) = inverse ? s.mean[c] : -s.mean[c] / s.std[c];
+  }
+  Kokkos::deep_copy(out, host);
+  return out;
+}
+
+}  // namespace
+
+/// The precision-independent state and the model in its precision T.
+template <class T>
+class Engine {
+ public:
+  Engine(const Communicator& comm, const SolverGrid& grid, const RunConfig& config,
+         const SessionOptions& options)
+      : comm_(comm),
+        mesh_(comm.mesh(1)),
+        decomposition_(grid.decomposition),
+        config_(config),
+        options_(options),
+        indexing_(array_indexing(grid.decomposition, comm.rank(), options.arrays)) {
+    model_ = models::build_model<T>(config.model, comm,
+                                    {decomposition_.ndims(), options.input_channels,
+                                     options.output_channels});
+    optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
+    ScheduleOptions schedule = config.schedule;
+    if (schedule.total_steps == 0) {
+      SHARDTENSOR_REQUIRE(schedule.type != "cosine", where,
+                          "schedule.total_steps must be set for online training with a cosine "
+                          "schedule: the session does not know how many steps the solver takes");
+      schedule.total_steps = schedule.warmup_steps + 1;
+    }
+    schedule_ = std::make_unique<LearningRateSchedule>(schedule);
+    state_.seed = config.training.seed;
+    state_.config = config.text;
+    state_.input_statistics = ChannelStatistics::identity(options.input_channels);
+    state_.target_statistics = ChannelStatistics::identity(options.output_channels);
+    statistics_fixed_ = !config.data.normalize;
+  }
+
+  template <class S>
+  void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs,
+             CallReport& report) {
+    model_->eval();
+    const ShardTensor<T> x = input_field(inputs, state_.input_statistics, true, staged_input_,
+                                         report);
+    const Variable<T> prediction = model_->forward(Variable<T>::field(x));
+    write_output(prediction.value(), outputs);
+  }
+
+  template <class S>
+  double train_step(const std::vector<const S*>& inputs, const std::vector<const S*>& targets,
+                    CallReport& report) {
+    if (!statistics_fixed_) {
+      // The first pair fixes the normalisation: statistics of the raw fields.
+      CallReport ignored;
+      state_.input_statistics = field_channel_statistics(
+          comm_, input_field(inputs, ChannelStatistics::identity(options_.input_channels), false,
+                             staged_input_, ignored));
+      state_.target_statistics = field_channel_statistics(
+          comm_, input_field(targets, ChannelStatistics::identity(options_.output_channels),
+                             false, staged_target_, ignored));
+      statistics_fixed_ = true;
+    }
+    model_->train();
+    const ShardTensor<T> x = input_field(inputs, state_.input_statistics, true, staged_input_,
+                                         report);
+    CallReport target_report;
+    const ShardTensor<T> y = input_field(targets, state_.target_statistics, false,
+                                         staged_target_, target_report);
+    const StepOutcome outcome =
+        training_step(*model_, *optimizer_, *schedule_, mesh_.domain, mesh_.data,
+                      config_.training.loss, config_.training.clip_grad_norm, x, y);
+    ++state_.step;
+    SHARDTENSOR_REQUIRE(std::isfinite(outcome.loss), std::string(where) + "::train_step",
+                        "the loss is " << outcome.loss << " at step " << state_.step
+                                       << ": training diverged (try a smaller optimizer.lr or "
+                                          "training.clip_grad_norm)");
+    return outcome.loss;
+  }
+
+  void save(const std::string& path) const {
+    save_checkpoint(comm_, path, *model_, optimizer_.get(), state_);
+  }
+
+  void load(const std::string& path) {
+    const TrainingState stored = read_checkpoint_state(comm_, path);
+    SHARDTENSOR_REQUIRE(stored.input_statistics.channels() == options_.input_channels &&
+                            stored.target_statistics.channels() == options_.output_channels,
+                        where,
+                        path << " holds a model of " << stored.input_statistics.channels()
+                             << " input and " << stored.target_statistics.channels()
+                             << " output channels; the session has " << options_.input_channels
+                             << " and " << options_.output_channels);
+    TrainingState loaded = load_checkpoint(comm_, path, *model_, optimizer_.get());
+    loaded.config = config_.text;
+    state_ = loaded;
+    statistics_fixed_ = true;
+  }
+
+  std::int64_t steps() const { return state_.step; }
+  const Module<T>& model() const { return *model_; }
+
+ private:
+  /// The model's view of the solver arrays: the arrays themselves when their layout is the
+  /// model's (C order, precision T, channels one after another, no normalisation, ghost
+  /// cells only where the model ignores them), else `buffer` filled from them.
+  template <class S>
+  ShardTensor<T> input_field(const std::vector<const S*>& arrays,
+                             const ChannelStatistics& statistics, bool ghosts_allowed,
+                             ShardTensor<T>& buffer, CallReport& report) {
+    const Index channels = Index(arrays.size()), ghost = options_.arrays.ghost_width;
+    std::string reason;
+    if (!std::is_same<S, T>::value)
+      reason = "the arrays hold " + std::string(std::is_same<S, float>::value ? "float" : "double") +
+               ", the model computes in " + config_.training.precision;
+    else if (options_.arrays.order != ArrayOrder::c)
+      reason = "Fortran-order arrays are transposed into the model's C order";
+    else if (!is_identity(statistics))
+      reason = "the inputs are normalized (data.normalize)";
+    else if (ghost > 0 && !(ghosts_allowed && model_->reads_owned_cells_only()))
+      reason = "the model's first layer needs a field without ghost cells";
+    for (Index c = 1; c < channels && reason.empty(); ++c)
+      if (static_cast<const void*>(arrays[c]) !=
+          static_cast<const void*>(arrays[0] + c * indexing_.values))
+        reason = "the channel arrays are not one after another in memory";
+    report.input_copied = !reason.empty();
+    report.copy_reason = reason;
+    if (reason.empty()) {
+      // Same type and layout: read in place (the model never writes its input).
+      T* data = const_cast<T*>(reinterpret_cast<const T*>(arrays[0]));
+      return ShardTensor<T>::wrap(data, decomposition_, comm_.rank(), 1, channels,
+                                  GhostWidths::uniform(int(ghost), decomposition_.ndims()));
+    }
+    if (buffer.channels() != channels || buffer.view().data() == nullptr)
+      buffer = ShardTensor<T>::uninitialized(decomposition_, comm_.rank(), 1, channels, {},
+                                             "Session staged field");
+    const auto affine = affine_of(statistics, false);
+    const ArrayIndexing a = indexing_;
+    const auto out = buffer.view();
+    for (Index c = 0; c < channels; ++c) {
+      const S* source = arrays[c];
+      Kokkos::parallel_for(
+          "Session::stage",
+          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
+                                                 {out.extent(2), out.extent(3), out.extent(4)}),
+          KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
+            const double value =
+                double(source[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]]);
+            out(0, c, i, j, k) = static_cast<T>(value * affine(c, 0) + affine(c, 1));
+          });
+    }
+    return buffer;
+  }
+
+  /// Owned cells of the solver's output arrays = the prediction in physical units.
+  template <class S>
+  void write_output(const ShardTensor<T>& prediction, const std::vector<S*>& arrays) {
+    const auto affine = affine_of(state_.target_statistics, true);
+    const ArrayIndexing a = indexing_;
+    const auto in = prediction.interior();
+    for (Index c = 0; c < Index(arrays.size()); ++c) {
+      S* target = arrays[c];
+      Kokkos::parallel_for(
+          "Session::write_output",
+          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
+                                                 {in.extent(2), in.extent(3), in.extent(4)}),
+          KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
+            target[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]] =
+                static_cast<S>(double(in(0, c, i, j, k)) * affine(c, 0) + affine(c, 1));
+          });
+    }
+    Kokkos::fence();
+  }
+
+  Communicator comm_;
+  RankMesh mesh_;
+  Decomposition decomposition_;
+  RunConfig config_;
+  SessionOptions options_;
+  ArrayIndexing indexing_;
+  std::shared_ptr<Module<T>> model_;
+  std::unique_ptr<Optimizer<T>> optimizer_;
+  std::unique_ptr<LearningRateSchedule> schedule_;
+  TrainingState state_;
+  bool statistics_fixed_ = false;
+  ShardTensor<T> staged_input_, staged_target_;  // reused between calls
+};
+
+/// The session's own communicator, with ranks numbered like the solver's process grid
+/// (so the solver's rank order is free), and that grid.
+struct Binding {
+  Communicator comm;
+  SolverGrid grid;
+};
+
+Binding bind(MPI_Comm solver_comm, const SolverPatch& patch) {
+  SHARDTENSOR_REQUIRE(solver_comm != MPI_COMM_NULL, where, "the solver communicator is null");
+  const Communicator solver(solver_comm);
+  SolverGrid grid = solver_grid(solver, patch);
+  MPI_Comm ordered = MPI_COMM_NULL;
+  MPI_Comm_split(solver.get(), 0, grid.grid_rank, &ordered);
+  Binding binding{Communicator(ordered), std::move(grid)};
+  MPI_Comm_free(&ordered);
+  return binding;
+}
+
+class Session::Impl {
+ public:
+  Impl(MPI_Comm solver_comm, const SolverPatch& patch, const SessionOptions& options)
+      : options_(options), binding_(bind(solver_comm, patch)), comm_(binding_.comm) {
+    const SolverGrid& grid = binding_.grid;
+    std::string local;
+    if (options.input_channels < 1 || options.output_channels < 1)
+      local = "input_channels " + std::to_string(options.input_channels) +
+              " and output_channels " + std::to_string(options.output_channels) +
+              " must be positive";
+    else if (options.arrays.ghost_width < 0)
+      local = "ghost_width " + std::to_string(options.arrays.ghost_width) + " is negative";
+    else if (options.config.empty() && options.config_text.empty() && options.checkpoint.empty())
+      local = "no model: give a config (file or text) or a checkpoint";
+    comm_.agree(local.empty() ? "" : std::string(where) + ": " + local);
+
+    const auto arrays = RunConfig::DataUse::arrays;
+    const RunConfig config =
+        !options.config.empty() ? RunConfig::load(options.config, options.overrides, arrays)
+        : !options.config_text.empty()
+            ? RunConfig::parse(options.config_text, "config text", options.overrides, arrays)
+            : RunConfig::parse(read_checkpoint_state(comm_, options.checkpoint).config,
+                               options.checkpoint + " (stored config)", options.overrides, arrays);
+    precision_ = config.training.precision;
+    if (precision_ == "double")
+      double_ = std::make_unique<Engine<double>>(comm_, grid, config, options);
+    else
+      float_ = std::make_unique<Engine<float>>(comm_, grid, config, options);
+    if (!options.checkpoint.empty()) load(options.checkpoint);
+    std::ostringstream out;
+    out << config.model["type"].as<std::string>("model") << ", "
+        << (float_ ? models::count_parameters(float_->model())
+                : models::count_parameters(double_->model()))
+        << " parameters, " << precision_ << ", " << grid.decomposition.describe() << ", "
+        << (options.arrays.order == ArrayOrder::c ? "C" : "Fortran") << "-order arrays with "
+        << options.arrays.ghost_width << " ghost cell(s)";
+    description_ = out.str();
+  }
+
+  template <class S>
+  void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs) {
+    check_arrays(comm_, inputs, options_.input_channels, "infer", "inputs");
+    check_arrays(comm_, outputs, options_.output_channels, "infer", "outputs");
+    float_ ? float_->infer(inputs, outputs, report_) : double_->infer(inputs, outputs, report_);
+  }
+
+  template <class S>
+  double train_step(const std::vector<const S*>& inputs, const std::vector<const S*>& targets) {
+    check_arrays(comm_, inputs, options_.input_channels, "train_step", "inputs");
+    check_arrays(comm_, targets, options_.output_channels, "train_step", "targets");
+    return float_ ? float_->train_step(inputs, targets, report_)
+                  : double_->train_step(inputs, targets, report_);
+  }
+
+  void save(const std::string& path) const { float_ ? float_->save(path) : double_->save(path); }
+  void load(const std::string& path) { float_ ? float_->load(path) : double_->load(path); }
+
+  const Decomposition& decomposition() const { return binding_.grid.decomposition; }
+  const std::string& precision() const { return precision_; }
+  std::int64_t steps() const { return float_ ? float_->steps() : double_->steps(); }
+  const CallReport& report() const { return report_; }
+  const std::string& description() const { return description_; }
+
+ private:
+  SessionOptions options_;
+  Binding binding_;
+  Communicator comm_;  // = binding_.comm
+  std::string precision_, description_;
+  std::unique_ptr<Engine<float>> float_;
+  std::unique_ptr<Engine<double>> double_;
+  CallReport report_;
+};
+
+Session::Session(MPI_Comm solver_comm, const SolverPatch& patch, const SessionOptions& options)
+    : impl_(std::make_unique<Impl>(solver_comm, patch, options)) {}
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+void Session::infer(const std::vector<const double*>& inputs, const std::vector<double*>& outputs) {
+  impl_->infer(inputs, outputs);
+}
+void Session::infer(const std::vector<const float*>& inputs, const std::vector<float*>& outputs) {
+  impl_->infer(inputs, outputs);
+}
+double Session::train_step(const std::vector<const double*>& inputs,
+                           const std::vector<const double*>& targets) {
+  return impl_->train_step(inputs, targets);
+}
+double Session::train_step(const std::vector<const float*>& inputs,
+                           const std::vector<const float*>& targets) {
+  return impl_->train_step(inputs, targets);
+}
+void Session::save_checkpoint(const std::string& path) const { impl_->save(path); }
+void Session::load_checkpoint(const std::string& path) { impl_->load(path); }
+const Decomposition& Session::decomposition() const { return impl_->decomposition(); }
+const std::string& Session::precision() const { return impl_->precision(); }
+std::int64_t Session::steps() const { return impl_->steps(); }
+const CallReport& Session::last_call() const { return impl_->report(); }
+std::string Session::describe() const { return impl_->description(); }
+
+}  // namespace shardtensor

@@ -1,0 +1,314 @@
+// The embedding API: a solver's patches become a process grid (in any rank order) or are
+// rejected on every rank; a Session on the solver's own arrays (C or Fortran order, ghost
+// cells, float or double) computes what one rank computes on the whole field, trains
+// online like one rank does, and writes checkpoints that load on another rank count.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <sstream>
+
+#include "shardtensor/embed.hpp"
+#include "test_support.hpp"
+
+using namespace shardtensor;
+
+namespace {
+
+const std::vector<Index> global_extent{10, 12, 6};
+
+/// The patch of solver rank `rank` when the solver numbers its ranks backwards over a
+/// balanced process grid (so the grid order is not the rank order).
+SolverPatch reversed_patch(int rank, int nranks) {
+  std::vector<int> dims(3, 0);
+  MPI_Dims_create(nranks, 3, dims.data());
+  const Decomposition d(global_extent, dims);
+  const Box box = d.box(nranks - 1 - rank);
+  SolverPatch p;
+  p.global_extent = global_extent;
+  for (int a = 0; a < 3; ++a) {
+    p.offset.push_back(box.lower[a]);
+    p.extent.push_back(box.extent[a]);
+  }
+  return p;
+}
+
+SolverPatch whole_field() {
+  return SolverPatch{global_extent, {0, 0, 0}, global_extent, {}};
+}
+
+/// A solver's arrays: one per channel, one after another in one allocation, each the patch
+/// plus `ghost` cells per side, C or Fortran order. Owned cells hold a function of (seed,
+/// channel, global cell); ghosts hold `fill`.
+template <class S>
+struct SolverField {
+  SolverPatch patch;
+  SolverArrays layout;
+  Index allocated[3];
+  std::size_t size = 1;  // values per channel
+  std::vector<S> storage;
+
+  SolverField(const SolverPatch& p, const SolverArrays& l, Index nchannels, double fill)
+      : patch(p), layout(l) {
+    for (int a = 0; a < 3; ++a) size *= (allocated[a] = p.extent[a] + 2 * l.ghost_width);
+    storage.assign(nchannels * size, S(fill));
+  }
+  /// Index of owned cell `local` (0-based, without ghosts) in a channel array.
+  std::size_t index(Index i, Index j, Index k) const {
+    const Index g = layout.ghost_width;
+    if (layout.order == ArrayOrder::c)
+      return std::size_t(((i + g) * allocated[1] + (j + g)) * allocated[2] + (k + g));
+    return std::size_t(((k + g) * allocated[1] + (j + g)) * allocated[0] + (i + g));
+  }
+  template <class F>
+  void for_owned(F f) {
+    for (Index i = 0; i < patch.extent[0]; ++i)
+      for (Index j = 0; j < patch.extent[1]; ++j)
+        for (Index k = 0; k < patch.extent[2]; ++k)
+          f(i, j, k, patch.offset[0] + i, patch.offset[1] + j, patch.offset[2] + k);
+  }
+  void randomize(std::uint64_t seed) {
+    for (std::size_t c = 0; c < storage.size() / size; ++c)
+      for_owned([&](Index i, Index j, Index k, Index x, Index y, Index z) {
+        const auto linear = std::uint64_t(((x * global_extent[1] + y) * global_extent[2]) + z);
+        storage[c * size + index(i, j, k)] =
+            S(2.0 * hashed_uniform(seed + 17 * c, linear) + 0.5 * c);
+      });
+  }
+  std::vector<const S*> in() const {
+    std::vector<const S*> out;
+    for (std::size_t c = 0; c < storage.size() / size; ++c) out.push_back(storage.data() + c * size);
+    return out;
+  }
+  std::vector<S*> out() {
+    std::vector<S*> result;
+    for (std::size_t c = 0; c < storage.size() / size; ++c) result.push_back(storage.data() + c * size);
+    return result;
+  }
+  /// Value at a global cell, read from a whole-field C-order array without ghosts.
+  static double at(const std::vector<S>& whole, Index x, Index y, Index z) {
+    return double(whole[std::size_t((x * global_extent[1] + y) * global_extent[2] + z)]);
+  }
+};
+
+std::string model_config(const std::string& precision, bool normalize) {
+  std::ostringstream c;
+  c << "model: {type: unet, depth: 1, base_channels: 4, norm: group, norm_groups: 2,"
+    << " activation: gelu, input_skip: true, seed: 11}\n"
+    << "optimizer: {type: adam, lr: 0.01}\n"
+    << "training: {precision: " << precision << ", loss: mse, clip_grad_norm: 2.0}\n"
+    << "data: {normalize: " << (normalize ? "true" : "false") << "}\n";
+  return c.str();
+}
+
+SessionOptions options_for(const std::string& precision, bool normalize, SolverArrays layout) {
+  SessionOptions o;
+  o.config_text = model_config(precision, normalize);
+  o.input_channels = 2;
+  o.output_channels = 1;
+  o.arrays = layout;
+  return o;
+}
+
+/// max |a - b| / max |b| over the owned cells of `sharded` against the whole-field `whole`.
+template <class S>
+double relative_difference(SolverField<S>& sharded, const std::vector<S>& whole) {
+  double diff = 0, scale = 0;
+  sharded.for_owned([&](Index i, Index j, Index k, Index x, Index y, Index z) {
+    const double reference = SolverField<S>::at(whole, x, y, z);
+    diff = std::max(diff, std::abs(double(sharded.storage[sharded.index(i, j, k)]) - reference));
+    scale = std::max(scale, std::abs(reference));
+  });
+  MPI_Allreduce(MPI_IN_PLACE, &diff, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &scale, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return diff / scale;
+}
+
+}  // namespace
+
+TEST_CASE("solver patches in any rank order form the process grid", "[session]") {
+  const Communicator world;
+  const SolverGrid grid = solver_grid(world, reversed_patch(world.rank(), world.size()));
+  CHECK(grid.grid_rank == world.size() - 1 - world.rank());
+  CHECK(grid.decomposition.global_extents() == SpatialIndex{10, 12, 6});
+  const Box mine = grid.decomposition.box(grid.grid_rank);
+  const SolverPatch p = reversed_patch(world.rank(), world.size());
+  for (int a = 0; a < 3; ++a) {
+    CHECK(mine.lower[a] == p.offset[a]);
+    CHECK(mine.extent[a] == p.extent[a]);
+  }
+}
+
+TEST_CASE("solver patches that do not tile the field fail on every rank", "[session]") {
+  const Communicator world;
+  const int rank = world.rank(), size = world.size();
+  const auto fails_everywhere = [&](const SolverPatch& p, const std::string& text) {
+    const std::string message = test::error_message_of([&] { solver_grid(world, p); });
+    INFO(message);
+    CHECK(test::ranks_with_error(message) == size);
+    CHECK_THAT(message, Catch::Contains(text));
+  };
+  SolverPatch p = reversed_patch(rank, size);
+  SECTION("a cell missing") {
+    if (rank == 0) p.extent[2] -= 1;
+    fails_everywhere(p, "cells are missing");
+  }
+  SECTION("outside the field") {
+    if (rank == size - 1) p.offset[1] = 11;
+    fails_everywhere(p, "lies outside the field [0, 12)");
+  }
+  SECTION("an empty patch") {
+    if (rank == 0) p.extent[0] = 0;
+    fails_everywhere(p, "every rank must own cells");
+  }
+  if (size >= 2) {
+    SECTION("different global extents") {
+      if (rank == size - 1) p.global_extent[0] = 11;
+      fails_everywhere(p, "the global extent and periodic flags differs between ranks");
+    }
+    SECTION("two ranks claim the same patch") {
+      if (rank == 1) p = reversed_patch(0, size);
+      fails_everywhere(p, "overlap");
+    }
+    SECTION("overlapping patches") {
+      // Two ranks split axis 0 at different points: [0, 6) and [4, 10) overlap.
+      p = SolverPatch{global_extent, {rank == 0 ? 0 : 4, 0, 0}, {rank == 0 ? 6 : 6, 12, 6}, {}};
+      if (rank >= 2) p = SolverPatch{global_extent, {0, 0, 0}, {1, 1, 1}, {}};
+      fails_everywhere(p, "overlap");
+    }
+  }
+}
+
+TEST_CASE("Session::infer on solver arrays equals one rank on the whole field", "[session]") {
+  const Communicator world;
+  for (const std::string precision : {"double", "float"})
+    for (const ArrayOrder order : {ArrayOrder::c, ArrayOrder::fortran})
+      for (const Index ghost : {0, 2}) {
+        DYNAMIC_SECTION(precision << (order == ArrayOrder::c ? " C" : " Fortran") << " order, "
+                                  << ghost << " ghost cells") {
+          const SolverArrays layout{order, ghost};
+          const SolverPatch patch = reversed_patch(world.rank(), world.size());
+          Session session(MPI_COMM_WORLD, patch, options_for(precision, false, layout));
+          SolverField<double> input(patch, layout, 2, 7777.0), output(patch, layout, 1, 4242.0);
+          input.randomize(3);
+          const auto input_before = input.storage;
+          session.infer(input.in(), output.out());
+          // In place exactly when the arrays are the model's layout and type.
+          CHECK(session.last_call().input_copied == (precision == "float" || order != ArrayOrder::c));
+          CHECK(input.storage == input_before);  // the solver's input is never written
+
+          // Reference: the same model on one rank, whole field, plain C arrays.
+          Session single(MPI_COMM_SELF, whole_field(), options_for(precision, false, {}));
+          SolverField<double> whole_in(whole_field(), {}, 2, 0.0), whole_out(whole_field(), {}, 1, 0.0);
+          whole_in.randomize(3);
+          single.infer(whole_in.in(), whole_out.out());
+          CHECK(relative_difference(output, whole_out.storage) <=
+                (precision == "double" ? 1e-12 : 1e-5));
+          // Ghost cells of the output keep the solver's values.
+          std::size_t owned = 0, kept = 0;
+          for (double v : output.storage) kept += v == 4242.0;
+          output.for_owned([&](Index, Index, Index, Index, Index, Index) { ++owned; });
+          CHECK(kept == output.size - owned);
+        }
+      }
+}
+
+TEST_CASE("Session::infer on float arrays reads them in place", "[session]") {
+  const Communicator world;
+  const SolverArrays layout{ArrayOrder::c, 1};
+  const SolverPatch patch = reversed_patch(world.rank(), world.size());
+  Session session(MPI_COMM_WORLD, patch, options_for("float", false, layout));
+  // One allocation holding both channels, one after the other: a single (C, x, y, z) array.
+  SolverField<float> input(patch, layout, 2, -1.0f), output(patch, layout, 1, 0.0f);
+  input.randomize(5);
+  session.infer(input.in(), output.out());
+  CHECK_FALSE(session.last_call().input_copied);
+  // The same values in two separate allocations: copied.
+  const std::vector<float> first(input.in()[0], input.in()[0] + input.size),
+      second(input.in()[1], input.in()[1] + input.size);
+  SolverField<float> copied_out(patch, layout, 1, 0.0f);
+  session.infer({first.data(), second.data()}, copied_out.out());
+  CHECK(session.last_call().input_copied);
+  CHECK_THAT(session.last_call().copy_reason, Catch::Contains("not one after another"));
+  CHECK(copied_out.storage == output.storage);
+}
+
+TEST_CASE("Session::train_step equals one-rank training; checkpoints move between rank counts",
+          "[session]") {
+  const Communicator world;
+  test::TempDir dir(world);
+  const SolverArrays layout{ArrayOrder::fortran, 1};
+  const SolverPatch patch = reversed_patch(world.rank(), world.size());
+  Session session(MPI_COMM_WORLD, patch, options_for("double", true, layout));
+  Session single(MPI_COMM_SELF, whole_field(), options_for("double", true, {}));
+  for (int step = 0; step < 3; ++step) {
+    SolverField<double> x(patch, layout, 2, 9.0), y(patch, layout, 1, 9.0);
+    x.randomize(100 + step);
+    y.randomize(200 + step);
+    SolverField<double> wx(whole_field(), {}, 2, 0.0), wy(whole_field(), {}, 1, 0.0);
+    wx.randomize(100 + step);
+    wy.randomize(200 + step);
+    const double loss = session.train_step(x.in(), y.in());
+    const double reference = single.train_step(wx.in(), wy.in());
+    INFO("step " << step << ": sharded loss " << loss << ", single rank " << reference);
+    CHECK(std::abs(loss - reference) <= 1e-10 * std::abs(reference));
+  }
+  CHECK(session.steps() == 3);
+
+  // The sharded session's checkpoint, loaded on one rank (config from the file), predicts
+  // what the sharded session predicts.
+  const std::string path = dir.path("online.h5");
+  session.save_checkpoint(path);
+  SessionOptions from_file;
+  from_file.checkpoint = path;
+  from_file.input_channels = 2;
+  Session reloaded(MPI_COMM_SELF, whole_field(), from_file);
+  CHECK(reloaded.steps() == 3);
+  SolverField<double> x(patch, layout, 2, 0.0), y(patch, layout, 1, 0.0);
+  x.randomize(300);
+  session.infer(x.in(), y.out());
+  CHECK(session.last_call().input_copied);  // normalized inputs are staged
+  SolverField<double> wx(whole_field(), {}, 2, 0.0), wy(whole_field(), {}, 1, 0.0);
+  wx.randomize(300);
+  reloaded.infer(wx.in(), wy.out());
+  CHECK(relative_difference(y, wy.storage) <= 1e-12);
+}
+
+TEST_CASE("Session bad input fails on every rank", "[session]") {
+  const Communicator world;
+  const int size = world.size();
+  const SolverPatch patch = reversed_patch(world.rank(), size);
+  Session session(MPI_COMM_WORLD, patch, options_for("double", false, {}));
+  SolverField<double> x(patch, {}, 2, 0.0), y(patch, {}, 1, 0.0);
+  x.randomize(1);
+  const auto fails_everywhere = [&](auto body, const std::string& text) {
+    const std::string message = test::error_message_of(body);
+    INFO(message);
+    CHECK(test::ranks_with_error(message) == size);
+    CHECK_THAT(message, Catch::Contains(text));
+  };
+  SECTION("a null pointer on one rank") {
+    auto inputs = x.in();
+    if (world.rank() == size - 1) inputs[1] = nullptr;
+    fails_everywhere([&] { session.infer(inputs, y.out()); }, "inputs array 1 is a null pointer");
+  }
+  SECTION("too few arrays") {
+    fails_everywhere([&] { session.infer({x.in()[0]}, y.out()); },
+                     "inputs: 1 arrays given, the model has 2 channels");
+  }
+  SECTION("a target with the wrong channel count") {
+    fails_everywhere([&] { session.train_step(x.in(), {x.in()[0], x.in()[1]}); },
+                     "targets: 2 arrays given, the model has 1 channels");
+  }
+  SECTION("no model") {
+    fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, SessionOptions{}); },
+                     "no model: give a config");
+  }
+  SECTION("a checkpoint of another model") {
+    test::TempDir dir(world);
+    session.save_checkpoint(dir.path("two_in.h5"));
+    SessionOptions o = options_for("double", false, {});
+    o.input_channels = 3;
+    o.checkpoint = dir.path("two_in.h5");
+    fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, o); }, "input and 1 output channels");
+  }
+}
