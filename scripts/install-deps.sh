@@ -13,6 +13,8 @@ packages=(
   catch2
   libyaml-cpp-dev libcli11-dev
   libfftw3-dev
+  gfortran                                # the Fortran embedding module and example
+  python3-torch python3-h5py python3-yaml  # PyTorch interop (tools/, its equivalence test)
 )
 
 missing=()

@@ -256,13 +256,16 @@ double generate_heat_dataset(const Communicator& comm, const HeatOptions& option
   }
   output.commit();
   const std::string xdmf = std::filesystem::path(path).replace_extension(".xdmf").string();
-  io::XdmfGeometry geometry;
-  geometry.spacing = {1.0 / options.size, 1.0 / options.size, 1.0 / options.size};
-  io::write_xdmf(comm, path, xdmf, {"input", "target"}, geometry);
+  if (options.dims >= 2) {  // XDMF describes 2-D and 3-D grids; 1-D fields get no sidecar
+    io::XdmfGeometry geometry;
+    geometry.spacing = {1.0 / options.size, 1.0 / options.size, 1.0 / options.size};
+    io::write_xdmf(comm, path, xdmf, {"input", "target"}, geometry);
+  }
   if (verbose && comm.rank() == 0) {
-    std::printf("\rgenerate heat: %lld samples of %s on %d rank(s) -> %s (+ %s)\n",
+    const std::string sidecar = options.dims >= 2 ? " (+ " + xdmf + ")" : "";
+    std::printf("\rgenerate heat: %lld samples of %s on %d rank(s) -> %s%s\n",
                 (long long)options.samples, decomposition.describe().c_str(), comm.size(),
-                path.c_str(), xdmf.c_str());
+                path.c_str(), sidecar.c_str());
     std::printf(
         "generate heat: |u(T) - u0| / |u(T)| = %.4f (mean over samples): the error of "
         "predicting no change\n",

@@ -487,8 +487,10 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   }
   out.close();
   output.commit();
-  const std::string xdmf = fs::path(options.output_path).replace_extension(".xdmf").string();
-  io::write_xdmf(world, options.output_path, xdmf, {options.output_dataset});
+  if (s.data.dims >= 2) {  // XDMF describes 2-D and 3-D grids; 1-D fields get no sidecar
+    const std::string xdmf = fs::path(options.output_path).replace_extension(".xdmf").string();
+    io::write_xdmf(world, options.output_path, xdmf, {options.output_dataset});
+  }
 
   InferResult result;
   result.samples = s.data.samples;
