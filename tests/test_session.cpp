@@ -138,6 +138,26 @@ TEST_CASE("solver patches in any rank order form the process grid", "[session]")
   }
 }
 
+TEST_CASE("an MPI Cartesian communicator describes the solver's patches", "[session]") {
+  const Communicator world;
+  std::vector<int> dims(3, 0), periods{1, 0, 1};
+  MPI_Dims_create(world.size(), 3, dims.data());
+  MPI_Comm cart = MPI_COMM_NULL;
+  MPI_Cart_create(MPI_COMM_WORLD, 3, dims.data(), periods.data(), /*reorder=*/0, &cart);
+  const SolverPatch patch = SolverPatch::cartesian(cart, global_extent);
+  const SolverGrid grid = solver_grid(Communicator(cart), patch);
+  const Decomposition expected(global_extent, dims, {true, false, true});
+  CHECK(grid.decomposition == expected);
+  int coords[3];
+  int cart_rank = 0;
+  MPI_Comm_rank(cart, &cart_rank);
+  MPI_Cart_coords(cart, cart_rank, 3, coords);
+  CHECK(grid.grid_rank == expected.rank_of({coords[0], coords[1], coords[2]}));
+  CHECK_THAT(test::error_message_of([&] { SolverPatch::cartesian(MPI_COMM_WORLD, global_extent); }),
+             Catch::Contains("no Cartesian topology"));
+  MPI_Comm_free(&cart);
+}
+
 TEST_CASE("solver patches that do not tile the field fail on every rank", "[session]") {
   const Communicator world;
   const int rank = world.rank(), size = world.size();
