@@ -73,23 +73,42 @@ bool is_identity(const ChannelStatistics& s) {
   return true;
 }
 
-/// Per channel scale and shift on the device: value * scale[c] + shift[c].
-Kokkos::View<double**> affine_of(const ChannelStatistics& s, bool inverse) {
-  Kokkos::View<double**> out("affine", s.channels(), 2);
-  auto host = Kokkos::create_mirror_view(out);
-  for (Index c = 0; c < s.channels(); ++c) {
-    host(c, 0) = inverse ? s.std[c] : 1.0 / s.std[c];
-    host(c, 1) = inverse ? s.mean[c] : -s.mean[c] / s.std[c];
+/// Per channel scale and shift on the device, value * scale[c] + shift[c]: normalisation by
+/// statistics (or its inverse). Rebuilt only when the statistics change, so steady-state
+/// calls allocate nothing.
+class ChannelAffine {
+ public:
+  const Kokkos::View<double**>& of(const ChannelStatistics& s, bool inverse) {
+    if (view_.data() != nullptr && s.mean == mean_ && s.std == std_ && inverse == inverse_)
+      return view_;
+    mean_ = s.mean, std_ = s.std, inverse_ = inverse;
+    view_ = Kokkos::View<double**>("affine", s.channels(), 2);
+    auto host = Kokkos::create_mirror_view(view_);
+    for (Index c = 0; c < s.channels(); ++c) {
+      host(c, 0) = inverse ? s.std[c] : 1.0 / s.std[c];
+      host(c, 1) = inverse ? s.mean[c] : -s.mean[c] / s.std[c];
+    }
+    Kokkos::deep_copy(view_, host);
+    return view_;
   }
-  Kokkos::deep_copy(out, host);
-  return out;
-}
+
+ private:
+  std::vector<double> mean_, std_;
+  bool inverse_ = false;
+  Kokkos::View<double**> view_;
+};
 
 }  // namespace
 
 /// The precision-independent state and the model in its precision T.
 template <class T>
 class Engine {
+  /// A field staged from solver arrays, reused between calls.
+  struct Staging {
+    ShardTensor<T> buffer;
+    ChannelAffine affine;
+  };
+
  public:
   Engine(const Communicator& comm, const SolverGrid& grid, const RunConfig& config,
          const SessionOptions& options)
@@ -184,11 +203,11 @@ class Engine {
  private:
   /// The model's view of the solver arrays: the arrays themselves when their layout is the
   /// model's (C order, precision T, channels one after another, no normalisation, ghost
-  /// cells only where the model ignores them), else `buffer` filled from them.
+  /// cells only where the model ignores them), else `staging`'s buffer filled from them.
   template <class S>
   ShardTensor<T> input_field(const std::vector<const S*>& arrays,
                              const ChannelStatistics& statistics, bool ghosts_allowed,
-                             ShardTensor<T>& buffer, CallReport& report) {
+                             Staging& staging, CallReport& report) {
     const Index channels = Index(arrays.size()), ghost = options_.arrays.ghost_width;
     std::string reason;
     if (!std::is_same<S, T>::value)
@@ -212,10 +231,11 @@ class Engine {
       return ShardTensor<T>::wrap(data, decomposition_, comm_.rank(), 1, channels,
                                   GhostWidths::uniform(int(ghost), decomposition_.ndims()));
     }
+    ShardTensor<T>& buffer = staging.buffer;
     if (buffer.channels() != channels || buffer.view().data() == nullptr)
       buffer = ShardTensor<T>::uninitialized(decomposition_, comm_.rank(), 1, channels, {},
                                              "Session staged field");
-    const auto affine = affine_of(statistics, false);
+    const auto affine = staging.affine.of(statistics, false);
     const ArrayIndexing a = indexing_;
     const auto out = buffer.view();
     for (Index c = 0; c < channels; ++c) {
@@ -236,7 +256,7 @@ class Engine {
   /// Owned cells of the solver's output arrays = the prediction in physical units.
   template <class S>
   void write_output(const ShardTensor<T>& prediction, const std::vector<S*>& arrays) {
-    const auto affine = affine_of(state_.target_statistics, true);
+    const auto affine = output_affine_.of(state_.target_statistics, true);
     const ArrayIndexing a = indexing_;
     const auto in = prediction.interior();
     for (Index c = 0; c < Index(arrays.size()); ++c) {
@@ -264,7 +284,8 @@ class Engine {
   std::unique_ptr<LearningRateSchedule> schedule_;
   TrainingState state_;
   bool statistics_fixed_ = false;
-  ShardTensor<T> staged_input_, staged_target_;  // reused between calls
+  Staging staged_input_, staged_target_;
+  ChannelAffine output_affine_;
 };
 
 /// The session's own communicator, with ranks numbered like the solver's process grid
@@ -275,6 +296,9 @@ struct Binding {
 };
 
 Binding bind(MPI_Comm solver_comm, const SolverPatch& patch) {
+  SHARDTENSOR_REQUIRE(Kokkos::is_initialized(), where,
+                      "Kokkos is not initialized: create a Kokkos::ScopeGuard (or call "
+                      "shardtensor_initialize from C) after MPI_Init, before the session");
   SHARDTENSOR_REQUIRE(solver_comm != MPI_COMM_NULL, where, "the solver communicator is null");
   const Communicator solver(solver_comm);
   SolverGrid grid = solver_grid(solver, patch);
