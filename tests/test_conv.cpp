@@ -62,6 +62,25 @@ std::vector<ConvCase> conv_cases() {
   };
 }
 
+/// The cases plus wider ones for the float vector kernels (AVX-512 CPUs): channel counts
+/// past one tile (8 outputs, 12 taps, 32 gradient channels) and z rows that are not a
+/// multiple of 16 cells. Too large for the finite-difference checks.
+std::vector<ConvCase> all_conv_cases() {
+  std::vector<ConvCase> cases = conv_cases();
+  ConvOptions wide;
+  wide.in_channels = 20;
+  wide.out_channels = 17;
+  wide.kernel = {3, 3, 3};
+  wide.padding = {1, 1, 1};
+  cases.push_back({"3-D k3 same zeros 20->17 channels", {10, 8, 21}, wide});
+  ConvOptions periodic = wide;
+  periodic.in_channels = 9;
+  periodic.out_channels = 35;
+  periodic.padding_mode = PaddingMode::periodic;
+  cases.push_back({"3-D k3 same periodic 9->35 channels", {8, 6, 19}, periodic});
+  return cases;
+}
+
 template <class T>
 test::ModuleFactory<T> conv_factory(const ConvOptions& options) {
   return [options](const Communicator& comm) {
@@ -85,7 +104,7 @@ Index min_cells(const ConvOptions& o) {
 
 TEMPLATE_TEST_CASE("Conv sharded equals Conv on one rank", "[conv][equivalence]", float, double) {
   const int nranks = test::world_size();
-  for (const ConvCase& c : conv_cases()) {
+  for (const ConvCase& c : all_conv_cases()) {
     INFO(c.name);
     const std::vector<bool> periodic(c.extents.size(),
                                      c.options.padding_mode == PaddingMode::periodic);
@@ -97,25 +116,26 @@ TEMPLATE_TEST_CASE("Conv sharded equals Conv on one rank", "[conv][equivalence]"
   }
 }
 
-TEMPLATE_TEST_CASE("the GEMM path equals the direct loop, also in one-row chunks", "[conv]", float,
-                   double) {
+TEMPLATE_TEST_CASE("the GEMM path and vector kernels equal the direct loop, also in one-row chunks",
+                   "[conv]", float, double) {
   const double tolerance = std::is_same<TestType, float>::value ? 2e-6 : 1e-13;
-  for (const ConvCase& c : conv_cases()) {
+  for (const ConvCase& c : all_conv_cases()) {
     INFO(c.name);
     const Communicator comm;
     const std::vector<bool> periodic(c.extents.size(), false);
     const auto decompositions =
         test::test_decompositions(c.extents, comm.size(), periodic, min_cells(c.options));
     if (decompositions.empty()) continue;
-    ConvOptions direct = c.options, chunked = c.options;
+    ConvOptions direct = c.options, chunked = c.options, gemm_only = c.options;
     direct.algorithm = ConvAlgorithm::direct;
     chunked.workspace_bytes = 1;  // one z row of outputs per chunk
+    gemm_only.vector_kernels = false;  // the GEMM path also where the vector kernels apply
     const auto run = [&](const ConvOptions& o) {
       return test::run_module<TestType>(conv_factory<TestType>(o), comm, decompositions.front(), 2,
                                         c.options.in_channels, test::weighted_sum<TestType>);
     };
     const auto reference = run(direct);
-    for (const auto& fast : {run(c.options), run(chunked)}) {
+    for (const auto& fast : {run(c.options), run(chunked), run(gemm_only)}) {
       CHECK(test::relative_error(fast.output.value().view(), reference.output.value().view()) <=
             tolerance);
       CHECK(test::relative_error(fast.input.grad().view(), reference.input.grad().view()) <=

@@ -2,6 +2,7 @@
 
 #include "shardtensor/core/cell_index.hpp"
 
+#include "impl/conv_avx512.hpp"
 #include "shardtensor/layers/impl/conv_parameters.hpp"
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
@@ -378,10 +379,20 @@ KOKKOS_INLINE_FUNCTION Index slot_of(Index sx, Index slots) {
   return ((sx % slots) + slots) % slots;
 }
 
+/// Weight of a correlation of group `group`: output o, source channel j, taps (a, b, c). The
+/// forward's weight, or (transposed) the input gradient's flipped one.
+template <class T>
+KOKKOS_INLINE_FUNCTION T correlation_weight(const ConvShape& g, const ReplicatedView<T>& w,
+                                            Index group, bool transposed, Index o, Index j, Index a,
+                                            Index b, Index c) {
+  return transposed ? w(g.weight_index(group * g.out_per_group + j, o, g.k[0] - 1 - a,
+                                       g.k[1] - 1 - b, g.k[2] - 1 - c))
+                    : w(g.weight_index(group * g.out_per_group + o, j, a, b, c));
+}
+
 /// The weights of one group for every ring rotation r (the slot of the output plane's first
 /// tap): packed[r][o][(s, j, b, c)] = weight of x tap a for the slot s = r + a * d (mod slots),
-/// zero for slots no tap reads. Forward weights, or (transposed) the input gradient's flipped
-/// ones.
+/// zero for slots no tap reads.
 template <class T>
 void pack_weights(const Correlation& r, const ConvShape& g, const ReplicatedView<T>& w, Index group,
                   bool transposed, T* packed) {
@@ -395,12 +406,9 @@ void pack_weights(const Correlation& r, const ConvShape& g, const ReplicatedView
         const Index j = j_b_c / (ky * kz), b = (j_b_c / kz) % ky, c = j_b_c % kz;
         const Index shift = slot_of(s - rotation, slots);  // = a * dx for a tap a
         const Index a = shift / dx;
-        T value = T(0);
-        if (shift % dx == 0 && a < kx)
-          value = transposed ? w(g.weight_index(group * g.out_per_group + j, o, kx - 1 - a,
-                                                ky - 1 - b, kz - 1 - c))
-                             : w(g.weight_index(group * g.out_per_group + o, j, a, b, c));
-        packed[flat] = value;
+        packed[flat] = shift % dx == 0 && a < kx
+                           ? correlation_weight(g, w, group, transposed, o, j, a, b, c)
+                           : T(0);
       });
 }
 /// columns[(j, b, c), (y - y0) * out_z + z] = src(n, group's channel j, x, offset_y + y + b d_y,
@@ -555,6 +563,298 @@ void plane_weight_gradient(const Correlation& r, const ConvShape& g, const Field
   add_packed(current_group);
 }
 
+// ---------------------------------------------------------------------------------------
+// The plane path's vector kernels (float on the host, AVX-512 CPUs: impl/conv_avx512.hpp).
+// The same correlations without im2col or a GEMM library: a tile of 8 output channels x 3
+// vectors of 16 output cells accumulates in registers over the taps, loading the source
+// straight from its planes (a tap is an offset). The weight gradient keeps 12 taps x 32 output
+// channels in registers while it streams a band of cells. On bench_conv, im2col +
+// KokkosBlas::gemm ran at 76-81 GFLOP/s per core (OpenBLAS sgemm alone: 105-135 on these
+// shapes); see docs/performance.md for what the kernels reach.
+
+/// Whether this build and CPU run the vector kernels: float, Kokkos on the host's Serial
+/// backend (the kernels are single-threaded), AVX-512F at run time.
+template <class T>
+bool vector_kernels_available() {
+#if defined(SHARDTENSOR_CONV_AVX512) && defined(KOKKOS_ENABLE_SERIAL)
+  return std::is_same<T, float>::value &&
+         std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Serial>::value &&
+         impl::conv_avx512::available();
+#else
+  return false;
+#endif
+}
+
+#ifdef SHARDTENSOR_CONV_AVX512
+namespace vector_kernels = impl::conv_avx512;
+
+/// Source channels per pass over a tile: a pass reads 8 channels x kx planes (about 24 pages,
+/// which the TLB holds); all 32 channels in one pass (96 pages per tile) ran 20 % slower.
+constexpr Index channels_per_pass = 8;
+/// Output rows per band: the unit that the halo-overlap filter selects, and the cells per
+/// weight-gradient sweep (32 channels x 16 rows of 64 cells transposed = 128 KiB, kept in L2).
+constexpr Index band_rows = 16;
+
+/// Extent along axis a (1: y, 2: z) of the source cells that a correlation's outputs read.
+inline Index read_extent(const Correlation& r, int a) {
+  return r.out[a] + (r.k[a] - 1) * r.d[a];
+}
+
+/// Whether every window of the outputs lies inside the source in y and z.
+inline bool reads_inside(const Correlation& r) {
+  for (int a = 1; a < 3; ++a)
+    if (r.offset[a] < 0 || r.offset[a] + read_extent(r, a) > r.src[a]) return false;
+  return true;
+}
+
+/// Where the vector kernels read source plane sx: the field itself when the windows lie inside
+/// it in y and z (the forward's padded input), else a ring of zero-padded copies of its
+/// planes (the output gradient, read by the input gradient). A plane points at the cell that
+/// output (0, 0) reads at y and z taps 0, channel 0 of the group.
+class PlaneSource {
+ public:
+  PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring)
+      : r_(r), src_(src), ring_(ring), in_place_(reads_inside(r)), slot_plane_(r.slots()) {
+    channel_stride_ = in_place_ ? src.stride(1) : read_extent(r, 1) * read_extent(r, 2);
+    row_stride_ = in_place_ ? src.stride(3) : read_extent(r, 2);
+  }
+  /// Workspace values the ring needs (none when the source is read in place).
+  static std::size_t ring_values(const Correlation& r) {
+    return reads_inside(r) ? 0
+                           : static_cast<std::size_t>(r.slots() * r.src_per_group *
+                                                      read_extent(r, 1) * read_extent(r, 2));
+  }
+  std::ptrdiff_t channel_stride() const { return channel_stride_; }
+  std::ptrdiff_t row_stride() const { return row_stride_; }
+
+  /// Starts sample n, group `group`: the ring holds none of its planes yet.
+  void start(Index n, Index group) {
+    n_ = n, group_ = group;
+    std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
+  }
+  /// Source plane sx of the current sample and group; null outside the source (reads zero).
+  const float* plane(Index sx) {
+    if (sx < 0 || sx >= r_.src[0]) return nullptr;
+    const Index c0 = group_ * r_.src_per_group;
+    if (in_place_) return &src_(n_, c0, sx, r_.offset[1], r_.offset[2]);
+    const Index slot = slot_of(sx, r_.slots());
+    float* copy = ring_ + slot * r_.src_per_group * channel_stride_;
+    if (slot_plane_[slot] == sx) return copy;
+    for (Index j = 0; j < r_.src_per_group; ++j)
+      for (Index y = 0; y < read_extent(r_, 1); ++y) {
+        const Index sy = r_.offset[1] + y;
+        float* row = copy + j * channel_stride_ + y * row_stride_;
+        for (Index z = 0; z < read_extent(r_, 2); ++z) {
+          const Index sz = r_.offset[2] + z;
+          const bool inside = sy >= 0 && sy < r_.src[1] && sz >= 0 && sz < r_.src[2];
+          row[z] = inside ? src_(n_, c0 + j, sx, sy, sz) : 0.0f;
+        }
+      }
+    slot_plane_[slot] = sx;
+    return copy;
+  }
+
+ private:
+  const Correlation& r_;
+  FieldView<float> src_;
+  float* ring_;
+  bool in_place_;
+  std::ptrdiff_t channel_stride_, row_stride_;
+  std::vector<Index> slot_plane_;  // source plane in each ring slot
+  Index n_ = 0, group_ = 0;
+};
+
+/// Offsets from a source plane of the (y, z) taps of source channels [0, channels): entry
+/// (j, b, c) = j * channel stride + b * dy * row stride + c * dz.
+inline std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const PlaneSource& source) {
+  std::vector<std::ptrdiff_t> offsets;
+  for (Index j = 0; j < r.src_per_group; ++j)
+    for (Index b = 0; b < r.k[1]; ++b)
+      for (Index c = 0; c < r.k[2]; ++c)
+        offsets.push_back(j * source.channel_stride() + b * r.d[1] * source.row_stride() +
+                          c * r.d[2]);
+  return offsets;
+}
+
+/// The output vectors of output rows [y0, y1), padded to whole tiles: row by row, or, where
+/// that takes fewer vectors (rows of 66 cells: 5 vectors, 14 lanes idle), running on over the
+/// source's rows (its row stride, at least the output row), so that a vector's lanes past
+/// the end of an output row are the next row's first cells (the rows' last source columns
+/// in between are skipped).
+inline void output_vectors(const Correlation& r, Index source_row_stride, Index out_row_stride,
+                           Index y0, Index y1, std::vector<vector_kernels::OutputVector>& vectors) {
+  constexpr Index lanes = vector_kernels::lanes;
+  const Index row = r.out[2], rows = y1 - y0;
+  const bool run_on =
+      source_row_stride >= lanes && ((rows - 1) * source_row_stride + row + lanes - 1) / lanes <
+                                        rows * ((row + lanes - 1) / lanes);
+  vectors.clear();
+  if (!run_on) {
+    for (Index y = y0; y < y1; ++y)
+      for (Index z = 0; z < row; z += lanes)
+        vectors.push_back({y * source_row_stride + z, y * out_row_stride + z, 0,
+                           (1u << std::min(lanes, row - z)) - 1, 0});
+  } else {
+    const Index end = (y1 - 1) * source_row_stride + row;  // past the last cell read
+    for (Index q = y0 * source_row_stride; q < end; q += lanes) {
+      const Index y = q / source_row_stride, z = q % source_row_stride;
+      unsigned mask = 0, next_mask = 0;
+      for (Index i = 0; i < lanes; ++i) {
+        if (z + i < row) mask |= 1u << i;
+        const Index next_z = z + i - source_row_stride;
+        if (next_z >= 0 && next_z < row && y + 1 < y1) next_mask |= 1u << i;
+      }
+      vectors.push_back({q, y * out_row_stride + z,
+                         (y + 1) * out_row_stride + z - source_row_stride, mask, next_mask});
+    }
+  }
+  while (vectors.size() % vector_kernels::tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
+}
+
+/// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
+/// and band of rows, tiles of output vectors, one pass per channels_per_pass source channels.
+/// Weights are packed per group as [block of 8 outputs][pass][a][(j, b, c) of the pass][8]
+/// (outputs past out_per_group zero).
+template <class Keep>
+void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+                      const ReplicatedView<float>& w, bool transposed,
+                      const ReplicatedView<float>& bias, const FieldView<float>& out,
+                      float* workspace, const Keep& keep) {
+  constexpr Index rows_per_tile = vector_kernels::tile_rows;
+  constexpr Index vectors_per_tile = vector_kernels::tile_vectors;
+  const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
+  const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
+  float* const packed = workspace;
+  PlaneSource source(r, src, packed + blocks * rows_per_tile * kx * taps);
+  const std::vector<std::ptrdiff_t> offsets = tap_offsets(r, source);
+  const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
+  std::vector<const float*> planes(kx);
+  std::vector<vector_kernels::OutputVector> vectors;
+  for (Index n = 0; n < Index(out.extent(0)); ++n)
+    for (Index group = 0; group < r.groups; ++group) {
+      for (Index block = 0; block < blocks; ++block)
+        for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass) {
+          const Index pass = std::min(channels_per_pass, r.src_per_group - j0);
+          float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+          for (Index a = 0; a < kx; ++a)
+            for (Index j = j0; j < j0 + pass; ++j)
+              for (Index b = 0; b < r.k[1]; ++b)
+                for (Index c = 0; c < r.k[2]; ++c)
+                  for (Index i = 0; i < rows_per_tile; ++i, ++p) {
+                    const Index o = block * rows_per_tile + i;
+                    *p = o < r.out_per_group
+                             ? correlation_weight(g, w, group, transposed, o, j, a, b, c)
+                             : 0.0f;
+                  }
+        }
+      source.start(n, group);
+      for (Index x = 0; x < r.out[0]; ++x)
+        for (Index y0 = 0; y0 < r.out[1]; y0 += band_rows) {
+          const Index y1 = std::min(y0 + band_rows, r.out[1]);
+          if (!keep(x, y0, y1)) continue;
+          for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
+          output_vectors(r, source.row_stride(), out_row_stride, y0, y1, vectors);
+          float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
+          for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass) {
+            const Index pass = std::min(channels_per_pass, r.src_per_group - j0);
+            for (Index block = 0; block < blocks; ++block) {
+              const Index o0 = block * rows_per_tile;
+              const float* weights =
+                  packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+              const float* block_bias =
+                  bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
+              for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)
+                vector_kernels::correlate_tile(
+                    planes.data(), int(kx), offsets.data() + j0 * yz_taps, int(pass * yz_taps),
+                    weights, &vectors[v], out_plane + o0 * out_channel_stride, out_channel_stride,
+                    int(std::min(rows_per_tile, r.out_per_group - o0)), block_bias,
+                    /*accumulate=*/j0 > 0);
+            }
+          }
+        }
+    }
+}
+
+/// Output channels per weight-gradient tile (its register vectors).
+constexpr Index gradient_channels = vector_kernels::gradient_vectors * vector_kernels::lanes;
+
+/// Workspace values of vector_correlate and vector_weight_gradient.
+inline std::size_t vector_correlate_values(const Correlation& r) {
+  const Index blocks =
+      (r.out_per_group + vector_kernels::tile_rows - 1) / vector_kernels::tile_rows;
+  return static_cast<std::size_t>(blocks * vector_kernels::tile_rows * r.k[0] * r.src_per_group *
+                                  r.k[1] * r.k[2]) +
+         PlaneSource::ring_values(r);
+}
+inline Index padded_taps(const Correlation& r) {
+  const Index taps = r.column_rows(), per_tile = vector_kernels::gradient_taps;
+  return (taps + per_tile - 1) / per_tile * per_tile;
+}
+inline Index padded_outputs(const Correlation& r) {
+  return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
+}
+inline std::size_t vector_weight_gradient_values(const Correlation& r) {
+  const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
+  // the output gradient of a band transposed, a plane's float sums, the double totals
+  return static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient;
+}
+
+/// gw += this rank's weight gradient (forward correlation r over the padded input xp, whose
+/// windows lie inside it): per output plane and band of rows, the output gradient transposed
+/// to (cell, channel), then tiles of 12 taps x 32 channels summed over the band's cells. Each
+/// plane's float sums are added into double totals.
+void vector_weight_gradient(const Correlation& r, const ConvShape& g, const FieldView<float>& xp,
+                            const FieldView<float>& gy, const ReplicatedView<float>& gw,
+                            float* workspace) {
+  const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
+  const Index taps = padded_taps(r), outs = padded_outputs(r),
+              cells_per_band = band_rows * r.out[2];
+  const Index gradient_size = kx * taps * outs;
+  float* const transposed = workspace;  // [32-channel block][cell][32]
+  float* const sums = transposed + outs * cells_per_band;
+  double* const totals = reinterpret_cast<double*>(sums + gradient_size);
+  PlaneSource source(r, xp, nullptr);  // in place: no ring
+  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, source);
+  offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
+  for (Index n = 0; n < g.batch; ++n)
+    for (Index group = 0; group < r.groups; ++group) {
+      source.start(n, group);
+      std::fill(totals, totals + gradient_size, 0.0);
+      for (Index x = 0; x < r.out[0]; ++x) {
+        std::fill(sums, sums + gradient_size, 0.0f);
+        for (Index y0 = 0; y0 < r.out[1]; y0 += band_rows) {
+          const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
+          for (Index o = 0; o < outs; ++o) {
+            float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
+                            o % gradient_channels;
+            const float* row =
+                o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
+            for (Index p = 0; p < cells; ++p) column[p * gradient_channels] = row ? row[p] : 0.0f;
+          }
+          for (Index a = 0; a < kx; ++a) {
+            const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+            if (!plane) continue;  // outside the source: reads zero
+            for (Index block = 0; block < outs / gradient_channels; ++block)
+              for (Index t = 0; t < taps; t += vector_kernels::gradient_taps)
+                vector_kernels::weight_gradient_tile(
+                    plane + y0 * source.row_stride(), offsets.data() + t, source.row_stride(),
+                    int(y1 - y0), int(r.out[2]), transposed + block * cells * gradient_channels,
+                    sums + (a * taps + t) * outs + block * gradient_channels, outs);
+          }
+        }
+        for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
+      }
+      for (Index o = 0; o < r.out_per_group; ++o)
+        for (Index j = 0; j < r.src_per_group; ++j)
+          for (Index a = 0; a < kx; ++a)
+            for (Index b = 0; b < ky; ++b)
+              for (Index c = 0; c < kz; ++c)
+                gw(g.weight_index(group * r.out_per_group + o, j, a, b, c)) +=
+                    static_cast<float>(totals[(a * taps + (j * ky + b) * kz + c) * outs + o]);
+    }
+}
+#endif  // SHARDTENSOR_CONV_AVX512
+
 /// The padded-buffer cells that output rows [y0, y1) of output plane ox read (plane path).
 inline Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1) {
   Box box;
@@ -569,11 +869,14 @@ inline Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1) {
 struct PlanePlan {
   Correlation forward, data;
   Index forward_rows = 0, data_rows = 0;
-  std::size_t values = 0;  // workspace values needed
+  bool vector_kernels = false;  // the AVX-512 kernels instead of im2col + GEMM
+  std::size_t values = 0;       // workspace values needed
+  bool applies() const { return vector_kernels || forward_rows > 0; }
 };
 
+/// The plane path's plan, if it applies; `vector_kernels`: may use the AVX-512 kernels.
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
-                      std::size_t budget_bytes) {
+                      std::size_t budget_bytes, bool vector_kernels) {
   PlanePlan plan;
   const Index groups = g.out_channels / g.out_per_group;
   Correlation& f = plan.forward;
@@ -592,6 +895,17 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   }
   if (g.out[1] * g.out[2] < 64) return plan;
   const std::size_t budget = budget_bytes / value_size;
+#ifdef SHARDTENSOR_CONV_AVX512
+  if (vector_kernels) {
+    plan.values = std::max(
+        {vector_correlate_values(f), vector_correlate_values(d), vector_weight_gradient_values(f)});
+    // The weight gradient reads the padded input in place (the forward's windows lie inside).
+    plan.vector_kernels = plan.values <= budget && reads_inside(f);
+    if (plan.vector_kernels) return plan;
+  }
+#else
+  (void)vector_kernels;
+#endif
   const auto weights = [](const Correlation& r) {
     return static_cast<std::size_t>(r.slots() * r.out_per_group * r.slots() * r.column_rows());
   };
@@ -604,6 +918,32 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   };
   plan.values = std::max(needs(f, plan.forward_rows), needs(d, plan.data_rows));
   return plan;
+}
+
+/// The plane path's correlation (forward or input gradient; `rows` per GEMM chunk): the
+/// vector kernels where planned, else im2col + GEMM.
+template <class T, class Keep>
+void correlate_planes(const PlanePlan& plan, const Correlation& r, Index rows, const ConvShape& g,
+                      const FieldView<T>& src, const ReplicatedView<T>& w, bool transposed,
+                      const ReplicatedView<T>& bias, const FieldView<T>& out, T* workspace,
+                      const Keep& keep) {
+#ifdef SHARDTENSOR_CONV_AVX512
+  if constexpr (std::is_same<T, float>::value)
+    if (plan.vector_kernels)
+      return vector_correlate(r, g, src, w, transposed, bias, out, workspace, keep);
+#endif
+  plane_correlate(r, g, src, w, transposed, bias, out, workspace, rows, keep);
+}
+
+/// The plane path's weight gradient: the vector kernels where planned, else im2col + GEMM.
+template <class T>
+void weight_gradient_planes(const PlanePlan& plan, const ConvShape& g, const FieldView<T>& xp,
+                            const FieldView<T>& gy, const ReplicatedView<T>& gw, T* workspace) {
+#ifdef SHARDTENSOR_CONV_AVX512
+  if constexpr (std::is_same<T, float>::value)
+    if (plan.vector_kernels) return vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace);
+#endif
+  plane_weight_gradient(plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 
 std::string layer_name(int ndims, const std::string& name) {
@@ -689,18 +1029,20 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                                   Index(padded.view().extent(4))};
   const PlanePlan planes =
       algorithm == ConvAlgorithm::gemm
-          ? plan_planes(shape, padded_extent, sizeof(T), workspace->budget_bytes)
+          ? plan_planes(shape, padded_extent, sizeof(T), workspace->budget_bytes,
+                        options_.vector_kernels && vector_kernels_available<T>())
           : PlanePlan{};
   const auto forward_gemm = [&](const ChunkFilter& filter) {
-    if (planes.forward_rows == 0) {
+    if (!planes.applies()) {
       conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, filter);
       return;
     }
     const auto keep = [&](Index ox, Index y0, Index y1) {
       return filter(plane_reads(shape, ox, y0, y1));
     };
-    plane_correlate(planes.forward, shape, padded.view(), weight_.data(), false, bias, y.view(),
-                    workspace->reserve(planes.values), planes.forward_rows, keep);
+    correlate_planes(planes, planes.forward, planes.forward_rows, shape, padded.view(),
+                     weight_.data(), false, bias, y.view(), workspace->reserve(planes.values),
+                     keep);
   };
   if (algorithm == ConvAlgorithm::gemm && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, halo_->exchanged_boxes(padded)};
@@ -733,21 +1075,18 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
       ShardTensor<T> grad_padded;
-      if (planes.forward_rows > 0) {
+      if (planes.applies()) {
         // Plane path: weight gradient first, then the input gradient, which writes every
-        // padded cell (no zero fill).
+        // padded cell. The padded input is dead by then (backward runs once per forward), so
+        // its buffer takes the padded gradient: no allocation, no zero fill.
         T* scratch = workspace->reserve(planes.values);
-        if (gw.extent(0) > 0)
-          plane_weight_gradient(planes.forward, shape, padded.view(), gy, gw, scratch,
-                                planes.forward_rows);
+        if (gw.extent(0) > 0) weight_gradient_planes(planes, shape, padded.view(), gy, gw, scratch);
         conv_backward_parameters(shape, gy, padded.view(), ReplicatedView<T>(), gb);  // bias only
         if (x_node->requires_grad) {
-          grad_padded = ShardTensor<T>::uninitialized(padded.decomposition(), padded.rank(),
-                                                      padded.batch(), padded.channels(),
-                                                      padded.ghosts(), name_ + ".padded_grad");
+          grad_padded = padded;
           const auto keep_all = [](Index, Index, Index) { return true; };
-          plane_correlate(planes.data, shape, gy, w_node->data, true, ReplicatedView<T>(),
-                          grad_padded.view(), scratch, planes.data_rows, keep_all);
+          correlate_planes(planes, planes.data, planes.data_rows, shape, gy, w_node->data, true,
+                           ReplicatedView<T>(), grad_padded.view(), scratch, keep_all);
         }
       } else {
         if (x_node->requires_grad)

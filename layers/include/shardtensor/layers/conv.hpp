@@ -48,6 +48,9 @@ struct ConvOptions {
   ConvAlgorithm algorithm = ConvAlgorithm::gemm;
   /// Bound on the GEMM path's scratch memory; chunks of output planes are sized to fit.
   std::size_t workspace_bytes = std::size_t(16) << 20;
+  /// GEMM path, float, host (Serial) and an AVX-512 CPU: register-blocked convolution kernels
+  /// instead of im2col + KokkosBlas::gemm for unit strides. false: always KokkosBlas::gemm.
+  bool vector_kernels = true;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
