@@ -7,8 +7,23 @@
 #   - Kokkos::kokkos carries INTERFACE_INCLUDE_DIRECTORIES /usr/lib/include, which does
 #     not exist; the headers are in /usr/include/trilinos (Kokkos_INCLUDE_DIRS says so);
 #   - Kokkos Kernels exports `trilinos_kokkoskernels`, not `Kokkos::kokkoskernels`.
+#
+# The build includes this file from CMakeLists.txt; the installed package config includes
+# its installed copy (lib/cmake/ShardTensor) with SHARDTENSOR_KOKKOS_FROM_PACKAGE_CONFIG set,
+# so a missing Kokkos makes find_package(ShardTensor) fail politely instead of stopping
+# CMake, and SHARDTENSOR_KOKKOS_HINTS / SHARDTENSOR_KOKKOSKERNELS_HINTS name the directories
+# the build found them in (searched last). Including it twice is harmless.
 
-find_package(Kokkos REQUIRED)
+if(SHARDTENSOR_KOKKOS_FROM_PACKAGE_CONFIG)
+  include(CMakeFindDependencyMacro)
+  if(SHARDTENSOR_KOKKOS_HINTS)
+    find_dependency(Kokkos HINTS ${SHARDTENSOR_KOKKOS_HINTS})
+  else()
+    find_dependency(Kokkos)  # returns from this file on failure, with a message
+  endif()
+else()
+  find_package(Kokkos REQUIRED)
+endif()
 
 if(TARGET Kokkos::kokkos AND Kokkos_INCLUDE_DIRS)
   get_target_property(_st_kokkos_includes Kokkos::kokkos INTERFACE_INCLUDE_DIRECTORIES)
@@ -20,7 +35,9 @@ if(TARGET Kokkos::kokkos AND Kokkos_INCLUDE_DIRS)
   endforeach()
   if(_st_kokkos_broken)
     get_filename_component(_st_kokkos_real_include "${Kokkos_INCLUDE_DIRS}" REALPATH)
-    message(STATUS "ShardTensor: repairing Kokkos::kokkos include directory -> ${_st_kokkos_real_include}")
+    if(NOT SHARDTENSOR_KOKKOS_FROM_PACKAGE_CONFIG)
+      message(STATUS "ShardTensor: repairing Kokkos::kokkos include directory -> ${_st_kokkos_real_include}")
+    endif()
     set_target_properties(Kokkos::kokkos PROPERTIES
       INTERFACE_INCLUDE_DIRECTORIES "${_st_kokkos_real_include}"
       # The Trilinos export smuggles "-DKOKKOS_DEPENDENCE" into the link line.
@@ -28,8 +45,14 @@ if(TARGET Kokkos::kokkos AND Kokkos_INCLUDE_DIRS)
   endif()
 endif()
 
-find_package(KokkosKernels QUIET)
-if(TARGET Kokkos::kokkoskernels)
+if(SHARDTENSOR_KOKKOSKERNELS_HINTS)
+  find_package(KokkosKernels QUIET HINTS ${SHARDTENSOR_KOKKOSKERNELS_HINTS})
+else()
+  find_package(KokkosKernels QUIET)
+endif()
+if(TARGET ShardTensor::kokkoskernels)
+  # already made (this file was included before in this directory)
+elseif(TARGET Kokkos::kokkoskernels)
   add_library(ShardTensor::kokkoskernels INTERFACE IMPORTED)
   target_link_libraries(ShardTensor::kokkoskernels INTERFACE Kokkos::kokkoskernels)
 elseif(TARGET trilinos_kokkoskernels)
@@ -37,6 +60,6 @@ elseif(TARGET trilinos_kokkoskernels)
   target_link_libraries(ShardTensor::kokkoskernels INTERFACE trilinos_kokkoskernels Kokkos::kokkos)
 endif()
 
-if(DEFINED Kokkos_VERSION)
+if(DEFINED Kokkos_VERSION AND NOT SHARDTENSOR_KOKKOS_FROM_PACKAGE_CONFIG)
   message(STATUS "ShardTensor: Kokkos ${Kokkos_VERSION}, devices: ${Kokkos_DEVICES}")
 endif()
