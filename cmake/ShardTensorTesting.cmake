@@ -1,30 +1,54 @@
-# shardtensor_add_mpi_test(<name> SOURCES <files...> [RANKS <counts...>] [TIMEOUT <s>])
-#
-# Builds one test executable (with the project's MPI + Kokkos Catch2 main) and registers
-# it with ctest once per rank count, as <name>_np<R>. Rank counts above the number of
-# cores run oversubscribed, with ranks yielding when idle so they do not spin.
+# MPI tests: every test program, example and benchmark smoke run is started under mpirun at
+# one or more rank counts, as <name>_np<R>. Rank counts above the number of cores run
+# oversubscribed, with ranks yielding when idle so they do not spin.
 
 set(SHARDTENSOR_TEST_RANKS 1 2 3 4 8 CACHE STRING "Rank counts every MPI test runs at")
+set(SHARDTENSOR_MPI_TEST_ENVIRONMENT
+    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
 
+# shardtensor_add_mpi_runs(<target> RANKS <counts...> [NAME <name>] [TIMEOUT <s>]
+#                          [LABEL <label>] [PASS_REGULAR_EXPRESSION <re>] [ARGS <args...>])
+#
+# Registers <name>_np<R> (name defaults to the target's) running the built <target> with
+# <args> on R ranks. Without PASS_REGULAR_EXPRESSION the exit code decides.
+function(shardtensor_add_mpi_runs target)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;LABEL;PASS_REGULAR_EXPRESSION" "RANKS;ARGS" ${ARGN})
+  if(NOT ARG_NAME)
+    set(ARG_NAME ${target})
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL mpi)
+  endif()
+  foreach(ranks IN LISTS ARG_RANKS)
+    add_test(NAME ${ARG_NAME}_np${ranks}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks}
+                     --oversubscribe --bind-to none
+                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${ARG_ARGS})
+    set_tests_properties(${ARG_NAME}_np${ranks} PROPERTIES
+      TIMEOUT ${ARG_TIMEOUT}
+      PROCESSORS ${ranks}
+      LABELS "${ARG_LABEL};np${ranks}"
+      ENVIRONMENT "${SHARDTENSOR_MPI_TEST_ENVIRONMENT}")
+    if(ARG_PASS_REGULAR_EXPRESSION)
+      set_tests_properties(${ARG_NAME}_np${ranks} PROPERTIES
+        PASS_REGULAR_EXPRESSION "${ARG_PASS_REGULAR_EXPRESSION}")
+    endif()
+  endforeach()
+endfunction()
+
+# shardtensor_add_mpi_test(<name> SOURCES <files...> [RANKS <counts...>] [TIMEOUT <s>])
+#
+# Builds one Catch2 test executable (with the project's MPI + Kokkos main) and registers it
+# at each rank count (default SHARDTENSOR_TEST_RANKS).
 function(shardtensor_add_mpi_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;RANKS" ${ARGN})
   if(NOT ARG_RANKS)
     set(ARG_RANKS ${SHARDTENSOR_TEST_RANKS})
   endif()
-  if(NOT ARG_TIMEOUT)
-    set(ARG_TIMEOUT 300)
-  endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE shardtensor_test_main)
-  foreach(ranks IN LISTS ARG_RANKS)
-    add_test(NAME ${name}_np${ranks}
-             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks}
-                     --oversubscribe --bind-to none
-                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(${name}_np${ranks} PROPERTIES
-      TIMEOUT ${ARG_TIMEOUT}
-      PROCESSORS ${ranks}
-      LABELS "mpi;np${ranks}"
-      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
-  endforeach()
+  shardtensor_add_mpi_runs(${name} RANKS ${ARG_RANKS} TIMEOUT ${ARG_TIMEOUT})
 endfunction()
