@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardtensor/layers.hpp"
+#include "shardtensor/models/fno.hpp"
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
 
@@ -209,9 +210,9 @@ const std::vector<std::pair<std::string, DownMode>> down_modes{
 const std::vector<std::pair<std::string, UpMode>> up_modes{
     {"transpose", UpMode::transpose}, {"nearest", UpMode::nearest}, {"linear", UpMode::linear}};
 
-enum class ModelType { unet, sequential };
+enum class ModelType { unet, sequential, fno };
 const std::vector<std::pair<std::string, ModelType>> model_types{
-    {"unet", ModelType::unet}, {"sequential", ModelType::sequential}};
+    {"unet", ModelType::unet}, {"sequential", ModelType::sequential}, {"fno", ModelType::fno}};
 
 enum class LayerType {
   conv,
@@ -437,6 +438,9 @@ const std::vector<std::string> unet_keys{
     "type", "depth", "base_channels", "norm",   "norm_groups", "activation",
     "down", "up",    "padding",       "blocks", "seed",        "input_skip"};
 const std::vector<std::string> sequential_keys{"type", "layers", "seed"};
+const std::vector<std::string> fno_keys{"type",       "width",      "modes",
+                                        "layers",     "activation", "projection_channels",
+                                        "seed"};
 
 void check_shape(const ModelShape& shape) {
   SHARDTENSOR_REQUIRE(shape.dims >= 1 && shape.dims <= 3, "build_model",
@@ -449,8 +453,28 @@ void check_shape(const ModelShape& shape) {
 ModelType model_type(const YAML::Node& model, const std::string& key) {
   if (!model.IsMap()) fail(key, model, "expected a map of keys, got " + shown(model));
   if (!model["type"])
-    fail(key, model, "missing required key 'type'; accepted values: unet, sequential");
+    fail(key, model, "missing required key 'type'; accepted values: unet, sequential, fno");
   return MapReader::choice_value(model["type"], key + ".type", model_types);
+}
+
+/// The options of a `type: fno` map.
+FNOOptions fno_options(const YAML::Node& model, const ModelShape& shape, const std::string& key) {
+  const MapReader map(model, key, fno_keys);
+  if (shape.dims != 2 && shape.dims != 3)
+    fail(key + ".type", model["type"],
+         "the fno model runs on 2-D and 3-D fields, the data is " + std::to_string(shape.dims) +
+             "-D");
+  FNOOptions o;
+  o.dims = shape.dims;
+  o.in_channels = shape.in_channels;
+  o.out_channels = shape.out_channels;
+  o.width = map.integer("width", o.width, 1);
+  o.modes = map.sizes("modes", shape.dims, o.modes[0], 1);
+  o.layers = int(map.integer("layers", o.layers, 1));
+  o.activation = map.choice("activation", o.activation, activations);
+  o.projection_channels = map.integer("projection_channels", o.projection_channels, 1);
+  o.seed = map.seed("seed", o.seed);
+  return o;
 }
 
 }  // namespace
@@ -492,6 +516,8 @@ std::shared_ptr<Module<T>> build_model(const YAML::Node& model, const Communicat
   check_shape(shape);
   if (model_type(model, key) == ModelType::unet)
     return std::make_shared<UNet<T>>(comm, unet_options(model, shape, key), key);
+  if (model_type(model, key) == ModelType::fno)
+    return std::make_shared<FNO<T>>(comm, fno_options(model, shape, key), key);
   const MapReader map(model, key, sequential_keys);
   SequentialBuilder<T> builder(comm, shape, map.seed("seed", 1));
   Index channels = shape.in_channels;

@@ -2,6 +2,7 @@
 // Models: U-Net, sequential containers, the config-driven builder and summaries.
 
 #include "shardtensor/models/builder.hpp"
+#include "shardtensor/models/fno.hpp"
 #include "shardtensor/models/redistribute_field.hpp"
 #include "shardtensor/models/sequential.hpp"
 #include "shardtensor/models/summary.hpp"
