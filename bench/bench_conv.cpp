@@ -32,37 +32,14 @@
 #include <ctime>
 #include <string>
 
+#include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/layers.hpp"
 
 using namespace shardtensor;
+using namespace shardtensor::bench;
 
 namespace {
-
-double max_over_ranks(double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return v;
-}
-
-/// CPU seconds this process has run: unlike wall time, not inflated when other jobs share
-/// the cores (this VM is shared), so the per-CPU-second rate is the steadier figure.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-double peak_resident_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss / 1024.0;  // Linux reports KiB
-}
-
-std::string option(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
 
 /// Best sgemm rate (GFLOP/s per rank) of a conv-shaped product, every rank at once.
 double sgemm_gflops(int m, int k, int n, int reps) {

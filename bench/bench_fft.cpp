@@ -27,31 +27,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
 #include "shardtensor/comm.hpp"
 #include "shardtensor/core.hpp"
 #include "shardtensor/spectral.hpp"
 
 using namespace shardtensor;
+using namespace shardtensor::bench;
 
 namespace {
-
-double max_over_ranks(double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return v;
-}
-
-/// CPU seconds of this process: less inflated than wall time when other jobs share the cores.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-std::string option(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
 
 /// Best time of FFTW's own 3-D r2c + c2r of `channels` fields of size^3 on this rank alone.
 double single_rank_fftw_seconds(int size, int channels, unsigned flags, int warmup, int iters) {

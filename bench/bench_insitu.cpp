@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/embed.hpp"
@@ -51,6 +52,7 @@
 #include "shardtensor/train/run_config.hpp"
 
 using namespace shardtensor;
+using namespace shardtensor::bench;
 
 namespace {
 
@@ -62,25 +64,6 @@ model: {type: unet, depth: 1, base_channels: 8, norm: none, activation: gelu, do
 optimizer: {type: adam, lr: 3.0e-3}
 training: {precision: float}
 )";
-
-double max_over_ranks(double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return v;
-}
-
-/// CPU seconds this process has run: unlike wall time, not inflated when other jobs share
-/// the cores.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-std::string option(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
 
 /// A solver's one-channel array with one ghost layer per side, C or Fortran order.
 template <class S>
