@@ -15,5 +15,6 @@
 #include "shardtensor/layers/padding.hpp"
 #include "shardtensor/layers/pointwise.hpp"
 #include "shardtensor/layers/pooling.hpp"
+#include "shardtensor/layers/ring_attention.hpp"
 #include "shardtensor/layers/upsample.hpp"
 #include "shardtensor/layers/variable.hpp"
