@@ -47,10 +47,9 @@ ArrayIndexing array_indexing(const Decomposition& decomposition, int rank,
   return a;
 }
 
-/// Checks made before any collective work of a call: on error every rank throws.
+/// What is wrong with a list of `channels` solver arrays ("" if nothing).
 template <class P>
-void check_arrays(const Communicator& comm, const std::vector<P>& arrays, Index channels,
-                  const char* call, const char* what) {
+std::string array_problem(const std::vector<P>& arrays, Index channels, const char* what) {
   std::ostringstream problem;
   if (Index(arrays.size()) != channels) {
     problem << what << ": " << arrays.size() << " arrays given, the model has " << channels
@@ -62,9 +61,19 @@ void check_arrays(const Communicator& comm, const std::vector<P>& arrays, Index 
         break;
       }
   }
-  const std::string text = problem.str();
-  comm.agree(text.empty() ? "" : std::string(where) + "::" + call + ": rank " +
-                                     std::to_string(comm.rank()) + ": " + text);
+  return problem.str();
+}
+
+/// Checks the two array lists of a call before any collective work, in one agreement over
+/// `comm`: on a problem on any rank, every rank throws.
+template <class P, class Q>
+void check_arrays(const Communicator& comm, const char* call, const std::vector<P>& first,
+                  Index first_channels, const char* first_name, const std::vector<Q>& second,
+                  Index second_channels, const char* second_name) {
+  std::string problem = array_problem(first, first_channels, first_name);
+  if (problem.empty()) problem = array_problem(second, second_channels, second_name);
+  comm.agree(problem.empty() ? "" : std::string(where) + "::" + call + ": rank " +
+                                        std::to_string(comm.rank()) + ": " + problem);
 }
 
 bool is_identity(const ChannelStatistics& s) {
@@ -350,15 +359,15 @@ class Session::Impl {
 
   template <class S>
   void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs) {
-    check_arrays(comm_, inputs, options_.input_channels, "infer", "inputs");
-    check_arrays(comm_, outputs, options_.output_channels, "infer", "outputs");
+    check_arrays(comm_, "infer", inputs, options_.input_channels, "inputs", outputs,
+                 options_.output_channels, "outputs");
     float_ ? float_->infer(inputs, outputs, report_) : double_->infer(inputs, outputs, report_);
   }
 
   template <class S>
   double train_step(const std::vector<const S*>& inputs, const std::vector<const S*>& targets) {
-    check_arrays(comm_, inputs, options_.input_channels, "train_step", "inputs");
-    check_arrays(comm_, targets, options_.output_channels, "train_step", "targets");
+    check_arrays(comm_, "train_step", inputs, options_.input_channels, "inputs", targets,
+                 options_.output_channels, "targets");
     return float_ ? float_->train_step(inputs, targets, report_)
                   : double_->train_step(inputs, targets, report_);
   }
