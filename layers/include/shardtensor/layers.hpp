@@ -10,6 +10,7 @@
 #include "shardtensor/layers/loss.hpp"
 #include "shardtensor/layers/lr_schedule.hpp"
 #include "shardtensor/layers/module.hpp"
+#include "shardtensor/layers/neighborhood_attention.hpp"
 #include "shardtensor/layers/normalization.hpp"
 #include "shardtensor/layers/optimizer.hpp"
 #include "shardtensor/layers/padding.hpp"
