@@ -20,6 +20,7 @@
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/heat_equation.hpp"
 #include "shardtensor/train/run_config.hpp"
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
       } else if (train_command->parsed()) {
         const RunConfig config = RunConfig::load(config_path, overrides);
         train_options.progress = !quiet;
+        enable_memory_tracking();  // Kokkos allocation hooks: the report below, memory.budget_mib
         const TrainResult r = train(world, config, train_options);
         if (rank == 0) {
           std::printf("train: %lld steps, %lld epochs in %.1f s; loss %.4e", (long long)r.steps,
@@ -192,6 +194,7 @@ int main(int argc, char** argv) {
             std::printf(", validation relative L2 error %.4f (%.2f%%)", r.val_relative_l2,
                         100 * r.val_relative_l2);
           std::printf("\ntrain: checkpoint %s\n", r.checkpoint.c_str());
+          if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
         }
       } else if (infer_command->parsed()) {
         infer_options.checkpoint = resolve_checkpoint(infer_options.checkpoint);

@@ -6,6 +6,7 @@
 //            --algorithm gemm|direct --workspace-mib M (GEMM scratch bound, 16)
 //            --vector-kernels on|off (AVX-512 kernels where available, on; off: always
 //            im2col + KokkosBlas::gemm)
+//            --memory-tracking on|off (the tracker's step peak, on)
 //            --no-allocation-cache (last argument: let glibc unmap freed buffers)
 //
 // FLOPs: 2 * Cin * Cout * k^3 * output cells per pass, three passes (forward, input
@@ -13,7 +14,10 @@
 // GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
 // conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once. Peak
 // memory: the process's maximum resident set (getrusage), per rank, max over ranks; the step's
-// share is that peak less the resident set before the input and layer were created.
+// share is that peak less the resident set before the input and layer were created. Step
+// peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos allocations
+// during a measured forward + backward step (peak reset before it), input, parameters,
+// workspace and halo buffers included, per rank, max over ranks and steps; split by category.
 // OPENBLAS_CORETYPE (e.g. SkylakeX for AVX-512 kernels) is printed: it changes sgemm ~2x.
 // Check: afterwards, on a 20^3 field (rows of 16 + 4 cells) with the same channels, the
 // output and both gradients must match the direct loops (relative error <= 1e-5), else exit 1.
@@ -34,6 +38,7 @@
 
 #include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/layers.hpp"
 
 using namespace shardtensor;
@@ -118,14 +123,18 @@ int main(int argc, char** argv) {
       const std::string algorithm = option(argc, argv, "--algorithm", "gemm");
       const double workspace_mib = std::stod(option(argc, argv, "--workspace-mib", "16"));
       const std::string vector_kernels = option(argc, argv, "--vector-kernels", "on");
+      const std::string memory_tracking = option(argc, argv, "--memory-tracking", "on");
       SHARDTENSOR_REQUIRE(size >= 4 && channels >= 1 && iters >= 1 && warmup >= 0 &&
                               (algorithm == "gemm" || algorithm == "direct") &&
-                              (vector_kernels == "on" || vector_kernels == "off"),
+                              (vector_kernels == "on" || vector_kernels == "off") &&
+                              (memory_tracking == "on" || memory_tracking == "off"),
                           "bench_conv",
                           "bad options: size " << size << ", channels " << channels << ", iters "
                                                << iters << ", algorithm " << algorithm
-                                               << ", vector kernels " << vector_kernels);
+                                               << ", vector kernels " << vector_kernels
+                                               << ", memory tracking " << memory_tracking);
       const double memory_before = max_over_ranks(peak_resident_mib());
+      if (memory_tracking == "on") enable_memory_tracking();
       const Decomposition d = Decomposition::automatic({size, size, size}, comm.size());
       ConvOptions o;
       o.in_channels = o.out_channels = channels;
@@ -140,10 +149,13 @@ int main(int argc, char** argv) {
           "init", x.view().span(),
           KOKKOS_LAMBDA(const std::size_t i) { x.view().data()[i] = float(hashed_uniform(1, i)); });
       double best = 1e30, forward_best = 1e30, cpu_best = 1e30;
+      MemorySnapshot step_memory;  // peaks of the measured steps (this rank)
       for (int step = 0; step < warmup + iters; ++step) {
         conv.zero_grad();
         const auto input = Variable<float>::field(x, true, "x");
         MPI_Barrier(MPI_COMM_WORLD);
+        reset_memory_peak();
+        MemoryCategoryScope graph_memory(MemoryCategory::activations);
         const double t0 = MPI_Wtime(), c0 = cpu_seconds();
         const Variable<float> y = conv.forward(input);
         Kokkos::fence();
@@ -152,12 +164,25 @@ int main(int argc, char** argv) {
         Kokkos::fence();
         const double t2 = MPI_Wtime(), c2 = cpu_seconds();
         if (step >= warmup) {
+          const MemorySnapshot m = memory_snapshot();
+          step_memory.total.peak = std::max(step_memory.total.peak, m.total.peak);
+          for (int c = 0; c < memory_category_count; ++c)
+            step_memory.categories[c].peak =
+                std::max(step_memory.categories[c].peak, m.categories[c].peak);
           cpu_best = std::min(cpu_best, max_over_ranks(c2 - c0));
           best = std::min(best, max_over_ranks(t2 - t0));
           forward_best = std::min(forward_best, max_over_ranks(t1 - t0));
         }
       }
       const double peak = max_over_ranks(peak_resident_mib());
+      const auto step_peak_mib = [&](const MemoryUsage& usage) {
+        return max_over_ranks(to_mib(usage.peak));
+      };
+      const double step_peak = step_peak_mib(step_memory.total);
+      const double step_activations = step_peak_mib(step_memory[MemoryCategory::activations]);
+      const double step_workspaces = step_peak_mib(step_memory[MemoryCategory::workspaces]);
+      const double step_comm_buffers = step_peak_mib(step_memory[MemoryCategory::comm_buffers]);
+      const double step_inputs = step_peak_mib(step_memory[MemoryCategory::other]);
       const double cells = double(size) * size * size;
       const double flops_per_pass = 2.0 * channels * channels * 27 * cells;
       const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / comm.size();
@@ -185,6 +210,11 @@ int main(int argc, char** argv) {
         std::printf(
             "  peak resident memory/rank   %10.1f MiB (%.1f MiB before the layer, step %.1f)\n",
             peak, memory_before, peak - memory_before);
+        if (memory_tracking == "on")
+          std::printf(
+              "  step peak, tracked/rank     %10.1f MiB (activations %.1f, workspaces %.1f, comm "
+              "buffers %.1f, input and other %.1f)\n",
+              step_peak, step_activations, step_workspaces, step_comm_buffers, step_inputs);
         std::printf("  check against direct loops  %10.2g relative error (%s)\n", check_error,
                     status == 0 ? "ok" : "FAILED");
         std::printf(
@@ -194,11 +224,15 @@ int main(int argc, char** argv) {
             "\"gflops_per_cpu_s\":%.4g,\"sgemm_gflops_per_core\":"
             "%.4g,"
             "\"ratio_to_sgemm\":%.4g,\"peak_mib_per_rank\":%.1f,\"step_mib_per_rank\":%.1f,"
+            "\"step_peak_mib\":%.2f,\"step_activations_peak_mib\":%.2f,"
+            "\"step_workspaces_peak_mib\":%.2f,\"step_comm_buffers_peak_mib\":%.2f,"
+            "\"memory_tracking\":\"%s\","
             "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"check_error\":%.3g,"
             "\"openblas_coretype\":\"%s\"}\n",
             comm.size(), d.describe().c_str(), long(size), channels, algorithm.c_str(), best,
             forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
-            gflops_per_core / sgemm, peak, peak - memory_before, workspace_mib,
+            gflops_per_core / sgemm, peak, peak - memory_before, step_peak, step_activations,
+            step_workspaces, step_comm_buffers, memory_tracking.c_str(), workspace_mib,
             vector_kernels.c_str(), check_error, coretype);
       }
     } catch (const Error& e) {

@@ -3,6 +3,7 @@
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/comm/impl/mpi_type.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 
 namespace shardtensor {
 
@@ -144,6 +145,7 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
     if (m.neighbor == rank)
       m.self_partner = message_of_direction[direction_index(opposite(m.direction))];
 
+  MemoryCategoryScope memory(MemoryCategory::comm_buffers);
   send_buffer_ = Buffer("halo_send", send_total);
   recv_buffer_ = Buffer("halo_recv", recv_total);
   send_host_ = Kokkos::create_mirror_view(send_buffer_);

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 
 namespace shardtensor {
 
@@ -58,6 +59,7 @@ Optimizer<T>::Optimizer(const NamedParameters<T>& parameters, double learning_ra
                         "parameter name '" << name << "' appears twice");
     SHARDTENSOR_REQUIRE(nodes.insert(p.node().get()).second, "Optimizer",
                         "parameter '" << name << "' is listed twice under different names");
+    MemoryCategoryScope memory(MemoryCategory::parameters);  // gradients count with parameters
     p.data_grad();  // allocate a missing gradient now, not inside step()
     parameters_.emplace_back(name, p);
   }
@@ -96,6 +98,7 @@ void Optimizer<T>::set_step_count(std::int64_t count) {
 template <class T>
 std::vector<ReplicatedView<T>> Optimizer<T>::make_state(const std::string& kind) const {
   std::vector<ReplicatedView<T>> state;
+  MemoryCategoryScope memory(MemoryCategory::optimizer_state);
   for (const auto& [name, p] : parameters_)
     state.emplace_back(kind + "/" + name, p.data().extent(0));  // zero-initialised
   return state;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "shardtensor/comm/impl/layout_check.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/spectral/impl/box_transpose.hpp"
 
 namespace shardtensor {
@@ -177,6 +178,7 @@ struct DistributedFFT<T>::Plans {
 
     const SpatialIndex re = my(real_slabs).extent, ce = my(complex_slabs).extent,
                        se = my(spectral_slabs).extent;
+    MemoryCategoryScope memory(MemoryCategory::workspaces);  // FFT work arrays of the plan
     real_work = RealArray("fft_real_slab", batch, channels, re[0], re[1], re[2]);
     slab_work = SpectralView<T>("fft_complex_slab", batch, channels, ce[0], ce[1], ce[2]);
     spectral_work = SpectralView<T>("fft_spectral_slab", batch, channels, se[0], se[1], se[2]);

@@ -1,5 +1,6 @@
 #include "shardtensor/train/run_config.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -107,6 +108,16 @@ TrainingConfig read_training(const ConfigNode& node) {
   return t;
 }
 
+MemoryConfig read_memory(const ConfigNode& node) {
+  node.allow_only({"budget_mib"});
+  MemoryConfig m;
+  m.budget_mib = node.get("budget_mib", m.budget_mib);
+  node["budget_mib"].check(std::isfinite(m.budget_mib) && m.budget_mib >= 0,
+                           "must be a number of MiB >= 0 (0: no budget), got " +
+                               node["budget_mib"].text());
+  return m;
+}
+
 }  // namespace
 
 RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides,
@@ -127,7 +138,8 @@ RunConfig RunConfig::parse(const std::string& yaml_text, const std::string& sour
     // Re-parse the overridden tree so line numbers refer to the file where they can.
     root = ConfigNode(tree, "", source);
   }
-  root.allow_only({"run_dir", "data", "parallel", "model", "optimizer", "schedule", "training"});
+  root.allow_only(
+      {"run_dir", "data", "parallel", "model", "optimizer", "schedule", "training", "memory"});
   RunConfig c;
   c.run_dir = root.get("run_dir", c.run_dir);
   c.data = read_data(root["data"], data_use == DataUse::file);
@@ -138,6 +150,7 @@ RunConfig RunConfig::parse(const std::string& yaml_text, const std::string& sour
   c.optimizer = read_optimizer(root["optimizer"]);
   c.schedule = read_schedule(root["schedule"], c.optimizer.lr);
   c.training = read_training(root["training"]);
+  c.memory = read_memory(root["memory"]);
   YAML::Emitter out;
   out << root.yaml();
   c.text = std::string(out.c_str()) + "\n";

@@ -11,6 +11,7 @@
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/dataset.hpp"
 #include "shardtensor/io/field_io.hpp"
@@ -175,6 +176,7 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
         ShardTensor<T>::uninitialized(s.domain, s.mesh.domain.rank(), 1, target.channels());
     Kokkos::deep_copy(normalized_target.view(), target.view());
     normalize(normalized_target, target_statistics);
+    MemoryCategoryScope graph_memory(MemoryCategory::activations);
     const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
     const double loss = scalar_value(loss_by_name(config.training.loss, s.mesh.domain, prediction,
                                              Variable<T>::field(normalized_target)));
@@ -261,10 +263,33 @@ class MetricsFile {
   std::ofstream out_;
 };
 
+/// memory.budget_mib for the length of a run: sets the per-rank budget (which turns memory
+/// tracking on) and restores the previous budget and tracking state afterwards.
+class ConfiguredMemoryBudget {
+ public:
+  explicit ConfiguredMemoryBudget(double mib)
+      : applied_(mib > 0), was_tracking_(memory_tracking_enabled()), previous_(memory_budget()) {
+    if (applied_) set_memory_budget(std::uint64_t(std::ceil(mib * 1024 * 1024)));
+  }
+  ~ConfiguredMemoryBudget() {
+    if (!applied_) return;
+    set_memory_budget(previous_);
+    if (!was_tracking_) disable_memory_tracking();
+  }
+  ConfiguredMemoryBudget(const ConfiguredMemoryBudget&) = delete;
+  ConfiguredMemoryBudget& operator=(const ConfiguredMemoryBudget&) = delete;
+
+ private:
+  bool applied_, was_tracking_;
+  std::uint64_t previous_;
+};
+
 template <class T>
 TrainResult train_as(const Communicator& world, const RunConfig& config,
                      const TrainOptions& options) {
   const auto start_time = std::chrono::steady_clock::now();
+  // Checked after every forward pass and backward (training_step), on every rank together.
+  const ConfiguredMemoryBudget budget(config.memory.budget_mib);
   SHARDTENSOR_REQUIRE(!config.data.path.empty(), "train",
                       "data.path is empty: training reads its samples from an HDF5 file");
   io::File file = io::File::open(world, config.data.path);
@@ -403,6 +428,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
       if (validating) {
         std::tie(result.val_loss, result.val_relative_l2) = validate(
             s, config, *val_file, val_samples, state.input_statistics, state.target_statistics);
+        check_memory_budget(s.mesh.domain, s.mesh.data);
       }
       metrics.row(state.step, epoch, step_loss, validating ? result.val_loss : -1,
                   result.val_relative_l2, lr, grad_norm, samples_per_s);
@@ -427,6 +453,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
   }
   result.steps = state.step;
   result.epochs = state.epoch;
+  result.memory = memory_report(world);  // before the model and optimizer go
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   return result;
@@ -474,6 +501,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
     reader.start({sample});
     std::vector<ShardTensor<T>> batch = reader.finish();
     normalize(batch[0], state.input_statistics);
+    MemoryCategoryScope graph_memory(MemoryCategory::activations);
     const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
     denormalize(prediction.value(), state.target_statistics);
     // Groups past the end rewrite sample 0 with the same values: every rank joins the write.

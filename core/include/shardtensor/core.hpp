@@ -9,6 +9,7 @@
 #include "shardtensor/core/decomposition.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/ghost_widths.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 #include "shardtensor/core/types.hpp"

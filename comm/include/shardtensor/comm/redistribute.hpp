@@ -6,6 +6,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
@@ -41,6 +42,7 @@ ShardTensor<T> redistribute(const Communicator& comm, const ShardTensor<T>& from
     send_counts[r] = static_cast<std::size_t>(send_boxes[r].size() * values_per_cell);
     recv_counts[r] = static_cast<std::size_t>(recv_boxes[r].size() * values_per_cell);
   }
+  MemoryCategoryScope memory(MemoryCategory::comm_buffers);  // the result is allocated above
   Kokkos::View<T*, DefaultMemorySpace> send(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "redistribute_send"), impl::sum(send_counts));
   Kokkos::View<T*, DefaultMemorySpace> recv(

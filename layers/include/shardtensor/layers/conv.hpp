@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/layers/halo_padding.hpp"
 #include "shardtensor/layers/module.hpp"
 
@@ -24,6 +25,7 @@ struct ConvWorkspace {
   std::size_t budget_bytes = std::size_t(16) << 20;
   Kokkos::View<T*, DefaultMemorySpace> buffer;
   T* reserve(std::size_t count) {
+    MemoryCategoryScope memory(MemoryCategory::workspaces);
     if (buffer.extent(0) < count)
       buffer = Kokkos::View<T*, DefaultMemorySpace>(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("conv_workspace")), count);

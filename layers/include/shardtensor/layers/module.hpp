@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/layers/variable.hpp"
 
@@ -84,6 +85,7 @@ class Module {
   /// every rank holds the same values without communication.
   Variable<T> register_parameter(const std::string& name, std::vector<Index> shape, double bound,
                                  std::uint64_t seed) {
+    MemoryCategoryScope memory(MemoryCategory::parameters);
     Index size = 1;
     for (Index e : shape) size *= e;
     ReplicatedView<T> values(name, size);

@@ -12,6 +12,7 @@
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
@@ -49,14 +50,20 @@ struct Node {
     return field_grad;
   }
   const ReplicatedView<T>& grad_data() {
-    if (data_grad.extent(0) != data.extent(0))
+    if (data_grad.extent(0) != data.extent(0)) {
+      // A leaf's (a parameter's) gradient lives as long as the parameter: count it there.
+      MemoryCategoryScope memory(inputs.empty() ? MemoryCategory::parameters
+                                                : current_memory_category());
       data_grad = ReplicatedView<T>(op + ".grad", data.extent(0));
+    }
     return data_grad;
   }
   /// Where an op adds a rank-local partial sum of this replicated gradient.
   const ReplicatedView<T>& grad_partial(const Communicator& comm) {
-    if (partial_grad.extent(0) != data.extent(0))
+    if (partial_grad.extent(0) != data.extent(0)) {
+      MemoryCategoryScope memory(MemoryCategory::parameters);  // a weight's; kept across steps
       partial_grad = ReplicatedView<T>(op + ".partial_grad", data.extent(0));
+    }
     partial_comm = comm;
     return partial_grad;
   }

@@ -45,6 +45,12 @@ struct TrainingConfig {
   std::uint64_t seed = 1;           ///< shuffling (model seeds are under `model`)
 };
 
+struct MemoryConfig {
+  /// Per-rank budget on tracked Kokkos memory (MiB); 0: none. Exceeding it in a training
+  /// step stops the run on every rank with an error naming the category.
+  double budget_mib = 0;
+};
+
 struct RunConfig {
   std::string run_dir = "run";
   DataConfig data;
@@ -54,6 +60,7 @@ struct RunConfig {
   ScheduleOptions schedule;  ///< base_lr comes from optimizer.lr; cosine total_steps defaults
                              ///< to the whole run
   TrainingConfig training;
+  MemoryConfig memory;
   std::string text;  ///< the resolved config as YAML (written to the run dir and checkpoints)
 
   /// Where the training data comes from: a file (`data.path` required) or the caller's

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/train/run_config.hpp"
 
 namespace shardtensor {
@@ -23,6 +24,9 @@ struct TrainResult {
   double val_relative_l2 = -1;  ///< last mean relative L2 error (physical units); -1: none
   double seconds = 0;
   std::string checkpoint;  ///< the last checkpoint written
+  /// Tracked memory at the end of the run (peaks over the whole run), max over ranks;
+  /// memory.enabled is false unless memory tracking was on (the CLI turns it on).
+  MemorySnapshot memory;
 };
 
 /// Trains the model of `config` on its data; writes metrics.csv, config.yaml and

@@ -7,6 +7,7 @@
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/layers/grad_clip.hpp"
 #include "shardtensor/layers/loss.hpp"
 #include "shardtensor/layers/lr_schedule.hpp"
@@ -40,17 +41,23 @@ struct StepOutcome {
 
 /// forward, loss over `domain`, backward, gradient mean over `data_parallel`, clipping to
 /// `max_grad_norm` (0: none), the schedule's learning rate, the update, zero_grad.
-/// Collective over the model's communicators.
+/// Collective over the model's communicators. What forward and backward allocate counts as
+/// activations (layers' own scopes take workspaces, buffers and parameter gradients out);
+/// a memory budget (set_memory_budget) is checked after the forward pass and after backward,
+/// every rank throwing together.
 template <class T>
 StepOutcome training_step(Module<T>& model, Optimizer<T>& optimizer,
                           const LearningRateSchedule& schedule, const Communicator& domain,
                           const Communicator& data_parallel, const std::string& loss,
                           double max_grad_norm, const ShardTensor<T>& input,
                           const ShardTensor<T>& target) {
+  MemoryCategoryScope graph_memory(MemoryCategory::activations);
   const Variable<T> prediction = model.forward(Variable<T>::field(input));
   const Variable<T> value =
       loss_by_name(loss, domain, prediction, Variable<T>::field(target));
+  check_memory_budget(domain, data_parallel);
   backward(value);
+  check_memory_budget(domain, data_parallel);
   model.average_gradients(data_parallel);
   StepOutcome outcome;
   if (max_grad_norm > 0) outcome.grad_norm = clip_grad_norm(optimizer.parameters(), max_grad_norm);

@@ -11,6 +11,7 @@
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor::impl {
@@ -54,6 +55,7 @@ class BoxTranspose {
       send_counts_[r] = std::size_t(send_boxes_[r].size() * values_per_cell) * scalars_per_value;
       recv_counts_[r] = std::size_t(recv_boxes_[r].size() * values_per_cell) * scalars_per_value;
     }
+    MemoryCategoryScope memory(MemoryCategory::comm_buffers);
     send_ = Kokkos::View<Value*, DefaultMemorySpace>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "box_transpose_send"),
         sum(send_counts_) / scalars_per_value);

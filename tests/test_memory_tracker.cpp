@@ -1,0 +1,332 @@
+// Memory tracker: allocations land in the category of the scope that made them and leave
+// when freed, peaks, the report over ranks, nothing recorded (and no Kokkos hook) while off,
+// activation peaks per rank falling as 1/P for a sharded U-Net, and a budget that stops
+// every rank together, from the API and from a training run's config.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <sstream>
+
+#include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/io.hpp"
+#include "shardtensor/models.hpp"
+#include "shardtensor/train/heat_equation.hpp"
+#include "shardtensor/train/run_config.hpp"
+#include "shardtensor/train/trainer.hpp"
+#include "test_support.hpp"
+
+using namespace shardtensor;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr std::uint64_t mib = 1024 * 1024;
+
+/// Tracking on from zero for one test case, off again afterwards.
+struct Tracking {
+  Tracking() {
+    disable_memory_tracking();
+    enable_memory_tracking();
+  }
+  ~Tracking() { disable_memory_tracking(); }
+};
+
+/// Bytes Kokkos reports for a View of `bytes` bytes: the size asked for (Kokkos 3.4 and 4.x
+/// report the logical size; a little slack in case a version rounds it up).
+bool reported_as(std::uint64_t reported, std::uint64_t bytes) {
+  return reported >= bytes && reported <= bytes + 256;
+}
+
+/// Peak activation bytes on this rank for one forward + backward of `options`'s U-Net on a
+/// global field of `extents` split over `comm`.
+std::uint64_t unet_activation_peak(const Communicator& comm, const models::UNetOptions& options,
+                                   const std::vector<Index>& extents) {
+  const Decomposition d = Decomposition::automatic(extents, comm.size());
+  models::UNet<float> net(comm, options);
+  ShardTensor<float> x(d, comm.rank(), 1, options.in_channels);
+  test::fill(x, [](Index, Index c, const SpatialIndex&, const SpatialIndex& g) {
+    return std::sin(0.3 * double(g[0]) + 0.7 * double(g[1]) + double(c));
+  });
+  const std::uint64_t before = memory_snapshot()[MemoryCategory::activations].current;
+  reset_memory_peak();
+  {
+    MemoryCategoryScope graph(MemoryCategory::activations);
+    const auto input = Variable<float>::field(x, true, "x");
+    const Variable<float> y = net.forward(input);
+    backward(sum(comm, y));
+  }
+  const MemorySnapshot after = memory_snapshot();
+  CHECK(after[MemoryCategory::activations].current == before);  // the graph is gone
+  return after[MemoryCategory::activations].peak - before;
+}
+
+std::uint64_t max_over(const Communicator& comm, std::uint64_t value) {
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_UINT64_T, MPI_MAX, comm.get());
+  return value;
+}
+
+}  // namespace
+
+TEST_CASE("allocations land in their scope's category and leave when freed", "[memory]") {
+  const Tracking tracking;
+  const MemorySnapshot start = memory_snapshot();
+  REQUIRE(start.enabled);
+  CHECK(current_memory_category() == MemoryCategory::other);
+  for (int c = 0; c < memory_category_count; ++c) {
+    const auto category = MemoryCategory(c);
+    const std::uint64_t bytes = 8000 * std::uint64_t(c + 1);
+    {
+      MemoryCategoryScope scope(category);
+      CHECK(current_memory_category() == category);
+      Kokkos::View<double*> view("known_size", bytes / sizeof(double));
+      const MemorySnapshot during = memory_snapshot();
+      INFO("category " << to_string(category));
+      CHECK(reported_as(during[category].current - start[category].current, bytes));
+      CHECK(reported_as(during.total.current - start.total.current, bytes));
+      for (int other = 0; other < memory_category_count; ++other)
+        if (other != c) CHECK(during.categories[other].current == start.categories[other].current);
+    }
+    const MemorySnapshot after = memory_snapshot();
+    CHECK(after[category].current == start[category].current);
+    CHECK(after.total.current == start.total.current);
+  }
+  CHECK(current_memory_category() == MemoryCategory::other);
+
+  {  // scopes nest; the category is fixed at allocation, whoever frees the View
+    Kokkos::View<float*> kept;
+    {
+      MemoryCategoryScope outer(MemoryCategory::workspaces);
+      {
+        MemoryCategoryScope inner(MemoryCategory::comm_buffers);
+        kept = Kokkos::View<float*>("inner", 1000);
+      }
+      CHECK(current_memory_category() == MemoryCategory::workspaces);
+    }
+    CHECK(reported_as(memory_snapshot()[MemoryCategory::comm_buffers].current, 4000));
+    MemoryCategoryScope elsewhere(MemoryCategory::parameters);
+    kept = Kokkos::View<float*>();
+    CHECK(memory_snapshot()[MemoryCategory::comm_buffers].current == 0);
+    CHECK(memory_snapshot()[MemoryCategory::parameters].current == 0);
+  }
+
+  {  // unmanaged Views allocate nothing; allocations from before tracking are not counted
+    std::vector<float> storage(1000);
+    Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> wrapped(storage.data(), 1000);
+    CHECK(memory_snapshot().total.current == start.total.current);
+  }
+}
+
+TEST_CASE("parameters, their gradients and optimizer state are counted as such", "[memory]") {
+  const Tracking tracking;
+  const Communicator self(MPI_COMM_SELF);
+  ConvOptions o;
+  o.in_channels = 3;
+  o.out_channels = 5;
+  o.kernel = {3, 3};
+  Conv<float> conv(self, o, "conv");
+  const std::uint64_t values = (5 * 3 * 9 + 5) * sizeof(float);  // weight and bias
+  CHECK(reported_as(memory_snapshot()[MemoryCategory::parameters].current, values));
+  auto optimizer = make_optimizer<float>(OptimizerOptions{}, conv.named_parameters());  // adam
+  const MemorySnapshot s = memory_snapshot();
+  CHECK(reported_as(s[MemoryCategory::parameters].current, 2 * values));  // + gradients
+  CHECK(reported_as(s[MemoryCategory::optimizer_state].current, 2 * values));  // exp_avg, _sq
+  CHECK(s[MemoryCategory::activations].current == 0);
+}
+
+TEST_CASE("peaks follow the highest total and restart at reset_memory_peak", "[memory]") {
+  const Tracking tracking;
+  const std::uint64_t base = memory_snapshot().total.current;
+  reset_memory_peak();
+  {
+    MemoryCategoryScope scope(MemoryCategory::activations);
+    Kokkos::View<char*> a("a", 3000);
+    {
+      Kokkos::View<char*> b("b", 5000);
+    }
+    Kokkos::View<char*> c("c", 1000);
+    const MemorySnapshot s = memory_snapshot();
+    CHECK(reported_as(s.total.current - base, 4000));
+    CHECK(reported_as(s.total.peak - base, 8000));
+    CHECK(reported_as(s[MemoryCategory::activations].peak, 8000));
+    reset_memory_peak();
+    CHECK(memory_snapshot().total.peak == s.total.current);
+    CHECK(memory_snapshot()[MemoryCategory::activations].peak ==
+          s[MemoryCategory::activations].current);
+  }
+  const MemorySnapshot end = memory_snapshot();
+  CHECK(end.total.current == base);
+  CHECK(reported_as(end[MemoryCategory::activations].peak, 4000));
+  CHECK(end.allocations >= 3);
+  CHECK_THAT(end.describe(), Contains("activations"));
+  CHECK_THAT(end.describe(), Contains("optimizer_state"));
+  CHECK_THAT(end.describe(), Contains("total"));
+}
+
+TEST_CASE("the disabled tracker records nothing and leaves Kokkos without hooks", "[memory]") {
+  disable_memory_tracking();
+  CHECK_FALSE(memory_tracking_enabled());
+  CHECK_FALSE(Kokkos::Tools::profileLibraryLoaded());  // no tool: allocations take no detour
+  {
+    MemoryCategoryScope scope(MemoryCategory::activations);
+    Kokkos::View<double*> view("unseen", 100000);
+  }
+  const MemorySnapshot s = memory_snapshot();
+  CHECK_FALSE(s.enabled);
+  CHECK(s.total.current == 0);
+  CHECK(s.total.peak == 0);
+  CHECK(s.allocations == 0);
+  CHECK(memory_budget() == 0);
+  check_memory_budget();  // no budget: nothing to check
+  CHECK_THAT(s.describe(), Contains("tracking is off"));
+
+  enable_memory_tracking();
+  CHECK(Kokkos::Tools::profileLibraryLoaded());
+  disable_memory_tracking();
+  CHECK_FALSE(Kokkos::Tools::profileLibraryLoaded());
+}
+
+TEST_CASE("memory_report gives the maximum over the ranks", "[memory]") {
+  const Tracking tracking;
+  const Communicator world;
+  {
+    MemoryCategoryScope scope(MemoryCategory::comm_buffers);
+    Kokkos::View<char*> mine("rank_sized", (world.rank() + 1) * mib);
+    const MemorySnapshot report = memory_report(world);
+    CHECK(report.enabled);
+    CHECK(report.ranks == world.size());
+    CHECK(reported_as(report[MemoryCategory::comm_buffers].current, world.size() * mib));
+    CHECK(reported_as(report[MemoryCategory::comm_buffers].peak, world.size() * mib));
+    if (world.size() > 1) CHECK_THAT(report.describe(), Contains("max over"));
+  }
+  CHECK(memory_report(world)[MemoryCategory::comm_buffers].current == 0);
+}
+
+TEST_CASE("a U-Net's activation peak per rank falls as 1/P", "[memory][unet]") {
+  const Tracking tracking;
+  const Communicator world, self(MPI_COMM_SELF);
+  models::UNetOptions o;
+  o.dims = 2;
+  o.in_channels = 2;
+  o.out_channels = 2;
+  o.depth = 2;
+  o.base_channels = 8;
+  o.norm_groups = 2;
+  o.seed = 3;
+  const std::vector<Index> extents{128, 128};
+  const std::uint64_t one_rank = unet_activation_peak(self, o, extents);
+  const std::uint64_t sharded = max_over(world, unet_activation_peak(world, o, extents));
+  const int p = world.size();
+  INFO("activation peak: 1 rank " << to_mib(one_rank) << " MiB, " << p << " ranks "
+                                  << to_mib(sharded) << " MiB per rank");
+  CHECK(one_rank > 4 * mib);  // the measurement means something
+  // Halo-padded copies grow a shard by a few percent; small replicated tensors are constant.
+  CHECK(double(sharded) <= double(one_rank) / p * 1.3 + 256.0 * 1024);
+  if (p > 1) CHECK(double(sharded) >= double(one_rank) / p * 0.9);
+}
+
+TEST_CASE("a memory budget exceeded on one rank stops every rank together", "[memory][budget]") {
+  const Tracking tracking;
+  const Communicator world;
+  const std::uint64_t budget = max_over(world, memory_snapshot().total.current) + 4 * mib;
+  set_memory_budget(budget);
+  CHECK(memory_budget() == budget);
+  check_memory_budget(world);  // nothing over yet
+  const int culprit = world.size() - 1;
+  if (world.rank() == culprit) {
+    MemoryCategoryScope scope(MemoryCategory::workspaces);
+    Kokkos::View<char*> big("too_big", 8 * mib);  // freed again before the check
+  }
+  const std::string message = test::error_message_of([&] { check_memory_budget(world); });
+  CHECK(test::ranks_with_error(message) == world.size());
+  CHECK_THAT(message, Contains("check_memory_budget: memory budget of "));
+  CHECK_THAT(message, Contains(" MiB per rank exceeded: "));
+  CHECK_THAT(message, Contains("on rank " + std::to_string(culprit)));
+  CHECK_THAT(message, Contains("category workspaces"));
+  CHECK_THAT(message, Contains("allocation 'too_big'"));
+  // Reported once: the next check passes.
+  CHECK(test::ranks_with_error(test::error_message_of([&] { check_memory_budget(world); })) == 0);
+
+  // The local check throws only where the budget was exceeded.
+  if (world.rank() == culprit) {
+    MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+    Kokkos::View<char*> big("local_too_big", 8 * mib);
+  }
+  const std::string local = test::error_message_of([] { check_memory_budget(); });
+  CHECK(local.empty() == (world.rank() != culprit));
+  if (world.rank() == culprit) CHECK_THAT(local, Contains("category optimizer_state"));
+
+  // A budget below what is allocated already is exceeded at once.
+  {
+    MemoryCategoryScope scope(MemoryCategory::parameters);
+    Kokkos::View<char*> held("held", 2 * mib);
+    set_memory_budget(mib);
+    CHECK_THAT(test::error_message_of([&] { check_memory_budget(world); }),
+               Contains("memory budget of 1.0 MiB per rank exceeded"));
+  }
+  set_memory_budget(0);
+  CHECK(memory_tracking_enabled());
+}
+
+TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it", "[memory][train]") {
+  const std::string base = "data: {path: a.h5}\nmodel: {type: unet}\n";
+  CHECK(RunConfig::parse(base).memory.budget_mib == 0);
+  CHECK(RunConfig::parse(base + "memory: {budget_mib: 512.5}\n").memory.budget_mib == 512.5);
+  CHECK_THAT(test::error_message_of([&] {
+               RunConfig::parse(base + "memory:\n  budget_mib: -1\n", "run.yaml");
+             }),
+             Contains("memory.budget_mib (line 4): must be a number of MiB >= 0"));
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(base + "memory: {budget_mib: lots}\n"); }),
+             Contains("memory.budget_mib"));
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(base + "memory: {budget: 5}\n"); }),
+             Contains("memory.budget"));
+
+  disable_memory_tracking();
+  const Communicator world;
+  const test::TempDir temporary(world);
+  const std::string data = temporary.path("heat.h5");
+  HeatOptions heat;
+  heat.dims = 2;
+  heat.size = 16;
+  heat.samples = 4;
+  heat.steps = 5;
+  generate_heat_dataset(world, heat, data);
+  const auto config = [&](const std::string& name, const std::string& memory) {
+    std::ostringstream c;
+    c << "run_dir: " << temporary.path(name) << "\n"
+      << "data: {path: " << data << ", validation_samples: 1, prefetch: false}\n"
+      << "model: {type: unet, depth: 1, base_channels: 4, norm_groups: 2, seed: 7}\n"
+      << "training: {epochs: 1}\n"
+      << memory;
+    return RunConfig::parse(c.str());
+  };
+  TrainOptions quiet;
+  quiet.progress = false;
+
+  // Tracking on (as the CLI does): the result reports categories, max over the ranks.
+  enable_memory_tracking();
+  const TrainResult tracked = train(world, config("tracked", ""), quiet);
+  const MemorySnapshot& m = tracked.memory;
+  CHECK(m.enabled);
+  CHECK(m.ranks == world.size());
+  CHECK(m[MemoryCategory::parameters].current > 0);
+  CHECK(m[MemoryCategory::optimizer_state].current > 0);
+  CHECK(m[MemoryCategory::activations].peak > 0);
+  CHECK(m[MemoryCategory::activations].current == 0);  // the graph is freed after each step
+  CHECK(m[MemoryCategory::workspaces].current > 0);
+  CHECK(m.total.peak >= m[MemoryCategory::activations].peak);
+  disable_memory_tracking();
+
+  // A budget far too small: every rank stops with the same message; the budget ends with
+  // the run and tracking goes back off.
+  const std::string message = test::error_message_of(
+      [&] { train(world, config("tiny", "memory: {budget_mib: 0.01}\n"), quiet); });
+  CHECK(test::ranks_with_error(message) == world.size());
+  CHECK_THAT(message, Contains("memory budget of 0.01 MiB per rank exceeded"));
+  CHECK(memory_budget() == 0);
+  CHECK_FALSE(memory_tracking_enabled());
+
+  // A generous budget passes.
+  const TrainResult fine = train(world, config("fine", "memory: {budget_mib: 4096}\n"), quiet);
+  CHECK(fine.steps == 3);
+  CHECK_FALSE(memory_tracking_enabled());
+}
