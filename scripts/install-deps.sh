@@ -15,6 +15,7 @@ packages=(
   libfftw3-dev
   gfortran                                # the Fortran embedding module and example
   python3-torch python3-h5py python3-yaml  # PyTorch interop (tools/, its equivalence test)
+  python3-matplotlib                      # plots of tools/scaling.py and tools/accuracy_curves.py
 )
 
 missing=()

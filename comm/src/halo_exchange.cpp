@@ -1,5 +1,6 @@
 #include "shardtensor/comm/halo_exchange.hpp"
 
+#include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/comm/impl/mpi_type.hpp"
 #include "shardtensor/core/box_copy.hpp"
@@ -243,6 +244,7 @@ void HaloExchange<T>::post_send(const Buffer& buffer, const HostBuffer& host, st
 
 template <class T>
 void HaloExchange<T>::start(const ShardTensor<T>& field) {
+  CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::start");
   begin_phase(Phase::forward, field);
   for (std::size_t i = 0; i < messages_.size(); ++i) {
@@ -269,12 +271,14 @@ void HaloExchange<T>::start(const ShardTensor<T>& field) {
 
 template <class T>
 void HaloExchange<T>::finish(const ShardTensor<T>& field) {
+  CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::forward, "HaloExchange::finish");
   wait_and_unpack(field, /*reverse=*/false);
 }
 
 template <class T>
 void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
+  CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::reverse_start");
   begin_phase(Phase::reverse, field);
   // Roles swap: ghosts go out of the receive buffer, owned cells' contributions come back
@@ -301,6 +305,7 @@ void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
 
 template <class T>
 void HaloExchange<T>::reverse_finish(const ShardTensor<T>& field) {
+  CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::reverse, "HaloExchange::reverse_finish");
   wait_and_unpack(field, /*reverse=*/true);
 }

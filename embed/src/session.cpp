@@ -127,9 +127,12 @@ class Engine {
         config_(config),
         options_(options),
         indexing_(array_indexing(grid.decomposition, comm.rank(), options.arrays)) {
+    std::vector<Index> extents;
+    for (int d = 0; d < decomposition_.ndims(); ++d)
+      extents.push_back(decomposition_.global_extent(d));
     model_ = models::build_model<T>(config.model, comm,
                                     {decomposition_.ndims(), options.input_channels,
-                                     options.output_channels});
+                                     options.output_channels, extents});
     optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
     ScheduleOptions schedule = config.schedule;
     if (schedule.total_steps == 0) {

@@ -3,6 +3,7 @@
 #include "shardtensor/core/cell_index.hpp"
 
 #include "impl/conv_avx512.hpp"
+#include "shardtensor/layers/halo_overlap.hpp"
 #include "shardtensor/layers/impl/conv_parameters.hpp"
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
@@ -1044,7 +1045,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                      weight_.data(), false, bias, y.view(), workspace->reserve(planes.values),
                      keep);
   };
-  if (algorithm == ConvAlgorithm::gemm && halo_->padding_ready_after_start()) {
+  if (algorithm == ConvAlgorithm::gemm && halo_overlap() && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, halo_->exchanged_boxes(padded)};
     forward_gemm(interior);
     halo_->finish(padded);

@@ -146,8 +146,9 @@ Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::Fi
     data.target_channels = out_channels;
   }
   Decomposition domain = domain_decomposition(data, config, mesh.domain.size());
-  auto model = models::build_model<T>(config.model, mesh.domain,
-                                      {data.dims, data.input_channels, data.target_channels});
+  auto model = models::build_model<T>(
+      config.model, mesh.domain,
+      {data.dims, data.input_channels, data.target_channels, data.extents});
   return Setup<T>{std::move(mesh), std::move(data), std::move(domain), std::move(model)};
 }
 

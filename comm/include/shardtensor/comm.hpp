@@ -2,6 +2,7 @@
 // Umbrella header of the comm module.
 
 #include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/comm/gather_scatter.hpp"
 #include "shardtensor/comm/halo_exchange.hpp"

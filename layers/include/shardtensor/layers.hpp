@@ -7,6 +7,7 @@
 #include "shardtensor/layers/crop_pad.hpp"
 #include "shardtensor/layers/dropout.hpp"
 #include "shardtensor/layers/grad_clip.hpp"
+#include "shardtensor/layers/halo_overlap.hpp"
 #include "shardtensor/layers/loss.hpp"
 #include "shardtensor/layers/lr_schedule.hpp"
 #include "shardtensor/layers/module.hpp"

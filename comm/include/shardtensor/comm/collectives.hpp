@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/comm/impl/mpi_type.hpp"
 #include "shardtensor/core/error.hpp"
@@ -89,6 +90,7 @@ inline std::size_t sum(const std::vector<std::size_t>& counts) {
 /// In-place reduction over all ranks of `comm`.
 template <class View>
 void allreduce(const Communicator& comm, const View& data, ReduceOp op = ReduceOp::sum) {
+  CommTimerScope timer(CommKind::collective);
   impl::check_contiguous(data, "allreduce");
   const auto host = impl::host_copy_of(data);
   MPI_Allreduce(MPI_IN_PLACE, host.data(), impl::mpi_count(data.span(), "allreduce"),
@@ -99,6 +101,7 @@ void allreduce(const Communicator& comm, const View& data, ReduceOp op = ReduceO
 /// recv = concatenation of every rank's `send` in rank order (recv.span() = size * send.span()).
 template <class SendView, class RecvView>
 void allgather(const Communicator& comm, const SendView& send, const RecvView& recv) {
+  CommTimerScope timer(CommKind::collective);
   impl::check_contiguous(send, "allgather");
   impl::check_contiguous(recv, "allgather");
   SHARDTENSOR_REQUIRE(recv.span() == send.span() * comm.size(), "allgather",
@@ -117,6 +120,7 @@ void allgather(const Communicator& comm, const SendView& send, const RecvView& r
 template <class SendView, class RecvView>
 void allgatherv(const Communicator& comm, const SendView& send, const RecvView& recv,
                 const std::vector<std::size_t>& counts) {
+  CommTimerScope timer(CommKind::collective);
   constexpr const char* where = "allgatherv";
   impl::check_contiguous(send, where);
   impl::check_contiguous(recv, where);
@@ -141,6 +145,7 @@ void allgatherv(const Communicator& comm, const SendView& send, const RecvView& 
 template <class SendView, class RecvView>
 void reduce_scatter(const Communicator& comm, const SendView& send, const RecvView& recv,
                     const std::vector<std::size_t>& counts, ReduceOp op = ReduceOp::sum) {
+  CommTimerScope timer(CommKind::collective);
   constexpr const char* where = "reduce_scatter";
   impl::check_contiguous(send, where);
   impl::check_contiguous(recv, where);
@@ -162,6 +167,7 @@ void reduce_scatter(const Communicator& comm, const SendView& send, const RecvVi
 /// Block r of `send` goes to rank r; block s of `recv` comes from rank s. Equal blocks.
 template <class SendView, class RecvView>
 void alltoall(const Communicator& comm, const SendView& send, const RecvView& recv) {
+  CommTimerScope timer(CommKind::collective);
   constexpr const char* where = "alltoall";
   impl::check_contiguous(send, where);
   impl::check_contiguous(recv, where);
@@ -184,6 +190,7 @@ template <class SendView, class RecvView>
 void alltoallv(const Communicator& comm, const SendView& send,
                const std::vector<std::size_t>& send_counts, const RecvView& recv,
                const std::vector<std::size_t>& recv_counts) {
+  CommTimerScope timer(CommKind::collective);
   constexpr const char* where = "alltoallv";
   impl::check_contiguous(send, where);
   impl::check_contiguous(recv, where);
@@ -208,6 +215,7 @@ void alltoallv(const Communicator& comm, const SendView& send,
 template <class SendView, class RecvView>
 void ring_shift(const Communicator& comm, const SendView& send, const RecvView& recv,
                 int shift = 1) {
+  CommTimerScope timer(CommKind::collective);
   constexpr const char* where = "ring_shift";
   impl::check_contiguous(send, where);
   impl::check_contiguous(recv, where);

@@ -18,6 +18,7 @@ namespace shardtensor {
 template <class T>
 ShardTensor<T> redistribute(const Communicator& comm, const ShardTensor<T>& from,
                             const Decomposition& to, const GhostWidths& to_ghosts = {}) {
+  CommTimerScope timer(CommKind::collective);
   constexpr const char* where = "redistribute";
   impl::check_layout_on_all_ranks(comm, from, where);
   const Decomposition& source = from.decomposition();

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/layers/module.hpp"
@@ -12,11 +13,14 @@
 
 namespace shardtensor::models {
 
-/// What the data fixes about a model: spatial dims and input / output channels.
+/// What the data fixes about a model: spatial dims, input / output channels and, where
+/// known, the global field extents (needed only by models with grid-sized parameters: a
+/// ViT's learned positional embedding).
 struct ModelShape {
   int dims = 2;
   Index in_channels = 1;
   Index out_channels = 1;
+  std::vector<Index> extents = {};  ///< empty: not known
 };
 
 /// Builds the model described by `model` (the map under the config's `model:` key; see
