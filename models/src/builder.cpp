@@ -12,6 +12,7 @@
 #include "shardtensor/models/fno.hpp"
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
+#include "shardtensor/models/vit.hpp"
 
 namespace shardtensor::models {
 
@@ -210,9 +211,18 @@ const std::vector<std::pair<std::string, DownMode>> down_modes{
 const std::vector<std::pair<std::string, UpMode>> up_modes{
     {"transpose", UpMode::transpose}, {"nearest", UpMode::nearest}, {"linear", UpMode::linear}};
 
-enum class ModelType { unet, sequential, fno };
+enum class ModelType { unet, sequential, fno, vit };
 const std::vector<std::pair<std::string, ModelType>> model_types{
-    {"unet", ModelType::unet}, {"sequential", ModelType::sequential}, {"fno", ModelType::fno}};
+    {"unet", ModelType::unet},
+    {"sequential", ModelType::sequential},
+    {"fno", ModelType::fno},
+    {"vit", ModelType::vit}};
+const std::vector<std::pair<std::string, AttentionKind>> attention_kinds{
+    {"global", AttentionKind::global}, {"neighborhood", AttentionKind::neighborhood}};
+const std::vector<std::pair<std::string, PositionKind>> position_kinds{
+    {"sincos", PositionKind::sincos},
+    {"learned", PositionKind::learned},
+    {"none", PositionKind::none}};
 
 enum class LayerType {
   conv,
@@ -442,6 +452,11 @@ const std::vector<std::string> fno_keys{"type",       "width",      "modes",
                                         "layers",     "activation", "projection_channels",
                                         "seed"};
 
+const std::vector<std::string> vit_keys{"type",       "patch",      "overlap",    "padding",
+                                        "embed_dim",  "depth",      "heads",      "mlp_channels",
+                                        "attention",  "window",     "dilation",   "position",
+                                        "activation", "input_skip", "final_norm", "seed"};
+
 void check_shape(const ModelShape& shape) {
   SHARDTENSOR_REQUIRE(shape.dims >= 1 && shape.dims <= 3, "build_model",
                       "dims " << shape.dims << " outside [1, 3]");
@@ -453,7 +468,7 @@ void check_shape(const ModelShape& shape) {
 ModelType model_type(const YAML::Node& model, const std::string& key) {
   if (!model.IsMap()) fail(key, model, "expected a map of keys, got " + shown(model));
   if (!model["type"])
-    fail(key, model, "missing required key 'type'; accepted values: unet, sequential, fno");
+    fail(key, model, "missing required key 'type'; accepted values: unet, sequential, fno, vit");
   return MapReader::choice_value(model["type"], key + ".type", model_types);
 }
 
@@ -474,6 +489,46 @@ FNOOptions fno_options(const YAML::Node& model, const ModelShape& shape, const s
   o.activation = map.choice("activation", o.activation, activations);
   o.projection_channels = map.integer("projection_channels", o.projection_channels, 1);
   o.seed = map.seed("seed", o.seed);
+  return o;
+}
+
+/// The options of a `type: vit` map.
+ViTOptions vit_options(const YAML::Node& model, const ModelShape& shape, const std::string& key) {
+  const MapReader map(model, key, vit_keys);
+  ViTOptions o;
+  o.dims = shape.dims;
+  o.in_channels = shape.in_channels;
+  o.out_channels = shape.out_channels;
+  o.extents = shape.extents;
+  o.patch = map.sizes("patch", shape.dims, o.patch[0], 1);
+  o.overlap = map.sizes("overlap", shape.dims, 0, 0);
+  o.padding = map.choice("padding", o.padding, padding_modes);
+  o.embed_dim = map.integer("embed_dim", o.embed_dim, 1);
+  o.depth = int(map.integer("depth", o.depth, 0));
+  o.heads = int(map.integer("heads", o.heads, 1));
+  o.mlp_channels = map.integer("mlp_channels", o.mlp_channels, 0);
+  o.attention = map.choice("attention", o.attention, attention_kinds);
+  const std::vector<int> window = map.sizes("window", shape.dims, int(o.window[0]), 1);
+  const std::vector<int> dilation = map.sizes("dilation", shape.dims, int(o.dilation[0]), 1);
+  o.window.assign(window.begin(), window.end());
+  o.dilation.assign(dilation.begin(), dilation.end());
+  o.position = map.choice("position", o.position, position_kinds);
+  o.activation = map.choice("activation", o.activation, activations);
+  o.input_skip = map.boolean("input_skip", o.input_skip);
+  o.final_norm = map.boolean("final_norm", o.final_norm);
+  o.seed = map.seed("seed", o.seed);
+  if (o.embed_dim % o.heads != 0)
+    fail(map.path("heads"), model["heads"],
+         "heads " + std::to_string(o.heads) + " does not divide embed_dim " +
+             std::to_string(o.embed_dim));
+  if (o.attention == AttentionKind::global && (map.has("window") || map.has("dilation")))
+    fail(map.path(map.has("window") ? "window" : "dilation"),
+         model[map.has("window") ? "window" : "dilation"],
+         "window and dilation apply to attention: neighborhood, not global");
+  if (o.position == PositionKind::learned && o.extents.empty())
+    fail(map.path("position"), model["position"],
+         "position: learned needs the field extents, which this caller does not know; use "
+         "sincos");
   return o;
 }
 
@@ -518,6 +573,8 @@ std::shared_ptr<Module<T>> build_model(const YAML::Node& model, const Communicat
     return std::make_shared<UNet<T>>(comm, unet_options(model, shape, key), key);
   if (model_type(model, key) == ModelType::fno)
     return std::make_shared<FNO<T>>(comm, fno_options(model, shape, key), key);
+  if (model_type(model, key) == ModelType::vit)
+    return std::make_shared<ViT<T>>(comm, vit_options(model, shape, key), key);
   const MapReader map(model, key, sequential_keys);
   SequentialBuilder<T> builder(comm, shape, map.seed("seed", 1));
   Index channels = shape.in_channels;

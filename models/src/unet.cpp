@@ -1,7 +1,7 @@
 #include "shardtensor/models/unet.hpp"
 
 #include "shardtensor/models/impl/layer_seed.hpp"
-#include "shardtensor/models/redistribute_field.hpp"
+#include "shardtensor/layers/redistribute_field.hpp"
 #include "shardtensor/models/sequential.hpp"
 
 namespace shardtensor::models {

@@ -3,7 +3,7 @@
 
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/models/fno.hpp"
-#include "shardtensor/models/redistribute_field.hpp"
 #include "shardtensor/models/sequential.hpp"
 #include "shardtensor/models/summary.hpp"
 #include "shardtensor/models/unet.hpp"
+#include "shardtensor/models/vit.hpp"

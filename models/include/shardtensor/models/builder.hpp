@@ -1,5 +1,5 @@
 #pragma once
-// build_model: a U-Net or a sequential network from the `model:` section of a YAML config.
+// build_model: a U-Net, FNO, ViT or sequential network from a YAML config's `model:` section.
 
 #include <yaml-cpp/yaml.h>
 

@@ -5,7 +5,7 @@
 #include "shardtensor/comm/redistribute.hpp"
 #include "shardtensor/layers/pointwise.hpp"
 
-namespace shardtensor::models {
+namespace shardtensor {
 
 /// The field `input` laid out by `to` (same global field, no ghost cells). Values are copied,
 /// never combined, so the result is bit-exact; the backward pass redistributes the gradient
@@ -35,4 +35,4 @@ Variable<T> redistribute_field(const Communicator& comm, const Variable<T>& inpu
   return Variable<T>(node);
 }
 
-}  // namespace shardtensor::models
+}  // namespace shardtensor
