@@ -36,15 +36,11 @@ MultiHeadAttention<T>::MultiHeadAttention(const Communicator& comm,
 
 template <class T>
 std::shared_ptr<Conv<T>> MultiHeadAttention<T>::projection(const std::string& name, bool bias) {
-  ConvOptions c;
-  c.in_channels = options_.channels;
-  c.out_channels = options_.channels;
-  c.kernel.assign(options_.dims, 1);
-  c.bias = bias;
   // Distinct, reproducible seeds per projection from one module seed (0: from the names).
-  c.seed =
+  const std::uint64_t seed =
       options_.seed == 0 ? 0 : hash_bits(options_.seed, Module<T>::initialisation_seed(0, name));
-  auto conv = std::make_shared<Conv<T>>(comm_, c, name_ + "." + name);
+  auto conv = make_pointwise_conv<T>(comm_, options_.dims, options_.channels, options_.channels,
+                                     seed, name_ + "." + name, bias);
   this->register_module(name, conv);
   return conv;
 }

@@ -4,6 +4,20 @@
 #include "shardtensor/layers/redistribute_field.hpp"
 
 namespace shardtensor {
+namespace {
+
+/// One patch size of at least 1 per spatial dim (1-3 of them); returns the dims.
+int check_patch(const std::vector<int>& patch, const std::string& where) {
+  const int dims = static_cast<int>(patch.size());
+  SHARDTENSOR_REQUIRE(dims >= 1 && dims <= max_spatial_dims, where,
+                      "patch has " << dims << " entries: give one size per spatial dim (1-3)");
+  for (int d = 0; d < dims; ++d)
+    SHARDTENSOR_REQUIRE(patch[d] >= 1, where,
+                        "patch size " << patch[d] << " in dim " << d << " must be at least 1");
+  return dims;
+}
+
+}  // namespace
 
 template <class T>
 PatchEmbedding<T>::PatchEmbedding(const Communicator& comm, PatchEmbeddingOptions options,
@@ -11,19 +25,14 @@ PatchEmbedding<T>::PatchEmbedding(const Communicator& comm, PatchEmbeddingOption
     : options_(std::move(options)), name_(name) {
   PatchEmbeddingOptions& o = options_;
   const std::string where = "PatchEmbedding '" + name_ + "'";
-  const int dims = static_cast<int>(o.patch.size());
-  SHARDTENSOR_REQUIRE(dims >= 1 && dims <= max_spatial_dims, where,
-                      "patch has " << dims << " entries: give one size per spatial dim (1-3)");
+  const int dims = check_patch(o.patch, where);
   if (o.overlap.empty()) o.overlap.assign(dims, 0);
   SHARDTENSOR_REQUIRE(
       int(o.overlap.size()) == dims, where,
       "overlap has " << o.overlap.size() << " entries for " << dims << " patch sizes");
-  for (int d = 0; d < dims; ++d) {
-    SHARDTENSOR_REQUIRE(o.patch[d] >= 1, where,
-                        "patch size " << o.patch[d] << " in dim " << d << " must be at least 1");
+  for (int d = 0; d < dims; ++d)
     SHARDTENSOR_REQUIRE(o.overlap[d] >= 0, where,
                         "overlap " << o.overlap[d] << " in dim " << d << " must not be negative");
-  }
   ConvOptions c;
   c.in_channels = o.in_channels;
   c.out_channels = o.embed_dim;
@@ -65,14 +74,7 @@ template <class T>
 PatchUnembedding<T>::PatchUnembedding(const Communicator& comm, PatchUnembeddingOptions options,
                                       const std::string& name)
     : comm_(comm), options_(std::move(options)), name_(name) {
-  const std::string where = "PatchUnembedding '" + name_ + "'";
-  const int dims = static_cast<int>(options_.patch.size());
-  SHARDTENSOR_REQUIRE(dims >= 1 && dims <= max_spatial_dims, where,
-                      "patch has " << dims << " entries: give one size per spatial dim (1-3)");
-  for (int d = 0; d < dims; ++d)
-    SHARDTENSOR_REQUIRE(
-        options_.patch[d] >= 1, where,
-        "patch size " << options_.patch[d] << " in dim " << d << " must be at least 1");
+  check_patch(options_.patch, "PatchUnembedding '" + name_ + "'");
   ConvTransposeOptions c;
   c.in_channels = options_.embed_dim;
   c.out_channels = options_.out_channels;

@@ -91,12 +91,8 @@ ViT<T>::ViT(const Communicator& comm, ViTOptions options, const std::string& nam
 
 template <class T>
 std::shared_ptr<Conv<T>> ViT<T>::pointwise(const std::string& name, Index in, Index out) {
-  ConvOptions c;
-  c.in_channels = int(in);
-  c.out_channels = int(out);
-  c.kernel.assign(options_.dims, 1);
-  c.seed = impl::layer_seed(options_.seed, name);
-  auto conv = std::make_shared<Conv<T>>(comm_, c, name_ + "." + name);
+  auto conv = make_pointwise_conv<T>(comm_, options_.dims, in, out,
+                                     impl::layer_seed(options_.seed, name), name_ + "." + name);
   this->register_module(name, conv);
   return conv;
 }

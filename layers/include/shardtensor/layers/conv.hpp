@@ -89,4 +89,20 @@ class Conv : public Module<T> {
 extern template class Conv<float>;
 extern template class Conv<double>;
 
+/// A pointwise (1x1) convolution over `dims` spatial dims, PyTorch's nn.Linear applied to
+/// every cell: the projections, MLPs and skips of the models.
+template <class T>
+std::shared_ptr<Conv<T>> make_pointwise_conv(const Communicator& comm, int dims,
+                                             Index in_channels, Index out_channels,
+                                             std::uint64_t seed, const std::string& name,
+                                             bool bias = true) {
+  ConvOptions c;
+  c.in_channels = static_cast<int>(in_channels);
+  c.out_channels = static_cast<int>(out_channels);
+  c.kernel.assign(dims, 1);
+  c.bias = bias;
+  c.seed = seed;
+  return std::make_shared<Conv<T>>(comm, c, name);
+}
+
 }  // namespace shardtensor
