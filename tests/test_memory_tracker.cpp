@@ -1,6 +1,6 @@
 // Memory tracker: allocations land in the category of the scope that made them and leave
 // when freed, peaks, the report over ranks, nothing recorded (and no Kokkos hook) while off,
-// activation peaks per rank falling as 1/P for a sharded U-Net, and a budget that stops
+// activation peaks per rank falling as 1/P for a sharded U-Net, FNO and ViT, a budget that stops
 // every rank together, from the API and from a training run's config.
 
 #include <catch2/catch.hpp>
@@ -37,13 +37,12 @@ bool reported_as(std::uint64_t reported, std::uint64_t bytes) {
   return reported >= bytes && reported <= bytes + 256;
 }
 
-/// Peak activation bytes on this rank for one forward + backward of `options`'s U-Net on a
-/// global field of `extents` split over `comm`.
-std::uint64_t unet_activation_peak(const Communicator& comm, const models::UNetOptions& options,
-                                   const std::vector<Index>& extents) {
+/// Peak activation bytes on this rank for one forward + backward of `model` on a global
+/// field of `extents` split over `comm`.
+std::uint64_t activation_peak(const Communicator& comm, Module<float>& model, Index channels,
+                              const std::vector<Index>& extents) {
   const Decomposition d = Decomposition::automatic(extents, comm.size());
-  models::UNet<float> net(comm, options);
-  ShardTensor<float> x(d, comm.rank(), 1, options.in_channels);
+  ShardTensor<float> x(d, comm.rank(), 1, channels);
   test::fill(x, [](Index, Index c, const SpatialIndex&, const SpatialIndex& g) {
     return std::sin(0.3 * double(g[0]) + 0.7 * double(g[1]) + double(c));
   });
@@ -52,7 +51,7 @@ std::uint64_t unet_activation_peak(const Communicator& comm, const models::UNetO
   {
     MemoryCategoryScope graph(MemoryCategory::activations);
     const auto input = Variable<float>::field(x, true, "x");
-    const Variable<float> y = net.forward(input);
+    const Variable<float> y = model.forward(input);
     backward(sum(comm, y));
   }
   const MemorySnapshot after = memory_snapshot();
@@ -201,9 +200,25 @@ TEST_CASE("memory_report gives the maximum over the ranks", "[memory]") {
   CHECK(memory_report(world)[MemoryCategory::comm_buffers].current == 0);
 }
 
+/// The activation peak of the model `make(comm)` builds, on one rank and sharded over all.
+template <class Make>
+void check_activations_fall_as_one_over_p(const Make& make, Index channels) {
+  const Communicator world, self(MPI_COMM_SELF);
+  const std::vector<Index> extents{128, 128};
+  const std::uint64_t one_rank = activation_peak(self, *make(self), channels, extents);
+  const std::uint64_t sharded =
+      max_over(world, activation_peak(world, *make(world), channels, extents));
+  const int p = world.size();
+  INFO("activation peak: 1 rank " << to_mib(one_rank) << " MiB, " << p << " ranks "
+                                  << to_mib(sharded) << " MiB per rank");
+  CHECK(one_rank > 4 * mib);  // the measurement means something
+  // Halo-padded copies grow a shard by a few percent; small replicated tensors are constant.
+  CHECK(double(sharded) <= double(one_rank) / p * 1.3 + 256.0 * 1024);
+  if (p > 1) CHECK(double(sharded) >= double(one_rank) / p * 0.9);
+}
+
 TEST_CASE("a U-Net's activation peak per rank falls as 1/P", "[memory][unet]") {
   const Tracking tracking;
-  const Communicator world, self(MPI_COMM_SELF);
   models::UNetOptions o;
   o.dims = 2;
   o.in_channels = 2;
@@ -212,16 +227,38 @@ TEST_CASE("a U-Net's activation peak per rank falls as 1/P", "[memory][unet]") {
   o.base_channels = 8;
   o.norm_groups = 2;
   o.seed = 3;
-  const std::vector<Index> extents{128, 128};
-  const std::uint64_t one_rank = unet_activation_peak(self, o, extents);
-  const std::uint64_t sharded = max_over(world, unet_activation_peak(world, o, extents));
-  const int p = world.size();
-  INFO("activation peak: 1 rank " << to_mib(one_rank) << " MiB, " << p << " ranks "
-                                  << to_mib(sharded) << " MiB per rank");
-  CHECK(one_rank > 4 * mib);  // the measurement means something
-  // Halo-padded copies grow a shard by a few percent; small replicated tensors are constant.
-  CHECK(double(sharded) <= double(one_rank) / p * 1.3 + 256.0 * 1024);
-  if (p > 1) CHECK(double(sharded) >= double(one_rank) / p * 0.9);
+  check_activations_fall_as_one_over_p(
+      [&](const Communicator& c) { return std::make_shared<models::UNet<float>>(c, o); }, 2);
+}
+
+TEST_CASE("an FNO's activation peak per rank falls as 1/P", "[memory][fno]") {
+  const Tracking tracking;
+  models::FNOOptions o;
+  o.in_channels = 2;
+  o.width = 16;
+  o.modes = {8};
+  o.layers = 2;
+  o.projection_channels = 32;
+  check_activations_fall_as_one_over_p(
+      [&](const Communicator& c) { return std::make_shared<models::FNO<float>>(c, o); }, 2);
+}
+
+TEST_CASE("a ViT's activation peak per rank falls as 1/P", "[memory][vit]") {
+  const Tracking tracking;
+  for (AttentionKind attention : {AttentionKind::global, AttentionKind::neighborhood}) {
+    models::ViTOptions o;
+    o.in_channels = 2;
+    o.patch = {2};
+    o.embed_dim = 16;
+    o.depth = 2;
+    o.heads = 2;
+    o.attention = attention;
+    o.window = {5};
+    o.input_skip = true;
+    INFO((attention == AttentionKind::global ? "global" : "neighborhood") << " attention");
+    check_activations_fall_as_one_over_p(
+        [&](const Communicator& c) { return std::make_shared<models::ViT<float>>(c, o); }, 2);
+  }
 }
 
 TEST_CASE("a memory budget exceeded on one rank stops every rank together", "[memory][budget]") {
