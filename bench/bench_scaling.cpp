@@ -25,8 +25,9 @@
 // the timed steps; reported: the largest over ranks. Memory: the tracker's peak per category
 // over the whole run (parameters, optimizer state, activations, workspaces, comm buffers, other:
 // input and target fields), the maximum over ranks; the inference steps' own peak; and the peak
-// resident set (getrusage). Exit: 0 (also when the budget is exceeded: "fits":false), 2 on any
-// other error. Last line: one JSON object.
+// resident set (getrusage) and the resident set before the model was built (the process base).
+// Exit: 0 (also when the budget is exceeded: "fits":false), 2 on any other error. Last line:
+// one JSON object.
 
 #include <mpi.h>
 
@@ -246,6 +247,8 @@ int main(int argc, char** argv) {
       std::vector<bool> periodic = config.data.periodic;
       if (periodic.size() == 1) periodic.assign(s.extents.size(), periodic[0]);
       const Decomposition d = Decomposition::automatic(s.extents, world.size(), periodic);
+      // The process base (MPI, Kokkos, libraries): peak RSS less this is the run's own memory.
+      const double base_rss = max_over_ranks(peak_resident_mib());
       Result r;
       try {
         if (config.training.precision == "double")
@@ -298,8 +301,10 @@ int main(int argc, char** argv) {
         } else {
           std::printf("  does not fit: %s\n", r.error.c_str());
         }
-        std::printf("  peak tracked memory per rank %.1f MiB, resident set %.1f MiB\n",
-                    to_mib(r.memory.total.peak), peak_rss);
+        std::printf(
+            "  peak tracked memory per rank %.1f MiB, resident set %.1f MiB (%.1f MiB before "
+            "the model)\n",
+            to_mib(r.memory.total.peak), peak_rss, base_rss);
 
         std::string memory = "{\"total\":" + json_number(to_mib(r.memory.total.peak));
         for (int c = 0; c < memory_category_count; ++c)
@@ -315,8 +320,8 @@ int main(int argc, char** argv) {
             "\"infer_step_cpu_s\":%s,\"train_halo_fraction\":%s,"
             "\"train_collective_fraction\":%s,\"infer_halo_fraction\":%s,"
             "\"infer_collective_fraction\":%s,\"peak_mib\":%s,\"infer_peak_mib\":%s,"
-            "\"peak_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,\"size_multiple\":%lld,"
-            "\"loss\":%s,\"load_average\":%s}\n",
+            "\"peak_rss_mib\":%s,\"base_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,"
+            "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
@@ -332,9 +337,10 @@ int main(int argc, char** argv) {
             memory.c_str(),
             json_number(r.fits && s.infer_iters > 0 ? to_mib(r.infer_memory.total.peak) : NAN)
                 .c_str(),
-            json_number(peak_rss).c_str(), json_number(s.budget_mib).c_str(),
-            r.fits ? "true" : "false", (long long)r.size_multiple,
-            json_number(r.fits ? r.loss : NAN, 9).c_str(), json_number(load_average()).c_str());
+            json_number(peak_rss).c_str(), json_number(base_rss).c_str(),
+            json_number(s.budget_mib).c_str(), r.fits ? "true" : "false",
+            (long long)r.size_multiple, json_number(r.fits ? r.loss : NAN, 9).c_str(),
+            json_number(load_average()).c_str());
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

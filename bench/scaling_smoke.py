@@ -21,8 +21,8 @@ ROOT = os.path.dirname(HERE)
 BENCH_KEYS = {"bench", "model", "ranks", "grid", "global", "cells", "cells_per_rank", "overlap",
               "train_step_s", "train_step_cpu_s", "infer_step_s", "infer_step_cpu_s",
               "train_halo_fraction", "train_collective_fraction", "infer_halo_fraction",
-              "infer_collective_fraction", "peak_mib", "peak_rss_mib", "fits", "size_multiple",
-              "load_average", "mode"}
+              "infer_collective_fraction", "peak_mib", "peak_rss_mib", "base_rss_mib", "fits",
+              "size_multiple", "load_average", "mode"}
 MEMORY_KEYS = {"total", "parameters", "optimizer_state", "activations", "workspaces",
                "comm_buffers", "other"}
 

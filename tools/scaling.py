@@ -79,18 +79,24 @@ def extents_text(extents: List[int]) -> str:
     return "x".join(str(e) for e in extents)
 
 
+def mpi_environment() -> Dict[str, str]:
+    """This process's environment plus what scripts/env.sh sets, for a caller that did not
+    source it: one BLAS thread per rank, yielding when oversubscribed, OpenMPI as root."""
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
 class Runner:
     """Runs bench_scaling under mpirun and returns its JSON line as a dict."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.env = dict(os.environ)
-        # What scripts/env.sh sets, for a caller that did not source it.
-        self.env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        self.env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        self.env = mpi_environment()
         self.failures: List[str] = []
 
     def run(self, ranks: int, extents: List[int], overlap: str, extra: List[str] = (),
