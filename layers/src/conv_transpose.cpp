@@ -14,15 +14,26 @@ namespace shardtensor {
 namespace {
 
 /// a / b and a mod b rounded towards minus infinity (b > 0).
-Index floor_div(Index a, Index b) {
+KOKKOS_INLINE_FUNCTION Index floor_div(Index a, Index b) {
   return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
-Index floor_mod(Index a, Index b) {
+KOKKOS_INLINE_FUNCTION Index floor_mod(Index a, Index b) {
   return a - floor_div(a, b) * b;
+}
+KOKKOS_INLINE_FUNCTION Index min_index(Index a, Index b) {
+  return a < b ? a : b;
+}
+KOKKOS_INLINE_FUNCTION Index max_index(Index a, Index b) {
+  return a > b ? a : b;
 }
 
 /// Index arithmetic shared by the kernels: weights (in, out / groups, kx, ky, kz) in C order;
 /// output o (global) receives input i through tap t when o = i * s - p + t * d.
+///
+/// In local terms, along one dim tap t joins padded input i to local output
+/// o = i * s + offset(t), for the inputs i in [first_input(t), end_input(t)): those inside the
+/// padded buffer and the global field whose output is owned here. The kernels walk these
+/// ranges (and the z rows they give) instead of testing every (cell, tap) pair with divisions.
 struct ConvTransposeShape {
   Index batch, in_channels, out_channels, in_per_group, out_per_group;
   Index k[3], s[3], d[3], p[3];
@@ -35,36 +46,46 @@ struct ConvTransposeShape {
   KOKKOS_INLINE_FUNCTION Index weight_index(Index ci, Index cog, Index a, Index b, Index c) const {
     return (((ci * out_per_group + cog) * k[0] + a) * k[1] + b) * k[2] + c;
   }
-  /// Padded-buffer index of the input that local output `o` reads through tap `t` along
-  /// `dim`; -1 if none (the tap falls between inputs or past the global boundary).
-  KOKKOS_INLINE_FUNCTION Index input_of(int dim, Index o, Index t) const {
-    const Index num = out_first[dim] + o + p[dim] - t * d[dim];
-    if (num < 0 || num % s[dim] != 0) return -1;
-    const Index i = num / s[dim];
-    return i < in_global[dim] ? i - in_first[dim] : -1;
+  KOKKOS_INLINE_FUNCTION Index offset(int dim, Index t) const {
+    return in_first[dim] * s[dim] - p[dim] + t * d[dim] - out_first[dim];
   }
-  /// Local output that padded cell `i` feeds through tap `t` along `dim`; -1 if that output
-  /// is not owned here (or the cell lies past the global boundary).
+  KOKKOS_INLINE_FUNCTION Index first_input(int dim, Index t) const {
+    const Index first_output = -floor_div(offset(dim, t), s[dim]);  // ceil(-offset / s)
+    return max_index(max_index(first_output, -in_first[dim]), 0);
+  }
+  KOKKOS_INLINE_FUNCTION Index end_input(int dim, Index t) const {
+    const Index end_output = floor_div(out[dim] - 1 - offset(dim, t), s[dim]) + 1;
+    return min_index(min_index(end_output, in_global[dim] - in_first[dim]), padded[dim]);
+  }
+  /// Padded input that local output `o` reads through tap `t` along `dim`; -1 if none (the
+  /// tap falls between inputs or past the global boundary).
+  KOKKOS_INLINE_FUNCTION Index input_of(int dim, Index o, Index t) const {
+    const Index shifted = o - offset(dim, t);
+    if (floor_mod(shifted, s[dim]) != 0) return -1;
+    const Index i = floor_div(shifted, s[dim]);
+    return i >= first_input(dim, t) && i < end_input(dim, t) ? i : -1;
+  }
+  /// Local output that padded cell `i` feeds through tap `t` along `dim`; -1 if none.
   KOKKOS_INLINE_FUNCTION Index output_of(int dim, Index i, Index t) const {
-    const Index global = in_first[dim] + i;
-    if (global < 0 || global >= in_global[dim]) return -1;
-    const Index o = global * s[dim] - p[dim] + t * d[dim] - out_first[dim];
-    return o >= 0 && o < out[dim] ? o : -1;
+    return i >= first_input(dim, t) && i < end_input(dim, t) ? i * s[dim] + offset(dim, t) : -1;
   }
 };
 
+/// y = bias + sum over taps (a, b, c) and input channels of w * x, by output z row: a tap c
+/// adds an input row to every s-th output of the row.
 template <class T>
 void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
                             const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
                             const FieldView<T>& y) {
   const bool has_bias = bias.extent(0) > 0;
-  const Index total = g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2];
+  const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
   Kokkos::parallel_for(
-      "ConvTranspose::forward", total, KOKKOS_LAMBDA(const Index flat) {
-        const CellIndex cell = unflatten(flat, g.out_channels, g.out[0], g.out[1], g.out[2]);
-        const Index n = cell.n, co = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
+      "ConvTranspose::forward", rows, KOKKOS_LAMBDA(const Index row) {
+        const CellIndex r = unflatten(row, g.out_channels, g.out[0], g.out[1], 1);
+        const Index n = r.n, co = r.c, ox = r.x, oy = r.y;
         const Index group = co / g.out_per_group, cog = co % g.out_per_group;
-        T sum = has_bias ? bias(co) : T(0);
+        const T start = has_bias ? bias(co) : T(0);
+        for (Index oz = 0; oz < g.out[2]; ++oz) y(n, co, ox, oy, oz) = start;
         for (Index a = 0; a < g.k[0]; ++a) {
           const Index ix = g.input_of(0, ox, a);
           if (ix < 0) continue;
@@ -72,31 +93,31 @@ void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
             const Index iy = g.input_of(1, oy, b);
             if (iy < 0) continue;
             for (Index c = 0; c < g.k[2]; ++c) {
-              const Index iz = g.input_of(2, oz, c);
-              if (iz < 0) continue;
+              const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
+              const Index shift = g.offset(2, c), sz = g.s[2];
               for (Index cig = 0; cig < g.in_per_group; ++cig) {
                 const Index ci = group * g.in_per_group + cig;
-                sum += w(g.weight_index(ci, cog, a, b, c)) * xp(n, ci, ix, iy, iz);
+                const T weight = w(g.weight_index(ci, cog, a, b, c));
+                for (Index iz = z0; iz < z1; ++iz)
+                  y(n, co, ox, oy, iz * sz + shift) += weight * xp(n, ci, ix, iy, iz);
               }
             }
           }
         }
-        y(n, co, ox, oy, oz) = sum;
       });
 }
 
-/// Gradient of the padded input: each cell gathers from the owned outputs it feeds.
+/// Gradient of the padded input (`gxp`, zero on entry): each padded row gathers from the
+/// owned outputs it feeds.
 template <class T>
 void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T>& gy,
                                   const ReplicatedView<T>& w, const FieldView<T>& gxp) {
-  const Index total = g.batch * g.in_channels * g.padded[0] * g.padded[1] * g.padded[2];
+  const Index rows = g.batch * g.in_channels * g.padded[0] * g.padded[1];
   Kokkos::parallel_for(
-      "ConvTranspose::backward_data", total, KOKKOS_LAMBDA(const Index flat) {
-        const CellIndex cell =
-            unflatten(flat, g.in_channels, g.padded[0], g.padded[1], g.padded[2]);
-        const Index n = cell.n, ci = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
+      "ConvTranspose::backward_data", rows, KOKKOS_LAMBDA(const Index row) {
+        const CellIndex r = unflatten(row, g.in_channels, g.padded[0], g.padded[1], 1);
+        const Index n = r.n, ci = r.c, ix = r.x, iy = r.y;
         const Index group = ci / g.in_per_group;
-        T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {
           const Index ox = g.output_of(0, ix, a);
           if (ox < 0) continue;
@@ -104,16 +125,17 @@ void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T
             const Index oy = g.output_of(1, iy, b);
             if (oy < 0) continue;
             for (Index c = 0; c < g.k[2]; ++c) {
-              const Index oz = g.output_of(2, iz, c);
-              if (oz < 0) continue;
+              const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
+              const Index shift = g.offset(2, c), sz = g.s[2];
               for (Index cog = 0; cog < g.out_per_group; ++cog) {
                 const Index co = group * g.out_per_group + cog;
-                sum += w(g.weight_index(ci, cog, a, b, c)) * gy(n, co, ox, oy, oz);
+                const T weight = w(g.weight_index(ci, cog, a, b, c));
+                for (Index iz = z0; iz < z1; ++iz)
+                  gxp(n, ci, ix, iy, iz) += weight * gy(n, co, ox, oy, iz * sz + shift);
               }
             }
           }
         }
-        gxp(n, ci, ix, iy, iz) = sum;
       });
 }
 
@@ -131,22 +153,21 @@ void conv_transpose_backward_parameters(const ConvTransposeShape& g, const Field
           const CellIndex cell = unflatten(flat, g.out_per_group, g.k[0], g.k[1], g.k[2]);
           const Index ci = cell.n, cog = cell.c, a = cell.x, b = cell.y, c = cell.z;
           const Index co = (ci / g.in_per_group) * g.out_per_group + cog;
+          const Index x0 = g.first_input(0, a), x1 = g.end_input(0, a);
+          const Index y0 = g.first_input(1, b), y1 = g.end_input(1, b);
+          const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
+          const Index shift = g.offset(2, c), sz = g.s[2];
           double sum = 0;  // many terms: accumulate in double
-          // Each (owned output, tap) pair has exactly one input cell: walk the padded inputs.
-          for (Index ix = 0; ix < g.padded[0]; ++ix) {
-            const Index ox = g.output_of(0, ix, a);
-            if (ox < 0) continue;
-            for (Index iy = 0; iy < g.padded[1]; ++iy) {
-              const Index oy = g.output_of(1, iy, b);
-              if (oy < 0) continue;
-              for (Index iz = 0; iz < g.padded[2]; ++iz) {
-                const Index oz = g.output_of(2, iz, c);
-                if (oz < 0) continue;
-                for (Index n = 0; n < g.batch; ++n)
-                  sum += double(gy(n, co, ox, oy, oz)) * double(xp(n, ci, ix, iy, iz));
+          // Each (owned output, tap) pair has exactly one input cell: walk those inputs.
+          for (Index n = 0; n < g.batch; ++n)
+            for (Index ix = x0; ix < x1; ++ix) {
+              const Index ox = ix * g.s[0] + g.offset(0, a);
+              for (Index iy = y0; iy < y1; ++iy) {
+                const Index oy = iy * g.s[1] + g.offset(1, b);
+                for (Index iz = z0; iz < z1; ++iz)
+                  sum += double(gy(n, co, ox, oy, iz * sz + shift)) * double(xp(n, ci, ix, iy, iz));
               }
             }
-          }
           gw(flat) += static_cast<T>(sum);
         });
   }
