@@ -34,25 +34,32 @@ SpatialIndex owned_extents(const ShardTensor<T>& x) {
   return {x.local_extent(0), x.local_extent(1), x.local_extent(2)};
 }
 
-/// out[n * channels + c] = sum over this rank's owned cells of f(n, c, x, y, z), in double.
+/// out[n * channels + c] = sum over this rank's owned cells of f(n, c, x, y, z), in double: one
+/// team per block, its threads over the (x, y) rows, vector lanes along z (no index division
+/// per cell).
 template <class F>
 HostDoubles block_sums(const char* label, Index batch, Index channels, const SpatialIndex& extent,
                        F f) {
   const Index blocks = batch * channels;
   const Index ey = extent[1], ez = extent[2];
-  const Index cells = extent[0] * ey * ez;
+  const Index rows = extent[0] * ey;
   DeviceDoubles out(std::string(label), blocks);
   using Policy = Kokkos::TeamPolicy<>;
   Kokkos::parallel_for(
-      label, Policy(static_cast<int>(blocks), Kokkos::AUTO),
+      label, Policy(static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
       KOKKOS_LAMBDA(const Policy::member_type& team) {
         const Index b = team.league_rank();
         const Index n = b / channels, c = b % channels;
         double s = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, cells),
-            [&](const Index i, double& acc) {
-              acc += f(n, c, i / (ey * ez), (i / ez) % ey, i % ez);
+            Kokkos::TeamThreadRange(team, rows),
+            [&](const Index row, double& acc) {
+              const Index i = row / ey, j = row % ey;
+              double row_sum = 0;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, ez),
+                  [&](const Index k, double& partial) { partial += f(n, c, i, j, k); }, row_sum);
+              acc += row_sum;
             },
             s);
         Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
