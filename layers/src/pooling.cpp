@@ -74,11 +74,27 @@ void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, con
       });
 }
 
-/// Gradient of the padded input: each cell gathers from the outputs whose windows cover it.
+/// Gradient of the padded input (zero on entry): each cell gathers from the outputs whose
+/// windows cover it.
 template <class T>
 void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
                    const Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace>& argmax,
                    const FieldView<T>& gxp) {
+  bool disjoint = true;  // every padded cell lies in at most one window
+  for (int d = 0; d < 3; ++d) disjoint = disjoint && g.s[d] >= (g.k[d] - 1) * g.d[d] + 1;
+  if (kind == PoolKind::max && disjoint) {
+    // Scatter each output's gradient to its window's maximum (gxp is zero on entry): the
+    // gather below gives the same values, but tests every (cell, tap) pair with divisions.
+    const Index rows = static_cast<Index>(gy.extent(0)) * g.channels * g.out[0] * g.out[1];
+    Kokkos::parallel_for(
+        "Pool::backward_scatter", rows, KOKKOS_LAMBDA(const Index row) {
+          const CellIndex r = unflatten(row, g.channels, g.out[0], g.out[1], 1);
+          T* const cells = &gxp(r.n, r.c, 0, 0, 0);  // indexed by padded_flat
+          for (Index oz = 0; oz < g.out[2]; ++oz)
+            cells[argmax(r.n, r.c, r.x, r.y, oz)] += gy(r.n, r.c, r.x, r.y, oz);
+        });
+    return;
+  }
   const Index total = static_cast<Index>(gxp.span());
   Kokkos::parallel_for(
       "Pool::backward", total, KOKKOS_LAMBDA(const Index flat) {
