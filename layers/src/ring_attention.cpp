@@ -26,11 +26,10 @@
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 
-// x86-64 host compilers only (not nvcc/hipcc): AVX-512 row kernels chosen at run time.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
-    !defined(__HIPCC__)
+// AVX-512 row kernels chosen at run time (x86-64 host compilers only).
+#include "impl/avx512_math.hpp"
+#ifdef SHARDTENSOR_AVX512_MATH
 #define SHARDTENSOR_ATTENTION_AVX512 1
-#include <immintrin.h>
 #endif
 
 namespace shardtensor {
@@ -77,36 +76,9 @@ Matrix<T> matrix(T* data, Index rows, Index cols) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
 
-inline bool available() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-
-__attribute__((target("avx512f"))) inline __mmask16 first_lanes(Index n) {
-  return static_cast<__mmask16>((1u << n) - 1u);
-}
-
-/// exp(x) for x <= 88, 16 lanes: x = n ln2 + r, Cephes' degree-5 polynomial for exp(r),
-/// 2^n built in the exponent bits (~1 ulp). x < -87 returns exp(-87) ~ 1.6e-38, not 0.
-__attribute__((target("avx512f"))) inline __m512 exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  // x log2(e) + 1.5 * 2^23: round(x log2 e) lands in the low mantissa bits.
-  const __m512 shifted =
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(12582912.0f));
-  const __m512 n = _mm512_sub_ps(shifted, _mm512_set1_ps(12582912.0f));
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i exponent = _mm512_slli_epi32(
-      _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4B400000 - 127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
-}
+using impl::avx512::available;
+using impl::avx512::exp;
+using impl::avx512::first_lanes;
 
 __attribute__((target("avx512f"))) inline float row_max(const float* x, Index n) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
+#include "shardtensor/layers/impl/gelu_kernels.hpp"
 #include "shardtensor/layers/module.hpp"
 
 namespace shardtensor {
@@ -13,7 +15,8 @@ enum class Activation { relu, leaky_relu, gelu, silu, tanh, sigmoid };
 
 namespace impl {
 
-/// f(x) and f'(x) of each activation. GELU is the exact (erf) form, PyTorch's default.
+/// f(x) and f'(x) of each activation. GELU is the exact (erf) form, PyTorch's default,
+/// written x erfc(-x / sqrt 2) / 2: 1 + erf(x / sqrt 2) would cancel to nothing for x < -5.
 template <class T>
 struct ActivationFunction {
   Activation kind;
@@ -26,7 +29,7 @@ struct ActivationFunction {
       case Activation::leaky_relu:
         return x > T(0) ? x : slope * x;
       case Activation::gelu:
-        return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
+        return T(0.5) * x * std::erfc(-x * T(0.70710678118654752440));
       case Activation::silu:
         return x / (T(1) + std::exp(-x));
       case Activation::tanh:
@@ -42,7 +45,7 @@ struct ActivationFunction {
       case Activation::leaky_relu:
         return x > T(0) ? T(1) : slope;
       case Activation::gelu: {
-        const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+        const T cdf = T(0.5) * std::erfc(-x * T(0.70710678118654752440));
         const T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
         return cdf + x * pdf;
       }
@@ -98,11 +101,17 @@ Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0
   impl::require_field(input, "activate");
   const ShardTensor<T>& x = input.value();
   const impl::ActivationFunction<T> f{kind, static_cast<T>(slope)};
-  ShardTensor<T> y = impl::field_like(x, "activation");
+  // Every value is written below, ghosts included: no zero fill.
+  ShardTensor<T> y = ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(),
+                                                   x.channels(), x.ghosts(), "activation");
   const auto xv = x.view(), yv = y.view();
-  Kokkos::parallel_for(
-      "activate", xv.span(),
-      KOKKOS_LAMBDA(const std::size_t i) { yv.data()[i] = f.value(xv.data()[i]); });
+  bool done = false;
+  if constexpr (std::is_same<T, float>::value)
+    done = kind == Activation::gelu && impl::gelu_kernel(xv.data(), yv.data(), xv.span());
+  if (!done)
+    Kokkos::parallel_for(
+        "activate", xv.span(),
+        KOKKOS_LAMBDA(const std::size_t i) { yv.data()[i] = f.value(xv.data()[i]); });
   auto node = make_result_node<T>("activation", {input.node()});
   node->field = y;
   if (node->requires_grad) {
@@ -111,6 +120,10 @@ Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0
       const auto gy = self.grad_field().view();
       const auto gx = in->grad_field().view();
       const auto xv = x.view();
+      if constexpr (std::is_same<T, float>::value)
+        if (f.kind == Activation::gelu &&
+            impl::gelu_backward_kernel(xv.data(), gy.data(), gx.data(), xv.span()))
+          return;
       Kokkos::parallel_for(
           "activate_backward", xv.span(), KOKKOS_LAMBDA(const std::size_t i) {
             gx.data()[i] += gy.data()[i] * f.derivative(xv.data()[i]);
