@@ -76,12 +76,14 @@ struct SolverField {
   }
   std::vector<const S*> in() const {
     std::vector<const S*> out;
-    for (std::size_t c = 0; c < storage.size() / size; ++c) out.push_back(storage.data() + c * size);
+    for (std::size_t c = 0; c < storage.size() / size; ++c)
+      out.push_back(storage.data() + c * size);
     return out;
   }
   std::vector<S*> out() {
     std::vector<S*> result;
-    for (std::size_t c = 0; c < storage.size() / size; ++c) result.push_back(storage.data() + c * size);
+    for (std::size_t c = 0; c < storage.size() / size; ++c)
+      result.push_back(storage.data() + c * size);
     return result;
   }
   /// Value at a global cell, read from a whole-field C-order array without ghosts.
@@ -213,12 +215,14 @@ TEST_CASE("Session::infer on solver arrays equals one rank on the whole field", 
           const auto input_before = input.storage;
           session.infer(input.in(), output.out());
           // In place exactly when the arrays are the model's layout and type.
-          CHECK(session.last_call().input_copied == (precision == "float" || order != ArrayOrder::c));
+          CHECK(session.last_call().input_copied ==
+                (precision == "float" || order != ArrayOrder::c));
           CHECK(input.storage == input_before);  // the solver's input is never written
 
           // Reference: the same model on one rank, whole field, plain C arrays.
           Session single(MPI_COMM_SELF, whole_field(), options_for(precision, false, {}));
-          SolverField<double> whole_in(whole_field(), {}, 2, 0.0), whole_out(whole_field(), {}, 1, 0.0);
+          SolverField<double> whole_in(whole_field(), {}, 2, 0.0),
+              whole_out(whole_field(), {}, 1, 0.0);
           whole_in.randomize(3);
           single.infer(whole_in.in(), whole_out.out());
           CHECK(relative_difference(output, whole_out.storage) <=
@@ -316,8 +320,11 @@ TEST_CASE("Session bad input fails on every rank", "[session]") {
                      "inputs: 1 arrays given, the model has 2 channels");
   }
   SECTION("a target with the wrong channel count") {
-    fails_everywhere([&] { session.train_step(x.in(), {x.in()[0], x.in()[1]}); },
-                     "targets: 2 arrays given, the model has 1 channels");
+    fails_everywhere(
+        [&] {
+          session.train_step(x.in(), {x.in()[0], x.in()[1]});
+        },
+        "targets: 2 arrays given, the model has 1 channels");
   }
   SECTION("no model") {
     fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, SessionOptions{}); },

@@ -25,7 +25,7 @@ constexpr const char* where = "Session";
 /// owned cell: C order has the last axis fastest, Fortran order the first.
 struct ArrayIndexing {
   Index stride[max_spatial_dims] = {0, 0, 0};
-  Index first = 0;  ///< index of owned cell (0, 0, 0)
+  Index first = 0;   ///< index of owned cell (0, 0, 0)
   Index values = 0;  ///< values in one array (owned and ghost cells)
 };
 
@@ -72,8 +72,9 @@ void check_arrays(const Communicator& comm, const char* call, const std::vector<
                   Index second_channels, const char* second_name) {
   std::string problem = array_problem(first, first_channels, first_name);
   if (problem.empty()) problem = array_problem(second, second_channels, second_name);
-  comm.agree(problem.empty() ? "" : std::string(where) + "::" + call + ": rank " +
-                                        std::to_string(comm.rank()) + ": " + problem);
+  comm.agree(problem.empty() ? ""
+                             : std::string(where) + "::" + call + ": rank " +
+                                   std::to_string(comm.rank()) + ": " + problem);
 }
 
 bool is_identity(const ChannelStatistics& s) {
@@ -130,9 +131,9 @@ class Engine {
     std::vector<Index> extents;
     for (int d = 0; d < decomposition_.ndims(); ++d)
       extents.push_back(decomposition_.global_extent(d));
-    model_ = models::build_model<T>(config.model, comm,
-                                    {decomposition_.ndims(), options.input_channels,
-                                     options.output_channels, extents});
+    model_ = models::build_model<T>(
+        config.model, comm,
+        {decomposition_.ndims(), options.input_channels, options.output_channels, extents});
     optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
     ScheduleOptions schedule = config.schedule;
     if (schedule.total_steps == 0) {
@@ -153,8 +154,8 @@ class Engine {
   void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs,
              CallReport& report) {
     model_->eval();
-    const ShardTensor<T> x = input_field(inputs, state_.input_statistics, true, staged_input_,
-                                         report);
+    const ShardTensor<T> x =
+        input_field(inputs, state_.input_statistics, true, staged_input_, report);
     const Variable<T> prediction = model_->forward(Variable<T>::field(x));
     write_output(prediction.value(), outputs);
   }
@@ -169,16 +170,16 @@ class Engine {
           comm_, input_field(inputs, ChannelStatistics::identity(options_.input_channels), false,
                              staged_input_, ignored));
       state_.target_statistics = field_channel_statistics(
-          comm_, input_field(targets, ChannelStatistics::identity(options_.output_channels),
-                             false, staged_target_, ignored));
+          comm_, input_field(targets, ChannelStatistics::identity(options_.output_channels), false,
+                             staged_target_, ignored));
       statistics_fixed_ = true;
     }
     model_->train();
-    const ShardTensor<T> x = input_field(inputs, state_.input_statistics, true, staged_input_,
-                                         report);
+    const ShardTensor<T> x =
+        input_field(inputs, state_.input_statistics, true, staged_input_, report);
     CallReport target_report;
-    const ShardTensor<T> y = input_field(targets, state_.target_statistics, false,
-                                         staged_target_, target_report);
+    const ShardTensor<T> y =
+        input_field(targets, state_.target_statistics, false, staged_target_, target_report);
     const StepOutcome outcome =
         training_step(*model_, *optimizer_, *schedule_, mesh_.domain, mesh_.data,
                       config_.training.loss, config_.training.clip_grad_norm, x, y);
@@ -223,7 +224,8 @@ class Engine {
     const Index channels = Index(arrays.size()), ghost = options_.arrays.ghost_width;
     std::string reason;
     if (!std::is_same<S, T>::value)
-      reason = "the arrays hold " + std::string(std::is_same<S, float>::value ? "float" : "double") +
+      reason = "the arrays hold " +
+               std::string(std::is_same<S, float>::value ? "float" : "double") +
                ", the model computes in " + config_.training.precision;
     else if (options_.arrays.order != ArrayOrder::c)
       reason = "Fortran-order arrays are transposed into the model's C order";
@@ -328,9 +330,8 @@ class Session::Impl {
     const SolverGrid& grid = binding_.grid;
     std::string local;
     if (options.input_channels < 1 || options.output_channels < 1)
-      local = "input_channels " + std::to_string(options.input_channels) +
-              " and output_channels " + std::to_string(options.output_channels) +
-              " must be positive";
+      local = "input_channels " + std::to_string(options.input_channels) + " and output_channels " +
+              std::to_string(options.output_channels) + " must be positive";
     else if (options.arrays.ghost_width < 0)
       local = "ghost_width " + std::to_string(options.arrays.ghost_width) + " is negative";
     else if (options.config.empty() && options.config_text.empty() && options.checkpoint.empty())
@@ -353,7 +354,7 @@ class Session::Impl {
     std::ostringstream out;
     out << config.model["type"].as<std::string>("model") << ", "
         << (float_ ? models::count_parameters(float_->model())
-                : models::count_parameters(double_->model()))
+                   : models::count_parameters(double_->model()))
         << " parameters, " << precision_ << ", " << grid.decomposition.describe() << ", "
         << (options.arrays.order == ArrayOrder::c ? "C" : "Fortran") << "-order arrays with "
         << options.arrays.ghost_width << " ghost cell(s)";
@@ -414,12 +415,26 @@ double Session::train_step(const std::vector<const float*>& inputs,
                            const std::vector<const float*>& targets) {
   return impl_->train_step(inputs, targets);
 }
-void Session::save_checkpoint(const std::string& path) const { impl_->save(path); }
-void Session::load_checkpoint(const std::string& path) { impl_->load(path); }
-const Decomposition& Session::decomposition() const { return impl_->decomposition(); }
-const std::string& Session::precision() const { return impl_->precision(); }
-std::int64_t Session::steps() const { return impl_->steps(); }
-const CallReport& Session::last_call() const { return impl_->report(); }
-std::string Session::describe() const { return impl_->description(); }
+void Session::save_checkpoint(const std::string& path) const {
+  impl_->save(path);
+}
+void Session::load_checkpoint(const std::string& path) {
+  impl_->load(path);
+}
+const Decomposition& Session::decomposition() const {
+  return impl_->decomposition();
+}
+const std::string& Session::precision() const {
+  return impl_->precision();
+}
+std::int64_t Session::steps() const {
+  return impl_->steps();
+}
+const CallReport& Session::last_call() const {
+  return impl_->report();
+}
+std::string Session::describe() const {
+  return impl_->description();
+}
 
 }  // namespace shardtensor
