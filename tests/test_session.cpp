@@ -297,6 +297,38 @@ TEST_CASE("Session::train_step equals one-rank training; checkpoints move betwee
   CHECK(relative_difference(y, wy.storage) <= 1e-12);
 }
 
+TEST_CASE("Session holds to memory.budget_mib while it lives", "[session][memory]") {
+  const Communicator world;
+  const SolverPatch patch = reversed_patch(world.rank(), world.size());
+  SolverField<double> x(patch, {}, 2, 0.0), y(patch, {}, 1, 0.0);
+  x.randomize(1);
+  const std::uint64_t budget_before = memory_budget();
+  SessionOptions tight = options_for("double", false, {});
+  tight.config_text += "memory: {budget_mib: 0.01}\n";  // 10 KiB: below the parameters
+  {
+    Session session(MPI_COMM_WORLD, patch, tight);
+    CHECK(memory_budget() == 10486);  // ceil(0.01 MiB)
+    for (int call = 0; call < 2; ++call) {
+      const std::string message = test::error_message_of([&] {
+        if (call == 0)
+          session.infer(x.in(), y.out());
+        else
+          session.train_step(x.in(), y.in());
+      });
+      INFO(message);
+      CHECK(test::ranks_with_error(message) == world.size());
+      CHECK_THAT(message, Catch::Contains("memory budget of 0.01 MiB per rank exceeded"));
+    }
+  }
+  CHECK(memory_budget() == budget_before);  // lifted with the session
+
+  SessionOptions roomy = options_for("double", false, {});
+  roomy.config_text += "memory: {budget_mib: 512}\n";
+  Session session(MPI_COMM_WORLD, patch, roomy);
+  session.infer(x.in(), y.out());
+  CHECK(std::isfinite(session.train_step(x.in(), y.in())));
+}
+
 TEST_CASE("Session bad input fails on every rank", "[session]") {
   const Communicator world;
   const int size = world.size();

@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -381,6 +382,17 @@ void set_memory_budget(std::uint64_t bytes) {
 }
 
 std::uint64_t memory_budget() noexcept { return tracker().budget.load(); }
+
+ScopedMemoryBudget::ScopedMemoryBudget(double mib)
+    : applied_(mib > 0), was_tracking_(memory_tracking_enabled()), previous_(memory_budget()) {
+  if (applied_) set_memory_budget(std::uint64_t(std::ceil(mib * 1024 * 1024)));
+}
+
+ScopedMemoryBudget::~ScopedMemoryBudget() {
+  if (!applied_) return;
+  set_memory_budget(previous_);
+  if (!was_tracking_) disable_memory_tracking();
+}
 
 void check_memory_budget() {
   const std::uint64_t budget = memory_budget();

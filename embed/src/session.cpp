@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/layers/lr_schedule.hpp"
 #include "shardtensor/layers/optimizer.hpp"
 #include "shardtensor/models/builder.hpp"
@@ -157,6 +158,7 @@ class Engine {
     const ShardTensor<T> x =
         input_field(inputs, state_.input_statistics, true, staged_input_, report);
     const Variable<T> prediction = model_->forward(Variable<T>::field(x));
+    check_memory_budget(comm_);  // memory.budget_mib; every rank throws together
     write_output(prediction.value(), outputs);
   }
 
@@ -346,6 +348,7 @@ class Session::Impl {
             : RunConfig::parse(read_checkpoint_state(comm_, options.checkpoint).config,
                                options.checkpoint + " (stored config)", options.overrides, arrays);
     precision_ = config.training.precision;
+    budget_ = std::make_unique<ScopedMemoryBudget>(config.memory.budget_mib);
     if (precision_ == "double")
       double_ = std::make_unique<Engine<double>>(comm_, grid, config, options);
     else
@@ -390,6 +393,9 @@ class Session::Impl {
   Binding binding_;
   Communicator comm_;  // = binding_.comm
   std::string precision_, description_;
+  // memory.budget_mib while the session lives; declared before the engines, so that it is
+  // lifted only after their memory is gone.
+  std::unique_ptr<ScopedMemoryBudget> budget_;
   std::unique_ptr<Engine<float>> float_;
   std::unique_ptr<Engine<double>> double_;
   CallReport report_;

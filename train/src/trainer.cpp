@@ -264,33 +264,12 @@ class MetricsFile {
   std::ofstream out_;
 };
 
-/// memory.budget_mib for the length of a run: sets the per-rank budget (which turns memory
-/// tracking on) and restores the previous budget and tracking state afterwards.
-class ConfiguredMemoryBudget {
- public:
-  explicit ConfiguredMemoryBudget(double mib)
-      : applied_(mib > 0), was_tracking_(memory_tracking_enabled()), previous_(memory_budget()) {
-    if (applied_) set_memory_budget(std::uint64_t(std::ceil(mib * 1024 * 1024)));
-  }
-  ~ConfiguredMemoryBudget() {
-    if (!applied_) return;
-    set_memory_budget(previous_);
-    if (!was_tracking_) disable_memory_tracking();
-  }
-  ConfiguredMemoryBudget(const ConfiguredMemoryBudget&) = delete;
-  ConfiguredMemoryBudget& operator=(const ConfiguredMemoryBudget&) = delete;
-
- private:
-  bool applied_, was_tracking_;
-  std::uint64_t previous_;
-};
-
 template <class T>
 TrainResult train_as(const Communicator& world, const RunConfig& config,
                      const TrainOptions& options) {
   const auto start_time = std::chrono::steady_clock::now();
   // Checked after every forward pass and backward (training_step), on every rank together.
-  const ConfiguredMemoryBudget budget(config.memory.budget_mib);
+  const ScopedMemoryBudget budget(config.memory.budget_mib);
   SHARDTENSOR_REQUIRE(!config.data.path.empty(), "train",
                       "data.path is empty: training reads its samples from an HDF5 file");
   io::File file = io::File::open(world, config.data.path);

@@ -136,6 +136,21 @@ MemorySnapshot memory_report(const Communicator& comm);
 void set_memory_budget(std::uint64_t bytes);
 std::uint64_t memory_budget() noexcept;
 
+/// A per-rank budget of `mib` MiB (a config's memory.budget_mib) for this object's lifetime;
+/// afterwards the previous budget and tracking state come back. 0 changes nothing. What
+/// `shardtensor train` and a Session hold while they run.
+class ScopedMemoryBudget {
+ public:
+  explicit ScopedMemoryBudget(double mib);
+  ~ScopedMemoryBudget();
+  ScopedMemoryBudget(const ScopedMemoryBudget&) = delete;
+  ScopedMemoryBudget& operator=(const ScopedMemoryBudget&) = delete;
+
+ private:
+  bool applied_, was_tracking_;
+  std::uint64_t previous_;
+};
+
 /// Throws shardtensor::Error "memory budget of X MiB per rank exceeded: Y MiB (category C,
 /// allocation 'L')" if an allocation took this rank's tracked total above the budget since
 /// the budget was set or last checked (Y: the highest total while above it), and clears the
