@@ -206,6 +206,7 @@ int main(int argc, char** argv) {
                 ? RunConfig::parse(read_checkpoint_state(world, infer_options.checkpoint).config,
                                    infer_options.checkpoint + " (stored config)", overrides, arrays)
                 : RunConfig::load(config_path, overrides, arrays);
+        enable_memory_tracking();  // the report below, memory.budget_mib
         const InferResult r = infer(world, config, infer_options);
         if (rank == 0) {
           std::printf("infer: %lld samples -> %s in %.2f s\n", (long long)r.samples,
@@ -213,6 +214,7 @@ int main(int argc, char** argv) {
           if (r.relative_l2 >= 0)
             std::printf("infer: relative L2 error vs target: mean %.4f (%.2f%%), max %.4f\n",
                         r.relative_l2, 100 * r.relative_l2, r.max_relative_l2);
+          if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
         }
       } else if (info->parsed()) {
         print_info(world);

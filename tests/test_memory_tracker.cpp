@@ -366,4 +366,23 @@ TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it"
   const TrainResult fine = train(world, config("fine", "memory: {budget_mib: 4096}\n"), quiet);
   CHECK(fine.steps == 3);
   CHECK_FALSE(memory_tracking_enabled());
+
+  // Inference holds to the budget too, and reports its memory when tracking is on.
+  InferOptions infer_options;
+  infer_options.checkpoint = fine.checkpoint;
+  infer_options.input_path = data;
+  infer_options.output_path = temporary.path("prediction.h5");
+  infer_options.progress = false;
+  const std::string infer_message = test::error_message_of(
+      [&] { infer(world, config("fine", "memory: {budget_mib: 0.01}\n"), infer_options); });
+  CHECK(test::ranks_with_error(infer_message) == world.size());
+  CHECK_THAT(infer_message, Contains("memory budget of 0.01 MiB per rank exceeded"));
+  CHECK(memory_budget() == 0);
+  enable_memory_tracking();
+  const InferResult inferred = infer(world, config("fine", ""), infer_options);
+  CHECK(inferred.samples == 4);
+  CHECK(inferred.memory.enabled);
+  CHECK(inferred.memory[MemoryCategory::activations].peak > 0);
+  CHECK(inferred.memory[MemoryCategory::parameters].current > 0);
+  disable_memory_tracking();
 }

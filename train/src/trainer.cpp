@@ -443,6 +443,8 @@ template <class T>
 InferResult infer_as(const Communicator& world, const RunConfig& config,
                      const InferOptions& options) {
   const auto start_time = std::chrono::steady_clock::now();
+  // Checked after every forward pass, on every rank together.
+  const ScopedMemoryBudget budget(config.memory.budget_mib);
   const std::string input =
       options.input_dataset.empty() ? config.data.input : options.input_dataset;
   const std::string target =
@@ -483,6 +485,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
     normalize(batch[0], state.input_statistics);
     MemoryCategoryScope graph_memory(MemoryCategory::activations);
     const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
+    check_memory_budget(s.mesh.domain, s.mesh.data);
     denormalize(prediction.value(), state.target_statistics);
     // Groups past the end rewrite sample 0 with the same values: every rank joins the write.
     io::write_field(out, options.output_dataset, sample, prediction.value());
@@ -511,6 +514,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  result.memory = memory_report(world);  // before the model goes
   return result;
 }
 

@@ -51,6 +51,9 @@ struct InferResult {
       -1;  ///< mean over samples of |prediction - target| / |target|; -1: no target
   double max_relative_l2 = -1;
   double seconds = 0;
+  /// Tracked memory at the end (peaks over the run), max over ranks; memory.enabled is false
+  /// unless memory tracking was on (the CLI turns it on).
+  MemorySnapshot memory;
 };
 
 /// Runs the trained model on every sample of an input file and writes the predictions.
