@@ -85,12 +85,14 @@ void require_same_layout(const Variable<T>& a, const Variable<T>& b, const char*
                           << y.decomposition().describe() << ") differ");
 }
 
-/// A zero field with the layout of `like`.
+/// A field with the layout of `like`, not zero-filled: for outputs whose every value, ghosts
+/// included, the caller writes (activations, add, multiply, concat, dropout).
 template <class T>
 ShardTensor<T> field_like(const ShardTensor<T>& like, const std::string& label,
                           Index channels = -1) {
-  return ShardTensor<T>(like.decomposition(), like.rank(), like.batch(),
-                        channels < 0 ? like.channels() : channels, like.ghosts(), label);
+  return ShardTensor<T>::uninitialized(like.decomposition(), like.rank(), like.batch(),
+                                       channels < 0 ? like.channels() : channels, like.ghosts(),
+                                       label);
 }
 
 }  // namespace impl
@@ -101,9 +103,7 @@ Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0
   impl::require_field(input, "activate");
   const ShardTensor<T>& x = input.value();
   const impl::ActivationFunction<T> f{kind, static_cast<T>(slope)};
-  // Every value is written below, ghosts included: no zero fill.
-  ShardTensor<T> y = ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(),
-                                                   x.channels(), x.ghosts(), "activation");
+  ShardTensor<T> y = impl::field_like(x, "activation");
   const auto xv = x.view(), yv = y.view();
   bool done = false;
   if constexpr (std::is_same<T, float>::value)
