@@ -312,7 +312,7 @@ GhostWidths ConvTranspose<T>::input_ghosts(const Decomposition& input) const {
 }
 
 template <class T>
-HaloPadding<T>& ConvTranspose<T>::halo_for(const GhostWidths& ghosts) {
+std::shared_ptr<HaloPadding<T>> ConvTranspose<T>::halo_for(const GhostWidths& ghosts) {
   std::vector<int> key(ghosts.lower.begin(), ghosts.lower.end());
   key.insert(key.end(), ghosts.upper.begin(), ghosts.upper.end());
   auto& halo = halos_[key];
@@ -320,9 +320,9 @@ HaloPadding<T>& ConvTranspose<T>::halo_for(const GhostWidths& ghosts) {
     BoundaryPadding zeros;  // ghosts past the global boundary: zeros (never read)
     zeros.lower = ghosts.lower;
     zeros.upper = ghosts.upper;
-    halo = std::make_unique<HaloPadding<T>>(comm_, ghosts, zeros, where_);
+    halo = std::make_shared<HaloPadding<T>>(comm_, ghosts, zeros, where_);
   }
-  return *halo;
+  return halo;
 }
 
 template <class T>
@@ -333,9 +333,9 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
       x.channels() == options_.in_channels, where_,
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = output_decomposition(x.decomposition());
-  HaloPadding<T>& halo = halo_for(input_ghosts(x.decomposition()));
+  const std::shared_ptr<HaloPadding<T>> halo = halo_for(input_ghosts(x.decomposition()));
 
-  const ShardTensor<T> padded = halo.forward(x);
+  const ShardTensor<T> padded = halo->forward(x);
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
@@ -377,7 +377,6 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     auto w_node = weight_.node();
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
-    HaloPadding<T>* halo_padding = &halo;
     const std::string name = name_;
     node->backward = [=](impl::Node<T>& self) {
       const FieldView<T> gy = self.grad_field().view();
@@ -390,7 +389,7 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
         ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
                                    padded.channels(), padded.ghosts(), name + ".padded_grad");
         conv_transpose_backward_data(shape, gy, w_node->data, grad_padded.view());
-        halo_padding->backward(grad_padded, x_node->grad_field());
+        halo->backward(grad_padded, x_node->grad_field());  // shared: may outlive the layer
       }
     };
   }

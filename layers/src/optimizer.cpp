@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 
 namespace shardtensor {
@@ -207,7 +208,7 @@ void Adam<T>::update(std::size_t index, const ReplicatedView<T>& value,
         const T vi = beta2 * v(i) + one_minus_beta2 * g * g;
         m(i) = mi;
         v(i) = vi;
-        const T denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
+        const T denom = math::sqrt(vi) / bias_correction2_sqrt + eps;
         value(i) = p - step_size * (mi / denom);
       });
 }

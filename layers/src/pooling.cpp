@@ -1,6 +1,7 @@
 #include "shardtensor/layers/pooling.hpp"
 
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 
 #include "shardtensor/layers/impl/per_dim_option.hpp"
 
@@ -50,7 +51,7 @@ void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, con
         const Index x0 = g.base[0] + ox * g.s[0], y0 = g.base[1] + oy * g.s[1],
                     z0 = g.base[2] + oz * g.s[2];
         if (kind == PoolKind::max) {
-          T best = -Kokkos::Experimental::infinity<T>::value;
+          T best = -math::infinity<T>();
           Index where = g.padded_flat(x0, y0, z0);
           for (Index a = 0; a < g.k[0]; ++a)
             for (Index b = 0; b < g.k[1]; ++b)
@@ -160,9 +161,9 @@ Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& 
       options_.padding_mode == PaddingMode::zeros || options_.padding_mode == PaddingMode::periodic,
       where, "padding mode " << to_string(options_.padding_mode) << " is not supported by pooling");
   const T constant =
-      options_.kind == PoolKind::max ? -Kokkos::Experimental::infinity<T>::value : T(0);
+      options_.kind == PoolKind::max ? -math::infinity<T>() : T(0);
   halo_ =
-      std::make_unique<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, constant, where);
+      std::make_shared<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, constant, where);
 }
 
 template <class T>
@@ -201,7 +202,7 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
   if (node->requires_grad) {
     auto x_node = input.node();
     const PoolKind kind = options_.kind;
-    HaloPadding<T>* halo = halo_.get();
+    const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const std::string label = name_ + ".padded_grad";
     node->backward = [=](impl::Node<T>& self) {
       ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),

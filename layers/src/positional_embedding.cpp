@@ -74,9 +74,9 @@ Variable<T> PositionalEmbedding<T>::forward(const Variable<T>& input) {
         } else if (c < dims * per_axis) {
           const Index axis = c / per_axis, f = (c % per_axis) / 2;
           const Index t = axis == 0 ? o0 + i : (axis == 1 ? o1 + j : o2 + k);
-          const double w = Kokkos::Experimental::pow(10000.0, -double(f) / double(per_axis / 2));
-          value = static_cast<T>(c % 2 == 0 ? Kokkos::Experimental::sin(w * double(t))
-                                            : Kokkos::Experimental::cos(w * double(t)));
+          const double w = math::pow(10000.0, -double(f) / double(per_axis / 2));
+          value = static_cast<T>(c % 2 == 0 ? math::sin(w * double(t))
+                                            : math::cos(w * double(t)));
         }
         for (Index n = 0; n < N; ++n) yv(n, c, i, j, k) = xi(n, c, i, j, k) + value;
       });

@@ -49,7 +49,7 @@ Variable<T> TokenLayerNorm<T>::forward(const Variable<T>& input) {
           const double d = static_cast<double>(xi(n, c, i, j, k)) - m;
           v += d * d;
         }
-        const double r = 1.0 / Kokkos::Experimental::sqrt(v / double(C) + eps);
+        const double r = 1.0 / math::sqrt(v / double(C) + eps);
         mean(n, i, j, k) = m;
         rstd(n, i, j, k) = r;
         for (Index c = 0; c < C; ++c)
@@ -64,7 +64,7 @@ Variable<T> TokenLayerNorm<T>::forward(const Variable<T>& input) {
   const Communicator comm = comm_;
   node->backward = [=](impl::Node<T>& self) {
     const auto gy = self.grad_field().view();
-    auto xhat = [=](Index n, Index c, Index i, Index j, Index k) {
+    auto xhat = KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
       return (static_cast<double>(xi(n, c, i, j, k)) - mean(n, i, j, k)) * rstd(n, i, j, k);
     };
     // Weight and bias gradients: this rank's sums over its cells (added over the ranks).

@@ -1,6 +1,7 @@
 #include "shardtensor/layers/upsample.hpp"
 
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 
 #include <cmath>
 
@@ -23,7 +24,7 @@ struct UpsampleShape {
   template <class T>
   KOKKOS_INLINE_FUNCTION void linear_source(int axis, Index o, Index& lower, T& weight) const {
     const double source = (double(out_offset[axis] + o) + 0.5) / double(scale[axis]) - 0.5;
-    const double floor_source = std::floor(source);
+    const double floor_source = math::floor(source);
     lower = static_cast<Index>(floor_source) - in_offset[axis] + ghost[axis];
     weight = static_cast<T>(1.0 - (source - floor_source));
   }
@@ -125,7 +126,7 @@ Upsample<T>::Upsample(const Communicator& comm, std::vector<int> scale, Upsample
       one_cell_each_side.kernel[d] = 3;
       one_cell_each_side.padding[d] = 1;
     }
-    halo_ = std::make_unique<HaloPadding<T>>(comm_, one_cell_each_side, PaddingMode::replicate,
+    halo_ = std::make_shared<HaloPadding<T>>(comm_, one_cell_each_side, PaddingMode::replicate,
                                              T(0), where_);
   }
 }
@@ -163,7 +164,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
   if (node->requires_grad) {
     auto x_node = input.node();
     const UpsampleMode mode = mode_;
-    HaloPadding<T>* halo = halo_.get();
+    const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const std::string label = name_ + ".source_grad";
     node->backward = [=](impl::Node<T>& self) {
       if (mode == UpsampleMode::nearest) {

@@ -76,6 +76,8 @@ class LocalPlan {
     if (plan_) Fftw<T>::destroy(plan_);
   }
   void execute() const {
+    // FFTW reads what Kokkos kernels wrote: they must have finished (asynchronous backends).
+    Kokkos::fence();
     if (plan_) Fftw<T>::execute(plan_);
   }
 

@@ -10,6 +10,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/halo_exchange.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/attributes.hpp"
@@ -54,7 +55,7 @@ struct SmoothField {
     double value = 0;
     for (int m = 0; m < modes; ++m)
       value += amplitude[m] *
-               Kokkos::Experimental::sin(
+               math::sin(
                    two_pi * (wave[m][0] * x + wave[m][1] * y + wave[m][2] * z) + phase[m]);
     return value;
   }
@@ -145,7 +146,7 @@ HeatSample solve_heat_sample(const Communicator& comm, const Decomposition& deco
   fill_owned(u, 0, options.size, initial);
   fill_owned(
       kappa, 0, options.size, KOKKOS_LAMBDA(double x, double y, double z) {
-        return mean * (1.0 + contrast * Kokkos::Experimental::tanh(2.0 * log_kappa(x, y, z)));
+        return mean * (1.0 + contrast * math::tanh(2.0 * log_kappa(x, y, z)));
       });
 
   HaloExchange<double> halo(comm, u);

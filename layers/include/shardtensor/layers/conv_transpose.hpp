@@ -66,7 +66,7 @@ class ConvTranspose : public Module<T> {
   GhostWidths input_ghosts(const Decomposition& input) const;
 
  private:
-  HaloPadding<T>& halo_for(const GhostWidths& ghosts);
+  std::shared_ptr<HaloPadding<T>> halo_for(const GhostWidths& ghosts);
 
   Communicator comm_;
   ConvTransposeOptions options_;
@@ -76,7 +76,7 @@ class ConvTranspose : public Module<T> {
   std::string name_, where_;
   Variable<T> weight_, bias_;
   /// One halo plan set per ghost widths (they depend on the input decomposition).
-  std::map<std::vector<int>, std::unique_ptr<HaloPadding<T>>> halos_;
+  std::map<std::vector<int>, std::shared_ptr<HaloPadding<T>>> halos_;  // shared with backward closures
 };
 
 extern template class ConvTranspose<float>;

@@ -153,7 +153,7 @@ Variable<T> l1_loss(const Communicator& comm, const Variable<T>& prediction,
   const auto pv = p.view(), tv = target.value().view();
   const std::vector<double> s = impl::per_sample_sums(
       comm, p,
-      KOKKOS_LAMBDA(Index i) { return std::abs(double(pv.data()[i]) - double(tv.data()[i])); });
+      KOKKOS_LAMBDA(Index i) { return math::fabs(double(pv.data()[i]) - double(tv.data()[i])); });
   double total = 0;
   for (double v : s) total += v;
   auto node = impl::scalar_node<T>("l1_loss", total / count, {prediction.node(), target.node()});

@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/layers/impl/gelu_kernels.hpp"
 #include "shardtensor/layers/module.hpp"
 
@@ -29,13 +30,13 @@ struct ActivationFunction {
       case Activation::leaky_relu:
         return x > T(0) ? x : slope * x;
       case Activation::gelu:
-        return T(0.5) * x * std::erfc(-x * T(0.70710678118654752440));
+        return T(0.5) * x * math::erfc(-x * T(0.70710678118654752440));
       case Activation::silu:
-        return x / (T(1) + std::exp(-x));
+        return x / (T(1) + math::exp(-x));
       case Activation::tanh:
-        return std::tanh(x);
+        return math::tanh(x);
       default:
-        return T(1) / (T(1) + std::exp(-x));
+        return T(1) / (T(1) + math::exp(-x));
     }
   }
   KOKKOS_INLINE_FUNCTION T derivative(T x) const {
@@ -45,20 +46,20 @@ struct ActivationFunction {
       case Activation::leaky_relu:
         return x > T(0) ? T(1) : slope;
       case Activation::gelu: {
-        const T cdf = T(0.5) * std::erfc(-x * T(0.70710678118654752440));
-        const T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+        const T cdf = T(0.5) * math::erfc(-x * T(0.70710678118654752440));
+        const T pdf = math::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
         return cdf + x * pdf;
       }
       case Activation::silu: {
-        const T s = T(1) / (T(1) + std::exp(-x));
+        const T s = T(1) / (T(1) + math::exp(-x));
         return s * (T(1) + x * (T(1) - s));
       }
       case Activation::tanh: {
-        const T t = std::tanh(x);
+        const T t = math::tanh(x);
         return T(1) - t * t;
       }
       default: {
-        const T s = T(1) / (T(1) + std::exp(-x));
+        const T s = T(1) / (T(1) + math::exp(-x));
         return s * (T(1) - s);
       }
     }

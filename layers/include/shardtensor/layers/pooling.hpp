@@ -39,7 +39,7 @@ class Pool : public Module<T> {
   PoolOptions options_;
   WindowGeometry geometry_;
   std::string name_;
-  std::unique_ptr<HaloPadding<T>> halo_;
+  std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures
 };
 
 extern template class Pool<float>;

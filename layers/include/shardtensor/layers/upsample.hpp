@@ -29,7 +29,7 @@ class Upsample : public Module<T> {
   int ndims_;
   UpsampleMode mode_;
   std::string name_, where_;
-  std::unique_ptr<HaloPadding<T>> halo_;  // linear mode
+  std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures  // linear mode
 };
 
 extern template class Upsample<float>;
