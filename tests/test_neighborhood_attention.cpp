@@ -440,7 +440,8 @@ TEST_CASE("neighborhood attention: bad input", "[attention][neighborhood][errors
       const Index batch = world.rank() == P - 1 ? 2 : 1;
       const auto x = random_field<double>(d, batch, 2, 6, 1.0, false, "x");
       expect(error_of(x, x, x, options_of(1, {3}, {1})),
-             "batch and channels differ between ranks: batch 1 to 2, channels 2 to 2");
+             "(batch, channels) differs between ranks: rank 0 has (1,2), rank " +
+                 std::to_string(P - 1) + " has (2,2)");
     }
   }
   SECTION("wrong rank count") {

@@ -1,5 +1,7 @@
 #include "shardtensor/comm/communicator.hpp"
 
+#include <map>
+
 #include <algorithm>
 #include <sstream>
 
@@ -10,6 +12,7 @@ namespace shardtensor {
 struct Communicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
   int next_tag = Communicator::first_plan_tag;
+  std::map<std::string, int> operation_tags;  // first tag of each operation's reservation
   ~Handle() {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -56,6 +59,12 @@ int Communicator::reserve_tags(int count) const {
   const int first = handle_->next_tag;
   handle_->next_tag += count;
   return first;
+}
+
+int Communicator::operation_tags(const std::string& operation, int count) const {
+  const auto found = handle_->operation_tags.find(operation);
+  if (found != handle_->operation_tags.end()) return found->second;
+  return handle_->operation_tags[operation] = reserve_tags(count);
 }
 
 void Communicator::barrier() const {

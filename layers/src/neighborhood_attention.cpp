@@ -9,7 +9,6 @@
 
 #include "shardtensor/layers/neighborhood_attention.hpp"
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <array>
@@ -311,9 +310,9 @@ struct PlanCache {
 
   std::shared_ptr<HaloExchange<T>> plan(const Communicator& comm, const ShardTensor<T>& like) {
     // The cached plan holds a copy of the communicator, which keeps the MPI handle (and so
-    // its Fortran index in the key) from being reused by another communicator meanwhile.
+    // its id in the key) from being reused by another communicator meanwhile.
     std::vector<long long> key = impl::signature(like.decomposition());
-    key.push_back(static_cast<long long>(MPI_Comm_c2f(comm.get())));
+    key.push_back(static_cast<long long>(comm.id()));
     key.push_back(like.batch());
     key.push_back(like.channels());
     for (int a = 0; a < max_spatial_dims; ++a) {
@@ -447,17 +446,8 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
   // One allreduce: any rank's problem, or batch/channels that differ between ranks, makes
   // every rank throw (so none is left waiting in the halo exchange).
   const std::string local_error = validate(comm, q, k, v, options);
-  long long agreed[5] = {local_error.empty() ? comm.size() : comm.rank(), qf.batch(),
-                         qf.channels(), -qf.batch(), -qf.channels()};
-  MPI_Allreduce(MPI_IN_PLACE, agreed, 5, MPI_LONG_LONG, MPI_MIN, comm.get());
-  if (agreed[0] < comm.size())
-    comm.agree(local_error.empty() ? local_error : std::string(where) + ": " + local_error);
-  SHARDTENSOR_REQUIRE(agreed[1] == -agreed[3] && agreed[2] == -agreed[4], where,
-                      "batch and channels differ between ranks: batch " << agreed[1] << " to "
-                                                                        << -agreed[3]
-                                                                        << ", channels "
-                                                                        << agreed[2] << " to "
-                                                                        << -agreed[4]);
+  comm.agree(local_error.empty() ? local_error : std::string(where) + ": " + local_error);
+  comm.require_same({qf.batch(), qf.channels()}, where, "(batch, channels)");
 
   auto g = std::make_shared<Geometry>();
   g->ndims = dec.ndims();

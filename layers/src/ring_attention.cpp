@@ -8,7 +8,6 @@
 
 #include "shardtensor/layers/ring_attention.hpp"
 
-#include <mpi.h>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
@@ -22,7 +21,7 @@
 #include <vector>
 
 #include "shardtensor/comm/collectives.hpp"
-#include "shardtensor/comm/impl/mpi_type.hpp"
+#include "shardtensor/comm/point_to_point.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 
@@ -35,8 +34,14 @@
 namespace shardtensor {
 namespace {
 
-constexpr int kv_tag = 7301;    // K/V blocks travelling around the ring
-constexpr int grad_tag = 7302;  // dK/dV accumulators travelling with them (backward)
+/// Message tags of ring attention on a communicator: K/V blocks travelling around the ring,
+/// then the dK/dV accumulators travelling with them (backward).
+int kv_tag(const Communicator& comm) {
+  return comm.operation_tags("ring_attention", 2);
+}
+int grad_tag(const Communicator& comm) {
+  return kv_tag(comm) + 1;
+}
 
 /// Queries x keys of one score tile: the tile (and dP in backward) stays a few hundred KiB
 /// whatever the token count, and the GEMMs on it are large enough to run near sgemm speed.
@@ -550,30 +555,6 @@ Ring ring_of(const Communicator& comm, const Decomposition& d) {
   return ring;
 }
 
-/// A non-blocking point-to-point message; wait() before touching its buffer.
-struct Message {
-  MPI_Request request = MPI_REQUEST_NULL;
-  void wait() { MPI_Wait(&request, MPI_STATUS_IGNORE); }
-  void test() {
-    int done = 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-  }
-};
-
-template <class T>
-Message send(const Communicator& comm, const T* data, Index count, int to, int tag) {
-  Message m;
-  MPI_Isend(data, static_cast<int>(count), impl::mpi_type<T>(), to, tag, comm.get(), &m.request);
-  return m;
-}
-
-template <class T>
-Message receive(const Communicator& comm, T* data, Index count, int from, int tag) {
-  Message m;
-  MPI_Irecv(data, static_cast<int>(count), impl::mpi_type<T>(), from, tag, comm.get(), &m.request);
-  return m;
-}
-
 /// The K/V blocks around the ring: step s computes on the block of rank source(s) while the
 /// next one arrives. Two buffers alternate, the own block's (overwritten from step 1 on) and
 /// one more: a buffer is received into only after its block was sent on.
@@ -596,10 +577,11 @@ class BlockRing {
   const T* start(int step) {
     T* current = buffers_[step % 2].data();
     if (step + 1 < ring_.size) {
-      in_ = receive(comm_, buffers_[(step + 1) % 2].data(),
-                    2 * a_.block(ring_.tokens[ring_.source(step + 1)]), ring_.prev(), kv_tag);
-      out_ = send(comm_, current, 2 * a_.block(ring_.tokens[ring_.source(step)]), ring_.next(),
-                  kv_tag);
+      in_ = post_receive(comm_, buffers_[(step + 1) % 2].data(),
+                         2 * a_.block(ring_.tokens[ring_.source(step + 1)]), ring_.prev(),
+                         kv_tag(comm_));
+      out_ = post_send(comm_, current, 2 * a_.block(ring_.tokens[ring_.source(step)]),
+                       ring_.next(), kv_tag(comm_));
     }
     return current;
   }
@@ -618,7 +600,7 @@ class BlockRing {
   const Ring& ring_;
   Heads a_;
   Buffer<T> buffers_[2];
-  Message in_, out_;
+  PendingMessage in_, out_;
 };
 
 /// Forward of ring attention on packed q and the own K/V block (used up as a ring buffer):
@@ -664,7 +646,7 @@ Buffer<T> ring_backward(const Communicator& comm, const Ring& ring, const Heads&
   for (int i = 0; i < buffers; ++i) grads[i] = scratch<T>("attention.dkv", block_max, travelling);
   if (need_dkv && ring.size > 1)
     incoming = scratch<T>("attention.dkv_ring", block_max, MemoryCategory::comm_buffers);
-  Message grad_in, grad_out[2];
+  PendingMessage grad_in, grad_out[2];
   BlockRing<T> blocks(comm, ring, a, kv);
   const Progress progress = [&] {
     blocks.progress();
@@ -689,9 +671,9 @@ Buffer<T> ring_backward(const Communicator& comm, const Ring& ring, const Heads&
         grad_in.wait();
         for (Index i = 0; i < count; ++i) mine[i] += incoming(i);
       }
-      grad_in = receive(comm, incoming.data(), 2 * a.block(ring.tokens[ring.source(step + 1)]),
-                        ring.prev(), grad_tag);
-      grad_out[step % 2] = send(comm, mine, count, ring.next(), grad_tag);
+      grad_in = post_receive(comm, incoming.data(), 2 * a.block(ring.tokens[ring.source(step + 1)]),
+                             ring.prev(), grad_tag(comm));
+      grad_out[step % 2] = post_send(comm, mine, count, ring.next(), grad_tag(comm));
     }
     blocks.finish();
   }

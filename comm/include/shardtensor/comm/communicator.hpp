@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@ class Communicator {
   explicit Communicator(MPI_Comm comm = MPI_COMM_WORLD);
 
   MPI_Comm get() const;
+  /// Identifies the duplicate (shared by copies) while any copy lives: a key for caches of
+  /// plans, which hold a copy and so keep the id from being reused.
+  std::uintptr_t id() const { return reinterpret_cast<std::uintptr_t>(handle_.get()); }
   int rank() const { return rank_; }
   int size() const { return size_; }
   void barrier() const;
@@ -40,6 +44,11 @@ class Communicator {
   /// Tags below first_plan_tag are left for one-off point-to-point calls (ring_shift).
   int reserve_tags(int count) const;
   static constexpr int first_plan_tag = 64;
+
+  /// The tags of an operation that sends point-to-point messages on every call (ring
+  /// attention's blocks): `count` tags reserved on its first call, the same ones after.
+  /// Collective in the same sense as reserve_tags (first calls in the same order on every rank).
+  int operation_tags(const std::string& operation, int count) const;
 
   /// Splits the ranks into a (data x domain) mesh: `data_groups` groups of size()/data_groups
   /// consecutive ranks each share one sample (domain parallelism inside a group); ranks at
