@@ -1,6 +1,7 @@
 #include "shardtensor/layers/conv.hpp"
 
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 
 #include "impl/conv_avx512.hpp"
 #include "shardtensor/layers/halo_overlap.hpp"
@@ -427,8 +428,8 @@ void plane_im2col(const Correlation& r, const FieldView<T>& src, Index n, Index 
         const Index y = r.offset[1] + oy + b * r.d[1];
         const Index shift = r.offset[2] + c * r.d[2];  // source z of output z = 0
         // Output z in [first, last) reads inside the source; the rest is zero.
-        const Index first = std::min(r.out[2], std::max<Index>(0, -shift));
-        const Index last = std::max(first, std::min(r.out[2], r.src[2] - shift));
+        const Index first = math::min(r.out[2], math::max<Index>(0, -shift));
+        const Index last = math::max(first, math::min(r.out[2], r.src[2] - shift));
         if (x < 0 || x >= r.src[0] || y < 0 || y >= r.src[1]) {  // plane or row outside src
           for (Index z = 0; z < r.out[2]; ++z) out[z] = T(0);
           return;
@@ -534,19 +535,23 @@ void plane_weight_gradient(const Correlation& r, const ConvShape& g, const Field
   const Kokkos::View<T*, DefaultMemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> all(
       packed, packed_size);
   Kokkos::deep_copy(all, T(0));
+  // Every rotation holds a part of each weight's gradient (x tap a of rotation r sits in slot
+  // r + a d): each weight gathers its parts over the rotations in a fixed order (a scatter
+  // from the packed buffers would have `slots` iterations adding into one weight).
   const auto add_packed = [&](Index group) {
-    const Index ky = g.k[1], kz = g.k[2], kx = g.k[0], dx = g.d[0];
+    const Index kx = g.k[0], dx = g.d[0];
     const Index outs = r.out_per_group, taps = r.column_rows();
     Kokkos::parallel_for(
-        "Conv::plane_weight_gradient", packed_size, KOKKOS_LAMBDA(const Index flat) {
-          const Index j_b_c = flat % taps;
-          const CellIndex cell = unflatten(flat / taps, outs, slots, 1, 1);  // (r, o, s)
-          const Index shift = slot_of(cell.x - cell.n, slots), a = shift / dx;
-          if (shift % dx == 0 && a < kx)
-            gw(g.weight_index(group * outs + cell.c, j_b_c / (ky * kz), a, (j_b_c / kz) % ky,
-                              j_b_c % kz)) += all(flat);
-          all(flat) = T(0);
+        "Conv::plane_weight_gradient", outs * kx * taps, KOKKOS_LAMBDA(const Index flat) {
+          const Index j_b_c = flat % taps, a = (flat / taps) % kx, o = flat / (taps * kx);
+          T sum = 0;
+          for (Index rotation = 0; rotation < slots; ++rotation)
+            sum += all(((rotation * outs + o) * slots + slot_of(rotation + a * dx, slots)) * taps +
+                       j_b_c);
+          const Index j = j_b_c / (g.k[1] * g.k[2]), b = (j_b_c / g.k[2]) % g.k[1];
+          gw(g.weight_index(group * outs + o, j, a, b, j_b_c % g.k[2])) += sum;
         });
+    Kokkos::deep_copy(all, T(0));
   };
   Index current_group = 0;
   const auto keep_all = [](Index, Index, Index) { return true; };
@@ -947,6 +952,55 @@ void weight_gradient_planes(const PlanePlan& plan, const ConvShape& g, const Fie
   plane_weight_gradient(plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 
+// ---------------------------------------------------------------------------------------
+// 1-D and 2-D fields are stored as (x, 1, 1) and (x, y, 1): their trailing axes have extent 1,
+// so the same memory is also a (1, 1, x) or (1, x, y) field. Every kernel above runs along
+// contiguous z rows (im2col copies whole rows, the plane path's GEMMs and vector kernels
+// stream them); a z row of one cell defeats them all. So a 1-D or 2-D convolution computes
+// on the rotated view, where the field's rows lie along z: computed axis a is stored axis
+// (a + ndims) % 3.
+
+/// Axes rotated by `shift`: computed axis a holds stored axis (a + shift) % 3.
+struct AxisRotation {
+  int shift = 0;
+  template <class Array>
+  Array apply(const Array& stored) const {
+    Array computed = stored;
+    for (int a = 0; a < 3; ++a) computed[a] = stored[(a + shift) % 3];
+    return computed;
+  }
+  Box apply(const Box& stored) const { return {apply(stored.lower), apply(stored.extent)}; }
+  /// The same memory as a field with rotated spatial extents (no copy).
+  template <class T>
+  FieldView<T> apply(const FieldView<T>& stored) const {
+    if (shift == 0 || stored.data() == nullptr) return stored;
+    const std::array<Index, 3> e =
+        apply(std::array<Index, 3>{Index(stored.extent(2)), Index(stored.extent(3)),
+                                   Index(stored.extent(4))});
+    return FieldView<T>(stored.data(), stored.extent(0), stored.extent(1), e[0], e[1], e[2]);
+  }
+};
+
+/// The rotation of a convolution of `ndims` dimensions whose padded input is `padded`: none
+/// for 3-D, or when an axis past ndims is not a single cell (then the rotated view would not
+/// be the same memory).
+template <class T>
+AxisRotation rotation_for(int ndims, const ShardTensor<T>& padded) {
+  for (int a = ndims; a < 3; ++a)
+    if (padded.allocated_extent(a) != 1) return {};
+  return {ndims % 3};
+}
+
+/// A convolution's shape with its axes rotated (see AxisRotation).
+inline ConvShape rotated(const ConvShape& g, const AxisRotation& rotation) {
+  ConvShape r = g;
+  for (int a = 0; a < 3; ++a) {
+    const int s = (a + rotation.shift) % 3;
+    r.k[a] = g.k[s], r.s[a] = g.s[s], r.d[a] = g.d[s], r.base[a] = g.base[s], r.out[a] = g.out[s];
+  }
+  return r;
+}
+
 std::string layer_name(int ndims, const std::string& name) {
   return "Conv" + std::to_string(ndims) + "d '" + name + "'";
 }
@@ -984,7 +1038,7 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
   weight_ = this->register_parameter("weight", shape, bound, 2 * seed);
   if (options_.bias)
     bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * seed + 1);
-  halo_ = std::make_unique<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
+  halo_ = std::make_shared<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
   workspace_->budget_bytes = options_.workspace_bytes;
 }
 
@@ -1022,12 +1076,15 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     shape.out[d] = y.local_extent(d);
     shape.base[d] = base[d];
   }
+  // From here on the kernels see the rotated axes (1-D and 2-D rows along z).
+  const AxisRotation rotation = rotation_for(geometry_.ndims, padded);
+  shape = rotated(shape, rotation);
+  const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> no_bias;
   const ConvAlgorithm algorithm = options_.algorithm;
   const std::shared_ptr<impl::ConvWorkspace<T>> workspace = workspace_;
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : no_bias;
-  const Index padded_extent[3] = {Index(padded.view().extent(2)), Index(padded.view().extent(3)),
-                                  Index(padded.view().extent(4))};
+  const Index padded_extent[3] = {Index(xp.extent(2)), Index(xp.extent(3)), Index(xp.extent(4))};
   const PlanePlan planes =
       algorithm == ConvAlgorithm::gemm
           ? plan_planes(shape, padded_extent, sizeof(T), workspace->budget_bytes,
@@ -1035,18 +1092,18 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
           : PlanePlan{};
   const auto forward_gemm = [&](const ChunkFilter& filter) {
     if (!planes.applies()) {
-      conv_forward_gemm(shape, padded.view(), weight_.data(), bias, y.view(), *workspace, filter);
+      conv_forward_gemm(shape, xp, weight_.data(), bias, yv, *workspace, filter);
       return;
     }
     const auto keep = [&](Index ox, Index y0, Index y1) {
       return filter(plane_reads(shape, ox, y0, y1));
     };
-    correlate_planes(planes, planes.forward, planes.forward_rows, shape, padded.view(),
-                     weight_.data(), false, bias, y.view(), workspace->reserve(planes.values),
-                     keep);
+    correlate_planes(planes, planes.forward, planes.forward_rows, shape, xp, weight_.data(), false,
+                     bias, yv, workspace->reserve(planes.values), keep);
   };
   if (algorithm == ConvAlgorithm::gemm && halo_overlap() && halo_->padding_ready_after_start()) {
-    ChunkFilter interior{ChunkFilter::avoiding, halo_->exchanged_boxes(padded)};
+    ChunkFilter interior{ChunkFilter::avoiding, {}};
+    for (const Box& box : halo_->exchanged_boxes(padded)) interior.boxes.push_back(rotation.apply(box));
     forward_gemm(interior);
     halo_->finish(padded);
     interior.keep = ChunkFilter::touching;
@@ -1056,7 +1113,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     if (algorithm == ConvAlgorithm::gemm)
       forward_gemm(ChunkFilter{});
     else
-      conv_forward(shape, padded.view(), weight_.data(), bias, y.view());
+      conv_forward(shape, xp, weight_.data(), bias, yv);
   }
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
@@ -1068,9 +1125,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     auto w_node = weight_.node();
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
-    HaloPadding<T>* halo = halo_.get();
+    const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     node->backward = [=](impl::Node<T>& self) {
-      const FieldView<T> gy = self.grad_field().view();
+      const FieldView<T> gy = rotation.apply(self.grad_field().view());
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
@@ -1081,26 +1138,25 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
         // padded cell. The padded input is dead by then (backward runs once per forward), so
         // its buffer takes the padded gradient: no allocation, no zero fill.
         T* scratch = workspace->reserve(planes.values);
-        if (gw.extent(0) > 0) weight_gradient_planes(planes, shape, padded.view(), gy, gw, scratch);
-        conv_backward_parameters(shape, gy, padded.view(), ReplicatedView<T>(), gb);  // bias only
+        if (gw.extent(0) > 0) weight_gradient_planes(planes, shape, xp, gy, gw, scratch);
+        conv_backward_parameters(shape, gy, xp, ReplicatedView<T>(), gb);  // bias only
         if (x_node->requires_grad) {
           grad_padded = padded;
           const auto keep_all = [](Index, Index, Index) { return true; };
           correlate_planes(planes, planes.data, planes.data_rows, shape, gy, w_node->data, true,
-                           ReplicatedView<T>(), grad_padded.view(), scratch, keep_all);
+                           ReplicatedView<T>(), xp, scratch, keep_all);
         }
       } else {
         if (x_node->requires_grad)
           grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                        padded.channels(), padded.ghosts(), name_ + ".padded_grad");
+        const FieldView<T> gxp = rotation.apply(grad_padded.view());
         if (algorithm == ConvAlgorithm::gemm) {
-          conv_backward_gemm(shape, gy, padded.view(), w_node->data, gw, grad_padded.view(),
-                             *workspace);
-          conv_backward_parameters(shape, gy, padded.view(), ReplicatedView<T>(), gb);  // bias only
+          conv_backward_gemm(shape, gy, xp, w_node->data, gw, gxp, *workspace);
+          conv_backward_parameters(shape, gy, xp, ReplicatedView<T>(), gb);  // bias only
         } else {
-          conv_backward_parameters(shape, gy, padded.view(), gw, gb);
-          if (x_node->requires_grad)
-            conv_backward_data(shape, gy, w_node->data, grad_padded.view());
+          conv_backward_parameters(shape, gy, xp, gw, gb);
+          if (x_node->requires_grad) conv_backward_data(shape, gy, w_node->data, gxp);
         }
       }
       if (x_node->requires_grad) halo->backward(grad_padded, x_node->grad_field());

@@ -82,7 +82,7 @@ class Conv : public Module<T> {
   WindowGeometry geometry_;
   std::string name_;
   Variable<T> weight_, bias_;
-  std::unique_ptr<HaloPadding<T>> halo_;
+  std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures
   std::shared_ptr<impl::ConvWorkspace<T>> workspace_ = std::make_shared<impl::ConvWorkspace<T>>();
 };
 
