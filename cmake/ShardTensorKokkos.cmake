@@ -60,6 +60,18 @@ elseif(TARGET trilinos_kokkoskernels)
   target_link_libraries(ShardTensor::kokkoskernels INTERFACE trilinos_kokkoskernels Kokkos::kokkos)
 endif()
 
+# The backend that kernels run on: Kokkos' default execution space (CUDA before OpenMP before
+# Serial). Tests are labelled with it and get its environment (threads per rank).
+string(TOUPPER "${Kokkos_DEVICES}" _st_kokkos_devices)
+if(_st_kokkos_devices MATCHES "CUDA")
+  set(SHARDTENSOR_KOKKOS_BACKEND cuda)
+elseif(_st_kokkos_devices MATCHES "OPENMP")
+  set(SHARDTENSOR_KOKKOS_BACKEND openmp)
+else()
+  set(SHARDTENSOR_KOKKOS_BACKEND serial)
+endif()
+
 if(DEFINED Kokkos_VERSION AND NOT SHARDTENSOR_KOKKOS_FROM_PACKAGE_CONFIG)
-  message(STATUS "ShardTensor: Kokkos ${Kokkos_VERSION}, devices: ${Kokkos_DEVICES}")
+  message(STATUS "ShardTensor: Kokkos ${Kokkos_VERSION}, devices: ${Kokkos_DEVICES}, "
+                 "kernels run on: ${SHARDTENSOR_KOKKOS_BACKEND}")
 endif()

@@ -1,10 +1,18 @@
 # MPI tests: every test program, example and benchmark smoke run is started under mpirun at
 # one or more rank counts, as <name>_np<R>. Rank counts above the number of cores run
-# oversubscribed, with ranks yielding when idle so they do not spin.
+# oversubscribed, with ranks yielding when idle so they do not spin. Every test carries the
+# label of the backend its kernels ran on (serial, openmp, cuda); on OpenMP each rank runs
+# SHARDTENSOR_TEST_THREADS threads that sleep, not spin, while they wait (ranks x threads
+# oversubscribe the cores).
 
 set(SHARDTENSOR_TEST_RANKS 1 2 3 4 8 CACHE STRING "Rank counts every MPI test runs at")
 set(SHARDTENSOR_MPI_TEST_ENVIRONMENT
     "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
+set(SHARDTENSOR_TEST_THREADS 2 CACHE STRING "OpenMP threads per rank in tests (OpenMP backend)")
+if(SHARDTENSOR_KOKKOS_BACKEND STREQUAL "openmp")
+  list(APPEND SHARDTENSOR_MPI_TEST_ENVIRONMENT "OMP_NUM_THREADS=${SHARDTENSOR_TEST_THREADS}"
+       "OMP_WAIT_POLICY=passive" "OMP_PROC_BIND=false" "KOKKOS_DISABLE_WARNINGS=1")
+endif()
 
 # shardtensor_add_mpi_runs(<target> RANKS <counts...> [NAME <name>] [TIMEOUT <s>]
 #                          [LABEL <label>] [PASS_REGULAR_EXPRESSION <re>] [ARGS <args...>])
@@ -30,7 +38,7 @@ function(shardtensor_add_mpi_runs target)
     set_tests_properties(${ARG_NAME}_np${ranks} PROPERTIES
       TIMEOUT ${ARG_TIMEOUT}
       PROCESSORS ${ranks}
-      LABELS "${ARG_LABEL};np${ranks}"
+      LABELS "${ARG_LABEL};np${ranks};${SHARDTENSOR_KOKKOS_BACKEND}"
       ENVIRONMENT "${SHARDTENSOR_MPI_TEST_ENVIRONMENT}")
     if(ARG_PASS_REGULAR_EXPRESSION)
       set_tests_properties(${ARG_NAME}_np${ranks} PROPERTIES

@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <catch2/catch.hpp>
+#include <cstdio>
 
 #include "shardtensor/core/allocation_cache.hpp"
 
@@ -17,6 +18,9 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0)  // the log says which backend ran the kernels
+      std::printf("backend: %s, concurrency %d per rank\n", Kokkos::DefaultExecutionSpace::name(),
+                  static_cast<int>(Kokkos::DefaultExecutionSpace().concurrency()));
     Catch::Session session;
     // Only rank 0 prints passing summaries; every rank prints its own failures.
     if (session.applyCommandLine(argc, argv) != 0) {

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Builds upstream Kokkos and Kokkos Kernels into PREFIX, for the backends Debian's Kokkos 3.4.1
+# lacks. Nothing is downloaded: the sources come from tarballs (or unpacked directories) given
+# on the command line or found in ../shared/deps beside the project.
+#
+#   scripts/build-kokkos.sh PREFIX [openmp] [KOKKOS_SRC] [KERNELS_SRC]
+#
+#   openmp   Serial + OpenMP host backends, Kokkos Kernels with OpenBLAS (the default)
+#
+# The result is cached: PREFIX/.shardtensor-build-id records the sources' checksums and the
+# options, and a second call with the same inputs returns at once. Point the project at it
+# with -DKokkos_ROOT=PREFIX -DKokkosKernels_ROOT=PREFIX (docs/install.md).
+set -euo pipefail
+
+if [ $# -lt 1 ]; then
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+prefix="$1"
+backend="${2:-openmp}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps="$root/../shared/deps"
+kokkos_src="${3:-$deps/kokkos-4.6.01.tar.gz}"
+kernels_src="${4:-$deps/kokkos-kernels-4.6.02.tar.gz}"
+jobs="${JOBS:-$(nproc)}"
+
+case "$backend" in
+  openmp)
+    backend_options=(-DKokkos_ENABLE_SERIAL=ON -DKokkos_ENABLE_OPENMP=ON)
+    compiler="${CXX:-g++}"
+    ;;
+  *)
+    echo "build-kokkos: unknown backend '$backend' (expected: openmp)" >&2
+    exit 2
+    ;;
+esac
+
+for src in "$kokkos_src" "$kernels_src"; do
+  if [ ! -e "$src" ]; then
+    echo "build-kokkos: source '$src' not found (a .tar.gz or an unpacked directory)" >&2
+    exit 2
+  fi
+done
+
+# The identity of a build: the sources' contents, the backend options and this script.
+fingerprint() {
+  if [ -d "$1" ]; then
+    (cd "$1" && find . -type f -name '*.hpp' -o -type f -name 'CMakeLists.txt' | sort | xargs cat | sha256sum)
+  else
+    sha256sum < "$1"
+  fi | cut -d' ' -f1
+}
+build_id="kokkos=$(fingerprint "$kokkos_src") kernels=$(fingerprint "$kernels_src")"
+build_id+=" backend=$backend options=${backend_options[*]} compiler=$($compiler --version | head -1)"
+build_id+=" script=$(sha256sum < "$0" | cut -d' ' -f1)"
+if [ -f "$prefix/.shardtensor-build-id" ] && [ "$(cat "$prefix/.shardtensor-build-id")" = "$build_id" ]; then
+  echo "build-kokkos: $prefix is up to date ($backend)"
+  exit 0
+fi
+
+# Check the tarballs against the checksums shipped beside them, when there are any.
+for src in "$kokkos_src" "$kernels_src"; do
+  sums="$(dirname "$src")/SHA256SUMS"
+  if [ -f "$src" ] && [ -f "$sums" ] && grep -q " $(basename "$src")\$" "$sums"; then
+    (cd "$(dirname "$src")" && grep " $(basename "$src")\$" SHA256SUMS | sha256sum -c --quiet -) ||
+      { echo "build-kokkos: $src does not match its SHA256SUMS" >&2; exit 1; }
+  fi
+done
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/shardtensor-kokkos.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+unpack() {  # unpack SRC into $work/NAME, return the source directory
+  if [ -d "$1" ]; then echo "$1"; return; fi
+  mkdir -p "$work/$2"
+  tar xzf "$1" -C "$work/$2" --strip-components=1
+  echo "$work/$2"
+}
+kokkos_dir="$(unpack "$kokkos_src" kokkos)"
+kernels_dir="$(unpack "$kernels_src" kernels)"
+
+# The build id is written last: an interrupted build leaves a prefix that the next call
+# rebuilds instead of trusting. Static libraries: nothing to find at run time.
+rm -rf "$prefix"
+echo "build-kokkos: building Kokkos ($backend) into $prefix with $jobs jobs"
+cmake -S "$kokkos_dir" -B "$work/build-kokkos" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER="$compiler" -DCMAKE_CXX_STANDARD=17 -DCMAKE_INSTALL_PREFIX="$prefix" \
+  -DBUILD_SHARED_LIBS=OFF -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF \
+  "${backend_options[@]}" > "$work/kokkos-configure.log"
+cmake --build "$work/build-kokkos" -j "$jobs" > "$work/kokkos-build.log" ||
+  { tail -50 "$work/kokkos-build.log" >&2; exit 1; }
+cmake --install "$work/build-kokkos" > /dev/null
+
+# Kokkos Kernels: only the BLAS component, with OpenBLAS as its TPL, and no pre-instantiated
+# kernels (ShardTensor calls gemm, which goes to the TPL; instantiating the rest costs
+# an hour on two cores for nothing).
+echo "build-kokkos: building Kokkos Kernels (BLAS, OpenBLAS TPL)"
+cmake -S "$kernels_dir" -B "$work/build-kernels" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER="$compiler" -DCMAKE_INSTALL_PREFIX="$prefix" -DBUILD_SHARED_LIBS=OFF \
+  -DKokkos_ROOT="$prefix" \
+  -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON \
+  -DKokkosKernels_ENABLE_TPL_BLAS=ON \
+  -DKokkosKernels_INST_DOUBLE=OFF -DKokkosKernels_INST_FLOAT=OFF \
+  -DKokkosKernels_INST_COMPLEX_DOUBLE=OFF -DKokkosKernels_INST_COMPLEX_FLOAT=OFF \
+  -DKokkosKernels_INST_LAYOUTLEFT=OFF -DKokkosKernels_INST_LAYOUTRIGHT=OFF \
+  -DKokkosKernels_ENABLE_TESTS=OFF -DKokkosKernels_ENABLE_EXAMPLES=OFF > "$work/kernels-configure.log" ||
+  { tail -50 "$work/kernels-configure.log" >&2; exit 1; }
+cmake --build "$work/build-kernels" -j "$jobs" > "$work/kernels-build.log" ||
+  { tail -50 "$work/kernels-build.log" >&2; exit 1; }
+cmake --install "$work/build-kernels" > /dev/null
+
+echo "$build_id" > "$prefix/.shardtensor-build-id"
+echo "build-kokkos: done: -DKokkos_ROOT=$prefix -DKokkosKernels_ROOT=$prefix"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test suite on CPU threads: builds upstream Kokkos 4.6 with the OpenMP backend (cached,
+# scripts/build-kokkos.sh), builds the project against it into ./build-openmp (or
+# $OPENMP_BUILD_DIR) and runs the tests with OMP_NUM_THREADS threads per rank (default 2).
+# A kernel that is only right when its iterations run one after another fails here.
+#
+#   scripts/test-openmp.sh [ctest arguments...]   e.g. -L 'np[123]$' for the 1-3 rank entries
+#
+# The Kokkos sources come from ../shared/deps (or $SHARDTENSOR_KOKKOS_SOURCES); the built
+# Kokkos is kept in $SHARDTENSOR_DEPS_CACHE (default /var/cache/shardtensor, or
+# ~/.cache/shardtensor when that is not writable).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${OPENMP_BUILD_DIR:-$root/build-openmp}"
+sources="${SHARDTENSOR_KOKKOS_SOURCES:-$root/../shared/deps}"
+source "$root/scripts/env.sh"
+
+if [ ! -f "$sources/kokkos-4.6.01.tar.gz" ] || [ ! -f "$sources/kokkos-kernels-4.6.02.tar.gz" ]; then
+  echo "test-openmp: skipped: no Kokkos 4.6 sources in $sources (see docs/install.md)"
+  exit 0
+fi
+cache="${SHARDTENSOR_DEPS_CACHE:-/var/cache/shardtensor}"
+if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then cache="$HOME/.cache/shardtensor"; fi
+prefix="$cache/kokkos-4.6.01-openmp"
+
+bash "$root/scripts/install-deps.sh"
+bash "$root/scripts/build-kokkos.sh" "$prefix" openmp \
+  "$sources/kokkos-4.6.01.tar.gz" "$sources/kokkos-kernels-4.6.02.tar.gz"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$prefix" \
+  -DKokkosKernels_ROOT="$prefix" -DSHARDTENSOR_TEST_THREADS="${OMP_NUM_THREADS:-2}"
+cmake --build "$build" -j "$(nproc)"
+ctest --test-dir "$build" --output-on-failure --timeout 900 "$@"
