@@ -1,15 +1,17 @@
 // bench_conv: forward + backward of a sharded Conv3d (default 32 -> 32 channels, kernel 3,
-// 64^3 cells, batch 1, float), against OpenBLAS sgemm measured in the same run.
+// 64^3 cells, batch 1, float) or Conv2d (--dims 2, e.g. --size 512: 512^2 cells), against
+// OpenBLAS sgemm measured in the same run.
 //
 //   mpirun -n 1 ./bench_conv        mpirun -n 2 ./bench_conv      (same global field)
-//   options: --size N (global cube edge, 64) --channels C (32) --iters K (3) --warmup K (1)
+//   options: --dims 2|3 (3) --size N (global edge, 64) --channels C (32) --batch B (1)
+//            --iters K (3) --warmup K (1)
 //            --algorithm gemm|direct --workspace-mib M (GEMM scratch bound, 16)
 //            --vector-kernels on|off (AVX-512 kernels where available, on; off: always
 //            im2col + KokkosBlas::gemm)
 //            --memory-tracking on|off (the tracker's step peak, on)
 //            --no-allocation-cache (last argument: let glibc unmap freed buffers)
 //
-// FLOPs: 2 * Cin * Cout * k^3 * output cells per pass, three passes (forward, input
+// FLOPs: 2 * Cin * Cout * k^dims * output cells per pass, three passes (forward, input
 // gradient, weight gradient). Time: slowest rank, best of `iters` steps. Per-core
 // GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
 // conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once. Peak
@@ -19,7 +21,7 @@
 // during a measured forward + backward step (peak reset before it), input, parameters,
 // workspace and halo buffers included, per rank, max over ranks and steps; split by category.
 // OPENBLAS_CORETYPE (e.g. SkylakeX for AVX-512 kernels) is printed: it changes sgemm ~2x.
-// Check: afterwards, on a 20^3 field (rows of 16 + 4 cells) with the same channels, the
+// Check: afterwards, on a 20^3 field (rows of 16 + 4 cells; 2-D: 36^2) with the same channels, the
 // output and both gradients must match the direct loops (relative error <= 1e-5), else exit 1.
 // Last line: one JSON object.
 
@@ -63,11 +65,12 @@ double sgemm_gflops(int m, int k, int n, int reps) {
 }
 
 /// Largest relative error (2-norm over all ranks) of the output, input gradient and weight
-/// gradient of Conv with `options` against the direct loops, on a size^3 field.
+/// gradient of Conv with `options` against the direct loops, on a size^dims field.
 double error_against_direct(const Communicator& comm, const ConvOptions& options, Index size) {
   ConvOptions direct = options;
   direct.algorithm = ConvAlgorithm::direct;
-  const Decomposition d = Decomposition::automatic({size, size, size}, comm.size());
+  const Decomposition d =
+      Decomposition::automatic(std::vector<Index>(options.kernel.size(), size), comm.size());
   ShardTensor<float> x(d, comm.rank(), 1, options.in_channels),
       target(d, comm.rank(), 1, options.out_channels);
   Kokkos::parallel_for(
@@ -116,35 +119,40 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     const Communicator comm;
     try {
+      const int dims = std::stoi(option(argc, argv, "--dims", "3"));
       const Index size = std::stol(option(argc, argv, "--size", "64"));
       const int channels = std::stoi(option(argc, argv, "--channels", "32"));
+      const int batch = std::stoi(option(argc, argv, "--batch", "1"));
       const int iters = std::stoi(option(argc, argv, "--iters", "3"));
       const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
       const std::string algorithm = option(argc, argv, "--algorithm", "gemm");
       const double workspace_mib = std::stod(option(argc, argv, "--workspace-mib", "16"));
       const std::string vector_kernels = option(argc, argv, "--vector-kernels", "on");
       const std::string memory_tracking = option(argc, argv, "--memory-tracking", "on");
-      SHARDTENSOR_REQUIRE(size >= 4 && channels >= 1 && iters >= 1 && warmup >= 0 &&
+      SHARDTENSOR_REQUIRE((dims == 2 || dims == 3) && batch >= 1 && size >= 4 && channels >= 1 &&
+                              iters >= 1 && warmup >= 0 &&
                               (algorithm == "gemm" || algorithm == "direct") &&
                               (vector_kernels == "on" || vector_kernels == "off") &&
                               (memory_tracking == "on" || memory_tracking == "off"),
                           "bench_conv",
-                          "bad options: size " << size << ", channels " << channels << ", iters "
+                          "bad options: dims " << dims << ", batch " << batch << ", size " << size
+                                               << ", channels " << channels << ", iters "
                                                << iters << ", algorithm " << algorithm
                                                << ", vector kernels " << vector_kernels
                                                << ", memory tracking " << memory_tracking);
       const double memory_before = max_over_ranks(peak_resident_mib());
       if (memory_tracking == "on") enable_memory_tracking();
-      const Decomposition d = Decomposition::automatic({size, size, size}, comm.size());
+      const Decomposition d =
+          Decomposition::automatic(std::vector<Index>(dims, size), comm.size());
       ConvOptions o;
       o.in_channels = o.out_channels = channels;
-      o.kernel = {3, 3, 3};
-      o.padding = {1, 1, 1};
+      o.kernel = std::vector<int>(dims, 3);
+      o.padding = std::vector<int>(dims, 1);
       o.algorithm = algorithm == "gemm" ? ConvAlgorithm::gemm : ConvAlgorithm::direct;
       o.workspace_bytes = static_cast<std::size_t>(workspace_mib * 1024 * 1024);
       o.vector_kernels = vector_kernels == "on";
       Conv<float> conv(comm, o, "bench");
-      ShardTensor<float> x(d, comm.rank(), 1, channels);
+      ShardTensor<float> x(d, comm.rank(), batch, channels);
       Kokkos::parallel_for(
           "init", x.view().span(),
           KOKKOS_LAMBDA(const std::size_t i) { x.view().data()[i] = float(hashed_uniform(1, i)); });
@@ -183,20 +191,21 @@ int main(int argc, char** argv) {
       const double step_workspaces = step_peak_mib(step_memory[MemoryCategory::workspaces]);
       const double step_comm_buffers = step_peak_mib(step_memory[MemoryCategory::comm_buffers]);
       const double step_inputs = step_peak_mib(step_memory[MemoryCategory::other]);
-      const double cells = double(size) * size * size;
-      const double flops_per_pass = 2.0 * channels * channels * 27 * cells;
+      const double cells = batch * std::pow(double(size), dims);
+      const int taps = dims == 3 ? 27 : 9;
+      const double flops_per_pass = 2.0 * channels * channels * taps * cells;
       const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / comm.size();
       const double gflops_per_cpu_s = 3 * flops_per_pass / cpu_best / 1e9 / comm.size();
-      const double sgemm = sgemm_gflops(channels, channels * 27, 4096, 5);
-      const double check_error = error_against_direct(comm, o, 20);  // z rows of 16 + 4 cells
+      const double sgemm = sgemm_gflops(channels, channels * taps, 4096, 5);
+      const double check_error =  // rows of 16 + 4 cells (3-D), 32 + 4 (2-D)
+          error_against_direct(comm, o, dims == 3 ? 20 : 36);
       if (!(check_error <= 1e-5)) status = 1;
       const char* coretype = std::getenv("OPENBLAS_CORETYPE");
       if (!coretype) coretype = "";
       if (comm.rank() == 0) {
         std::printf(
-            "bench_conv: Conv3d %d->%d, kernel 3, %ldx%ldx%ld cells (%s), batch 1, float, %s, %d "
-            "rank(s)\n",
-            channels, channels, long(size), long(size), long(size), d.describe().c_str(),
+            "bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, float, %s, %d rank(s)\n",
+            dims, channels, channels, d.describe().c_str(), batch,
             algorithm.c_str(), comm.size());
         std::printf("  forward + backward step     %10.2f ms   (forward %.2f ms)\n", best * 1e3,
                     forward_best * 1e3);
@@ -206,7 +215,7 @@ int main(int argc, char** argv) {
                     gflops_per_core, flops_per_pass / 1e9);
         std::printf(
             "  sgemm %dx%dx4096 per core  %10.1f GFLOP/s  -> ratio %.2f (OPENBLAS_CORETYPE=%s)\n",
-            channels, channels * 27, sgemm, gflops_per_core / sgemm, coretype);
+            channels, channels * taps, sgemm, gflops_per_core / sgemm, coretype);
         std::printf(
             "  peak resident memory/rank   %10.1f MiB (%.1f MiB before the layer, step %.1f)\n",
             peak, memory_before, peak - memory_before);
@@ -218,7 +227,8 @@ int main(int argc, char** argv) {
         std::printf("  check against direct loops  %10.2g relative error (%s)\n", check_error,
                     status == 0 ? "ok" : "FAILED");
         std::printf(
-            "{\"bench\":\"conv3d\",\"ranks\":%d,\"grid\":\"%s\",\"size\":%ld,\"channels\":%d,"
+            "{\"bench\":\"conv%dd\",\"ranks\":%d,\"grid\":\"%s\",\"size\":%ld,\"batch\":%d,"
+            "\"channels\":%d,"
             "\"algorithm\":\"%s\","
             "\"step_s\":%.6g,\"forward_s\":%.6g,\"gflops_per_core\":%.4g,\"step_cpu_s\":%.6g,"
             "\"gflops_per_cpu_s\":%.4g,\"sgemm_gflops_per_core\":"
@@ -229,7 +239,8 @@ int main(int argc, char** argv) {
             "\"memory_tracking\":\"%s\","
             "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"check_error\":%.3g,"
             "\"openblas_coretype\":\"%s\"}\n",
-            comm.size(), d.describe().c_str(), long(size), channels, algorithm.c_str(), best,
+            dims, comm.size(), d.describe().c_str(), long(size), batch, channels, algorithm.c_str(),
+            best,
             forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
             gflops_per_core / sgemm, peak, peak - memory_before, step_peak, step_activations,
             step_workspaces, step_comm_buffers, memory_tracking.c_str(), workspace_mib,

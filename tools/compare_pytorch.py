@@ -7,13 +7,16 @@
 For each P in --ranks, ShardTensor runs on P MPI ranks (one thread each) and PyTorch in one
 process with P threads (torch.set_num_threads(P), one inter-op thread): the same cores.
 
-- conv: Conv3d C -> C channels, kernel 3, padding 1, bias, batch 1, float, on an N^3 field
-  (--conv-size, --channels), forward + backward (input and weight gradients) of sum(y):
-  `bench/bench_conv` against torch.nn.Conv3d. Time: the best of --iters steps after one
-  warm-up (bench_conv's rule); GFLOP/s per core = 3 passes x 2 C^2 27 N^3 / time / P.
+- conv: Conv3d (or Conv2d with --dims 2) C -> C channels, kernel 3, padding 1, bias, batch
+  1, float, on an N^dims field (--conv-size, --channels), forward + backward (input and weight
+  gradients) of sum(y): `bench/bench_conv` against torch.nn.Conv3d / Conv2d. Time: the best
+  of --iters steps after one warm-up (bench_conv's rule); GFLOP/s per core = 3 passes x
+  2 C^2 3^dims N^dims / time / P.
 - unet: the training step (forward, MSE, backward, gradient-norm clipping, AdamW) and the
-  eval-mode forward of the model in --config (default bench/scaling_unet3d.yaml) on an N^3
-  field (--unet-size), 2 -> 1 channels: `bench/bench_scaling` against the same model built by
+  eval-mode forward of the model in --config (default bench/scaling_unet3d.yaml) on an
+  N^dims field (--unet-size, --dims) with --batch samples, 2 -> 1 channels (the main job's
+  model: --dims 2 --unet-size 32 --batch 4 --config examples/02_train_config/heat2d.yaml):
+  `bench/bench_scaling` against the same model built by
   tools/shardtensor_torch.py (same layers, same parameter count, checked). Time: the median of
   --iters steps after one warm-up (bench_scaling's rule).
 - memory: the peak resident set of the process (getrusage) less its resident set before the
@@ -74,9 +77,9 @@ def torch_conv(a: argparse.Namespace) -> dict:
     torch = torch_with_threads(a.threads)
     torch.manual_seed(1)
     base = peak_rss_mib()
-    n, c = a.size, a.channels
-    conv = torch.nn.Conv3d(c, c, 3, padding=1, bias=True)
-    x = torch.rand(1, c, n, n, n, requires_grad=True)
+    n, c, dims = a.size, a.channels, a.dims
+    conv = (torch.nn.Conv3d if dims == 3 else torch.nn.Conv2d)(c, c, 3, padding=1, bias=True)
+    x = torch.rand(1, c, *([n] * dims), requires_grad=True)
     best = forward_best = math.inf
     for step in range(a.warmup + a.iters):
         conv.zero_grad(set_to_none=True)
@@ -89,9 +92,9 @@ def torch_conv(a: argparse.Namespace) -> dict:
         del y
         if step >= a.warmup:
             best, forward_best = min(best, t2 - t0), min(forward_best, t1 - t0)
-    flops = 3 * 2.0 * c * c * 27 * n ** 3
+    flops = 3 * 2.0 * c * c * 3 ** dims * n ** dims
     peak = peak_rss_mib()
-    return {"framework": "pytorch", "bench": "conv3d", "threads": a.threads, "size": n,
+    return {"framework": "pytorch", "bench": "conv%dd" % dims, "threads": a.threads, "size": n,
             "channels": c, "step_s": best, "forward_s": forward_best,
             "gflops_per_core": flops / best / 1e9 / a.threads, "peak_rss_mib": peak,
             "base_rss_mib": base, "step_rss_mib": peak - base,
@@ -115,13 +118,14 @@ def torch_unet(a: argparse.Namespace) -> dict:
         raise RuntimeError("precision %r: only float is compared" % training_cfg["precision"])
     torch.manual_seed(1)
     base = peak_rss_mib()
-    net = st.build_model(model_cfg, dims=3, in_channels=2, out_channels=1)
+    net = st.build_model(model_cfg, dims=a.dims, in_channels=2, out_channels=1)
     parameters = sum(p.numel() for p in net.parameters())
     opt = torch.optim.AdamW(net.parameters(), lr=float(optimizer_cfg.get("lr", 1e-3)),
                             weight_decay=float(optimizer_cfg.get("weight_decay", 0.0)))
     clip = float(training_cfg.get("clip_grad_norm", 0.0))
     n = a.size
-    x, target = torch.rand(1, 2, n, n, n), torch.rand(1, 1, n, n, n)
+    field = [n] * a.dims
+    x, target = torch.rand(a.batch, 2, *field), torch.rand(a.batch, 1, *field)
     train, infer, loss = [], [], math.nan
     net.train()
     for step in range(a.warmup + a.iters):
@@ -149,6 +153,7 @@ def torch_unet(a: argparse.Namespace) -> dict:
     return {"framework": "pytorch", "bench": "unet", "threads": a.threads, "size": n,
             "parameters": parameters, "train_step_s": statistics.median(train),
             "infer_step_s": statistics.median(infer), "loss": loss, "peak_rss_mib": peak,
+            "dims": a.dims, "batch": a.batch,
             "base_rss_mib": base, "step_rss_mib": peak - base, "torch": torch.__version__}
 
 
@@ -189,7 +194,8 @@ class Runner:
     def worker(self, kind: str, threads: int, size: int) -> List[str]:
         return [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads",
                 str(threads), "--size", str(size), "--channels", str(self.a.channels),
-                "--iters", str(self.a.iters), "--warmup", "1", "--config", self.a.config]
+                "--iters", str(self.a.iters), "--warmup", "1", "--config", self.a.config,
+                "--dims", str(self.a.dims), "--batch", str(self.a.batch)]
 
     def repeated(self, command: List[str], marker: str, key: str) -> Optional[dict]:
         """Runs `command` --repeats times, each in a fresh process; the record whose `key`
@@ -205,20 +211,22 @@ class Runner:
     def conv(self, p: int) -> Dict[str, Optional[dict]]:
         a = self.a
         ours = self.repeated(self.mpirun(p, [os.path.join(a.build, "bench", "bench_conv"),
-                                             "--size", str(a.conv_size), "--channels",
-                                             str(a.channels), "--iters", str(a.iters),
-                                             "--warmup", "1"]), '"bench":"conv3d"', "step_s")
+                                             "--dims", str(a.dims), "--size", str(a.conv_size),
+                                             "--channels", str(a.channels), "--iters",
+                                             str(a.iters), "--warmup", "1"]),
+                             '"bench":"conv%dd"' % a.dims, "step_s")
         if ours:  # bench_conv's names for the peak resident set and the step's share of it
             ours["peak_rss_mib"] = ours["peak_mib_per_rank"]
             ours["base_rss_mib"] = ours["peak_mib_per_rank"] - ours["step_mib_per_rank"]
-        theirs = self.repeated(self.worker("conv", p, a.conv_size), '"bench": "conv3d"',
-                               "step_s")
+        theirs = self.repeated(self.worker("conv", p, a.conv_size),
+                               '"bench": "conv%dd"' % a.dims, "step_s")
         return {"shardtensor": ours, "pytorch": theirs}
 
     def unet(self, p: int) -> Dict[str, Optional[dict]]:
         a = self.a
         ours = self.repeated(self.mpirun(p, [os.path.join(a.build, "bench", "bench_scaling"),
                                              "--config", a.config, "--size", str(a.unet_size),
+                                             "--dims", str(a.dims), "--batch", str(a.batch),
                                              "--iters", str(a.iters), "--warmup", "1"]),
                              '"bench":"scaling"', "train_step_s")
         theirs = self.repeated(self.worker("unet", p, a.unet_size), '"bench": "unet"',
@@ -279,7 +287,7 @@ CONV_COLUMNS = [
     ("PyTorch step MiB (RSS)", lambda o, t: fmt(step_rss(t))),
 ]
 UNET_COLUMNS = [
-    ("field", lambda o, t: "%d³" % t["size"]),
+    ("field", lambda o, t: "%d%s" % (t["size"], "³" if t.get("dims", 3) == 3 else "²")),
     ("ShardTensor train ms", lambda o, t: with_range(o, "train_step_s")),
     ("PyTorch train ms", lambda o, t: with_range(t, "train_step_s")),
     ("PyTorch / ShardTensor", lambda o, t: ratio(t["train_step_s"], o["train_step_s"])),
@@ -305,8 +313,8 @@ def table(results: Dict[int, dict], kind: str, columns) -> List[str]:
     return rows
 
 
-def tables(results: Dict[int, dict]) -> List[str]:
-    return (["## Conv3d layer, forward + backward", "",
+def tables(results: Dict[int, dict], dims: int) -> List[str]:
+    return (["## Conv%dd layer, forward + backward" % dims, "",
              "Step times: the median run (range over the runs); the other columns are the "
              "median run's.", ""] + table(results, "conv", CONV_COLUMNS) +
             ["", "## U-Net training step and inference", ""] +
@@ -323,6 +331,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--conv-size", type=int, default=64)
     ap.add_argument("--channels", type=int, default=32, help="conv channels")
     ap.add_argument("--unet-size", type=int, default=64)
+    ap.add_argument("--dims", type=int, choices=(2, 3), default=3,
+                    help="2: Conv2d and the U-Net on a 2-D field")
+    ap.add_argument("--batch", type=int, default=1, help="U-Net samples per step")
     ap.add_argument("--iters", type=int, default=5, help="timed steps per run")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs per measurement, each a fresh process; the median is reported")
@@ -376,15 +387,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                 comparison=kind), sort_keys=True) + "\n")
     torch_version = next((pair["pytorch"].get("torch") for r in results.values()
                           for pair in r.values() if pair["pytorch"]), "?")
+    power = "³" if a.dims == 3 else "²"
     md = ["# ShardTensor against PyTorch %s on the same CPU" % torch_version, "",
           "ShardTensor on P MPI ranks of one thread, PyTorch in one process of P threads. "
-          "Conv3d %d→%d, kernel 3, on %d³; U-Net `%s` on %d³, 2 → 1 channels. Machine: %d "
-          "cores; load average %.2f at the start, %.2f at the end (%.0f s)." % (
-              a.channels, a.channels, a.conv_size, os.path.relpath(a.config), a.unet_size,
-              os.cpu_count() or 0, load_start, load_end, time.time() - started),
+          "Conv%dd %d→%d, kernel 3, on %d%s; U-Net `%s` on %d%s, batch %d, 2 → 1 channels. "
+          "Machine: %d cores; load average %.2f at the start, %.2f at the end (%.0f s)." % (
+              a.dims, a.channels, a.channels, a.conv_size, power, os.path.relpath(a.config),
+              a.unet_size, power, a.batch, os.cpu_count() or 0, load_start, load_end,
+              time.time() - started),
           "Step MiB: peak resident set less the resident set before the layer or model and "
           "the input existed (per rank for ShardTensor, the largest over ranks).", ""]
-    md += tables(results) + [""]
+    md += tables(results, a.dims) + [""]
     if problems or runner.failures:
         md += ["## Problems", ""] + ["- " + m.splitlines()[0] for m in problems + runner.failures]
     with open(os.path.join(a.out, "comparison.md"), "w") as f:

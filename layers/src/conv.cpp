@@ -594,9 +594,13 @@ bool vector_kernels_available() {
 #ifdef SHARDTENSOR_CONV_AVX512
 namespace vector_kernels = impl::conv_avx512;
 
-/// Source channels per pass over a tile: a pass reads 8 channels x kx planes (about 24 pages,
-/// which the TLB holds); all 32 channels in one pass (96 pages per tile) ran 20 % slower.
-constexpr Index channels_per_pass = 8;
+/// Source channels per pass over a tile: a pass reads channels x kx planes. With kx = 3,
+/// 8 channels (about 24 pages, which the TLB holds); all 32 channels in one pass (96 pages
+/// per tile) ran 20 % slower. With one plane (2-D fields, rotated), 32 channels: each pass
+/// reads and writes the tile's outputs, so fewer passes save that traffic.
+inline Index channels_per_pass(const Correlation& r) {
+  return r.k[0] == 1 ? 32 : 8;
+}
 /// Output rows per band: the unit that the halo-overlap filter selects, and the cells per
 /// weight-gradient sweep (32 channels x 16 rows of 64 cells transposed = 128 KiB, kept in L2).
 constexpr Index band_rows = 16;
@@ -613,29 +617,51 @@ inline bool reads_inside(const Correlation& r) {
   return true;
 }
 
+/// Rows of a plane's copy: the whole plane's read extent, or (band copies) the rows one band
+/// of output rows reads.
+inline Index copied_rows(const Correlation& r, bool bands) {
+  const Index band_reads = band_rows + (r.k[1] - 1) * r.d[1];
+  return bands ? std::min(read_extent(r, 1), band_reads) : read_extent(r, 1);
+}
+
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
 /// it in y and z (the forward's padded input), else a ring of zero-padded copies of its
 /// planes (the output gradient, read by the input gradient). A plane points at the cell that
-/// output (0, 0) reads at y and z taps 0, channel 0 of the group.
+/// output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With `bands`, a
+/// copy holds only the rows that one band of output rows reads (start_band() before the
+/// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
 class PlaneSource {
  public:
-  PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring)
-      : r_(r), src_(src), ring_(ring), in_place_(reads_inside(r)), slot_plane_(r.slots()) {
-    channel_stride_ = in_place_ ? src.stride(1) : read_extent(r, 1) * read_extent(r, 2);
+  PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring, bool bands = false)
+      : r_(r),
+        src_(src),
+        ring_(ring),
+        in_place_(reads_inside(r)),
+        rows_(copied_rows(r, bands)),
+        slot_plane_(r.slots()) {
+    channel_stride_ = in_place_ ? src.stride(1) : rows_ * read_extent(r, 2);
     row_stride_ = in_place_ ? src.stride(3) : read_extent(r, 2);
   }
   /// Workspace values the ring needs (none when the source is read in place).
-  static std::size_t ring_values(const Correlation& r) {
+  static std::size_t ring_values(const Correlation& r, bool bands) {
     return reads_inside(r) ? 0
                            : static_cast<std::size_t>(r.slots() * r.src_per_group *
-                                                      read_extent(r, 1) * read_extent(r, 2));
+                                                      copied_rows(r, bands) * read_extent(r, 2));
   }
   std::ptrdiff_t channel_stride() const { return channel_stride_; }
   std::ptrdiff_t row_stride() const { return row_stride_; }
+  /// The output row that a plane's first row belongs to.
+  Index first_row() const { return first_row_; }
 
   /// Starts sample n, group `group`: the ring holds none of its planes yet.
   void start(Index n, Index group) {
     n_ = n, group_ = group;
+    std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
+  }
+  /// Starts the band of output rows from y0 (band copies only; else nothing to do).
+  void start_band(Index y0) {
+    if (in_place_ || rows_ == read_extent(r_, 1)) return;
+    first_row_ = y0;
     std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
   }
   /// Source plane sx of the current sample and group; null outside the source (reads zero).
@@ -646,9 +672,10 @@ class PlaneSource {
     const Index slot = slot_of(sx, r_.slots());
     float* copy = ring_ + slot * r_.src_per_group * channel_stride_;
     if (slot_plane_[slot] == sx) return copy;
+    const Index rows = std::min(rows_, read_extent(r_, 1) - first_row_);
     for (Index j = 0; j < r_.src_per_group; ++j)
-      for (Index y = 0; y < read_extent(r_, 1); ++y) {
-        const Index sy = r_.offset[1] + y;
+      for (Index y = 0; y < rows; ++y) {
+        const Index sy = r_.offset[1] + first_row_ + y;
         float* row = copy + j * channel_stride_ + y * row_stride_;
         for (Index z = 0; z < read_extent(r_, 2); ++z) {
           const Index sz = r_.offset[2] + z;
@@ -665,9 +692,10 @@ class PlaneSource {
   FieldView<float> src_;
   float* ring_;
   bool in_place_;
+  Index rows_;  // rows per copy
   std::ptrdiff_t channel_stride_, row_stride_;
   std::vector<Index> slot_plane_;  // source plane in each ring slot
-  Index n_ = 0, group_ = 0;
+  Index n_ = 0, group_ = 0, first_row_ = 0;
 };
 
 /// Offsets from a source plane of the (y, z) taps of source channels [0, channels): entry
@@ -688,7 +716,9 @@ inline std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const Plane
 /// the end of an output row are the next row's first cells (the rows' last source columns
 /// in between are skipped).
 inline void output_vectors(const Correlation& r, Index source_row_stride, Index out_row_stride,
-                           Index y0, Index y1, std::vector<vector_kernels::OutputVector>& vectors) {
+                           Index y0, Index y1, Index source_first_row,
+                           std::vector<vector_kernels::OutputVector>& vectors) {
+  const Index source_base = source_first_row * source_row_stride;  // where the source starts
   constexpr Index lanes = vector_kernels::lanes;
   const Index row = r.out[2], rows = y1 - y0;
   const bool run_on =
@@ -698,7 +728,7 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
   if (!run_on) {
     for (Index y = y0; y < y1; ++y)
       for (Index z = 0; z < row; z += lanes)
-        vectors.push_back({y * source_row_stride + z, y * out_row_stride + z, 0,
+        vectors.push_back({y * source_row_stride + z - source_base, y * out_row_stride + z, 0,
                            (1u << std::min(lanes, row - z)) - 1, 0});
   } else {
     const Index end = (y1 - 1) * source_row_stride + row;  // past the last cell read
@@ -710,7 +740,7 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
         const Index next_z = z + i - source_row_stride;
         if (next_z >= 0 && next_z < row && y + 1 < y1) next_mask |= 1u << i;
       }
-      vectors.push_back({q, y * out_row_stride + z,
+      vectors.push_back({q - source_base, y * out_row_stride + z,
                          (y + 1) * out_row_stride + z - source_row_stride, mask, next_mask});
     }
   }
@@ -718,20 +748,20 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
 }
 
 /// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
-/// and band of rows, tiles of output vectors, one pass per channels_per_pass source channels.
+/// and band of rows, tiles of output vectors, one pass per channels_per_pass(r) source channels.
 /// Weights are packed per group as [block of 8 outputs][pass][a][(j, b, c) of the pass][8]
 /// (outputs past out_per_group zero).
 template <class Keep>
 void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                       const ReplicatedView<float>& w, bool transposed,
                       const ReplicatedView<float>& bias, const FieldView<float>& out,
-                      float* workspace, const Keep& keep) {
+                      float* workspace, bool band_copies, const Keep& keep) {
   constexpr Index rows_per_tile = vector_kernels::tile_rows;
   constexpr Index vectors_per_tile = vector_kernels::tile_vectors;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
   float* const packed = workspace;
-  PlaneSource source(r, src, packed + blocks * rows_per_tile * kx * taps);
+  PlaneSource source(r, src, packed + blocks * rows_per_tile * kx * taps, band_copies);
   const std::vector<std::ptrdiff_t> offsets = tap_offsets(r, source);
   const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
   std::vector<const float*> planes(kx);
@@ -739,8 +769,8 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
   for (Index n = 0; n < Index(out.extent(0)); ++n)
     for (Index group = 0; group < r.groups; ++group) {
       for (Index block = 0; block < blocks; ++block)
-        for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass) {
-          const Index pass = std::min(channels_per_pass, r.src_per_group - j0);
+        for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+          const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
           float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
           for (Index a = 0; a < kx; ++a)
             for (Index j = j0; j < j0 + pass; ++j)
@@ -758,11 +788,13 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
         for (Index y0 = 0; y0 < r.out[1]; y0 += band_rows) {
           const Index y1 = std::min(y0 + band_rows, r.out[1]);
           if (!keep(x, y0, y1)) continue;
+          source.start_band(y0);
           for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-          output_vectors(r, source.row_stride(), out_row_stride, y0, y1, vectors);
+          output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(),
+                         vectors);
           float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
-          for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass) {
-            const Index pass = std::min(channels_per_pass, r.src_per_group - j0);
+          for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+            const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
             for (Index block = 0; block < blocks; ++block) {
               const Index o0 = block * rows_per_tile;
               const float* weights =
@@ -785,12 +817,12 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
 constexpr Index gradient_channels = vector_kernels::gradient_vectors * vector_kernels::lanes;
 
 /// Workspace values of vector_correlate and vector_weight_gradient.
-inline std::size_t vector_correlate_values(const Correlation& r) {
+inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies) {
   const Index blocks =
       (r.out_per_group + vector_kernels::tile_rows - 1) / vector_kernels::tile_rows;
   return static_cast<std::size_t>(blocks * vector_kernels::tile_rows * r.k[0] * r.src_per_group *
                                   r.k[1] * r.k[2]) +
-         PlaneSource::ring_values(r);
+         PlaneSource::ring_values(r, band_copies);
 }
 inline Index padded_taps(const Correlation& r) {
   const Index taps = r.column_rows(), per_tile = vector_kernels::gradient_taps;
@@ -876,6 +908,7 @@ struct PlanePlan {
   Correlation forward, data;
   Index forward_rows = 0, data_rows = 0;
   bool vector_kernels = false;  // the AVX-512 kernels instead of im2col + GEMM
+  bool band_copies = false;     // vector kernels copy padded sources band by band
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
 };
@@ -903,8 +936,13 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   const std::size_t budget = budget_bytes / value_size;
 #ifdef SHARDTENSOR_CONV_AVX512
   if (vector_kernels) {
-    plan.values = std::max(
-        {vector_correlate_values(f), vector_correlate_values(d), vector_weight_gradient_values(f)});
+    const auto values = [&](bool bands) {
+      return std::max({vector_correlate_values(f, bands), vector_correlate_values(d, bands),
+                       vector_weight_gradient_values(f)});
+    };
+    // Whole padded planes in the ring when they fit, else the rows of one band at a time.
+    plan.band_copies = values(false) > budget;
+    plan.values = values(plan.band_copies);
     // The weight gradient reads the padded input in place (the forward's windows lie inside).
     plan.vector_kernels = plan.values <= budget && reads_inside(f);
     if (plan.vector_kernels) return plan;
@@ -936,7 +974,8 @@ void correlate_planes(const PlanePlan& plan, const Correlation& r, Index rows, c
 #ifdef SHARDTENSOR_CONV_AVX512
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
-      return vector_correlate(r, g, src, w, transposed, bias, out, workspace, keep);
+      return vector_correlate(r, g, src, w, transposed, bias, out, workspace, plan.band_copies,
+                              keep);
 #endif
   plane_correlate(r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }

@@ -43,11 +43,10 @@ struct PoolShape {
 template <class T>
 void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, const FieldView<T>& y,
                   const Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace>& argmax) {
-  const Index total = static_cast<Index>(y.span());
-  Kokkos::parallel_for(
-      "Pool::forward", total, KOKKOS_LAMBDA(const Index flat) {
-        const CellIndex cell = unflatten(flat, g.channels, g.out[0], g.out[1], g.out[2]);
-        const Index n = cell.n, c = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
+  const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
+  for_each_cell_by_lines(
+      "Pool::forward", y.extent(0), g.channels, extents,
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
         const Index x0 = g.base[0] + ox * g.s[0], y0 = g.base[1] + oy * g.s[1],
                     z0 = g.base[2] + oz * g.s[2];
         if (kind == PoolKind::max) {
@@ -96,11 +95,32 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
         });
     return;
   }
-  const Index total = static_cast<Index>(gxp.span());
-  Kokkos::parallel_for(
-      "Pool::backward", total, KOKKOS_LAMBDA(const Index flat) {
-        const CellIndex cell = unflatten(flat, g.channels, g.padded[0], g.padded[1], g.padded[2]);
-        const Index n = cell.n, c = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
+  const Index extents[3] = {g.padded[0], g.padded[1], g.padded[2]};
+  if (kind == PoolKind::average && disjoint) {
+    // Each padded cell lies in at most one window: find it with one division per axis
+    // instead of testing every tap (the same single term the gather below would add to 0).
+    for_each_cell_by_lines(
+        "Pool::backward_average", gxp.extent(0), g.channels, extents,
+        KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy,
+                      const Index iz) {
+          const Index i[3] = {ix, iy, iz};
+          Index o[3];
+          bool inside = true;
+          for (int a = 0; a < 3; ++a) {
+            const Index t = i[a] - g.base[a];
+            o[a] = t >= 0 ? t / g.s[a] : -1;
+            const Index tap = t - o[a] * g.s[a];
+            inside = inside && t >= 0 && o[a] < g.out[a] && tap % g.d[a] == 0 &&
+                     tap / g.d[a] < g.k[a];
+          }
+          gxp(n, c, ix, iy, iz) =
+              inside ? T(0) + gy(n, c, o[0], o[1], o[2]) / T(g.divisor(o[0], o[1], o[2])) : T(0);
+        });
+    return;
+  }
+  for_each_cell_by_lines(
+      "Pool::backward", gxp.extent(0), g.channels, extents,
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
         const Index self = g.padded_flat(ix, iy, iz);
         T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {

@@ -30,13 +30,43 @@ struct UpsampleShape {
   }
 };
 
+/// Linear interpolation per axis, computed once per call instead of once per cell (and per
+/// candidate output in the backward): entry first[a] + o holds output o's lower source along
+/// axis a (buffer index) and its weight. The same values linear_source gives, so the same sums.
+template <class T>
+struct LinearTable {
+  Kokkos::View<Index*, DefaultMemorySpace> lower;
+  Kokkos::View<T*, DefaultMemorySpace> weight;
+  Index first[3];
+
+  explicit LinearTable(const UpsampleShape& g)
+      : lower(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.lower"),
+              g.out[0] + g.out[1] + g.out[2]),
+        weight(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.weight"),
+               g.out[0] + g.out[1] + g.out[2]),
+        first{0, g.out[0], g.out[0] + g.out[1]} {
+    const auto l = lower;
+    const auto w = weight;
+    const Index second = first[1], third = first[2];
+    Kokkos::parallel_for(
+        "Upsample::table", l.extent(0), KOKKOS_LAMBDA(const Index i) {
+          const int axis = i < second ? 0 : i < third ? 1 : 2;
+          g.linear_source(axis, i - (axis == 0 ? 0 : axis == 1 ? second : third), l(i), w(i));
+        });
+  }
+};
+
 template <class T>
 void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& x,
                       const FieldView<T>& y) {
-  Kokkos::parallel_for(
-      "Upsample::forward", static_cast<Index>(y.span()), KOKKOS_LAMBDA(const Index flat) {
-        const CellIndex cell = unflatten(flat, g.channels, g.out[0], g.out[1], g.out[2]);
-        const Index n = cell.n, c = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
+  const LinearTable<T> table(g);
+  const auto lower = table.lower;
+  const auto weight = table.weight;
+  const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
+  const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
+  for_each_cell_by_lines(
+      "Upsample::forward", y.extent(0), g.channels, extents,
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
         if (mode == UpsampleMode::nearest) {
           const Index o[3] = {ox, oy, oz};
           Index i[3];
@@ -45,11 +75,8 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
           y(n, c, ox, oy, oz) = x(n, c, i[0], i[1], i[2]);
           return;
         }
-        Index lx, ly, lz;
-        T wx, wy, wz;
-        g.linear_source(0, ox, lx, wx);
-        g.linear_source(1, oy, ly, wy);
-        g.linear_source(2, oz, lz, wz);
+        const Index lx = lower(f0 + ox), ly = lower(f1 + oy), lz = lower(f2 + oz);
+        const T wx = weight(f0 + ox), wy = weight(f1 + oy), wz = weight(f2 + oz);
         // Unused axes have scale 1: source = o exactly, weight 1 on the lower cell.
         const Index hx = g.in[0] > 1 ? lx + 1 : lx, hy = g.in[1] > 1 ? ly + 1 : ly,
                     hz = g.in[2] > 1 ? lz + 1 : lz;
@@ -65,10 +92,14 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
 template <class T>
 void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& gy,
                        const FieldView<T>& gx) {
-  Kokkos::parallel_for(
-      "Upsample::backward", static_cast<Index>(gx.span()), KOKKOS_LAMBDA(const Index flat) {
-        const CellIndex cell = unflatten(flat, g.channels, g.in[0], g.in[1], g.in[2]);
-        const Index n = cell.n, c = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
+  const LinearTable<T> table(g);
+  const auto lower_of = table.lower;
+  const auto weight_of = table.weight;
+  const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
+  const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
+  for_each_cell_by_lines(
+      "Upsample::backward", gx.extent(0), g.channels, extents,
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
         const Index i[3] = {ix, iy, iz};
         // Candidate outputs per axis and this cell's weight in each.
         Index first[3], last[3];
@@ -93,10 +124,10 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
                           : T(0);
                   continue;
                 }
-                Index lower;
-                T w;
-                g.linear_source(a, o[a], lower, w);
                 if (g.in[a] == 1) continue;  // unused axis
+                const Index entry = (a == 0 ? f0 : a == 1 ? f1 : f2) + o[a];
+                const Index lower = lower_of(entry);
+                const T w = weight_of(entry);
                 weight *= lower == i[a] ? w : (lower + 1 == i[a] ? 1 - w : T(0));
               }
               sum += weight * gy(n, c, ox, oy, oz);
