@@ -7,6 +7,7 @@
 #include "shardtensor/layers/halo_overlap.hpp"
 #include "shardtensor/layers/impl/conv_parameters.hpp"
 #include "shardtensor/layers/impl/per_dim_option.hpp"
+#include "shardtensor/layers/impl/run_sum.hpp"
 
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
@@ -117,7 +118,7 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
           for (Index n = 0; n < g.batch; ++n)
             for (Index ox = 0; ox < g.out[0]; ++ox)
               for (Index oy = 0; oy < g.out[1]; ++oy)
-                for (Index oz = 0; oz < g.out[2]; ++oz) sum += gy(n, co, ox, oy, oz);
+                sum += impl::run_sum(&gy(n, co, ox, oy, 0), g.out[2]);
           gb(co) += static_cast<T>(sum);
         });
   }
@@ -1013,9 +1014,8 @@ struct AxisRotation {
   template <class T>
   FieldView<T> apply(const FieldView<T>& stored) const {
     if (shift == 0 || stored.data() == nullptr) return stored;
-    const std::array<Index, 3> e =
-        apply(std::array<Index, 3>{Index(stored.extent(2)), Index(stored.extent(3)),
-                                   Index(stored.extent(4))});
+    const std::array<Index, 3> e = apply(std::array<Index, 3>{
+        Index(stored.extent(2)), Index(stored.extent(3)), Index(stored.extent(4))});
     return FieldView<T>(stored.data(), stored.extent(0), stored.extent(1), e[0], e[1], e[2]);
   }
 };
@@ -1142,7 +1142,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   };
   if (algorithm == ConvAlgorithm::gemm && halo_overlap() && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
-    for (const Box& box : halo_->exchanged_boxes(padded)) interior.boxes.push_back(rotation.apply(box));
+    for (const Box& box : halo_->exchanged_boxes(padded))
+      interior.boxes.push_back(rotation.apply(box));
     forward_gemm(interior);
     halo_->finish(padded);
     interior.keep = ChunkFilter::touching;

@@ -1,5 +1,6 @@
 #include "shardtensor/layers/halo_padding.hpp"
 
+#include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/cell_index.hpp"
 
 #include "shardtensor/comm/impl/layout_check.hpp"
@@ -33,11 +34,29 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
       });
 }
 
+/// Sets every cell outside the owned ones (ghosts, padding) to zero: at most two slabs per axis.
+template <class T>
+void zero_shell(const ShardTensor<T>& field) {
+  const Box inner = field.interior_box();
+  Box rest;  // the part not yet covered: shrinks to the interior axis by axis
+  for (int a = 0; a < 3; ++a) rest.extent[a] = field.allocated_extent(a);
+  for (int a = 0; a < 3; ++a) {
+    Box below = rest, above = rest;
+    below.extent[a] = inner.lower[a] - rest.lower[a];
+    above.lower[a] = inner.upper(a);
+    above.extent[a] = rest.upper(a) - inner.upper(a);
+    fill_box(field.view(), below, T(0));
+    fill_box(field.view(), above, T(0));
+    rest.lower[a] = inner.lower[a];
+    rest.extent[a] = inner.extent[a];
+  }
+}
+
 /// target.interior() += source.interior() (same owned cells, any ghost widths).
 template <class T>
 void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
-  for_each_interior_pair("add_interior", source, target,
-                         KOKKOS_LAMBDA(const T& from, T& to) { to += from; });
+  for_each_interior_pair(
+      "add_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to += from; });
 }
 
 /// Zeros / periodic / replicate / reflect padding of a window's width on both sides.
@@ -110,10 +129,14 @@ template <class T>
 ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
   const Decomposition decomposition = padded_decomposition(input.decomposition());
   check_padding_sources(decomposition, boundary_, where_);
-  ShardTensor<T> padded(decomposition, input.rank(), input.batch(), input.channels(), ghosts_,
-                        where_ + " padded input");
-  for_each_interior_pair("copy_interior", input, padded,
-                         KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
+  // Only the shell around the owned cells starts at zero (the ghosts and the zeros padding):
+  // the owned cells are copied next, and zero-filling them too was a second pass over the field.
+  ShardTensor<T> padded =
+      ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
+                                    ghosts_, where_ + " padded input");
+  zero_shell(padded);
+  for_each_interior_pair(
+      "copy_interior", input, padded, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
   plan_for(padded).start(padded);
   return padded;
 }

@@ -110,8 +110,8 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
             const Index t = i[a] - g.base[a];
             o[a] = t >= 0 ? t / g.s[a] : -1;
             const Index tap = t - o[a] * g.s[a];
-            inside = inside && t >= 0 && o[a] < g.out[a] && tap % g.d[a] == 0 &&
-                     tap / g.d[a] < g.k[a];
+            inside =
+                inside && t >= 0 && o[a] < g.out[a] && tap % g.d[a] == 0 && tap / g.d[a] < g.k[a];
           }
           gxp(n, c, ix, iy, iz) =
               inside ? T(0) + gy(n, c, o[0], o[1], o[2]) / T(g.divisor(o[0], o[1], o[2])) : T(0);
@@ -180,8 +180,7 @@ Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& 
   SHARDTENSOR_REQUIRE(
       options_.padding_mode == PaddingMode::zeros || options_.padding_mode == PaddingMode::periodic,
       where, "padding mode " << to_string(options_.padding_mode) << " is not supported by pooling");
-  const T constant =
-      options_.kind == PoolKind::max ? -math::infinity<T>() : T(0);
+  const T constant = options_.kind == PoolKind::max ? -math::infinity<T>() : T(0);
   halo_ =
       std::make_shared<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, constant, where);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/layers/impl/run_sum.hpp"
 #include "shardtensor/layers/pointwise.hpp"
 
 namespace shardtensor {
@@ -46,11 +47,17 @@ std::vector<double> per_sample_sums(const Communicator& comm, const ShardTensor<
   const Index batch = like.batch();
   const Index per_sample = static_cast<Index>(like.view().span()) / batch;
   std::vector<double> sums(batch, 0.0);
+  const Index chunks = (per_sample + sum_chunk - 1) / sum_chunk;  // chunk_sum's, per sample
   for (Index n = 0; n < batch; ++n) {
     double s = 0;
+    const Index begin = n * per_sample, end = begin + per_sample;
     Kokkos::parallel_reduce(
-        "per_sample_sum", Kokkos::RangePolicy<>(n * per_sample, (n + 1) * per_sample),
-        KOKKOS_LAMBDA(const Index i, double& acc) { acc += f(i); }, s);
+        "per_sample_sum", chunks,
+        KOKKOS_LAMBDA(const Index chunk, double& acc) {
+          const Index first = begin + chunk * sum_chunk;
+          acc += chunk_sum(f, first, first + sum_chunk < end ? first + sum_chunk : end);
+        },
+        s);
     sums[n] = s;
   }
   Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> view(
