@@ -136,6 +136,34 @@ TEMPLATE_TEST_CASE("UNet on odd split points equals one rank", "[models][unet][e
   }
 }
 
+TEMPLATE_TEST_CASE("a UNet gives the same numbers on every run (no race-dependent sums)",
+                   "[models][unet][determinism]", float, double) {
+  // On a threaded backend a scatter-add race or a thread-order reduction would change the
+  // last bits from run to run: the output and every gradient must be bit-identical.
+  const Communicator world;
+  const Decomposition d = Decomposition::automatic({Index(24), Index(20)}, world.size());
+  for (int dims : {2, 3}) {
+    UNetOptions o = small_unet(dims, 1);
+    o.base_channels = 8;
+    const Decomposition field =
+        dims == 2 ? d : Decomposition::automatic({Index(12), Index(8), Index(20)}, world.size());
+    const auto first = test::run_module<TestType>(unet_factory<TestType>(o), world, field, 2, 2,
+                                                  test::weighted_sum<TestType>);
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      const auto again = test::run_module<TestType>(unet_factory<TestType>(o), world, field, 2, 2,
+                                                    test::weighted_sum<TestType>);
+      CHECK(again.loss == first.loss);
+      CHECK(test::relative_error(again.output.value().view(), first.output.value().view()) == 0);
+      CHECK(test::relative_error(again.input.grad().view(), first.input.grad().view()) == 0);
+      const auto p = again.module->named_parameters(), q = first.module->named_parameters();
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        INFO("parameter " << p[i].first << ", " << dims << "-D");
+        CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("a tiny UNet matches finite differences", "[models][unet][gradient]") {
   UNetOptions o;
   o.dims = 2;
