@@ -579,13 +579,13 @@ void plane_weight_gradient(const Correlation& r, const ConvShape& g, const Field
 // KokkosBlas::gemm ran at 76-81 GFLOP/s per core (OpenBLAS sgemm alone: 105-135 on these
 // shapes); see docs/performance.md for what the kernels reach.
 
-/// Whether this build and CPU run the vector kernels: float, Kokkos on the host's Serial
-/// backend (the kernels are single-threaded), AVX-512F at run time.
+/// Whether this build and CPU run the vector kernels: float, Kokkos kernels on the host
+/// (Serial, or OpenMP: the work is split over its threads), AVX-512F at run time.
 template <class T>
 bool vector_kernels_available() {
-#if defined(SHARDTENSOR_CONV_AVX512) && defined(KOKKOS_ENABLE_SERIAL)
+#if defined(SHARDTENSOR_CONV_AVX512)
   return std::is_same<T, float>::value &&
-         std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Serial>::value &&
+         std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value &&
          impl::conv_avx512::available();
 #else
   return false;
@@ -594,6 +594,25 @@ bool vector_kernels_available() {
 
 #ifdef SHARDTENSOR_CONV_AVX512
 namespace vector_kernels = impl::conv_avx512;
+
+/// Threads the vector kernels split their work over: the host backend's (1 on Serial).
+inline int vector_threads() {
+  return static_cast<int>(Kokkos::DefaultHostExecutionSpace().concurrency());
+}
+
+/// Runs work(t, first, last) on each of `threads` host threads for its contiguous share
+/// [first, last) of `items` (a static split: the same items go to the same thread every run,
+/// so sums kept per thread add up in the same order every time).
+template <class Work>
+void split_over_threads(int threads, Index items, const Work& work) {
+  const auto share = [&](int t) { work(t, items * t / threads, items * (t + 1) / threads); };
+  if (threads == 1) return share(0);
+  Kokkos::parallel_for(
+      "Conv::vector_kernels",
+      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Schedule<Kokkos::Static>>(
+          0, threads),
+      [&](const int t) { share(t); });
+}
 
 /// Source channels per pass over a tile: a pass reads channels x kx planes. With kx = 3,
 /// 8 channels (about 24 pages, which the TLB holds); all 32 channels in one pass (96 pages
@@ -761,12 +780,18 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
   constexpr Index vectors_per_tile = vector_kernels::tile_vectors;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
-  float* const packed = workspace;
-  PlaneSource source(r, src, packed + blocks * rows_per_tile * kx * taps, band_copies);
-  const std::vector<std::ptrdiff_t> offsets = tap_offsets(r, source);
+  float* const packed = workspace;  // the weights, then a ring per thread
+  float* const rings = packed + blocks * rows_per_tile * kx * taps;
+  const std::size_t ring_size = PlaneSource::ring_values(r, band_copies);
+  const std::vector<std::ptrdiff_t> offsets =
+      tap_offsets(r, PlaneSource(r, src, rings, band_copies));
   const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
-  std::vector<const float*> planes(kx);
-  std::vector<vector_kernels::OutputVector> vectors;
+  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const int threads = vector_threads();
+  // One source per thread, made here: no View is copied inside the threads.
+  std::vector<PlaneSource> sources;
+  for (int t = 0; t < threads; ++t)
+    sources.emplace_back(r, src, rings + t * ring_size, band_copies);
   for (Index n = 0; n < Index(out.extent(0)); ++n)
     for (Index group = 0; group < r.groups; ++group) {
       for (Index block = 0; block < blocks; ++block)
@@ -784,9 +809,14 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
                              : 0.0f;
                   }
         }
-      source.start(n, group);
-      for (Index x = 0; x < r.out[0]; ++x)
-        for (Index y0 = 0; y0 < r.out[1]; y0 += band_rows) {
+      // Each thread computes whole bands of output rows (disjoint outputs), in order.
+      split_over_threads(threads, r.out[0] * bands, [&](int t, Index first, Index last) {
+        PlaneSource& source = sources[t];
+        source.start(n, group);
+        std::vector<const float*> planes(kx);
+        std::vector<vector_kernels::OutputVector> vectors;
+        for (Index item = first; item < last; ++item) {
+          const Index x = item / bands, y0 = (item % bands) * band_rows;
           const Index y1 = std::min(y0 + band_rows, r.out[1]);
           if (!keep(x, y0, y1)) continue;
           source.start_band(y0);
@@ -811,6 +841,7 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
             }
           }
         }
+      });
     }
 }
 
@@ -823,7 +854,7 @@ inline std::size_t vector_correlate_values(const Correlation& r, bool band_copie
       (r.out_per_group + vector_kernels::tile_rows - 1) / vector_kernels::tile_rows;
   return static_cast<std::size_t>(blocks * vector_kernels::tile_rows * r.k[0] * r.src_per_group *
                                   r.k[1] * r.k[2]) +
-         PlaneSource::ring_values(r, band_copies);
+         PlaneSource::ring_values(r, band_copies) * vector_threads();
 }
 inline Index padded_taps(const Correlation& r) {
   const Index taps = r.column_rows(), per_tile = vector_kernels::gradient_taps;
@@ -832,10 +863,16 @@ inline Index padded_taps(const Correlation& r) {
 inline Index padded_outputs(const Correlation& r) {
   return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
 }
-inline std::size_t vector_weight_gradient_values(const Correlation& r) {
+/// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
+/// transposed, a plane's float sums and the double totals (an even count: doubles stay aligned).
+inline std::size_t weight_gradient_thread_values(const Correlation& r) {
   const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
-  // the output gradient of a band transposed, a plane's float sums, the double totals
-  return static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient;
+  const std::size_t values =
+      static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient;
+  return values + values % 2;
+}
+inline std::size_t vector_weight_gradient_values(const Correlation& r) {
+  return weight_gradient_thread_values(r) * vector_threads();
 }
 
 /// gw += this rank's weight gradient (forward correlation r over the padded input xp, whose
@@ -849,19 +886,31 @@ void vector_weight_gradient(const Correlation& r, const ConvShape& g, const Fiel
   const Index taps = padded_taps(r), outs = padded_outputs(r),
               cells_per_band = band_rows * r.out[2];
   const Index gradient_size = kx * taps * outs;
-  float* const transposed = workspace;  // [32-channel block][cell][32]
-  float* const sums = transposed + outs * cells_per_band;
-  double* const totals = reinterpret_cast<double*>(sums + gradient_size);
-  PlaneSource source(r, xp, nullptr);  // in place: no ring
-  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, source);
+  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, PlaneSource(r, xp, nullptr));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
+  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const int threads = vector_threads();
+  const std::size_t per_thread = weight_gradient_thread_values(r);
+  // Thread t's totals: [thread t's share][transposed band | float sums | double totals].
+  std::vector<PlaneSource> sources(threads, PlaneSource(r, xp, nullptr));  // in place: no ring
+  const auto totals_of = [&](int t) {
+    return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
+                                     gradient_size);
+  };
   for (Index n = 0; n < g.batch; ++n)
     for (Index group = 0; group < r.groups; ++group) {
-      source.start(n, group);
-      std::fill(totals, totals + gradient_size, 0.0);
-      for (Index x = 0; x < r.out[0]; ++x) {
+      // Each thread sums over its own bands of rows (in order): float sums per plane, added
+      // into its double totals when the plane changes; the totals add up in thread order.
+      split_over_threads(threads, r.out[0] * bands, [&](int t, Index first, Index last) {
+        float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
+        float* const sums = transposed + outs * cells_per_band;
+        double* const totals = totals_of(t);
+        PlaneSource& source = sources[t];
+        source.start(n, group);
+        std::fill(totals, totals + gradient_size, 0.0);
         std::fill(sums, sums + gradient_size, 0.0f);
-        for (Index y0 = 0; y0 < r.out[1]; y0 += band_rows) {
+        for (Index item = first; item < last; ++item) {
+          const Index x = item / bands, y0 = (item % bands) * band_rows;
           const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
           for (Index o = 0; o < outs; ++o) {
             float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
@@ -874,22 +923,29 @@ void vector_weight_gradient(const Correlation& r, const ConvShape& g, const Fiel
             const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
             if (!plane) continue;  // outside the source: reads zero
             for (Index block = 0; block < outs / gradient_channels; ++block)
-              for (Index t = 0; t < taps; t += vector_kernels::gradient_taps)
+              for (Index tap = 0; tap < taps; tap += vector_kernels::gradient_taps)
                 vector_kernels::weight_gradient_tile(
-                    plane + y0 * source.row_stride(), offsets.data() + t, source.row_stride(),
+                    plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
                     int(y1 - y0), int(r.out[2]), transposed + block * cells * gradient_channels,
-                    sums + (a * taps + t) * outs + block * gradient_channels, outs);
+                    sums + (a * taps + tap) * outs + block * gradient_channels, outs);
+          }
+          if (item + 1 == last || (item + 1) / bands != x) {  // the plane's last band here
+            for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
+            std::fill(sums, sums + gradient_size, 0.0f);
           }
         }
-        for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
-      }
+      });
       for (Index o = 0; o < r.out_per_group; ++o)
         for (Index j = 0; j < r.src_per_group; ++j)
           for (Index a = 0; a < kx; ++a)
             for (Index b = 0; b < ky; ++b)
-              for (Index c = 0; c < kz; ++c)
+              for (Index c = 0; c < kz; ++c) {
+                const Index i = (a * taps + (j * ky + b) * kz + c) * outs + o;
+                double total = 0;
+                for (int t = 0; t < threads; ++t) total += totals_of(t)[i];
                 gw(g.weight_index(group * r.out_per_group + o, j, a, b, c)) +=
-                    static_cast<float>(totals[(a * taps + (j * ky + b) * kz + c) * outs + o]);
+                    static_cast<float>(total);
+              }
     }
 }
 #endif  // SHARDTENSOR_CONV_AVX512
