@@ -1,6 +1,5 @@
 #include "shardtensor/layers/halo_padding.hpp"
 
-#include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/cell_index.hpp"
 
 #include "shardtensor/comm/impl/layout_check.hpp"
@@ -34,22 +33,35 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
       });
 }
 
-/// Sets every cell outside the owned ones (ghosts, padding) to zero: at most two slabs per axis.
+/// Sets every cell outside the owned ones (ghosts, padding) to zero, in one kernel over the
+/// lines of the buffer along its innermost axis longer than one cell: a line outside the
+/// interior is zeroed whole, a line through it only at its two ends.
 template <class T>
 void zero_shell(const ShardTensor<T>& field) {
   const Box inner = field.interior_box();
-  Box rest;  // the part not yet covered: shrinks to the interior axis by axis
-  for (int a = 0; a < 3; ++a) rest.extent[a] = field.allocated_extent(a);
-  for (int a = 0; a < 3; ++a) {
-    Box below = rest, above = rest;
-    below.extent[a] = inner.lower[a] - rest.lower[a];
-    above.lower[a] = inner.upper(a);
-    above.extent[a] = rest.upper(a) - inner.upper(a);
-    fill_box(field.view(), below, T(0));
-    fill_box(field.view(), above, T(0));
-    rest.lower[a] = inner.lower[a];
-    rest.extent[a] = inner.extent[a];
-  }
+  const auto v = field.view();
+  const Index e[3] = {field.allocated_extent(0), field.allocated_extent(1),
+                      field.allocated_extent(2)};
+  const int axis = e[2] > 1 ? 2 : e[1] > 1 ? 1 : 0;
+  Index line_extents[3] = {e[0], e[1], e[2]};
+  line_extents[axis] = 1;
+  const Index lo[3] = {inner.lower[0], inner.lower[1], inner.lower[2]};
+  const Index hi[3] = {inner.upper(0), inner.upper(1), inner.upper(2)};
+  const Index length = e[axis], step = v.stride(2 + axis), channels = v.extent(1);
+  const Index lines =
+      Index(v.extent(0)) * channels * line_extents[0] * line_extents[1] * line_extents[2];
+  Kokkos::parallel_for(
+      "zero_shell", lines, KOKKOS_LAMBDA(const Index line) {
+        const CellIndex c =
+            unflatten(line, channels, line_extents[0], line_extents[1], line_extents[2]);
+        const Index at[3] = {c.x, c.y, c.z};
+        bool through_interior = true;
+        for (int a = 0; a < 3; ++a)
+          if (a != axis) through_interior = through_interior && at[a] >= lo[a] && at[a] < hi[a];
+        T* p = &v(c.n, c.c, c.x, c.y, c.z);
+        for (Index i = 0; i < length; ++i)
+          if (!through_interior || i < lo[axis] || i >= hi[axis]) p[i * step] = T(0);
+      });
 }
 
 /// target.interior() += source.interior() (same owned cells, any ghost widths).

@@ -97,24 +97,30 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
   }
   const Index extents[3] = {g.padded[0], g.padded[1], g.padded[2]};
   if (kind == PoolKind::average && disjoint) {
-    // Each padded cell lies in at most one window: find it with one division per axis
-    // instead of testing every tap (the same single term the gather below would add to 0).
+    // Each padded cell lies in at most one window: a table per axis names it (the output, or
+    // -1), and the cell takes that output's share (the same single term the gather below would
+    // add to 0).
+    const Index first[3] = {0, g.padded[0], g.padded[0] + g.padded[1]};
+    const Kokkos::View<Index*, DefaultMemorySpace> window(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Pool::windows"),
+        g.padded[0] + g.padded[1] + g.padded[2]);
+    Kokkos::parallel_for(
+        "Pool::windows", window.extent(0), KOKKOS_LAMBDA(const Index e) {
+          const int a = e < first[1] ? 0 : e < first[2] ? 1 : 2;
+          const Index t = e - first[a] - g.base[a];
+          const Index o = t >= 0 ? t / g.s[a] : -1, tap = t - o * g.s[a];
+          const bool inside = t >= 0 && o < g.out[a] && tap % g.d[a] == 0 && tap / g.d[a] < g.k[a];
+          window(e) = inside ? o : -1;
+        });
     for_each_cell_by_lines(
         "Pool::backward_average", gxp.extent(0), g.channels, extents,
         KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy,
                       const Index iz) {
-          const Index i[3] = {ix, iy, iz};
-          Index o[3];
-          bool inside = true;
-          for (int a = 0; a < 3; ++a) {
-            const Index t = i[a] - g.base[a];
-            o[a] = t >= 0 ? t / g.s[a] : -1;
-            const Index tap = t - o[a] * g.s[a];
-            inside =
-                inside && t >= 0 && o[a] < g.out[a] && tap % g.d[a] == 0 && tap / g.d[a] < g.k[a];
-          }
-          gxp(n, c, ix, iy, iz) =
-              inside ? T(0) + gy(n, c, o[0], o[1], o[2]) / T(g.divisor(o[0], o[1], o[2])) : T(0);
+          const Index ox = window(first[0] + ix), oy = window(first[1] + iy),
+                      oz = window(first[2] + iz);
+          gxp(n, c, ix, iy, iz) = ox >= 0 && oy >= 0 && oz >= 0
+                                      ? T(0) + gy(n, c, ox, oy, oz) / T(g.divisor(ox, oy, oz))
+                                      : T(0);
         });
     return;
   }

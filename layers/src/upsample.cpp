@@ -88,50 +88,70 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
       });
 }
 
-/// Input-buffer gradient: each input cell gathers from the outputs that read it.
+/// Weight of input buffer index i in output o along axis a (0 for the outputs that do not
+/// read it; 1 along unused axes).
+template <class T>
+KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
+                                     const Kokkos::View<Index*, DefaultMemorySpace>& lower_of,
+                                     const Kokkos::View<T*, DefaultMemorySpace>& weight_of,
+                                     Index entry, int a, Index o, Index i) {
+  if (mode == UpsampleMode::nearest)
+    return (g.out_offset[a] + o) / g.scale[a] - g.in_offset[a] + g.ghost[a] == i ? T(1) : T(0);
+  if (g.in[a] == 1) return T(1);  // unused axis
+  const Index lower = lower_of(entry + o);
+  const T w = weight_of(entry + o);
+  return lower == i ? w : (lower + 1 == i ? 1 - w : T(0));
+}
+
+/// Input-buffer gradient: each input cell gathers from the outputs that read it. Per axis and
+/// input index, a table holds the outputs with a nonzero weight (a contiguous range: a few
+/// of the 3 x scale candidates), so a cell visits only those.
 template <class T>
 void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& gy,
                        const FieldView<T>& gx) {
   const LinearTable<T> table(g);
   const auto lower_of = table.lower;
   const auto weight_of = table.weight;
-  const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
+  const Index first_entry[3] = {table.first[0], table.first[1], table.first[2]};
+  // begin/end of the outputs input index i feeds along axis a: entry in_first[a] + i.
+  const Index in_first[3] = {0, g.in[0], g.in[0] + g.in[1]};
+  const Index entries = g.in[0] + g.in[1] + g.in[2];
+  const Kokkos::View<Index*, DefaultMemorySpace> begin(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.begin"), entries);
+  const Kokkos::View<Index*, DefaultMemorySpace> end(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.end"), entries);
+  Kokkos::parallel_for(
+      "Upsample::ranges", entries, KOKKOS_LAMBDA(const Index e) {
+        const int a = e < in_first[1] ? 0 : e < in_first[2] ? 1 : 2;
+        const Index i = e - in_first[a];
+        const Index global = i - g.ghost[a] + g.in_offset[a];
+        const Index first = math::max<Index>((global - 1) * g.scale[a] - g.out_offset[a], 0);
+        const Index last = math::min<Index>((global + 2) * g.scale[a] - g.out_offset[a], g.out[a]);
+        Index b = last, f = last;
+        for (Index o = first; o < last; ++o)
+          if (axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i) != T(0)) {
+            if (b == last) b = o;
+            f = o + 1;
+          }
+        begin(e) = b;
+        end(e) = b == last ? b : f;
+      });
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
   for_each_cell_by_lines(
       "Upsample::backward", gx.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
-        const Index i[3] = {ix, iy, iz};
-        // Candidate outputs per axis and this cell's weight in each.
-        Index first[3], last[3];
-        for (int a = 0; a < 3; ++a) {
-          const Index global = i[a] - g.ghost[a] + g.in_offset[a];
-          first[a] = (global - 1) * g.scale[a] - g.out_offset[a];
-          last[a] = (global + 2) * g.scale[a] - g.out_offset[a];
-          if (first[a] < 0) first[a] = 0;
-          if (last[a] > g.out[a]) last[a] = g.out[a];
-        }
+        const Index ex = in_first[0] + ix, ey = in_first[1] + iy, ez = in_first[2] + iz;
         T sum = 0;
-        for (Index ox = first[0]; ox < last[0]; ++ox)
-          for (Index oy = first[1]; oy < last[1]; ++oy)
-            for (Index oz = first[2]; oz < last[2]; ++oz) {
-              const Index o[3] = {ox, oy, oz};
-              T weight = 1;
-              for (int a = 0; a < 3 && weight != T(0); ++a) {
-                if (mode == UpsampleMode::nearest) {
-                  weight =
-                      (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a] + g.ghost[a] == i[a]
-                          ? weight
-                          : T(0);
-                  continue;
-                }
-                if (g.in[a] == 1) continue;  // unused axis
-                const Index entry = (a == 0 ? f0 : a == 1 ? f1 : f2) + o[a];
-                const Index lower = lower_of(entry);
-                const T w = weight_of(entry);
-                weight *= lower == i[a] ? w : (lower + 1 == i[a] ? 1 - w : T(0));
-              }
-              sum += weight * gy(n, c, ox, oy, oz);
+        for (Index ox = begin(ex); ox < end(ex); ++ox) {
+          const T wx = axis_weight(g, mode, lower_of, weight_of, first_entry[0], 0, ox, ix);
+          for (Index oy = begin(ey); oy < end(ey); ++oy) {
+            const T wy = axis_weight(g, mode, lower_of, weight_of, first_entry[1], 1, oy, iy);
+            for (Index oz = begin(ez); oz < end(ez); ++oz) {
+              const T wz = axis_weight(g, mode, lower_of, weight_of, first_entry[2], 2, oz, iz);
+              sum += ((T(1) * wx) * wy) * wz * gy(n, c, ox, oy, oz);
             }
+          }
+        }
         gx(n, c, ix, iy, iz) += sum;  // accumulates: nearest mode writes the input gradient
       });
 }
