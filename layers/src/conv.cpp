@@ -792,57 +792,58 @@ void vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<
   std::vector<PlaneSource> sources;
   for (int t = 0; t < threads; ++t)
     sources.emplace_back(r, src, rings + t * ring_size, band_copies);
-  for (Index n = 0; n < Index(out.extent(0)); ++n)
-    for (Index group = 0; group < r.groups; ++group) {
-      for (Index block = 0; block < blocks; ++block)
+  const Index batch = out.extent(0), per_sample = r.out[0] * bands;
+  for (Index group = 0; group < r.groups; ++group) {  // weights packed once per group
+    for (Index block = 0; block < blocks; ++block)
+      for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+        const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
+        float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+        for (Index a = 0; a < kx; ++a)
+          for (Index j = j0; j < j0 + pass; ++j)
+            for (Index b = 0; b < r.k[1]; ++b)
+              for (Index c = 0; c < r.k[2]; ++c)
+                for (Index i = 0; i < rows_per_tile; ++i, ++p) {
+                  const Index o = block * rows_per_tile + i;
+                  *p = o < r.out_per_group
+                           ? correlation_weight(g, w, group, transposed, o, j, a, b, c)
+                           : 0.0f;
+                }
+      }
+    // Each thread computes whole bands of output rows (disjoint outputs) of every sample, in
+    // order.
+    split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
+      PlaneSource& source = sources[t];
+      std::vector<const float*> planes(kx);
+      std::vector<vector_kernels::OutputVector> vectors;
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / per_sample, x = (item % per_sample) / bands,
+                    y0 = (item % bands) * band_rows;
+        if (item == first || item % per_sample == 0) source.start(n, group);
+        const Index y1 = std::min(y0 + band_rows, r.out[1]);
+        if (!keep(x, y0, y1)) continue;
+        source.start_band(y0);
+        for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
+        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), vectors);
+        float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
         for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
           const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
-          float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
-          for (Index a = 0; a < kx; ++a)
-            for (Index j = j0; j < j0 + pass; ++j)
-              for (Index b = 0; b < r.k[1]; ++b)
-                for (Index c = 0; c < r.k[2]; ++c)
-                  for (Index i = 0; i < rows_per_tile; ++i, ++p) {
-                    const Index o = block * rows_per_tile + i;
-                    *p = o < r.out_per_group
-                             ? correlation_weight(g, w, group, transposed, o, j, a, b, c)
-                             : 0.0f;
-                  }
-        }
-      // Each thread computes whole bands of output rows (disjoint outputs), in order.
-      split_over_threads(threads, r.out[0] * bands, [&](int t, Index first, Index last) {
-        PlaneSource& source = sources[t];
-        source.start(n, group);
-        std::vector<const float*> planes(kx);
-        std::vector<vector_kernels::OutputVector> vectors;
-        for (Index item = first; item < last; ++item) {
-          const Index x = item / bands, y0 = (item % bands) * band_rows;
-          const Index y1 = std::min(y0 + band_rows, r.out[1]);
-          if (!keep(x, y0, y1)) continue;
-          source.start_band(y0);
-          for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-          output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(),
-                         vectors);
-          float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
-          for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
-            const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
-            for (Index block = 0; block < blocks; ++block) {
-              const Index o0 = block * rows_per_tile;
-              const float* weights =
-                  packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
-              const float* block_bias =
-                  bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
-              for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)
-                vector_kernels::correlate_tile(
-                    planes.data(), int(kx), offsets.data() + j0 * yz_taps, int(pass * yz_taps),
-                    weights, &vectors[v], out_plane + o0 * out_channel_stride, out_channel_stride,
-                    int(std::min(rows_per_tile, r.out_per_group - o0)), block_bias,
-                    /*accumulate=*/j0 > 0);
-            }
+          for (Index block = 0; block < blocks; ++block) {
+            const Index o0 = block * rows_per_tile;
+            const float* weights =
+                packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+            const float* block_bias =
+                bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
+            for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)
+              vector_kernels::correlate_tile(
+                  planes.data(), int(kx), offsets.data() + j0 * yz_taps, int(pass * yz_taps),
+                  weights, &vectors[v], out_plane + o0 * out_channel_stride, out_channel_stride,
+                  int(std::min(rows_per_tile, r.out_per_group - o0)), block_bias,
+                  /*accumulate=*/j0 > 0);
           }
         }
-      });
-    }
+      }
+    });
+  }
 }
 
 /// Output channels per weight-gradient tile (its register vectors).
@@ -897,56 +898,58 @@ void vector_weight_gradient(const Correlation& r, const ConvShape& g, const Fiel
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
   };
-  for (Index n = 0; n < g.batch; ++n)
-    for (Index group = 0; group < r.groups; ++group) {
-      // Each thread sums over its own bands of rows (in order): float sums per plane, added
-      // into its double totals when the plane changes; the totals add up in thread order.
-      split_over_threads(threads, r.out[0] * bands, [&](int t, Index first, Index last) {
-        float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
-        float* const sums = transposed + outs * cells_per_band;
-        double* const totals = totals_of(t);
-        PlaneSource& source = sources[t];
-        source.start(n, group);
-        std::fill(totals, totals + gradient_size, 0.0);
-        std::fill(sums, sums + gradient_size, 0.0f);
-        for (Index item = first; item < last; ++item) {
-          const Index x = item / bands, y0 = (item % bands) * band_rows;
-          const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
-          for (Index o = 0; o < outs; ++o) {
-            float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
-                            o % gradient_channels;
-            const float* row =
-                o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
-            for (Index p = 0; p < cells; ++p) column[p * gradient_channels] = row ? row[p] : 0.0f;
-          }
-          for (Index a = 0; a < kx; ++a) {
-            const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
-            if (!plane) continue;  // outside the source: reads zero
-            for (Index block = 0; block < outs / gradient_channels; ++block)
-              for (Index tap = 0; tap < taps; tap += vector_kernels::gradient_taps)
-                vector_kernels::weight_gradient_tile(
-                    plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
-                    int(y1 - y0), int(r.out[2]), transposed + block * cells * gradient_channels,
-                    sums + (a * taps + tap) * outs + block * gradient_channels, outs);
-          }
-          if (item + 1 == last || (item + 1) / bands != x) {  // the plane's last band here
-            for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
-            std::fill(sums, sums + gradient_size, 0.0f);
-          }
+  const Index per_sample = r.out[0] * bands;
+  for (Index group = 0; group < r.groups; ++group) {
+    // Each thread sums over its own bands of rows of every sample (in order): float sums
+    // per plane, added into its double totals when the plane changes; the totals add up in
+    // thread order.
+    split_over_threads(threads, g.batch * per_sample, [&](int t, Index first, Index last) {
+      float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
+      float* const sums = transposed + outs * cells_per_band;
+      double* const totals = totals_of(t);
+      PlaneSource& source = sources[t];
+      std::fill(totals, totals + gradient_size, 0.0);
+      std::fill(sums, sums + gradient_size, 0.0f);
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / per_sample, x = (item % per_sample) / bands,
+                    y0 = (item % bands) * band_rows;
+        if (item == first || item % per_sample == 0) source.start(n, group);
+        const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
+        for (Index o = 0; o < outs; ++o) {
+          float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
+                          o % gradient_channels;
+          const float* row =
+              o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
+          for (Index p = 0; p < cells; ++p) column[p * gradient_channels] = row ? row[p] : 0.0f;
         }
-      });
-      for (Index o = 0; o < r.out_per_group; ++o)
-        for (Index j = 0; j < r.src_per_group; ++j)
-          for (Index a = 0; a < kx; ++a)
-            for (Index b = 0; b < ky; ++b)
-              for (Index c = 0; c < kz; ++c) {
-                const Index i = (a * taps + (j * ky + b) * kz + c) * outs + o;
-                double total = 0;
-                for (int t = 0; t < threads; ++t) total += totals_of(t)[i];
-                gw(g.weight_index(group * r.out_per_group + o, j, a, b, c)) +=
-                    static_cast<float>(total);
-              }
-    }
+        for (Index a = 0; a < kx; ++a) {
+          const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+          if (!plane) continue;  // outside the source: reads zero
+          for (Index block = 0; block < outs / gradient_channels; ++block)
+            for (Index tap = 0; tap < taps; tap += vector_kernels::gradient_taps)
+              vector_kernels::weight_gradient_tile(
+                  plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
+                  int(y1 - y0), int(r.out[2]), transposed + block * cells * gradient_channels,
+                  sums + (a * taps + tap) * outs + block * gradient_channels, outs);
+        }
+        if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band
+          for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
+          std::fill(sums, sums + gradient_size, 0.0f);
+        }
+      }
+    });
+    for (Index o = 0; o < r.out_per_group; ++o)
+      for (Index j = 0; j < r.src_per_group; ++j)
+        for (Index a = 0; a < kx; ++a)
+          for (Index b = 0; b < ky; ++b)
+            for (Index c = 0; c < kz; ++c) {
+              const Index i = (a * taps + (j * ky + b) * kz + c) * outs + o;
+              double total = 0;
+              for (int t = 0; t < threads; ++t) total += totals_of(t)[i];
+              gw(g.weight_index(group * r.out_per_group + o, j, a, b, c)) +=
+                  static_cast<float>(total);
+            }
+  }
 }
 #endif  // SHARDTENSOR_CONV_AVX512
 
