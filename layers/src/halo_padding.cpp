@@ -59,8 +59,10 @@ void zero_shell(const ShardTensor<T>& field) {
         for (int a = 0; a < 3; ++a)
           if (a != axis) through_interior = through_interior && at[a] >= lo[a] && at[a] < hi[a];
         T* p = &v(c.n, c.c, c.x, c.y, c.z);
-        for (Index i = 0; i < length; ++i)
-          if (!through_interior || i < lo[axis] || i >= hi[axis]) p[i * step] = T(0);
+        const Index below = through_interior ? lo[axis] : length;
+        const Index above = through_interior ? hi[axis] : length;
+        for (Index i = 0; i < below; ++i) p[i * step] = T(0);
+        for (Index i = above; i < length; ++i) p[i * step] = T(0);
       });
 }
 

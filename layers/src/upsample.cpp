@@ -3,6 +3,7 @@
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace shardtensor {
@@ -105,7 +106,7 @@ KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
 
 /// Input-buffer gradient: each input cell gathers from the outputs that read it. Per axis and
 /// input index, a table holds the outputs with a nonzero weight (a contiguous range: a few
-/// of the 3 x scale candidates), so a cell visits only those.
+/// of the 3 x scale candidates) and their weights, so a cell visits only those.
 template <class T>
 void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& gy,
                        const FieldView<T>& gx) {
@@ -120,6 +121,10 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.begin"), entries);
   const Kokkos::View<Index*, DefaultMemorySpace> end(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.end"), entries);
+  // Room per entry: a range holds at most 2 x scale outputs (linear), scale (nearest).
+  const Index room = 2 * std::max({g.scale[0], g.scale[1], g.scale[2]}) + 1;
+  const Kokkos::View<T*, DefaultMemorySpace> weights(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.weights"), entries * room);
   Kokkos::parallel_for(
       "Upsample::ranges", entries, KOKKOS_LAMBDA(const Index e) {
         const int a = e < in_first[1] ? 0 : e < in_first[2] ? 1 : 2;
@@ -135,23 +140,24 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
           }
         begin(e) = b;
         end(e) = b == last ? b : f;
+        for (Index o = b; o < end(e); ++o)
+          weights(e * room + o - b) =
+              axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i);
       });
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
   for_each_cell_by_lines(
       "Upsample::backward", gx.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
         const Index ex = in_first[0] + ix, ey = in_first[1] + iy, ez = in_first[2] + iz;
+        const Index bx = begin(ex), by = begin(ey), bz = begin(ez);
+        const T* wx = weights.data() + ex * room;  // wx[ox - bx]: output ox's weight
+        const T* wy = weights.data() + ey * room;
+        const T* wz = weights.data() + ez * room;
         T sum = 0;
-        for (Index ox = begin(ex); ox < end(ex); ++ox) {
-          const T wx = axis_weight(g, mode, lower_of, weight_of, first_entry[0], 0, ox, ix);
-          for (Index oy = begin(ey); oy < end(ey); ++oy) {
-            const T wy = axis_weight(g, mode, lower_of, weight_of, first_entry[1], 1, oy, iy);
-            for (Index oz = begin(ez); oz < end(ez); ++oz) {
-              const T wz = axis_weight(g, mode, lower_of, weight_of, first_entry[2], 2, oz, iz);
-              sum += ((T(1) * wx) * wy) * wz * gy(n, c, ox, oy, oz);
-            }
-          }
-        }
+        for (Index ox = bx; ox < end(ex); ++ox)
+          for (Index oy = by; oy < end(ey); ++oy)
+            for (Index oz = bz; oz < end(ez); ++oz)
+              sum += ((T(1) * wx[ox - bx]) * wy[oy - by]) * wz[oz - bz] * gy(n, c, ox, oy, oz);
         gx(n, c, ix, iy, iz) += sum;  // accumulates: nearest mode writes the input gradient
       });
 }

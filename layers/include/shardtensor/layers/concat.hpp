@@ -29,12 +29,21 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
   std::vector<std::shared_ptr<impl::Node<T>>> nodes;
   std::vector<Index> offsets;
   Index offset = 0;
+  // A sample's channels [offset, offset + c) of y are one contiguous block of c fields: copy
+  // (and in the backward, add) channel by channel, each a contiguous run of cells.
+  const Index cells = static_cast<Index>(first.view().span()) / (first.batch() * first.channels());
+  const auto yv = y.view();
   for (const Variable<T>& v : inputs) {
     const Index c = v.value().channels();
-    Kokkos::deep_copy(
-        Kokkos::subview(y.view(), Kokkos::ALL, Kokkos::pair<Index, Index>(offset, offset + c),
-                        Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
-        v.value().view());
+    const auto xv = v.value().view();
+    const Index at = offset;
+    Kokkos::parallel_for(
+        "concat", first.batch() * c, KOKKOS_LAMBDA(const Index nc) {
+          const Index n = nc / c, k = nc % c;
+          const T* from = xv.data() + nc * cells;
+          T* to = yv.data() + (n * channels + at + k) * cells;
+          for (Index i = 0; i < cells; ++i) to[i] = from[i];
+        });
     nodes.push_back(v.node());
     offsets.push_back(offset);
     offset += c;
@@ -42,23 +51,18 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
   auto node = make_result_node<T>("concat", nodes);
   node->field = y;
   if (node->requires_grad) {
-    node->backward = [nodes, offsets](impl::Node<T>& self) {
+    node->backward = [nodes, offsets, channels, cells](impl::Node<T>& self) {
       const auto gy = self.grad_field().view();
       for (std::size_t k = 0; k < nodes.size(); ++k) {
         if (!nodes[k]->requires_grad) continue;
         const auto gx = nodes[k]->grad_field().view();
-        const auto part = Kokkos::subview(
-            gy, Kokkos::ALL,
-            Kokkos::pair<Index, Index>(offsets[k], offsets[k] + Index(gx.extent(1))), Kokkos::ALL,
-            Kokkos::ALL, Kokkos::ALL);
+        const Index c = gx.extent(1), at = offsets[k];
         Kokkos::parallel_for(
-            "concat_backward",
-            Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
-                {0, 0, 0, 0}, {Index(gx.extent(0) * gx.extent(1)), Index(gx.extent(2)),
-                               Index(gx.extent(3)), Index(gx.extent(4))}),
-            KOKKOS_LAMBDA(const Index nc, const Index x, const Index y, const Index z) {
-              const Index n = nc / gx.extent(1), c = nc % gx.extent(1);
-              gx(n, c, x, y, z) += part(n, c, x, y, z);
+            "concat_backward", Index(gx.extent(0)) * c, KOKKOS_LAMBDA(const Index nc) {
+              const Index n = nc / c, j = nc % c;
+              const T* from = gy.data() + (n * channels + at + j) * cells;
+              T* to = gx.data() + nc * cells;
+              for (Index i = 0; i < cells; ++i) to[i] += from[i];
             });
       }
     };
