@@ -149,15 +149,24 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
       "Upsample::backward", gx.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
         const Index ex = in_first[0] + ix, ey = in_first[1] + iy, ez = in_first[2] + iz;
+        // Everything the loops read, in locals: the compiler cannot keep View reads out of
+        // the loops itself (the store to gx might alias them).
         const Index bx = begin(ex), by = begin(ey), bz = begin(ez);
-        const T* wx = weights.data() + ex * room;  // wx[ox - bx]: output ox's weight
+        const Index nx = end(ex) - bx, ny = end(ey) - by, nz = end(ez) - bz;
+        const T* wx = weights.data() + ex * room;  // wx[i]: the weight of output bx + i
         const T* wy = weights.data() + ey * room;
         const T* wz = weights.data() + ez * room;
+        const T* g = &gy(n, c, 0, 0, 0);
+        const Index sx = gy.stride(2), sy = gy.stride(3);
         T sum = 0;
-        for (Index ox = bx; ox < end(ex); ++ox)
-          for (Index oy = by; oy < end(ey); ++oy)
-            for (Index oz = bz; oz < end(ez); ++oz)
-              sum += ((T(1) * wx[ox - bx]) * wy[oy - by]) * wz[oz - bz] * gy(n, c, ox, oy, oz);
+        for (Index i = 0; i < nx; ++i) {
+          const T weight_x = T(1) * wx[i];
+          for (Index j = 0; j < ny; ++j) {
+            const T weight_xy = weight_x * wy[j];
+            const T* row = g + (bx + i) * sx + (by + j) * sy + bz;
+            for (Index k = 0; k < nz; ++k) sum += weight_xy * wz[k] * row[k];
+          }
+        }
         gx(n, c, ix, iy, iz) += sum;  // accumulates: nearest mode writes the input gradient
       });
 }
