@@ -81,11 +81,18 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
         // Unused axes have scale 1: source = o exactly, weight 1 on the lower cell.
         const Index hx = g.in[0] > 1 ? lx + 1 : lx, hy = g.in[1] > 1 ? ly + 1 : ly,
                     hz = g.in[2] > 1 ? lz + 1 : lz;
-        y(n, c, ox, oy, oz) =
-            wx * (wy * (wz * x(n, c, lx, ly, lz) + (1 - wz) * x(n, c, lx, ly, hz)) +
-                  (1 - wy) * (wz * x(n, c, lx, hy, lz) + (1 - wz) * x(n, c, lx, hy, hz))) +
-            (1 - wx) * (wy * (wz * x(n, c, hx, ly, lz) + (1 - wz) * x(n, c, hx, ly, hz)) +
-                        (1 - wy) * (wz * x(n, c, hx, hy, lz) + (1 - wz) * x(n, c, hx, hy, hz)));
+        // The eight sources through one base pointer (5-D indexing per load cost more than the
+        // interpolation).
+        const T* p = &x(n, c, 0, 0, 0);
+        const Index sx = x.stride(2), sy = x.stride(3);
+        const T* lxly = p + lx * sx + ly * sy;
+        const T* lxhy = p + lx * sx + hy * sy;
+        const T* hxly = p + hx * sx + ly * sy;
+        const T* hxhy = p + hx * sx + hy * sy;
+        y(n, c, ox, oy, oz) = wx * (wy * (wz * lxly[lz] + (1 - wz) * lxly[hz]) +
+                                    (1 - wy) * (wz * lxhy[lz] + (1 - wz) * lxhy[hz])) +
+                              (1 - wx) * (wy * (wz * hxly[lz] + (1 - wz) * hxly[hz]) +
+                                          (1 - wy) * (wz * hxhy[lz] + (1 - wz) * hxhy[hz]));
       });
 }
 
