@@ -259,13 +259,13 @@ void HaloExchange<T>::start(const ShardTensor<T>& field) {
   }
   for (const Message& m : messages_) {
     if (m.send_count == 0) continue;
+    if (m.self_partner >= 0) {  // to itself (periodic on one rank): owned cells to ghosts
+      copy_box(field.view(), m.send_box, messages_[m.self_partner].recv_box);
+      continue;
+    }
     pack_box(field.view(), m.send_box, send_buffer_, m.send_offset);
-    if (m.self_partner >= 0)
-      unpack_box(send_buffer_, field.view(), messages_[m.self_partner].recv_box, UnpackMode::assign,
-                 m.send_offset);
-    else
-      post_send(send_buffer_, send_host_, m.send_offset, m.send_count, m.neighbor,
-                forward_tag(m.direction));
+    post_send(send_buffer_, send_host_, m.send_offset, m.send_count, m.neighbor,
+              forward_tag(m.direction));
   }
 }
 
@@ -291,13 +291,13 @@ void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
   }
   for (const Message& m : messages_) {
     if (m.recv_count == 0) continue;
+    if (m.self_partner >= 0) {  // to itself: its ghosts added into the owned cells they copy
+      copy_box(field.view(), m.recv_box, messages_[m.self_partner].send_box, UnpackMode::add);
+      continue;
+    }
     pack_box(field.view(), m.recv_box, recv_buffer_, m.recv_offset);
-    if (m.self_partner >= 0)
-      unpack_box(recv_buffer_, field.view(), messages_[m.self_partner].send_box, UnpackMode::add,
-                 m.recv_offset);
-    else
-      post_send(recv_buffer_, recv_host_, m.recv_offset, m.recv_count, m.neighbor,
-                reverse_tag(m.direction));
+    post_send(recv_buffer_, recv_host_, m.recv_offset, m.recv_count, m.neighbor,
+              reverse_tag(m.direction));
   }
   // The ghost values now live in the buffer; in the adjoint they are consumed.
   for (const Message& m : messages_) fill_box(field.view(), m.recv_box, T(0));

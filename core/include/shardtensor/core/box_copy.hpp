@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "shardtensor/core/box.hpp"
+#include "shardtensor/core/cell_index.hpp"
 
 namespace shardtensor {
 
@@ -14,28 +15,30 @@ enum class UnpackMode { assign, add };
 namespace impl {
 
 /// Calls cell_op(i, field(n, c, x, y, z)) for every cell of the box and every batch n and
-/// channel c, where i counts the cells in C order (n, c, x, y, z). One team per (n, c, x)
-/// plane, threads over y, vector lanes over z: no index division per cell, and boxes that
-/// are thin in z (z faces, edges, corners) cost no more per cell than thick ones.
+/// channel c, where i counts the cells in C order (n, c, x, y, z). In parallel over lines
+/// along the box's innermost axis longer than one cell (z for a thick box; y for an x face of
+/// a 2-D field, whose z lines are single cells), in order along each line: one index
+/// decomposition per line, and every launch does a line's worth of work per item.
 template <class FieldView, class CellOp>
 void for_each_box_cell(const char* label, const FieldView& field, const Box& box, CellOp cell_op) {
   if (box.empty()) return;
-  using Policy = Kokkos::TeamPolicy<typename FieldView::execution_space>;
   const Index nc = field.extent(1);
-  const Index bx = box.extent[0], by = box.extent[1], bz = box.extent[2];
-  const Index x0 = box.lower[0], y0 = box.lower[1], z0 = box.lower[2];
-  const Index planes = static_cast<Index>(field.extent(0)) * nc * bx;
+  const Index e[3] = {box.extent[0], box.extent[1], box.extent[2]};
+  const int axis = e[2] > 1 ? 2 : e[1] > 1 ? 1 : 0;
+  Index line_extents[3] = {e[0], e[1], e[2]};
+  line_extents[axis] = 1;
+  const Index lower[3] = {box.lower[0], box.lower[1], box.lower[2]};
+  const Index length = e[axis], step = field.stride(2 + axis);
+  const Index i_step = axis == 2 ? 1 : axis == 1 ? e[2] : e[1] * e[2];  // i along the line
+  const Index lines = static_cast<Index>(field.extent(0)) * nc * line_extents[0] * line_extents[1] *
+                      line_extents[2];
   Kokkos::parallel_for(
-      label, Policy(planes, Kokkos::AUTO), KOKKOS_LAMBDA(const typename Policy::member_type& team) {
-        const Index plane = team.league_rank();
-        const Index x = plane % bx, channel_plane = plane / bx;
-        const Index n = channel_plane / nc, c = channel_plane % nc;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, by), [&](const Index y) {
-          auto* row = &field(n, c, x0 + x, y0 + y, z0);
-          const Index first = (plane * by + y) * bz;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, bz),
-                               [&](const Index z) { cell_op(first + z, row[z]); });
-        });
+      label, Kokkos::RangePolicy<typename FieldView::execution_space>(0, lines),
+      KOKKOS_LAMBDA(const Index line) {
+        const CellIndex c = unflatten(line, nc, line_extents[0], line_extents[1], line_extents[2]);
+        auto* cell = &field(c.n, c.c, lower[0] + c.x, lower[1] + c.y, lower[2] + c.z);
+        const Index first = (((c.n * nc + c.c) * e[0] + c.x) * e[1] + c.y) * e[2] + c.z;
+        for (Index k = 0; k < length; ++k) cell_op(first + k * i_step, cell[k * step]);
       });
 }
 
@@ -65,6 +68,27 @@ void unpack_box(const BufferView& buffer, const FieldView& field, const Box& box
     impl::for_each_box_cell(
         "shardtensor::unpack_box", field, box,
         KOKKOS_LAMBDA(const Index i, typename FieldView::value_type& cell) { cell = in[i]; });
+  }
+}
+
+/// field(n, c, to) = (or +=) field(n, c, from) cell by cell, for two boxes of the same extents
+/// in one field: a message a rank sends to itself (periodic ghosts on one rank), without a
+/// buffer in between. The boxes must not overlap.
+template <class FieldView>
+void copy_box(const FieldView& field, const Box& from, const Box& to,
+              UnpackMode mode = UnpackMode::assign) {
+  const std::ptrdiff_t shift = (from.lower[0] - to.lower[0]) * field.stride(2) +
+                               (from.lower[1] - to.lower[1]) * field.stride(3) +
+                               (from.lower[2] - to.lower[2]);
+  using value_type = typename FieldView::value_type;
+  if (mode == UnpackMode::add) {
+    impl::for_each_box_cell(
+        "shardtensor::copy_box_add", field, to,
+        KOKKOS_LAMBDA(const Index, value_type& cell) { cell += *(&cell + shift); });
+  } else {
+    impl::for_each_box_cell(
+        "shardtensor::copy_box", field, to,
+        KOKKOS_LAMBDA(const Index, value_type& cell) { cell = *(&cell + shift); });
   }
 }
 
