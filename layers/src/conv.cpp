@@ -908,6 +908,7 @@ void vector_weight_gradient(const Correlation& r, const ConvShape& g, const Fiel
       float* const sums = transposed + outs * cells_per_band;
       double* const totals = totals_of(t);
       PlaneSource& source = sources[t];
+      Index zeroed_cells = -1;  // the band size whose padding lanes are zero
       std::fill(totals, totals + gradient_size, 0.0);
       std::fill(sums, sums + gradient_size, 0.0f);
       for (Index item = first; item < last; ++item) {
@@ -915,7 +916,11 @@ void vector_weight_gradient(const Correlation& r, const ConvShape& g, const Fiel
                     y0 = (item % bands) * band_rows;
         if (item == first || item % per_sample == 0) source.start(n, group);
         const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
-        for (Index o = 0; o < outs; ++o) {
+        // The lanes of padding channels (past out_per_group) are zero; no band writes them
+        // again, so they stay zero until the band size (so the layout) changes.
+        const Index written = cells == zeroed_cells ? r.out_per_group : outs;
+        zeroed_cells = cells;
+        for (Index o = 0; o < written; ++o) {
           float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
                           o % gradient_channels;
           const float* row =
