@@ -28,8 +28,8 @@ struct real_scalar<Kokkos::complex<T>> {
 
 /// Moves an array laid out by `from` (rank r holds the global cells from[r]) to the layout
 /// `to`: each rank sends every other rank the intersection of its box with that rank's
-/// target box, in one MPI_Alltoallv. Values are copied, never combined. The boxes, counts and
-/// buffers are computed once; `apply` allocates nothing. Collective over `comm`.
+/// target box, in one all-to-all (comm/collectives.hpp). Values are copied, never combined. The
+/// boxes, counts and buffers are computed once; `apply` allocates nothing. Collective over `comm`.
 template <class Value>
 class BoxTranspose {
  public:
@@ -42,9 +42,9 @@ class BoxTranspose {
                Index values_per_cell)
       : comm_(comm) {
     const int p = comm.size(), me = comm.rank();
-    SHARDTENSOR_REQUIRE(int(from.size()) == p && int(to.size()) == p, "BoxTranspose",
-                        "layouts of " << from.size() << " and " << to.size() << " boxes for " << p
-                                      << " ranks");
+    SHARDTENSOR_REQUIRE(
+        int(from.size()) == p && int(to.size()) == p, "BoxTranspose",
+        "layouts of " << from.size() << " and " << to.size() << " boxes for " << p << " ranks");
     send_boxes_.resize(p);
     recv_boxes_.resize(p);
     send_counts_.resize(p);
@@ -77,8 +77,7 @@ class BoxTranspose {
     // MPI sees the (possibly complex) buffers as arrays of real scalars.
     using Unmanaged = Kokkos::View<Scalar*, DefaultMemorySpace, Kokkos::MemoryUnmanaged>;
     alltoallv(comm_, Unmanaged(reinterpret_cast<Scalar*>(send_.data()), sum(send_counts_)),
-              send_counts_,
-              Unmanaged(reinterpret_cast<Scalar*>(recv_.data()), sum(recv_counts_)),
+              send_counts_, Unmanaged(reinterpret_cast<Scalar*>(recv_.data()), sum(recv_counts_)),
               recv_counts_);
     offset = 0;
     for (std::size_t r = 0; r < recv_boxes_.size(); ++r) {
