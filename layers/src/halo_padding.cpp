@@ -18,15 +18,12 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
   const auto s = source.interior();
   const auto t = target.interior();
   const Index e[3] = {Index(s.extent(2)), Index(s.extent(3)), Index(s.extent(4))};
-  const int axis = e[2] > 1 ? 2 : e[1] > 1 ? 1 : 0;
-  const Index length = e[axis], s_step = s.stride(2 + axis), t_step = t.stride(2 + axis);
-  Index extent[3] = {e[0], e[1], e[2]};
-  extent[axis] = 1;  // one line per cell of the other axes
-  const Index channels = s.extent(1);
-  const Index lines = Index(s.extent(0)) * channels * extent[0] * extent[1] * extent[2];
+  const Lines lines(s.extent(0), s.extent(1), e);
+  const Index length = lines.length, s_step = s.stride(2 + lines.axis),
+              t_step = t.stride(2 + lines.axis);
   Kokkos::parallel_for(
-      label, lines, KOKKOS_LAMBDA(const Index line) {
-        const CellIndex c = unflatten(line, channels, extent[0], extent[1], extent[2]);
+      label, lines.count, KOKKOS_LAMBDA(const Index line) {
+        const CellIndex c = lines.start(line);
         const T* from = &s(c.n, c.c, c.x, c.y, c.z);
         T* to = &t(c.n, c.c, c.x, c.y, c.z);
         for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
@@ -42,18 +39,14 @@ void zero_shell(const ShardTensor<T>& field) {
   const auto v = field.view();
   const Index e[3] = {field.allocated_extent(0), field.allocated_extent(1),
                       field.allocated_extent(2)};
-  const int axis = e[2] > 1 ? 2 : e[1] > 1 ? 1 : 0;
-  Index line_extents[3] = {e[0], e[1], e[2]};
-  line_extents[axis] = 1;
+  const Lines lines(v.extent(0), v.extent(1), e);
+  const int axis = lines.axis;
   const Index lo[3] = {inner.lower[0], inner.lower[1], inner.lower[2]};
   const Index hi[3] = {inner.upper(0), inner.upper(1), inner.upper(2)};
-  const Index length = e[axis], step = v.stride(2 + axis), channels = v.extent(1);
-  const Index lines =
-      Index(v.extent(0)) * channels * line_extents[0] * line_extents[1] * line_extents[2];
+  const Index length = lines.length, step = v.stride(2 + axis);
   Kokkos::parallel_for(
-      "zero_shell", lines, KOKKOS_LAMBDA(const Index line) {
-        const CellIndex c =
-            unflatten(line, channels, line_extents[0], line_extents[1], line_extents[2]);
+      "zero_shell", lines.count, KOKKOS_LAMBDA(const Index line) {
+        const CellIndex c = lines.start(line);
         const Index at[3] = {c.x, c.y, c.z};
         bool through_interior = true;
         for (int a = 0; a < 3; ++a)

@@ -24,18 +24,16 @@ void for_each_box_cell(const char* label, const FieldView& field, const Box& box
   if (box.empty()) return;
   const Index nc = field.extent(1);
   const Index e[3] = {box.extent[0], box.extent[1], box.extent[2]};
-  const int axis = e[2] > 1 ? 2 : e[1] > 1 ? 1 : 0;
-  Index line_extents[3] = {e[0], e[1], e[2]};
-  line_extents[axis] = 1;
+  const Lines lines(field.extent(0), nc, e);
   const Index lower[3] = {box.lower[0], box.lower[1], box.lower[2]};
-  const Index length = e[axis], step = field.stride(2 + axis);
-  const Index i_step = axis == 2 ? 1 : axis == 1 ? e[2] : e[1] * e[2];  // i along the line
-  const Index lines = static_cast<Index>(field.extent(0)) * nc * line_extents[0] * line_extents[1] *
-                      line_extents[2];
+  const Index length = lines.length, step = field.stride(2 + lines.axis);
+  const Index i_step = lines.axis == 2   ? 1
+                       : lines.axis == 1 ? e[2]
+                                         : e[1] * e[2];  // i along a line
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<typename FieldView::execution_space>(0, lines),
+      label, Kokkos::RangePolicy<typename FieldView::execution_space>(0, lines.count),
       KOKKOS_LAMBDA(const Index line) {
-        const CellIndex c = unflatten(line, nc, line_extents[0], line_extents[1], line_extents[2]);
+        const CellIndex c = lines.start(line);
         auto* cell = &field(c.n, c.c, lower[0] + c.x, lower[1] + c.y, lower[2] + c.z);
         const Index first = (((c.n * nc + c.c) * e[0] + c.x) * e[1] + c.y) * e[2] + c.z;
         for (Index k = 0; k < length; ++k) cell_op(first + k * i_step, cell[k * step]);

@@ -27,23 +27,41 @@ KOKKOS_INLINE_FUNCTION CellIndex unflatten(Index flat, Index channels, Index nx,
   return i;
 }
 
-/// Calls cell(n, c, x, y, z) for every cell of a (batch, channels, extents...) index space:
-/// in parallel over lines along the innermost axis longer than one cell (z in 3-D, y in
-/// 2-D, x in 1-D), in order along each line. One index decomposition per line instead of
-/// per cell (a 2-D field's z lines are single cells: per-cell decompositions, four integer
-/// divisions each, would cost more than most kernels' work).
+/// The lines of a (batch, channels, extents...) index space along its innermost axis longer
+/// than one cell (z in 3-D, y in 2-D, x in 1-D): kernels run one work item per line and walk
+/// the line in order. One index decomposition per line instead of per cell (a 2-D field's z
+/// lines are single cells: per-cell decompositions, four integer divisions each, would cost
+/// more than most kernels' work).
+struct Lines {
+  int axis = 2;                 // the axis the lines run along
+  Index length = 1;             // cells per line
+  Index count = 0;              // lines
+  Index channels = 1;           // of the index space
+  Index across[3] = {1, 1, 1};  // the extents with the line axis taken out (1)
+
+  Lines(Index batch, Index channels_, const Index (&extents)[3]) : channels(channels_) {
+    axis = extents[2] > 1 ? 2 : extents[1] > 1 ? 1 : 0;
+    length = extents[axis];
+    for (int a = 0; a < 3; ++a) across[a] = a == axis ? 1 : extents[a];
+    count = batch * channels * across[0] * across[1] * across[2];
+  }
+  /// The first cell of line `line`.
+  KOKKOS_INLINE_FUNCTION CellIndex start(Index line) const {
+    return unflatten(line, channels, across[0], across[1], across[2]);
+  }
+};
+
+/// Calls cell(n, c, x, y, z) for every cell of a (batch, channels, extents...) index space, in
+/// parallel over its Lines and in order along each line.
 template <class CellOp>
 void for_each_cell_by_lines(const char* label, Index batch, Index channels,
                             const Index (&extents)[3], const CellOp& cell) {
-  const int axis = extents[2] > 1 ? 2 : extents[1] > 1 ? 1 : 0;
-  const Index length = extents[axis];
-  Index line_extents[3] = {extents[0], extents[1], extents[2]};
-  line_extents[axis] = 1;
-  const Index lines = batch * channels * line_extents[0] * line_extents[1] * line_extents[2];
+  const Lines lines(batch, channels, extents);
+  const Index length = lines.length;  // locals: loop bounds the compiler can keep in registers
+  const int axis = lines.axis;
   Kokkos::parallel_for(
-      label, lines, KOKKOS_LAMBDA(const Index line) {
-        const CellIndex start =
-            unflatten(line, channels, line_extents[0], line_extents[1], line_extents[2]);
+      label, lines.count, KOKKOS_LAMBDA(const Index line) {
+        const CellIndex start = lines.start(line);
         Index at[3] = {start.x, start.y, start.z};
         for (Index i = 0; i < length; ++i) {
           at[axis] = i;
