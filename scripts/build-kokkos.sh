@@ -45,7 +45,9 @@ done
 # The identity of a build: the sources' contents, the backend options and this script.
 fingerprint() {
   if [ -d "$1" ]; then
-    (cd "$1" && find . -type f -name '*.hpp' -o -type f -name 'CMakeLists.txt' | sort | xargs cat | sha256sum)
+    # every file of a checkout (names and contents), its .git excepted
+    (cd "$1" && find . -path ./.git -prune -o -type f -print0 | LC_ALL=C sort -z |
+      xargs -0 sha256sum | sha256sum)
   else
     sha256sum < "$1"
   fi | cut -d' ' -f1
