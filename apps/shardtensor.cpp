@@ -7,7 +7,6 @@
 
 #include <dlfcn.h>
 #include <hdf5.h>
-#include <mpi.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -18,11 +17,12 @@
 #include <sstream>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/environment.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/data/heat_equation.hpp"
 #include "shardtensor/train/checkpoint.hpp"
-#include "shardtensor/train/heat_equation.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/trainer.hpp"
 
@@ -38,19 +38,15 @@ namespace {
   std::fprintf(stderr, "shardtensor: error%s: %s\n",
                rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(), message.c_str());
   std::fflush(stderr);
-  if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (size > 1) mpi_abort(1);
   Kokkos::finalize();
-  MPI_Finalize();
+  mpi_finalize();
   std::exit(1);
 }
 
 void print_info(const Communicator& world) {
   if (world.rank() != 0) return;
-  char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
-  int length = 0;
-  MPI_Get_library_version(mpi_version, &length);
-  std::string mpi(mpi_version, length);
-  if (auto end = mpi.find_first_of(",\n"); end != std::string::npos) mpi.resize(end);
+  const std::string mpi = mpi_library_version();
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
 #ifdef H5_HAVE_PARALLEL
@@ -74,11 +70,9 @@ void print_info(const Communicator& world) {
   std::printf("  HDF5      %u.%u.%u, parallel: %s\n", major, minor, release,
               parallel_hdf5 ? "yes" : "no");
   std::printf("  BLAS      %s\n", blas.c_str());
-  int thread_level = 0;
-  MPI_Query_thread(&thread_level);
+  const bool thread_multiple = mpi_thread_multiple();
   std::printf("  threads   MPI_THREAD_MULTIPLE %s (background data prefetch %s)\n",
-              thread_level == MPI_THREAD_MULTIPLE ? "yes" : "no",
-              thread_level == MPI_THREAD_MULTIPLE ? "on" : "off");
+              thread_multiple ? "yes" : "no", thread_multiple ? "on" : "off");
 }
 
 /// A checkpoint file as given, or the newest checkpoint in a run directory or its
@@ -98,11 +92,8 @@ std::string resolve_checkpoint(const std::string& path) {
 int main(int argc, char** argv) {
   // Threads: the data loader reads the next batch on a second thread (MPI-IO) while the
   // main thread computes and exchanges halos.
-  int provided = MPI_THREAD_SINGLE;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MpiEnvironment mpi(argc, argv);
+  const int rank = mpi.world_rank(), size = mpi.world_size();
   keep_freed_memory();
 
   CLI::App app{
@@ -170,9 +161,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
-    MPI_Finalize();
-    return code;
+    return rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
   }
 
   int status = 0;
@@ -223,6 +212,5 @@ int main(int argc, char** argv) {
       fail(e.what(), rank, size);
     }
   }
-  MPI_Finalize();
   return status;
 }

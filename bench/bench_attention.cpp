@@ -43,8 +43,8 @@
 #include "shardtensor/comm/gather_scatter.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/layers.hpp"
-#include "shardtensor/layers/ring_attention.hpp"
+#include "shardtensor/nn.hpp"
+#include "shardtensor/nn/ring_attention.hpp"
 
 using namespace shardtensor;
 using namespace shardtensor::bench;

@@ -41,7 +41,7 @@
 #include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/layers.hpp"
+#include "shardtensor/nn.hpp"
 
 using namespace shardtensor;
 using namespace shardtensor::bench;
@@ -129,21 +129,19 @@ int main(int argc, char** argv) {
       const double workspace_mib = std::stod(option(argc, argv, "--workspace-mib", "16"));
       const std::string vector_kernels = option(argc, argv, "--vector-kernels", "on");
       const std::string memory_tracking = option(argc, argv, "--memory-tracking", "on");
-      SHARDTENSOR_REQUIRE((dims == 2 || dims == 3) && batch >= 1 && size >= 4 && channels >= 1 &&
-                              iters >= 1 && warmup >= 0 &&
-                              (algorithm == "gemm" || algorithm == "direct") &&
-                              (vector_kernels == "on" || vector_kernels == "off") &&
-                              (memory_tracking == "on" || memory_tracking == "off"),
-                          "bench_conv",
-                          "bad options: dims " << dims << ", batch " << batch << ", size " << size
-                                               << ", channels " << channels << ", iters "
-                                               << iters << ", algorithm " << algorithm
-                                               << ", vector kernels " << vector_kernels
-                                               << ", memory tracking " << memory_tracking);
+      SHARDTENSOR_REQUIRE(
+          (dims == 2 || dims == 3) && batch >= 1 && size >= 4 && channels >= 1 && iters >= 1 &&
+              warmup >= 0 && (algorithm == "gemm" || algorithm == "direct") &&
+              (vector_kernels == "on" || vector_kernels == "off") &&
+              (memory_tracking == "on" || memory_tracking == "off"),
+          "bench_conv",
+          "bad options: dims " << dims << ", batch " << batch << ", size " << size << ", channels "
+                               << channels << ", iters " << iters << ", algorithm " << algorithm
+                               << ", vector kernels " << vector_kernels << ", memory tracking "
+                               << memory_tracking);
       const double memory_before = max_over_ranks(peak_resident_mib());
       if (memory_tracking == "on") enable_memory_tracking();
-      const Decomposition d =
-          Decomposition::automatic(std::vector<Index>(dims, size), comm.size());
+      const Decomposition d = Decomposition::automatic(std::vector<Index>(dims, size), comm.size());
       ConvOptions o;
       o.in_channels = o.out_channels = channels;
       o.kernel = std::vector<int>(dims, 3);
@@ -203,10 +201,9 @@ int main(int argc, char** argv) {
       const char* coretype = std::getenv("OPENBLAS_CORETYPE");
       if (!coretype) coretype = "";
       if (comm.rank() == 0) {
-        std::printf(
-            "bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, float, %s, %d rank(s)\n",
-            dims, channels, channels, d.describe().c_str(), batch,
-            algorithm.c_str(), comm.size());
+        std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, float, %s, %d rank(s)\n",
+                    dims, channels, channels, d.describe().c_str(), batch, algorithm.c_str(),
+                    comm.size());
         std::printf("  forward + backward step     %10.2f ms   (forward %.2f ms)\n", best * 1e3,
                     forward_best * 1e3);
         std::printf("  per CPU-second (step %.2f ms CPU) %6.1f GFLOP/s\n", cpu_best * 1e3,
@@ -240,8 +237,7 @@ int main(int argc, char** argv) {
             "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"check_error\":%.3g,"
             "\"openblas_coretype\":\"%s\"}\n",
             dims, comm.size(), d.describe().c_str(), long(size), batch, channels, algorithm.c_str(),
-            best,
-            forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
+            best, forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
             gflops_per_core / sgemm, peak, peak - memory_before, step_peak, step_activations,
             step_workspaces, step_comm_buffers, memory_tracking.c_str(), workspace_mib,
             vector_kernels.c_str(), check_error, coretype);

@@ -43,11 +43,12 @@
 
 #include "bench_support.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
+#include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
-#include "shardtensor/layers/halo_overlap.hpp"
 #include "shardtensor/models.hpp"
+#include "shardtensor/nn/halo_overlap.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/training_step.hpp"
 

@@ -22,7 +22,7 @@ set(SHARDTENSOR_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
 
 # Every module whose public headers go into the prefix; a module without an include/
 # directory (yet) is skipped.
-set(SHARDTENSOR_INSTALL_MODULES core comm layers io models spectral train embed capi)
+get_property(SHARDTENSOR_INSTALL_MODULES GLOBAL PROPERTY SHARDTENSOR_MODULES)
 
 # ---- headers ------------------------------------------------------------------------------
 foreach(_st_module IN LISTS SHARDTENSOR_INSTALL_MODULES)

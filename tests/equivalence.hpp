@@ -8,7 +8,7 @@
 #include <memory>
 #include <sstream>
 
-#include "shardtensor/layers.hpp"
+#include "shardtensor/nn.hpp"
 #include "test_support.hpp"
 
 namespace shardtensor::test {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "shardtensor/comm.hpp"
-#include "shardtensor/train/heat_equation.hpp"
+#include "shardtensor/data/heat_equation.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;

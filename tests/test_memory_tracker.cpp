@@ -7,10 +7,11 @@
 #include <cmath>
 #include <sstream>
 
+#include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/data/heat_equation.hpp"
 #include "shardtensor/io.hpp"
 #include "shardtensor/models.hpp"
-#include "shardtensor/train/heat_equation.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/trainer.hpp"
 #include "test_support.hpp"
@@ -127,7 +128,7 @@ TEST_CASE("parameters, their gradients and optimizer state are counted as such",
   CHECK(reported_as(memory_snapshot()[MemoryCategory::parameters].current, values));
   auto optimizer = make_optimizer<float>(OptimizerOptions{}, conv.named_parameters());  // adam
   const MemorySnapshot s = memory_snapshot();
-  CHECK(reported_as(s[MemoryCategory::parameters].current, 2 * values));  // + gradients
+  CHECK(reported_as(s[MemoryCategory::parameters].current, 2 * values));       // + gradients
   CHECK(reported_as(s[MemoryCategory::optimizer_state].current, 2 * values));  // exp_avg, _sq
   CHECK(s[MemoryCategory::activations].current == 0);
 }
@@ -139,9 +140,7 @@ TEST_CASE("peaks follow the highest total and restart at reset_memory_peak", "[m
   {
     MemoryCategoryScope scope(MemoryCategory::activations);
     Kokkos::View<char*> a("a", 3000);
-    {
-      Kokkos::View<char*> b("b", 5000);
-    }
+    { Kokkos::View<char*> b("b", 5000); }
     Kokkos::View<char*> c("c", 1000);
     const MemorySnapshot s = memory_snapshot();
     CHECK(reported_as(s.total.current - base, 4000));
@@ -304,16 +303,17 @@ TEST_CASE("a memory budget exceeded on one rank stops every rank together", "[me
   CHECK(memory_tracking_enabled());
 }
 
-TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it", "[memory][train]") {
+TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it",
+          "[memory][train]") {
   const std::string base = "data: {path: a.h5}\nmodel: {type: unet}\n";
   CHECK(RunConfig::parse(base).memory.budget_mib == 0);
   CHECK(RunConfig::parse(base + "memory: {budget_mib: 512.5}\n").memory.budget_mib == 512.5);
-  CHECK_THAT(test::error_message_of([&] {
-               RunConfig::parse(base + "memory:\n  budget_mib: -1\n", "run.yaml");
-             }),
+  CHECK_THAT(test::error_message_of(
+                 [&] { RunConfig::parse(base + "memory:\n  budget_mib: -1\n", "run.yaml"); }),
              Contains("memory.budget_mib (line 4): must be a number of MiB >= 0"));
-  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(base + "memory: {budget_mib: lots}\n"); }),
-             Contains("memory.budget_mib"));
+  CHECK_THAT(
+      test::error_message_of([&] { RunConfig::parse(base + "memory: {budget_mib: lots}\n"); }),
+      Contains("memory.budget_mib"));
   CHECK_THAT(test::error_message_of([&] { RunConfig::parse(base + "memory: {budget: 5}\n"); }),
              Contains("memory.budget"));
 

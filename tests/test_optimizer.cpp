@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "shardtensor/core/random.hpp"
-#include "shardtensor/layers/grad_clip.hpp"
-#include "shardtensor/layers/lr_schedule.hpp"
-#include "shardtensor/layers/module.hpp"
-#include "shardtensor/layers/optimizer.hpp"
+#include "shardtensor/nn/module.hpp"
+#include "shardtensor/optim/grad_clip.hpp"
+#include "shardtensor/optim/lr_schedule.hpp"
+#include "shardtensor/optim/optimizer.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;

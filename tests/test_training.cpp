@@ -9,9 +9,9 @@
 #include <set>
 
 #include "shardtensor/comm.hpp"
+#include "shardtensor/data/heat_equation.hpp"
 #include "shardtensor/io.hpp"
 #include "shardtensor/train/checkpoint.hpp"
-#include "shardtensor/train/heat_equation.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/sample_schedule.hpp"
 #include "shardtensor/train/trainer.hpp"

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/environment.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/embed/session.hpp"
 
@@ -118,8 +119,8 @@ std::vector<const T*> const_list(const T* const* arrays, int count) {
 }
 
 template <class T>
-int infer(const char* function, shardtensor_session session, const T* const* inputs,
-          int ninputs, T* const* outputs, int noutputs) {
+int infer(const char* function, shardtensor_session session, const T* const* inputs, int ninputs,
+          T* const* outputs, int noutputs) {
   if (session == nullptr) return null_argument(function, "the session is NULL");
   return guarded(function, SHARDTENSOR_ERROR_FAILED, [&] {
     std::string problem = array_list_problem(inputs, ninputs, session->input_channels, "inputs");
@@ -197,13 +198,10 @@ int create(const char* function, MPI_Comm comm, const shardtensor_patch* patch,
 extern "C" {
 
 int shardtensor_initialize(void) {
-  int mpi_initialized = 0, mpi_finalized = 0;
-  MPI_Initialized(&mpi_initialized);
-  MPI_Finalized(&mpi_finalized);
-  if (!mpi_initialized || mpi_finalized)
+  std::string mpi_state;
+  if (!shardtensor::mpi_running(&mpi_state))
     return fail(SHARDTENSOR_ERROR_FAILED,
-                std::string("shardtensor_initialize: MPI is ") +
-                    (mpi_finalized ? "already finalized" : "not initialized") +
+                std::string("shardtensor_initialize: MPI is ") + mpi_state +
                     ": call MPI_Init (or MPI_Init_thread) first and MPI_Finalize after "
                     "shardtensor_finalize");
   if (initialized) return SHARDTENSOR_OK;
@@ -244,7 +242,9 @@ int shardtensor_finalize(void) {
   return SHARDTENSOR_OK;
 }
 
-const char* shardtensor_last_error(void) { return last_error.c_str(); }
+const char* shardtensor_last_error(void) {
+  return last_error.c_str();
+}
 
 void shardtensor_options_default(shardtensor_options* options) {
   if (options == nullptr) return;
@@ -264,7 +264,8 @@ int shardtensor_create(MPI_Comm comm, const shardtensor_patch* patch,
 
 int shardtensor_create_f(MPI_Fint comm, const shardtensor_patch* patch,
                          const shardtensor_options* options, shardtensor_session* session) {
-  return create("shardtensor_create_f", MPI_Comm_f2c(comm), patch, options, session);
+  return create("shardtensor_create_f", shardtensor::mpi_comm_from_fortran(comm), patch, options,
+                session);
 }
 
 int shardtensor_destroy(shardtensor_session* session) {
@@ -279,8 +280,8 @@ int shardtensor_destroy(shardtensor_session* session) {
   });
 }
 
-int shardtensor_infer_double(shardtensor_session session, const double* const* inputs,
-                             int ninputs, double* const* outputs, int noutputs) {
+int shardtensor_infer_double(shardtensor_session session, const double* const* inputs, int ninputs,
+                             double* const* outputs, int noutputs) {
   return infer("shardtensor_infer_double", session, inputs, ninputs, outputs, noutputs);
 }
 
@@ -292,8 +293,8 @@ int shardtensor_infer_float(shardtensor_session session, const float* const* inp
 int shardtensor_train_step_double(shardtensor_session session, const double* const* inputs,
                                   int ninputs, const double* const* targets, int ntargets,
                                   double* loss) {
-  return train_step("shardtensor_train_step_double", session, inputs, ninputs, targets,
-                    ntargets, loss);
+  return train_step("shardtensor_train_step_double", session, inputs, ninputs, targets, ntargets,
+                    loss);
 }
 
 int shardtensor_train_step_float(shardtensor_session session, const float* const* inputs,
@@ -304,7 +305,8 @@ int shardtensor_train_step_float(shardtensor_session session, const float* const
 }
 
 int shardtensor_save_checkpoint(shardtensor_session session, const char* path) {
-  if (session == nullptr) return null_argument("shardtensor_save_checkpoint", "the session is NULL");
+  if (session == nullptr)
+    return null_argument("shardtensor_save_checkpoint", "the session is NULL");
   return guarded("shardtensor_save_checkpoint", SHARDTENSOR_ERROR_FAILED, [&] {
     agree_on_arguments(session->comm, path == nullptr ? "path is NULL" : "");
     session->session.save_checkpoint(path);
@@ -312,7 +314,8 @@ int shardtensor_save_checkpoint(shardtensor_session session, const char* path) {
 }
 
 int shardtensor_load_checkpoint(shardtensor_session session, const char* path) {
-  if (session == nullptr) return null_argument("shardtensor_load_checkpoint", "the session is NULL");
+  if (session == nullptr)
+    return null_argument("shardtensor_load_checkpoint", "the session is NULL");
   return guarded("shardtensor_load_checkpoint", SHARDTENSOR_ERROR_FAILED, [&] {
     agree_on_arguments(session->comm, path == nullptr ? "path is NULL" : "");
     session->session.load_checkpoint(path);
@@ -320,7 +323,8 @@ int shardtensor_load_checkpoint(shardtensor_session session, const char* path) {
 }
 
 int shardtensor_last_call_copied(shardtensor_session session, int* copied) {
-  if (session == nullptr) return null_argument("shardtensor_last_call_copied", "the session is NULL");
+  if (session == nullptr)
+    return null_argument("shardtensor_last_call_copied", "the session is NULL");
   if (copied == nullptr) return null_argument("shardtensor_last_call_copied", "copied is NULL");
   return guarded("shardtensor_last_call_copied", SHARDTENSOR_ERROR_FAILED,
                  [&] { *copied = session->session.last_call().input_copied ? 1 : 0; });

@@ -83,6 +83,52 @@ void Communicator::agree(const std::string& local_error) const {
   throw Error(message);
 }
 
+namespace {
+
+/// Broadcasts `count` items of `type` in pieces below MPI's int count limit.
+void broadcast_pieces(void* data, std::size_t count, std::size_t item_size, MPI_Datatype type,
+                      int root, MPI_Comm comm) {
+  constexpr std::size_t piece = std::size_t(1) << 30;
+  for (std::size_t offset = 0; offset < count; offset += piece)
+    MPI_Bcast(static_cast<char*>(data) + offset * item_size,
+              static_cast<int>(std::min(piece, count - offset)), type, root, comm);
+}
+
+template <class Vector>
+void broadcast_vector(Vector& v, MPI_Datatype type, int root, MPI_Comm comm) {
+  long long size = static_cast<long long>(v.size());
+  MPI_Bcast(&size, 1, MPI_LONG_LONG, root, comm);
+  v.resize(static_cast<std::size_t>(size));
+  broadcast_pieces(v.data(), v.size(), sizeof(typename Vector::value_type), type, root, comm);
+}
+
+}  // namespace
+
+void Communicator::broadcast(std::string& text, int root) const {
+  broadcast_vector(text, MPI_CHAR, root, get());
+}
+void Communicator::broadcast(std::vector<unsigned char>& bytes, int root) const {
+  broadcast_vector(bytes, MPI_BYTE, root, get());
+}
+void Communicator::broadcast(std::vector<std::int64_t>& values, int root) const {
+  broadcast_vector(values, MPI_INT64_T, root, get());
+}
+
+std::vector<long long> Communicator::allgather(const std::vector<long long>& mine) const {
+  std::vector<long long> all(mine.size() * static_cast<std::size_t>(size_));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_LONG_LONG, all.data(),
+                static_cast<int>(mine.size()), MPI_LONG_LONG, get());
+  return all;
+}
+
+Communicator Communicator::reordered(int key) const {
+  MPI_Comm ordered = MPI_COMM_NULL;
+  MPI_Comm_split(get(), 0, key, &ordered);
+  Communicator result(ordered);  // a duplicate of it
+  MPI_Comm_free(&ordered);
+  return result;
+}
+
 void Communicator::require_same(const std::vector<long long>& values, const std::string& where,
                                 const std::string& what) const {
   int count = static_cast<int>(values.size());

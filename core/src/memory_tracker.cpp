@@ -1,7 +1,5 @@
 #include "shardtensor/core/memory_tracker.hpp"
 
-#include <mpi.h>
-
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <atomic>
@@ -17,7 +15,6 @@
 #include <malloc.h>
 #endif
 
-#include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/error.hpp"
 
 namespace shardtensor {
@@ -33,14 +30,6 @@ struct Entry {
   MemoryCategory category;
 };
 
-/// The first allocation that took the total above the budget, and the highest total since.
-struct Overflow {
-  bool active = false;
-  std::uint64_t bytes = 0;
-  MemoryCategory category = MemoryCategory::other;
-  std::string label;
-};
-
 struct Tracker {
   std::mutex mutex;  // guards everything below but the atomics
   std::atomic<bool> enabled{false};
@@ -49,7 +38,7 @@ struct Tracker {
   std::array<MemoryUsage, memory_category_count> categories{};
   MemoryUsage total;
   std::uint64_t allocations = 0;
-  Overflow overflow;
+  MemoryOverflow overflow;
   // Hooks a Kokkos tool (KOKKOS_TOOLS_LIBS) had installed: called first, restored on disable.
   Kokkos::Tools::allocateDataFunction previous_allocate = nullptr;
   Kokkos::Tools::deallocateDataFunction previous_deallocate = nullptr;
@@ -96,9 +85,8 @@ void on_allocate(const Kokkos::Tools::SpaceHandle space, const char* label, cons
   if (t.previous_allocate) t.previous_allocate(space, label, ptr, size);
   // Kokkos's own buffers ("Kokkos::Serial::scratch_mem", grown by the first parallel_reduce
   // that needs it and kept) belong to no scope that happened to be open: always other.
-  const MemoryCategory category = label && std::strncmp(label, "Kokkos::", 8) == 0
-                                      ? MemoryCategory::other
-                                      : current_category;
+  const MemoryCategory category =
+      label && std::strncmp(label, "Kokkos::", 8) == 0 ? MemoryCategory::other : current_category;
   std::lock_guard<std::mutex> lock(t.mutex);
   auto [it, inserted] = t.live.try_emplace(ptr, Entry{size, category});
   if (!inserted) {  // the address came back without a deallocation seen: forget the old one
@@ -132,23 +120,6 @@ std::uint64_t heap_free_bytes() {
 #endif
 }
 
-/// Takes (and clears) the recorded overflow.
-Overflow take_overflow() {
-  Tracker& t = tracker();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  Overflow o = t.overflow;
-  t.overflow = {};
-  return o;
-}
-
-int world_rank() {
-  int initialized = 0, finalized = 0, rank = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
 /// MiB with the digits that matter: 1024, 55.5, 0.05.
 std::string mib_text(std::uint64_t bytes) {
   const double mib = to_mib(bytes);
@@ -157,8 +128,18 @@ std::string mib_text(std::uint64_t bytes) {
   return text;
 }
 
-std::string overflow_message(std::uint64_t budget, std::uint64_t bytes, MemoryCategory category,
-                             const std::string& label, int rank) {
+}  // namespace
+
+MemoryOverflow take_memory_overflow() {
+  Tracker& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  MemoryOverflow o = t.overflow;
+  t.overflow = {};
+  return o;
+}
+
+std::string memory_overflow_message(std::uint64_t budget, std::uint64_t bytes,
+                                    MemoryCategory category, const std::string& label, int rank) {
   std::ostringstream message;
   message << "check_memory_budget: memory budget of " << mib_text(budget)
           << " MiB per rank exceeded: " << mib_text(bytes) << " MiB";
@@ -168,58 +149,6 @@ std::string overflow_message(std::uint64_t budget, std::uint64_t bytes, MemoryCa
   message << ")";
   return message.str();
 }
-
-/// What ranks agree on: the worst overflow (bytes; 0: none) and who had it.
-struct Agreement {
-  double bytes = 0;
-  int rank = 0;  // world rank
-  int category = int(MemoryCategory::other);
-  char label[120] = {};
-};
-
-/// The worst overflow over `comm`: one MAXLOC allreduce; the details travel (a broadcast
-/// from the rank that had it) only when some rank went over.
-void agree(Agreement& a, MPI_Comm comm) {
-  int size = 1, rank = 0;
-  MPI_Comm_size(comm, &size);
-  MPI_Comm_rank(comm, &rank);
-  if (size == 1) return;
-  struct {
-    double value;
-    int rank;
-  } in{a.bytes, rank}, out{0, 0};
-  MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, comm);
-  if (out.value <= 0) return;
-  struct {
-    int rank, category;
-    char label[sizeof a.label];
-  } details{a.rank, a.category, {}};
-  std::memcpy(details.label, a.label, sizeof a.label);
-  MPI_Bcast(&details, int(sizeof details), MPI_BYTE, out.rank, comm);
-  a.bytes = out.value;
-  a.rank = details.rank;
-  a.category = details.category;
-  std::memcpy(a.label, details.label, sizeof a.label);
-}
-
-void check_collectively(std::initializer_list<const Communicator*> comms) {
-  const std::uint64_t budget = memory_budget();
-  if (budget == 0) return;
-  const Overflow o = take_overflow();
-  Agreement a;
-  a.rank = world_rank();
-  if (o.active) {
-    a.bytes = double(o.bytes);
-    a.category = int(o.category);
-    std::snprintf(a.label, sizeof a.label, "%s", o.label.c_str());
-  }
-  for (const Communicator* comm : comms) agree(a, comm->get());
-  if (a.bytes > 0)
-    throw Error(overflow_message(budget, std::uint64_t(a.bytes), MemoryCategory(a.category),
-                                 a.label, a.rank));
-}
-
-}  // namespace
 
 const char* to_string(MemoryCategory category) {
   switch (category) {
@@ -239,14 +168,18 @@ const char* to_string(MemoryCategory category) {
   return "unknown";
 }
 
-MemoryCategory current_memory_category() noexcept { return current_category; }
+MemoryCategory current_memory_category() noexcept {
+  return current_category;
+}
 
 MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) noexcept
     : previous_(current_category) {
   current_category = category;
 }
 
-MemoryCategoryScope::~MemoryCategoryScope() { current_category = previous_; }
+MemoryCategoryScope::~MemoryCategoryScope() {
+  current_category = previous_;
+}
 
 std::string MemorySnapshot::describe() const {
   std::ostringstream out;
@@ -311,7 +244,9 @@ void disable_memory_tracking() {
   t.previous_deallocate = nullptr;
 }
 
-bool memory_tracking_enabled() noexcept { return tracker().enabled.load(); }
+bool memory_tracking_enabled() noexcept {
+  return tracker().enabled.load();
+}
 
 void reset_memory_peak() {
   Tracker& t = tracker();
@@ -337,35 +272,6 @@ MemorySnapshot memory_snapshot() {
   return s;
 }
 
-MemorySnapshot memory_report(const Communicator& comm) {
-  const MemorySnapshot local = memory_snapshot();
-  std::vector<std::uint64_t> values;
-  for (const MemoryUsage& usage : local.categories) {
-    values.push_back(usage.current);
-    values.push_back(usage.peak);
-  }
-  values.insert(values.end(), {local.total.current, local.total.peak, local.live_allocations,
-                               local.allocations, local.budget_bytes, local.heap_free_bytes,
-                               std::uint64_t(local.enabled)});
-  MPI_Allreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_UINT64_T, MPI_MAX,
-                comm.get());
-  MemorySnapshot s;
-  std::size_t i = 0;
-  for (MemoryUsage& usage : s.categories) {
-    usage.current = values[i++];
-    usage.peak = values[i++];
-  }
-  s.total.current = values[i++];
-  s.total.peak = values[i++];
-  s.live_allocations = values[i++];
-  s.allocations = values[i++];
-  s.budget_bytes = values[i++];
-  s.heap_free_bytes = values[i++];
-  s.enabled = values[i++] != 0;
-  s.ranks = comm.size();
-  return s;
-}
-
 void set_memory_budget(std::uint64_t bytes) {
   Tracker& t = tracker();
   if (bytes > 0) enable_memory_tracking();
@@ -381,7 +287,9 @@ void set_memory_budget(std::uint64_t bytes) {
   }
 }
 
-std::uint64_t memory_budget() noexcept { return tracker().budget.load(); }
+std::uint64_t memory_budget() noexcept {
+  return tracker().budget.load();
+}
 
 ScopedMemoryBudget::ScopedMemoryBudget(double mib)
     : applied_(mib > 0), was_tracking_(memory_tracking_enabled()), previous_(memory_budget()) {
@@ -397,14 +305,8 @@ ScopedMemoryBudget::~ScopedMemoryBudget() {
 void check_memory_budget() {
   const std::uint64_t budget = memory_budget();
   if (budget == 0) return;
-  const Overflow o = take_overflow();
-  if (o.active) throw Error(overflow_message(budget, o.bytes, o.category, o.label, -1));
-}
-
-void check_memory_budget(const Communicator& comm) { check_collectively({&comm}); }
-
-void check_memory_budget(const Communicator& domain, const Communicator& data_parallel) {
-  check_collectively({&domain, &data_parallel});
+  const MemoryOverflow o = take_memory_overflow();
+  if (o.active) throw Error(memory_overflow_message(budget, o.bytes, o.category, o.label, -1));
 }
 
 }  // namespace shardtensor

@@ -5,12 +5,13 @@
 #include <sstream>
 #include <type_traits>
 
+#include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/layers/lr_schedule.hpp"
-#include "shardtensor/layers/optimizer.hpp"
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/models/summary.hpp"
+#include "shardtensor/optim/lr_schedule.hpp"
+#include "shardtensor/optim/optimizer.hpp"
 #include "shardtensor/train/channel_statistics.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/run_config.hpp"
@@ -318,11 +319,8 @@ Binding bind(MPI_Comm solver_comm, const SolverPatch& patch) {
   SHARDTENSOR_REQUIRE(solver_comm != MPI_COMM_NULL, where, "the solver communicator is null");
   const Communicator solver(solver_comm);
   SolverGrid grid = solver_grid(solver, patch);
-  MPI_Comm ordered = MPI_COMM_NULL;
-  MPI_Comm_split(solver.get(), 0, grid.grid_rank, &ordered);
-  Binding binding{Communicator(ordered), std::move(grid)};
-  MPI_Comm_free(&ordered);
-  return binding;
+  Communicator ordered = solver.reordered(grid.grid_rank);
+  return Binding{std::move(ordered), std::move(grid)};
 }
 
 class Session::Impl {

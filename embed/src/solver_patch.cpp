@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "shardtensor/comm/environment.hpp"
 #include "shardtensor/core/error.hpp"
 
 namespace shardtensor {
@@ -19,7 +20,8 @@ struct GatheredPatch {
 
 std::string describe_box(const Box& box, int ndims) {
   std::ostringstream out;
-  for (int d = 0; d < ndims; ++d) out << (d ? " x " : "") << "[" << box.lower[d] << ", " << box.upper(d) << ")";
+  for (int d = 0; d < ndims; ++d)
+    out << (d ? " x " : "") << "[" << box.lower[d] << ", " << box.upper(d) << ")";
   return out.str();
 }
 
@@ -41,8 +43,8 @@ std::string local_problem(const SolverPatch& p) {
         out << "the patch has extent " << p.extent[d] << " along axis " << d
             << " (every rank must own cells)";
       else if (p.offset[d] < 0 || p.offset[d] + p.extent[d] > p.global_extent[d])
-        out << "the patch [" << p.offset[d] << ", " << p.offset[d] + p.extent[d]
-            << ") along axis " << d << " lies outside the field [0, " << p.global_extent[d] << ")";
+        out << "the patch [" << p.offset[d] << ", " << p.offset[d] + p.extent[d] << ") along axis "
+            << d << " lies outside the field [0, " << p.global_extent[d] << ")";
     }
   }
   return out.str();
@@ -51,23 +53,21 @@ std::string local_problem(const SolverPatch& p) {
 }  // namespace
 
 SolverPatch SolverPatch::cartesian(MPI_Comm cartesian_comm, std::vector<Index> global_extent) {
-  int topology = MPI_UNDEFINED;
-  MPI_Topo_test(cartesian_comm, &topology);
-  SHARDTENSOR_REQUIRE(topology == MPI_CART, "SolverPatch::cartesian",
-                      "the communicator has no Cartesian topology (create it with MPI_Cart_create)");
-  int ndims = 0;
-  MPI_Cartdim_get(cartesian_comm, &ndims);
+  const std::optional<CartesianLayout> layout = cartesian_layout(cartesian_comm);
+  SHARDTENSOR_REQUIRE(
+      layout, "SolverPatch::cartesian",
+      "the communicator has no Cartesian topology (create it with MPI_Cart_create)");
+  const int ndims = int(layout->dims.size());
   SHARDTENSOR_REQUIRE(ndims == int(global_extent.size()), "SolverPatch::cartesian",
                       "the Cartesian communicator has " << ndims << " dims, the field "
                                                         << global_extent.size() << " axes");
-  std::vector<int> dims(ndims), periods(ndims), coords(ndims);
-  MPI_Cart_get(cartesian_comm, ndims, dims.data(), periods.data(), coords.data());
+  const std::vector<int>&dims = layout->dims, &periods = layout->periods, &coords = layout->coords;
   SolverPatch patch;
   patch.global_extent = global_extent;
   for (int d = 0; d < ndims; ++d) {
-    SHARDTENSOR_REQUIRE(global_extent[d] >= dims[d], "SolverPatch::cartesian",
-                        "axis " << d << " has " << global_extent[d] << " cells for " << dims[d]
-                                << " ranks");
+    SHARDTENSOR_REQUIRE(
+        global_extent[d] >= dims[d], "SolverPatch::cartesian",
+        "axis " << d << " has " << global_extent[d] << " cells for " << dims[d] << " ranks");
     const std::vector<Index> points = balanced_split_points(global_extent[d], dims[d]);
     patch.offset.push_back(points[coords[d]]);
     patch.extent.push_back(points[coords[d] + 1] - points[coords[d]]);
@@ -78,21 +78,21 @@ SolverPatch SolverPatch::cartesian(MPI_Comm cartesian_comm, std::vector<Index> g
 
 SolverGrid solver_grid(const Communicator& comm, const SolverPatch& patch) {
   const std::string problem = local_problem(patch);
-  comm.agree(problem.empty() ? "" : std::string(where) + ": rank " + std::to_string(comm.rank()) +
-                                        ": " + problem);
+  comm.agree(problem.empty()
+                 ? ""
+                 : std::string(where) + ": rank " + std::to_string(comm.rank()) + ": " + problem);
   const int ndims = int(patch.global_extent.size());
   std::vector<long long> shape(patch.global_extent.begin(), patch.global_extent.end());
   for (int d = 0; d < ndims; ++d) shape.push_back(!patch.periodic.empty() && patch.periodic[d]);
   comm.require_same(shape, where, "the global extent and periodic flags");
 
   // Every rank gathers every patch, so the checks below fail on all ranks alike.
-  std::vector<long long> mine(2 * max_spatial_dims, 0), all(2 * max_spatial_dims * comm.size());
+  std::vector<long long> mine(2 * max_spatial_dims, 0), all;
   for (int d = 0; d < max_spatial_dims; ++d) {
     mine[d] = d < ndims ? patch.offset[d] : 0;
     mine[max_spatial_dims + d] = d < ndims ? patch.extent[d] : 1;
   }
-  MPI_Allgather(mine.data(), int(mine.size()), MPI_LONG_LONG, all.data(), int(mine.size()),
-                MPI_LONG_LONG, comm.get());
+  all = comm.allgather(mine);
   std::vector<GatheredPatch> patches(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     patches[r].rank = r;
@@ -124,8 +124,8 @@ SolverGrid solver_grid(const Communicator& comm, const SolverPatch& patch) {
   for (const GatheredPatch& p : patches) {
     Index block = 0;
     for (int d = 0; d < ndims && tiles; ++d) {
-      const Index i = std::lower_bound(points[d].begin(), points[d].end(), p.box.lower[d]) -
-                      points[d].begin();
+      const Index i =
+          std::lower_bound(points[d].begin(), points[d].end(), p.box.lower[d]) - points[d].begin();
       if (points[d][i + 1] != p.box.upper(d)) {
         tiles = false;
         misaligned = &p;
@@ -134,17 +134,20 @@ SolverGrid solver_grid(const Communicator& comm, const SolverPatch& patch) {
       block = block * grid[d] + i;
     }
     if (!tiles) break;
-    if (holder[block] >= 0) tiles = false;
-    else holder[block] = p.rank, grid_rank_of[p.rank] = int(block);
+    if (holder[block] >= 0)
+      tiles = false;
+    else
+      holder[block] = p.rank, grid_rank_of[p.rank] = int(block);
   }
   if (!tiles) {
     // Say why, naming ranks and cells. Only on failure: the pairwise scan costs O(P^2).
     for (const GatheredPatch& p : patches)
       for (const GatheredPatch& q : patches)
         if (q.rank > p.rank && !intersect(p.box, q.box).empty())
-          SHARDTENSOR_FAIL(where, "the patches of ranks " << p.rank << " and " << q.rank
-                                                          << " overlap: " << describe_box(p.box, ndims)
-                                                          << " and " << describe_box(q.box, ndims));
+          SHARDTENSOR_FAIL(where, "the patches of ranks "
+                                      << p.rank << " and " << q.rank
+                                      << " overlap: " << describe_box(p.box, ndims) << " and "
+                                      << describe_box(q.box, ndims));
     for (int d = 0; d < ndims; ++d)
       SHARDTENSOR_REQUIRE(points[d].front() == 0, where,
                           "no rank holds cells [0, " << points[d].front() << ") along axis " << d
@@ -164,8 +167,7 @@ SolverGrid solver_grid(const Communicator& comm, const SolverPatch& patch) {
   }
   std::vector<bool> periodic(ndims, false);
   for (int d = 0; d < ndims && !patch.periodic.empty(); ++d) periodic[d] = patch.periodic[d];
-  return SolverGrid{Decomposition::from_split_points(points, periodic),
-                    grid_rank_of[comm.rank()]};
+  return SolverGrid{Decomposition::from_split_points(points, periodic), grid_rank_of[comm.rank()]};
 }
 
 }  // namespace shardtensor

@@ -107,17 +107,10 @@ void read_array(const io::File& file, const std::string& name, ElementType type,
                                   bytes.data()) >= 0,
                           where, "reading '" << name << "' from '" << file.path() << "' failed");
   });
-  long long sizes[2] = {static_cast<long long>(shape.size()), static_cast<long long>(bytes.size())};
-  MPI_Bcast(sizes, 2, MPI_LONG_LONG, 0, comm.get());
-  shape.resize(static_cast<std::size_t>(sizes[0]));
-  bytes.resize(static_cast<std::size_t>(sizes[1]));
-  if (!shape.empty())
-    MPI_Bcast(shape.data(), static_cast<int>(shape.size()), MPI_INT64_T, 0, comm.get());
-  // Large checkpoints: broadcast in pieces below MPI's int count limit.
-  constexpr std::size_t piece = std::size_t(1) << 30;
-  for (std::size_t offset = 0; offset < bytes.size(); offset += piece)
-    MPI_Bcast(bytes.data() + offset, static_cast<int>(std::min(piece, bytes.size() - offset)),
-              MPI_BYTE, 0, comm.get());
+  std::vector<std::int64_t> extents(shape.begin(), shape.end());
+  comm.broadcast(extents);
+  shape.assign(extents.begin(), extents.end());
+  comm.broadcast(bytes);
 }
 
 }  // namespace shardtensor::impl

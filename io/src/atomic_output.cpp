@@ -23,10 +23,7 @@ AtomicOutput::AtomicOutput(const Communicator& comm, std::string final_path)
     temporary_path_ = final_path_ + ".tmp-" + std::to_string(::getpid()) + "-" +
                       std::to_string(static_cast<unsigned long long>(ticks) % 1000000007ull);
   }
-  int length = static_cast<int>(temporary_path_.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, comm_.get());
-  temporary_path_.resize(static_cast<std::size_t>(length));
-  MPI_Bcast(&temporary_path_[0], length, MPI_CHAR, 0, comm_.get());
+  comm_.broadcast(temporary_path_);
 }
 
 AtomicOutput::~AtomicOutput() {

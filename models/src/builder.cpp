@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "shardtensor/layers.hpp"
 #include "shardtensor/models/fno.hpp"
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
 #include "shardtensor/models/vit.hpp"
+#include "shardtensor/nn.hpp"
 
 namespace shardtensor::models {
 
@@ -448,9 +448,8 @@ const std::vector<std::string> unet_keys{
     "type", "depth", "base_channels", "norm",   "norm_groups", "activation",
     "down", "up",    "padding",       "blocks", "seed",        "input_skip"};
 const std::vector<std::string> sequential_keys{"type", "layers", "seed"};
-const std::vector<std::string> fno_keys{"type",       "width",      "modes",
-                                        "layers",     "activation", "projection_channels",
-                                        "seed"};
+const std::vector<std::string> fno_keys{
+    "type", "width", "modes", "layers", "activation", "projection_channels", "seed"};
 
 const std::vector<std::string> vit_keys{"type",       "patch",      "overlap",    "padding",
                                         "embed_dim",  "depth",      "heads",      "mlp_channels",

@@ -1,8 +1,8 @@
 #include "shardtensor/models/unet.hpp"
 
 #include "shardtensor/models/impl/layer_seed.hpp"
-#include "shardtensor/layers/redistribute_field.hpp"
 #include "shardtensor/models/sequential.hpp"
+#include "shardtensor/nn/redistribute_field.hpp"
 
 namespace shardtensor::models {
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/io/atomic_output.hpp"
@@ -146,9 +147,9 @@ Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::Fi
     data.target_channels = out_channels;
   }
   Decomposition domain = domain_decomposition(data, config, mesh.domain.size());
-  auto model = models::build_model<T>(
-      config.model, mesh.domain,
-      {data.dims, data.input_channels, data.target_channels, data.extents});
+  auto model =
+      models::build_model<T>(config.model, mesh.domain,
+                             {data.dims, data.input_channels, data.target_channels, data.extents});
   return Setup<T>{std::move(mesh), std::move(data), std::move(domain), std::move(model)};
 }
 
@@ -180,7 +181,7 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
     MemoryCategoryScope graph_memory(MemoryCategory::activations);
     const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
     const double loss = scalar_value(loss_by_name(config.training.loss, s.mesh.domain, prediction,
-                                             Variable<T>::field(normalized_target)));
+                                                  Variable<T>::field(normalized_target)));
     denormalize(prediction.value(), target_statistics);
     const auto sums = squared_errors(prediction.value(), target)[0];
     const double error = sum_over(s.mesh.domain, sums.first);
@@ -376,9 +377,9 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
       normalize(batch[0], state.input_statistics);
       normalize(batch[1], state.target_statistics);
 
-      const StepOutcome outcome = training_step(
-          *s.model, *optimizer, lr_schedule, s.mesh.domain, s.mesh.data, config.training.loss,
-          config.training.clip_grad_norm, batch[0], batch[1]);
+      const StepOutcome outcome =
+          training_step(*s.model, *optimizer, lr_schedule, s.mesh.domain, s.mesh.data,
+                        config.training.loss, config.training.clip_grad_norm, batch[0], batch[1]);
       const double grad_norm = outcome.grad_norm, lr = outcome.learning_rate;
       ++state.step;
 

@@ -38,6 +38,17 @@ class Communicator {
   void require_same(const std::vector<long long>& values, const std::string& where,
                     const std::string& what) const;
 
+  /// Rank `root`'s contents on every rank (resized to root's length). Collective.
+  void broadcast(std::string& text, int root = 0) const;
+  void broadcast(std::vector<unsigned char>& bytes, int root = 0) const;
+  void broadcast(std::vector<std::int64_t>& values, int root = 0) const;
+
+  /// Every rank's `mine` (the same length on every rank), concatenated in rank order.
+  std::vector<long long> allgather(const std::vector<long long>& mine) const;
+
+  /// A communicator of the same ranks numbered by `key` (ties: by rank). Collective.
+  Communicator reordered(int key) const;
+
   /// Reserves `count` consecutive message tags for a persistent plan and returns the first.
   /// Plans are built collectively, in the same order on every rank, so every rank gets the
   /// same tags, and plans in flight at the same time never match each other's messages.

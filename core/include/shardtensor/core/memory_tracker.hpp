@@ -6,7 +6,8 @@
 //   enable_memory_tracking();                      // the CLI and the benchmarks do this
 //   { MemoryCategoryScope scope(MemoryCategory::optimizer_state);  // at the allocating code
 //     state = ReplicatedView<float>("exp_avg/w", n); }
-//   reset_memory_peak();  ...one step...  memory_report(world).describe();
+//   reset_memory_peak();  ...one step...  memory_report(world).describe();  //
+//   comm/memory_budget.hpp
 //
 // How it sees allocations: Kokkos's tool hooks (Kokkos::Tools::Experimental::
 // set_allocate_data_callback / set_deallocate_data_callback, the same in Kokkos 3.4 and 4.x)
@@ -38,7 +39,8 @@
 // Budget: set_memory_budget(bytes) records, inside the allocation hook, the first allocation
 // that takes the tracked total above the budget (throwing from inside Kokkos's allocation
 // path is not safe: it would unwind through Kokkos's allocation record half made). The
-// overflow is raised by check_memory_budget(comm), which the training step calls after the
+// overflow is raised by check_memory_budget(comm) (comm/memory_budget.hpp: the tracker itself
+// never communicates), which the training step calls after the
 // forward pass and after backward: one small allreduce agrees the outcome, so every rank
 // throws the same shardtensor::Error together and none is left waiting in a collective.
 //
@@ -49,8 +51,6 @@
 #include <string>
 
 namespace shardtensor {
-
-class Communicator;
 
 /// What an allocation is for. The order is the report's order.
 enum class MemoryCategory : std::uint8_t {
@@ -125,10 +125,6 @@ void reset_memory_peak();
 /// This rank's figures now.
 MemorySnapshot memory_snapshot();
 
-/// Every figure is the maximum over the ranks of `comm` (taken figure by figure: the peak
-/// activations and the peak workspaces may come from different ranks). Collective.
-MemorySnapshot memory_report(const Communicator& comm);
-
 /// Per-rank budget on the tracked total in bytes; 0 removes it. A budget needs tracking, so
 /// a non-zero budget enables it. Clears a recorded overflow; if the total is above the new
 /// budget already, that counts as an overflow. Set the same budget on every rank: the checks
@@ -157,17 +153,27 @@ class ScopedMemoryBudget {
 /// record. Local: no communication. Does nothing without a budget.
 void check_memory_budget();
 
-/// The same, collective over `comm`: if any rank went over, every rank throws the same error,
-/// naming the rank that went furthest over (its MPI_COMM_WORLD rank). One allreduce of a
-/// number and a rank when a budget is set (plus a broadcast of the details on overflow);
-/// no communication without a budget.
-void check_memory_budget(const Communicator& comm);
+/// An allocation that took this rank's tracked total above the budget: the highest total
+/// while above it, and the category and label of the allocation that crossed it.
+struct MemoryOverflow {
+  bool active = false;
+  std::uint64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::other;
+  std::string label;
+};
 
-/// Collective over a (data x domain) rank mesh given by its two communicators (what
-/// training_step has): every rank of the mesh throws together. Two small allreduces.
-void check_memory_budget(const Communicator& domain, const Communicator& data_parallel);
+/// Takes (and clears) this rank's recorded overflow: what the collective checks in
+/// comm/memory_budget.hpp agree on.
+MemoryOverflow take_memory_overflow();
+
+/// "check_memory_budget: memory budget of X MiB per rank exceeded: Y MiB [on rank R]
+/// (category C, allocation 'L')"; rank < 0 names none.
+std::string memory_overflow_message(std::uint64_t budget, std::uint64_t bytes,
+                                    MemoryCategory category, const std::string& label, int rank);
 
 /// Bytes in MiB, for messages and reports.
-inline double to_mib(std::uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+inline double to_mib(std::uint64_t bytes) {
+  return double(bytes) / (1024.0 * 1024.0);
+}
 
 }  // namespace shardtensor

@@ -19,6 +19,11 @@ using DefaultMemorySpace = Kokkos::DefaultExecutionSpace::memory_space;
 template <class T>
 using FieldView = Kokkos::View<T*****, Kokkos::LayoutRight, DefaultMemorySpace>;
 
+/// Flat storage of a replicated tensor (same values on every rank of a domain group):
+/// parameters, their gradients, scalars.
+template <class T>
+using ReplicatedView = Kokkos::View<T*, DefaultMemorySpace>;
+
 /// The local piece of a domain-decomposed field on one rank.
 ///
 /// The View holds the owned cells plus `ghosts()` cells on each side of each spatial axis:

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
-#include "shardtensor/layers/module.hpp"
 #include "shardtensor/models/unet.hpp"
+#include "shardtensor/nn/module.hpp"
 
 namespace shardtensor::models {
 

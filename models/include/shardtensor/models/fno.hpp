@@ -6,18 +6,18 @@
 #include <string>
 #include <vector>
 
-#include "shardtensor/layers.hpp"
+#include "shardtensor/nn.hpp"
 #include "shardtensor/spectral/spectral_conv.hpp"
 
 namespace shardtensor::models {
 
 struct FNOOptions {
-  int dims = 2;                   ///< spatial dims: 2 or 3
-  Index in_channels = 1;          ///< channels of the input field
-  Index out_channels = 1;         ///< channels of the output field
-  Index width = 32;               ///< channels of the spectral blocks
-  std::vector<int> modes{12};     ///< Fourier modes kept per axis (one value: every axis)
-  int layers = 4;                 ///< spectral blocks
+  int dims = 2;                ///< spatial dims: 2 or 3
+  Index in_channels = 1;       ///< channels of the input field
+  Index out_channels = 1;      ///< channels of the output field
+  Index width = 32;            ///< channels of the spectral blocks
+  std::vector<int> modes{12};  ///< Fourier modes kept per axis (one value: every axis)
+  int layers = 4;              ///< spectral blocks
   Activation activation = Activation::gelu;
   Index projection_channels = 128;  ///< hidden channels of the projection
   std::uint64_t seed = 1;           ///< initialisation: same seed, same parameters

@@ -4,7 +4,7 @@
 #include <sstream>
 #include <string>
 
-#include "shardtensor/layers/module.hpp"
+#include "shardtensor/nn/module.hpp"
 
 namespace shardtensor::models {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtensor/layers.hpp"
+#include "shardtensor/nn.hpp"
 
 namespace shardtensor::models {
 

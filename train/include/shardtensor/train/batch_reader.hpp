@@ -7,7 +7,7 @@
 // needs MPI_THREAD_MULTIPLE but no thread-safe HDF5 or Kokkos: the caller must not touch
 // the same HDF5 library from another thread until finish() returns.
 
-#include <mpi.h>
+#include "shardtensor/comm/environment.hpp"
 
 #include <Kokkos_Core.hpp>
 #include <exception>
@@ -34,9 +34,7 @@ class BatchReader {
         channels_(std::move(channels)),
         decomposition_(decomposition),
         rank_(rank) {
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    background_ = background && level == MPI_THREAD_MULTIPLE;
+    background_ = background && mpi_thread_multiple();
   }
   BatchReader(const BatchReader&) = delete;
   BatchReader& operator=(const BatchReader&) = delete;

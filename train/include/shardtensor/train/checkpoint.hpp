@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
-#include "shardtensor/layers/module.hpp"
-#include "shardtensor/layers/optimizer.hpp"
+#include "shardtensor/nn/module.hpp"
+#include "shardtensor/optim/optimizer.hpp"
 #include "shardtensor/train/channel_statistics.hpp"
 
 namespace shardtensor {

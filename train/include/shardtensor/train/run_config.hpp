@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "shardtensor/core/types.hpp"
-#include "shardtensor/layers/lr_schedule.hpp"
-#include "shardtensor/layers/optimizer.hpp"
+#include "shardtensor/optim/lr_schedule.hpp"
+#include "shardtensor/optim/optimizer.hpp"
 #include "shardtensor/train/config_node.hpp"
 
 namespace shardtensor {

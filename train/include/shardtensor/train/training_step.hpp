@@ -6,13 +6,14 @@
 #include <string>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/layers/grad_clip.hpp"
-#include "shardtensor/layers/loss.hpp"
-#include "shardtensor/layers/lr_schedule.hpp"
-#include "shardtensor/layers/module.hpp"
-#include "shardtensor/layers/optimizer.hpp"
+#include "shardtensor/nn/loss.hpp"
+#include "shardtensor/nn/module.hpp"
+#include "shardtensor/optim/grad_clip.hpp"
+#include "shardtensor/optim/lr_schedule.hpp"
+#include "shardtensor/optim/optimizer.hpp"
 
 namespace shardtensor {
 
@@ -53,8 +54,7 @@ StepOutcome training_step(Module<T>& model, Optimizer<T>& optimizer,
                           const ShardTensor<T>& target) {
   MemoryCategoryScope graph_memory(MemoryCategory::activations);
   const Variable<T> prediction = model.forward(Variable<T>::field(input));
-  const Variable<T> value =
-      loss_by_name(loss, domain, prediction, Variable<T>::field(target));
+  const Variable<T> value = loss_by_name(loss, domain, prediction, Variable<T>::field(target));
   check_memory_budget(domain, data_parallel);
   backward(value);
   check_memory_budget(domain, data_parallel);

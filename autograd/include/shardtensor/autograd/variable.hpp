@@ -1,0 +1,188 @@
+#pragma once
+// Variable<T>: a value in a reverse-mode autodiff graph, either a sharded field or a
+// replicated tensor (parameters, scalars), with its gradient and the op that made it.
+
+#include <Kokkos_Core.hpp>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor {
+
+namespace impl {
+
+/// One node of the graph. Gradients are allocated (zero) on first use.
+template <class T>
+struct Node {
+  std::string op;  // what produced the value, for messages
+  bool is_field = true;
+  bool requires_grad = false;
+  // Sharded field (is_field) ...
+  ShardTensor<T> field, field_grad;
+  // ... or replicated tensor of the given shape.
+  ReplicatedView<T> data, data_grad;
+  std::vector<Index> shape;
+  /// Per-rank partial sums of a replicated gradient (e.g. a weight gradient summed over the
+  /// local cells only); added to data_grad after a sum over `partial_comm`.
+  ReplicatedView<T> partial_grad;
+  std::optional<Communicator> partial_comm;
+
+  std::vector<std::shared_ptr<Node>> inputs;
+  std::function<void(Node&)> backward;  // reads this node's gradient, adds into inputs'
+
+  const ShardTensor<T>& grad_field() {
+    if (field_grad.view().span() == 0 && field.view().span() != 0) {
+      field_grad = ShardTensor<T>(field.decomposition(), field.rank(), field.batch(),
+                                  field.channels(), field.ghosts(), op + ".grad");
+    }
+    return field_grad;
+  }
+  const ReplicatedView<T>& grad_data() {
+    if (data_grad.extent(0) != data.extent(0)) {
+      // A leaf's (a parameter's) gradient lives as long as the parameter: count it there.
+      MemoryCategoryScope memory(inputs.empty() ? MemoryCategory::parameters
+                                                : current_memory_category());
+      data_grad = ReplicatedView<T>(op + ".grad", data.extent(0));
+    }
+    return data_grad;
+  }
+  /// Where an op adds a rank-local partial sum of this replicated gradient.
+  const ReplicatedView<T>& grad_partial(const Communicator& comm) {
+    if (partial_grad.extent(0) != data.extent(0)) {
+      MemoryCategoryScope memory(MemoryCategory::parameters);  // a weight's; kept across steps
+      partial_grad = ReplicatedView<T>(op + ".partial_grad", data.extent(0));
+    }
+    partial_comm = comm;
+    return partial_grad;
+  }
+  /// Sums pending partial gradients over their communicator into data_grad.
+  void complete_grad() {
+    if (!partial_comm) return;
+    allreduce(*partial_comm, partial_grad);
+    const auto total = grad_data();
+    const auto partial = partial_grad;
+    Kokkos::parallel_for(
+        "complete_grad", total.extent(0),
+        KOKKOS_LAMBDA(const std::size_t i) { total(i) += partial(i); });
+    Kokkos::deep_copy(partial_grad, T(0));
+    partial_comm.reset();
+  }
+};
+
+}  // namespace impl
+
+/// A handle to a graph node; copies share it. Ops (free functions and Module::forward) take
+/// Variables and return new ones that remember how to propagate gradients back.
+template <class T>
+class Variable {
+ public:
+  using Node = impl::Node<T>;
+
+  Variable() = default;
+  explicit Variable(std::shared_ptr<Node> node) : node_(std::move(node)) {}
+
+  /// A sharded field (activations, inputs, targets). Its ghost cells are ignored.
+  static Variable field(const ShardTensor<T>& value, bool requires_grad = false,
+                        const std::string& name = "field") {
+    auto n = std::make_shared<Node>();
+    n->op = name;
+    n->field = value;
+    n->requires_grad = requires_grad;
+    return Variable(n);
+  }
+
+  /// A replicated tensor: the same values on every rank (parameters, losses).
+  static Variable replicated(const ReplicatedView<T>& value, std::vector<Index> shape,
+                             bool requires_grad = false, const std::string& name = "replicated") {
+    auto n = std::make_shared<Node>();
+    n->op = name;
+    n->is_field = false;
+    n->data = value;
+    n->shape = std::move(shape);
+    n->requires_grad = requires_grad;
+    return Variable(n);
+  }
+
+  bool defined() const { return node_ != nullptr; }
+  bool is_field() const { return node_->is_field; }
+  bool requires_grad() const { return node_->requires_grad; }
+  const std::string& name() const { return node_->op; }
+
+  const ShardTensor<T>& value() const { return node_->field; }
+  const ReplicatedView<T>& data() const { return node_->data; }
+  const std::vector<Index>& shape() const { return node_->shape; }
+  /// Gradient of a field (allocated zero on first use).
+  const ShardTensor<T>& grad() const { return node_->grad_field(); }
+  /// Gradient of a replicated tensor (allocated zero on first use).
+  const ReplicatedView<T>& data_grad() const { return node_->grad_data(); }
+
+  void zero_grad() const {
+    if (node_->field_grad.view().span()) Kokkos::deep_copy(node_->field_grad.view(), T(0));
+    if (node_->data_grad.extent(0)) Kokkos::deep_copy(node_->data_grad, T(0));
+  }
+
+  /// Host copy of a replicated scalar (losses).
+  T item() const {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), node_->data);
+    return host(0);
+  }
+
+  const std::shared_ptr<Node>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<Node> node_;
+};
+
+/// Creates the node of an op's result: it needs gradients if any input does.
+template <class T>
+std::shared_ptr<impl::Node<T>> make_result_node(
+    const std::string& op, std::vector<std::shared_ptr<impl::Node<T>>> inputs) {
+  auto n = std::make_shared<impl::Node<T>>();
+  n->op = op;
+  for (const auto& input : inputs) n->requires_grad = n->requires_grad || input->requires_grad;
+  if (n->requires_grad) n->inputs = std::move(inputs);
+  return n;
+}
+
+/// Reverse-mode sweep from a replicated scalar `loss` (its gradient is set to 1): every node
+/// reachable through inputs that require gradients gets its gradient accumulated, in reverse
+/// topological order, the same order on every rank (so collectives in backward functions
+/// match). Leaves' gradients accumulate across calls until zero_grad(); the graph's saved
+/// activations are released afterwards.
+template <class T>
+void backward(const Variable<T>& loss) {
+  using Node = impl::Node<T>;
+  SHARDTENSOR_REQUIRE(!loss.is_field() && loss.data().extent(0) == 1, "backward",
+                      "the loss must be a replicated scalar, got '" << loss.name() << "'");
+  if (!loss.requires_grad()) return;
+  // Owning pointers: releasing a node's inputs below must not free nodes still to visit.
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<Node*> seen;
+  std::function<void(const std::shared_ptr<Node>&)> visit = [&](const std::shared_ptr<Node>& n) {
+    if (!seen.insert(n.get()).second) return;
+    for (const auto& input : n->inputs)
+      if (input->requires_grad) visit(input);
+    order.push_back(n);
+  };
+  visit(loss.node());
+  Kokkos::deep_copy(loss.node()->grad_data(), T(1));
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node& n = **it;
+    n.complete_grad();
+    if (n.backward) {
+      n.backward(n);
+      n.backward = nullptr;  // release what the op saved for backward
+      n.inputs.clear();
+    }
+  }
+}
+
+}  // namespace shardtensor

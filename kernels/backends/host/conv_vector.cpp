@@ -1,0 +1,417 @@
+#include "conv_vector.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "cpu_features.hpp"
+#include "shardtensor/core/error.hpp"
+
+// The plane path's vector kernels (float on the host, AVX-512 CPUs: conv_avx512.hpp).
+// The same correlations without im2col or a GEMM library: a tile of 8 output channels x 3
+// vectors of 16 output cells accumulates in registers over the taps, loading the source
+// straight from its planes (a tap is an offset). The weight gradient keeps 12 taps x 32 output
+// channels in registers while it streams a band of cells. On bench_conv, im2col +
+// KokkosBlas::gemm ran at 76-81 GFLOP/s per core (OpenBLAS sgemm alone: 105-135 on these
+// shapes); see docs/performance.md for what the kernels reach.
+
+#ifdef SHARDTENSOR_HOST_AVX512
+#include "conv_avx512.hpp"
+
+namespace shardtensor::kernels::host {
+
+namespace {
+
+namespace vector_kernels = conv_avx512;
+
+/// Threads the vector kernels split their work over: the host backend's (1 on Serial).
+inline int vector_threads() {
+  return static_cast<int>(Kokkos::DefaultHostExecutionSpace().concurrency());
+}
+
+/// Runs work(t, first, last) on each of `threads` host threads for its contiguous share
+/// [first, last) of `items` (a static split: the same items go to the same thread every run,
+/// so sums kept per thread add up in the same order every time).
+template <class Work>
+void split_over_threads(int threads, Index items, const Work& work) {
+  const auto share = [&](int t) { work(t, items * t / threads, items * (t + 1) / threads); };
+  if (threads == 1) return share(0);
+  Kokkos::parallel_for(
+      "Conv::vector_kernels",
+      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Schedule<Kokkos::Static>>(
+          0, threads),
+      [&](const int t) { share(t); });
+}
+
+/// Source channels per pass over a tile: a pass reads channels x kx planes. With kx = 3,
+/// 8 channels (about 24 pages, which the TLB holds); all 32 channels in one pass (96 pages
+/// per tile) ran 20 % slower. With one plane (2-D fields, rotated), 32 channels: each pass
+/// reads and writes the tile's outputs, so fewer passes save that traffic.
+inline Index channels_per_pass(const Correlation& r) {
+  return r.k[0] == 1 ? 32 : 8;
+}
+/// Output rows per band: the unit that the halo-overlap filter selects, and the cells per
+/// weight-gradient sweep (32 channels x 16 rows of 64 cells transposed = 128 KiB, kept in L2).
+constexpr Index band_rows = 16;
+
+/// Rows of a plane's copy: the whole plane's read extent, or (band copies) the rows one band
+/// of output rows reads.
+inline Index copied_rows(const Correlation& r, bool bands) {
+  const Index band_reads = band_rows + (r.k[1] - 1) * r.d[1];
+  return bands ? std::min(read_extent(r, 1), band_reads) : read_extent(r, 1);
+}
+
+/// Where the vector kernels read source plane sx: the field itself when the windows lie inside
+/// it in y and z (the forward's padded input), else a ring of zero-padded copies of its
+/// planes (the output gradient, read by the input gradient). A plane points at the cell that
+/// output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With `bands`, a
+/// copy holds only the rows that one band of output rows reads (start_band() before the
+/// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
+class PlaneSource {
+ public:
+  PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring, bool bands = false)
+      : r_(r),
+        src_(src),
+        ring_(ring),
+        in_place_(reads_inside(r)),
+        rows_(copied_rows(r, bands)),
+        slot_plane_(r.slots()) {
+    channel_stride_ = in_place_ ? src.stride(1) : rows_ * read_extent(r, 2);
+    row_stride_ = in_place_ ? src.stride(3) : read_extent(r, 2);
+  }
+  /// Workspace values the ring needs (none when the source is read in place).
+  static std::size_t ring_values(const Correlation& r, bool bands) {
+    return reads_inside(r) ? 0
+                           : static_cast<std::size_t>(r.slots() * r.src_per_group *
+                                                      copied_rows(r, bands) * read_extent(r, 2));
+  }
+  std::ptrdiff_t channel_stride() const { return channel_stride_; }
+  std::ptrdiff_t row_stride() const { return row_stride_; }
+  /// The output row that a plane's first row belongs to.
+  Index first_row() const { return first_row_; }
+
+  /// Starts sample n, group `group`: the ring holds none of its planes yet.
+  void start(Index n, Index group) {
+    n_ = n, group_ = group;
+    std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
+  }
+  /// Starts the band of output rows from y0 (band copies only; else nothing to do).
+  void start_band(Index y0) {
+    if (in_place_ || rows_ == read_extent(r_, 1)) return;
+    first_row_ = y0;
+    std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
+  }
+  /// Source plane sx of the current sample and group; null outside the source (reads zero).
+  const float* plane(Index sx) {
+    if (sx < 0 || sx >= r_.src[0]) return nullptr;
+    const Index c0 = group_ * r_.src_per_group;
+    if (in_place_) return &src_(n_, c0, sx, r_.offset[1], r_.offset[2]);
+    const Index slot = slot_of(sx, r_.slots());
+    float* copy = ring_ + slot * r_.src_per_group * channel_stride_;
+    if (slot_plane_[slot] == sx) return copy;
+    const Index rows = std::min(rows_, read_extent(r_, 1) - first_row_);
+    for (Index j = 0; j < r_.src_per_group; ++j)
+      for (Index y = 0; y < rows; ++y) {
+        const Index sy = r_.offset[1] + first_row_ + y;
+        float* row = copy + j * channel_stride_ + y * row_stride_;
+        for (Index z = 0; z < read_extent(r_, 2); ++z) {
+          const Index sz = r_.offset[2] + z;
+          const bool inside = sy >= 0 && sy < r_.src[1] && sz >= 0 && sz < r_.src[2];
+          row[z] = inside ? src_(n_, c0 + j, sx, sy, sz) : 0.0f;
+        }
+      }
+    slot_plane_[slot] = sx;
+    return copy;
+  }
+
+ private:
+  const Correlation& r_;
+  FieldView<float> src_;
+  float* ring_;
+  bool in_place_;
+  Index rows_;  // rows per copy
+  std::ptrdiff_t channel_stride_, row_stride_;
+  std::vector<Index> slot_plane_;  // source plane in each ring slot
+  Index n_ = 0, group_ = 0, first_row_ = 0;
+};
+
+/// Offsets from a source plane of the (y, z) taps of source channels [0, channels): entry
+/// (j, b, c) = j * channel stride + b * dy * row stride + c * dz.
+inline std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const PlaneSource& source) {
+  std::vector<std::ptrdiff_t> offsets;
+  for (Index j = 0; j < r.src_per_group; ++j)
+    for (Index b = 0; b < r.k[1]; ++b)
+      for (Index c = 0; c < r.k[2]; ++c)
+        offsets.push_back(j * source.channel_stride() + b * r.d[1] * source.row_stride() +
+                          c * r.d[2]);
+  return offsets;
+}
+
+/// The output vectors of output rows [y0, y1), padded to whole tiles: row by row, or, where
+/// that takes fewer vectors (rows of 66 cells: 5 vectors, 14 lanes idle), running on over the
+/// source's rows (its row stride, at least the output row), so that a vector's lanes past
+/// the end of an output row are the next row's first cells (the rows' last source columns
+/// in between are skipped).
+inline void output_vectors(const Correlation& r, Index source_row_stride, Index out_row_stride,
+                           Index y0, Index y1, Index source_first_row,
+                           std::vector<vector_kernels::OutputVector>& vectors) {
+  const Index source_base = source_first_row * source_row_stride;  // where the source starts
+  constexpr Index lanes = vector_kernels::lanes;
+  const Index row = r.out[2], rows = y1 - y0;
+  const bool run_on =
+      source_row_stride >= lanes && ((rows - 1) * source_row_stride + row + lanes - 1) / lanes <
+                                        rows * ((row + lanes - 1) / lanes);
+  vectors.clear();
+  if (!run_on) {
+    for (Index y = y0; y < y1; ++y)
+      for (Index z = 0; z < row; z += lanes)
+        vectors.push_back({y * source_row_stride + z - source_base, y * out_row_stride + z, 0,
+                           (1u << std::min(lanes, row - z)) - 1, 0});
+  } else {
+    const Index end = (y1 - 1) * source_row_stride + row;  // past the last cell read
+    for (Index q = y0 * source_row_stride; q < end; q += lanes) {
+      const Index y = q / source_row_stride, z = q % source_row_stride;
+      unsigned mask = 0, next_mask = 0;
+      for (Index i = 0; i < lanes; ++i) {
+        if (z + i < row) mask |= 1u << i;
+        const Index next_z = z + i - source_row_stride;
+        if (next_z >= 0 && next_z < row && y + 1 < y1) next_mask |= 1u << i;
+      }
+      vectors.push_back({q - source_base, y * out_row_stride + z,
+                         (y + 1) * out_row_stride + z - source_row_stride, mask, next_mask});
+    }
+  }
+  while (vectors.size() % vector_kernels::tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
+}
+
+}  // namespace
+
+/// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
+/// and band of rows, tiles of output vectors, one pass per channels_per_pass(r) source channels.
+/// Weights are packed per group as [block of 8 outputs][pass][a][(j, b, c) of the pass][8]
+/// (outputs past out_per_group zero).
+void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+                           const ReplicatedView<float>& w, bool transposed,
+                           const ReplicatedView<float>& bias, const FieldView<float>& out,
+                           float* workspace, bool band_copies, const PlaneFilter& keep) {
+  constexpr Index rows_per_tile = vector_kernels::tile_rows;
+  constexpr Index vectors_per_tile = vector_kernels::tile_vectors;
+  const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
+  const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
+  float* const packed = workspace;  // the weights, then a ring per thread
+  float* const rings = packed + blocks * rows_per_tile * kx * taps;
+  const std::size_t ring_size = PlaneSource::ring_values(r, band_copies);
+  const std::vector<std::ptrdiff_t> offsets =
+      tap_offsets(r, PlaneSource(r, src, rings, band_copies));
+  const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
+  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const int threads = vector_threads();
+  // One source per thread, made here: no View is copied inside the threads.
+  std::vector<PlaneSource> sources;
+  for (int t = 0; t < threads; ++t)
+    sources.emplace_back(r, src, rings + t * ring_size, band_copies);
+  const Index batch = out.extent(0), per_sample = r.out[0] * bands;
+  for (Index group = 0; group < r.groups; ++group) {  // weights packed once per group
+    for (Index block = 0; block < blocks; ++block)
+      for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+        const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
+        float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+        for (Index a = 0; a < kx; ++a)
+          for (Index j = j0; j < j0 + pass; ++j)
+            for (Index b = 0; b < r.k[1]; ++b)
+              for (Index c = 0; c < r.k[2]; ++c)
+                for (Index i = 0; i < rows_per_tile; ++i, ++p) {
+                  const Index o = block * rows_per_tile + i;
+                  *p = o < r.out_per_group
+                           ? correlation_weight(g, w, group, transposed, o, j, a, b, c)
+                           : 0.0f;
+                }
+      }
+    // Each thread computes whole bands of output rows (disjoint outputs) of every sample, in
+    // order.
+    split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
+      PlaneSource& source = sources[t];
+      std::vector<const float*> planes(kx);
+      std::vector<vector_kernels::OutputVector> vectors;
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / per_sample, x = (item % per_sample) / bands,
+                    y0 = (item % bands) * band_rows;
+        if (item == first || item % per_sample == 0) source.start(n, group);
+        const Index y1 = std::min(y0 + band_rows, r.out[1]);
+        if (!keep(x, y0, y1)) continue;
+        source.start_band(y0);
+        for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
+        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), vectors);
+        float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
+        for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+          const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
+          for (Index block = 0; block < blocks; ++block) {
+            const Index o0 = block * rows_per_tile;
+            const float* weights =
+                packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+            const float* block_bias =
+                bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
+            for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)
+              vector_kernels::correlate_tile(
+                  planes.data(), int(kx), offsets.data() + j0 * yz_taps, int(pass * yz_taps),
+                  weights, &vectors[v], out_plane + o0 * out_channel_stride, out_channel_stride,
+                  int(std::min(rows_per_tile, r.out_per_group - o0)), block_bias,
+                  /*accumulate=*/j0 > 0);
+          }
+        }
+      }
+    });
+  }
+}
+
+namespace {
+
+/// Output channels per weight-gradient tile (its register vectors).
+constexpr Index gradient_channels = vector_kernels::gradient_vectors * vector_kernels::lanes;
+
+/// Workspace values of vector_correlate and vector_weight_gradient.
+inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies) {
+  const Index blocks =
+      (r.out_per_group + vector_kernels::tile_rows - 1) / vector_kernels::tile_rows;
+  return static_cast<std::size_t>(blocks * vector_kernels::tile_rows * r.k[0] * r.src_per_group *
+                                  r.k[1] * r.k[2]) +
+         PlaneSource::ring_values(r, band_copies) * vector_threads();
+}
+inline Index padded_taps(const Correlation& r) {
+  const Index taps = r.column_rows(), per_tile = vector_kernels::gradient_taps;
+  return (taps + per_tile - 1) / per_tile * per_tile;
+}
+inline Index padded_outputs(const Correlation& r) {
+  return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
+}
+/// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
+/// transposed, a plane's float sums and the double totals (an even count: doubles stay aligned).
+inline std::size_t weight_gradient_thread_values(const Correlation& r) {
+  const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
+  const std::size_t values =
+      static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient;
+  return values + values % 2;
+}
+inline std::size_t vector_weight_gradient_values(const Correlation& r) {
+  return weight_gradient_thread_values(r) * vector_threads();
+}
+
+}  // namespace
+
+/// gw += this rank's weight gradient (forward correlation r over the padded input xp, whose
+/// windows lie inside it): per output plane and band of rows, the output gradient transposed
+/// to (cell, channel), then tiles of 12 taps x 32 channels summed over the band's cells. Each
+/// plane's float sums are added into double totals.
+void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
+                                 const FieldView<float>& xp, const FieldView<float>& gy,
+                                 const ReplicatedView<float>& gw, float* workspace) {
+  const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
+  const Index taps = padded_taps(r), outs = padded_outputs(r),
+              cells_per_band = band_rows * r.out[2];
+  const Index gradient_size = kx * taps * outs;
+  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, PlaneSource(r, xp, nullptr));
+  offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
+  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const int threads = vector_threads();
+  const std::size_t per_thread = weight_gradient_thread_values(r);
+  // Thread t's totals: [thread t's share][transposed band | float sums | double totals].
+  std::vector<PlaneSource> sources(threads, PlaneSource(r, xp, nullptr));  // in place: no ring
+  const auto totals_of = [&](int t) {
+    return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
+                                     gradient_size);
+  };
+  const Index per_sample = r.out[0] * bands;
+  for (Index group = 0; group < r.groups; ++group) {
+    // Each thread sums over its own bands of rows of every sample (in order): float sums
+    // per plane, added into its double totals when the plane changes; the totals add up in
+    // thread order.
+    split_over_threads(threads, g.batch * per_sample, [&](int t, Index first, Index last) {
+      float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
+      float* const sums = transposed + outs * cells_per_band;
+      double* const totals = totals_of(t);
+      PlaneSource& source = sources[t];
+      Index zeroed_cells = -1;  // the band size whose padding lanes are zero
+      std::fill(totals, totals + gradient_size, 0.0);
+      std::fill(sums, sums + gradient_size, 0.0f);
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / per_sample, x = (item % per_sample) / bands,
+                    y0 = (item % bands) * band_rows;
+        if (item == first || item % per_sample == 0) source.start(n, group);
+        const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
+        // The lanes of padding channels (past out_per_group) are zero; no band writes them
+        // again, so they stay zero until the band size (so the layout) changes.
+        const Index written = cells == zeroed_cells ? r.out_per_group : outs;
+        zeroed_cells = cells;
+        for (Index o = 0; o < written; ++o) {
+          float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
+                          o % gradient_channels;
+          const float* row =
+              o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
+          for (Index p = 0; p < cells; ++p) column[p * gradient_channels] = row ? row[p] : 0.0f;
+        }
+        for (Index a = 0; a < kx; ++a) {
+          const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+          if (!plane) continue;  // outside the source: reads zero
+          for (Index block = 0; block < outs / gradient_channels; ++block)
+            for (Index tap = 0; tap < taps; tap += vector_kernels::gradient_taps)
+              vector_kernels::weight_gradient_tile(
+                  plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
+                  int(y1 - y0), int(r.out[2]), transposed + block * cells * gradient_channels,
+                  sums + (a * taps + tap) * outs + block * gradient_channels, outs);
+        }
+        if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band
+          for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
+          std::fill(sums, sums + gradient_size, 0.0f);
+        }
+      }
+    });
+    for (Index o = 0; o < r.out_per_group; ++o)
+      for (Index j = 0; j < r.src_per_group; ++j)
+        for (Index a = 0; a < kx; ++a)
+          for (Index b = 0; b < ky; ++b)
+            for (Index c = 0; c < kz; ++c) {
+              const Index i = (a * taps + (j * ky + b) * kz + c) * outs + o;
+              double total = 0;
+              for (int t = 0; t < threads; ++t) total += totals_of(t)[i];
+              gw(g.weight_index(group * r.out_per_group + o, j, a, b, c)) +=
+                  static_cast<float>(total);
+            }
+  }
+}
+
+bool conv_vector_available() {
+  return conv_avx512::available();
+}
+
+std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
+                               bool band_copies) {
+  return std::max({vector_correlate_values(forward, band_copies),
+                   vector_correlate_values(data, band_copies),
+                   vector_weight_gradient_values(forward)});
+}
+
+}  // namespace shardtensor::kernels::host
+
+#else  // no AVX-512 host compiler: the plane path keeps im2col + GEMM
+
+namespace shardtensor::kernels::host {
+
+bool conv_vector_available() {
+  return false;
+}
+std::size_t conv_vector_values(const Correlation&, const Correlation&, bool) {
+  return 0;
+}
+void conv_vector_correlate(const Correlation&, const ConvShape&, const FieldView<float>&,
+                           const ReplicatedView<float>&, bool, const ReplicatedView<float>&,
+                           const FieldView<float>&, float*, bool, const PlaneFilter&) {
+  throw Error("conv_vector_correlate: this build has no vector kernels");
+}
+void conv_vector_weight_gradient(const Correlation&, const ConvShape&, const FieldView<float>&,
+                                 const FieldView<float>&, const ReplicatedView<float>&, float*) {
+  throw Error("conv_vector_weight_gradient: this build has no vector kernels");
+}
+
+}  // namespace shardtensor::kernels::host
+
+#endif

@@ -1,0 +1,33 @@
+#pragma once
+// The host backend's vector kernels for the plane path of Conv<float> (kernels/conv.hpp):
+// the same correlations as im2col + GEMM, register-blocked with AVX-512 (conv_avx512.hpp) and
+// split over the host execution space's threads. Built where the compiler targets x86-64;
+// run only where conv_vector_available() (the CPU has AVX-512F).
+
+#include <cstddef>
+
+#include "shardtensor/kernels/conv.hpp"
+
+namespace shardtensor::kernels::host {
+
+/// Whether this build has the kernels and this CPU runs them.
+bool conv_vector_available();
+
+/// Workspace values (floats) the kernels need for a plan's forward and data correlations
+/// (with band copies: the padded source is copied band by band, else plane by plane).
+std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
+                               bool band_copies);
+
+/// out = the correlation of src (plus bias when given), every kept output cell written.
+void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+                           const ReplicatedView<float>& w, bool transposed,
+                           const ReplicatedView<float>& bias, const FieldView<float>& out,
+                           float* workspace, bool band_copies, const PlaneFilter& keep);
+
+/// gw += this rank's weight gradient of the forward correlation r over the padded input xp
+/// (whose windows lie inside it, reads_inside(r)).
+void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
+                                 const FieldView<float>& xp, const FieldView<float>& gy,
+                                 const ReplicatedView<float>& gw, float* workspace);
+
+}  // namespace shardtensor::kernels::host

@@ -1,0 +1,183 @@
+#pragma once
+// The convolution kernels of Conv<T> (nn/conv.hpp) on Views of one rank's padded field: the
+// module computes shapes and plans, these compute. Three families, each in its own source:
+//
+//   direct (kernels/src/conv_direct.cpp)   one loop nest per output; any shape; the reference
+//   im2col + GEMM (conv_gemm.cpp)          chunks of z rows expanded into a bounded workspace
+//   planes (conv_planes.cpp)               unit strides: im2col of (y, z) taps per source
+//                                          plane, x taps as shifts between planes; the host
+//                                          backend's vector kernels (backends/host) where
+//                                          they run
+//
+// Fields are (batch, channel, x, y, z); weights (out, in / groups, kx, ky, kz) in C order. A
+// kernel reads `xp`, the padded input, whose windows for every local output lie inside it.
+
+#include <Kokkos_Core.hpp>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardtensor/core/box.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor::kernels {
+
+/// Index arithmetic shared by the kernels.
+struct ConvShape {
+  Index batch, in_channels, out_channels, in_per_group, out_per_group;
+  Index k[3], s[3], d[3];
+  Index base[3];  // padded-buffer index of the first local output's window start
+  Index out[3];   // local output extents
+
+  KOKKOS_INLINE_FUNCTION Index weight_index(Index co, Index cig, Index a, Index b, Index c) const {
+    return (((co * in_per_group + cig) * k[0] + a) * k[1] + b) * k[2] + c;
+  }
+};
+
+/// Scratch memory of the GEMM and plane paths, kept between calls (no allocation once warm)
+/// and bounded: chunks are sized to stay within budget_bytes whatever the field size.
+template <class T>
+struct ConvWorkspace {
+  std::size_t budget_bytes = std::size_t(16) << 20;
+  Kokkos::View<T*, DefaultMemorySpace> buffer;
+  T* reserve(std::size_t count) {
+    MemoryCategoryScope memory(MemoryCategory::workspaces);
+    if (buffer.extent(0) < count)
+      buffer = Kokkos::View<T*, DefaultMemorySpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("conv_workspace")), count);
+    return buffer.data();
+  }
+};
+
+template <class T>
+using UnmanagedMatrix = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+// ---- direct ----------------------------------------------------------------------------
+
+template <class T>
+void conv_direct_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
+                         const ReplicatedView<T>& bias, const FieldView<T>& y);
+
+/// Gradient of the padded input: each cell gathers from the outputs whose windows cover it.
+template <class T>
+void conv_direct_backward_data(const ConvShape& g, const FieldView<T>& gy,
+                               const ReplicatedView<T>& w, const FieldView<T>& gxp);
+
+/// This rank's partial sums of the weight and bias gradients (over its own outputs), in
+/// double: they add up every output cell, and float sums in different orders on different
+/// decompositions would differ by more than float precision. Either view may be empty.
+template <class T>
+void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
+                              const ReplicatedView<T>& gw, const ReplicatedView<T>& gb);
+
+// ---- im2col + GEMM ------------------------------------------------------------------------
+
+/// Which chunks of outputs a call computes: all, or only those whose windows read (or do
+/// not read) given boxes of the padded buffer (the halo-overlap split).
+struct ChunkFilter {
+  enum { all, avoiding, touching } keep = all;
+  std::vector<Box> boxes;
+  bool operator()(const Box& reads) const {
+    if (keep == all) return true;
+    bool touches = false;
+    for (const Box& b : boxes) touches = touches || !intersect(reads, b).empty();
+    return touches == (keep == touching);
+  }
+};
+
+template <class T>
+void conv_gemm_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
+                       const ReplicatedView<T>& bias, const FieldView<T>& y,
+                       ConvWorkspace<T>& workspace, const ChunkFilter& filter = {});
+
+/// Weight gradient (into `gw`, this rank's partial sum; may be empty) and padded input
+/// gradient (into `gxp`, zero on entry; may be empty).
+template <class T>
+void conv_gemm_backward(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
+                        const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
+                        const FieldView<T>& gxp, ConvWorkspace<T>& workspace);
+
+// ---- planes -------------------------------------------------------------------------------
+
+/// out[o] = sum over taps t of W[t] . src[offset + o + t * dilation] along each axis, per
+/// group; src cells outside its extents read as zero.
+struct Correlation {
+  Index groups, src_per_group, out_per_group;
+  Index k[3], d[3], offset[3], out[3], src[3];
+  Index column_rows() const { return src_per_group * k[1] * k[2]; }
+  Index slots() const { return (k[0] - 1) * d[0] + 1; }  // source planes one output plane spans
+};
+
+/// Ring slot of source plane sx (sx may be negative).
+KOKKOS_INLINE_FUNCTION Index slot_of(Index sx, Index slots) {
+  return ((sx % slots) + slots) % slots;
+}
+
+/// Weight of a correlation of group `group`: output o, source channel j, taps (a, b, c). The
+/// forward's weight, or (transposed) the input gradient's flipped one.
+template <class T>
+KOKKOS_INLINE_FUNCTION T correlation_weight(const ConvShape& g, const ReplicatedView<T>& w,
+                                            Index group, bool transposed, Index o, Index j, Index a,
+                                            Index b, Index c) {
+  return transposed ? w(g.weight_index(group * g.out_per_group + j, o, g.k[0] - 1 - a,
+                                       g.k[1] - 1 - b, g.k[2] - 1 - c))
+                    : w(g.weight_index(group * g.out_per_group + o, j, a, b, c));
+}
+
+/// Extent along axis a (1: y, 2: z) of the source cells that a correlation's outputs read.
+inline Index read_extent(const Correlation& r, int a) {
+  return r.out[a] + (r.k[a] - 1) * r.d[a];
+}
+
+/// Whether every window of the outputs lies inside the source in y and z.
+inline bool reads_inside(const Correlation& r) {
+  for (int a = 1; a < 3; ++a)
+    if (r.offset[a] < 0 || r.offset[a] + read_extent(r, a) > r.src[a]) return false;
+  return true;
+}
+
+/// The plane path's correlations: the forward (also the weight gradient's columns) and the
+/// input gradient, with the output rows per chunk that fit the workspace (0: does not apply).
+struct PlanePlan {
+  Correlation forward, data;
+  Index forward_rows = 0, data_rows = 0;
+  bool vector_kernels = false;  // the host backend's vector kernels instead of im2col + GEMM
+  bool band_copies = false;     // vector kernels copy padded sources band by band
+  std::size_t values = 0;       // workspace values needed
+  bool applies() const { return vector_kernels || forward_rows > 0; }
+};
+
+/// Whether the host backend's vector kernels run here for T: float, Kokkos kernels on the
+/// host (Serial, or OpenMP: the work is split over its threads), a CPU they were built for.
+template <class T>
+bool conv_vector_kernels_available();
+
+/// The plane path's plan for a convolution whose padded input has extents `padded`, if it
+/// applies; `vector_kernels`: may use the host backend's vector kernels.
+PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
+                      std::size_t budget_bytes, bool vector_kernels);
+
+/// The padded-buffer cells that output rows [y0, y1) of output plane ox read (plane path).
+Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1);
+
+/// Selects output chunks of the plane path: keep(x, y0, y1) for output plane x, rows [y0, y1).
+using PlaneFilter = std::function<bool(Index x, Index y0, Index y1)>;
+
+/// The plane path's correlation (plan.forward or plan.data; `rows` per GEMM chunk): out =
+/// the correlation of src with w (flipped and transposed if `transposed`) plus bias when
+/// given, every kept cell of out written. `workspace` holds plan.values values.
+template <class T>
+void correlate_planes(const PlanePlan& plan, const Correlation& r, Index rows, const ConvShape& g,
+                      const FieldView<T>& src, const ReplicatedView<T>& w, bool transposed,
+                      const ReplicatedView<T>& bias, const FieldView<T>& out, T* workspace,
+                      const PlaneFilter& keep);
+
+/// The plane path's weight gradient: gw += this rank's partial sum.
+template <class T>
+void weight_gradient_planes(const PlanePlan& plan, const ConvShape& g, const FieldView<T>& xp,
+                            const FieldView<T>& gy, const ReplicatedView<T>& gw, T* workspace);
+
+}  // namespace shardtensor::kernels

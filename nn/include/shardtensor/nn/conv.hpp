@@ -1,0 +1,92 @@
+#pragma once
+// Conv<T>: N-D convolution (1-3 spatial dims) of a sharded field, with any kernel size,
+// stride, dilation, padding mode and group count, equal to the unsharded convolution.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/kernels/conv.hpp"
+#include "shardtensor/nn/halo_padding.hpp"
+#include "shardtensor/nn/module.hpp"
+
+namespace shardtensor {
+
+/// How Conv computes: blocked im2col + GEMM (KokkosBlas::gemm, fast) or a direct loop
+/// (the reference the fast path is tested against).
+enum class ConvAlgorithm { gemm, direct };
+
+struct ConvOptions {
+  int in_channels = 1;
+  int out_channels = 1;
+  std::vector<int> kernel;    ///< one size per spatial dim (its length sets the dims)
+  std::vector<int> stride;    ///< default 1
+  std::vector<int> dilation;  ///< default 1
+  std::vector<int> padding;   ///< cells added on both sides per dim, default 0
+  PaddingMode padding_mode = PaddingMode::zeros;
+  int groups = 1;
+  bool bias = true;
+  /// Initialisation seed (same on every rank); 0 derives it from the layer name, so layers
+  /// with different names start from different weights.
+  std::uint64_t seed = 0;
+  ConvAlgorithm algorithm = ConvAlgorithm::gemm;
+  /// Bound on the GEMM path's scratch memory; chunks of output planes are sized to fit.
+  std::size_t workspace_bytes = std::size_t(16) << 20;
+  /// GEMM path, float, host (Serial) and an AVX-512 CPU: register-blocked convolution kernels
+  /// instead of im2col + KokkosBlas::gemm for unit strides. false: always KokkosBlas::gemm.
+  bool vector_kernels = true;
+};
+
+/// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
+/// their gradients are summed over the ranks that share the field.
+///
+/// Forward on each rank: copy the shard into a buffer with the ghost cells the windows need,
+/// exchange halos (periodic padding wraps), fill zeros / replicate / reflect padding at open
+/// global boundaries, and convolve the outputs this rank owns. Backward runs the adjoints in
+/// reverse: input gradient into the padded buffer, padding adjoint, reverse halo exchange.
+template <class T>
+class Conv : public Module<T> {
+ public:
+  Conv(const Communicator& comm, ConvOptions options, const std::string& name = "conv");
+
+  Variable<T> forward(const Variable<T>& input) override;
+  /// The input is copied into a padded buffer first: its ghost cells are never read.
+  bool reads_owned_cells_only() const override { return true; }
+
+  const ConvOptions& options() const { return options_; }
+  const WindowGeometry& geometry() const { return geometry_; }
+  Variable<T> weight() const { return weight_; }
+  Variable<T> bias() const { return bias_; }
+
+ private:
+  Communicator comm_;
+  ConvOptions options_;
+  WindowGeometry geometry_;
+  std::string name_;
+  Variable<T> weight_, bias_;
+  std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures
+  std::shared_ptr<kernels::ConvWorkspace<T>> workspace_ =
+      std::make_shared<kernels::ConvWorkspace<T>>();
+};
+
+extern template class Conv<float>;
+extern template class Conv<double>;
+
+/// A pointwise (1x1) convolution over `dims` spatial dims, PyTorch's nn.Linear applied to
+/// every cell: the projections, MLPs and skips of the models.
+template <class T>
+std::shared_ptr<Conv<T>> make_pointwise_conv(const Communicator& comm, int dims, Index in_channels,
+                                             Index out_channels, std::uint64_t seed,
+                                             const std::string& name, bool bias = true) {
+  ConvOptions c;
+  c.in_channels = static_cast<int>(in_channels);
+  c.out_channels = static_cast<int>(out_channels);
+  c.kernel.assign(dims, 1);
+  c.bias = bias;
+  c.seed = seed;
+  return std::make_shared<Conv<T>>(comm, c, name);
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,76 @@
+#pragma once
+// HaloPadding: the input of a windowed op (convolution, pooling) as its windows read it --
+// the shard plus ghost cells from the neighbours (halo exchange) and padding past the global
+// boundary -- and the adjoint that takes a gradient of that buffer back to the shard.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/comm/halo_exchange.hpp"
+#include "shardtensor/nn/padding.hpp"
+#include "shardtensor/nn/window_geometry.hpp"
+
+namespace shardtensor {
+
+template <class T>
+class HaloPadding {
+ public:
+  /// `constant` fills zeros-mode padding (0 for convolution, -inf for max pooling).
+  /// `where` names the layer in error messages.
+  HaloPadding(const Communicator& comm, const WindowGeometry& geometry, PaddingMode mode,
+              T constant, std::string where);
+
+  /// Explicit ghost widths (the same on every rank) and the padding filled past open global
+  /// boundaries (its widths at most the ghost widths), for ops whose reads are not a
+  /// WindowGeometry's (e.g. transposed convolution).
+  HaloPadding(const Communicator& comm, const GhostWidths& ghosts, const BoundaryPadding& boundary,
+              std::string where);
+
+  /// Copy of the shard with the ghost cells the windows read: exchanged from neighbours
+  /// (wrapped for periodic padding), boundary padding filled. Collective.
+  ShardTensor<T> forward(const ShardTensor<T>& input);
+
+  /// forward() in two halves, so that work on cells that need no exchanged ghost can run
+  /// while the messages travel: start() copies the shard and posts the exchange; finish()
+  /// completes it and fills the boundary padding. Between the two, the owned cells are
+  /// final, and so are zeros-mode padding cells (the buffer starts zero-filled).
+  ShardTensor<T> start(const ShardTensor<T>& input);
+  void finish(const ShardTensor<T>& padded);
+
+  /// The ghost boxes (local indices of `padded`) that the exchange writes: a computation that
+  /// reads none of them may run between start() and finish().
+  std::vector<Box> exchanged_boxes(const ShardTensor<T>& padded);
+  /// True if every cell outside the exchanged boxes is final after start(): zeros padding
+  /// (the buffer starts zero-filled) or periodic (no boundary padding at all).
+  bool padding_ready_after_start() const {
+    return (boundary_.mode == PaddingMode::zeros && boundary_.constant == 0) ||
+           boundary_.mode == PaddingMode::periodic;
+  }
+
+  /// Adjoint of forward: gradients of padding cells go to the cells they copied, ghost
+  /// gradients go back to their owners, and the owned part is added into `input_grad`.
+  /// Overwrites `padded_grad`. Collective.
+  void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad);
+
+  /// Layout of forward's result for an input decomposition.
+  Decomposition padded_decomposition(const Decomposition& input) const;
+
+  /// Ghost widths of forward's result.
+  const GhostWidths& ghosts() const { return ghosts_; }
+
+ private:
+  HaloExchange<T>& plan_for(const ShardTensor<T>& padded);
+
+  Communicator comm_;
+  GhostWidths ghosts_;
+  BoundaryPadding boundary_;
+  std::string where_;
+  std::map<std::vector<long long>, std::unique_ptr<HaloExchange<T>>> plans_;
+};
+
+extern template class HaloPadding<float>;
+extern template class HaloPadding<double>;
+
+}  // namespace shardtensor

@@ -1,0 +1,134 @@
+#pragma once
+// Normalization layers of sharded fields: GroupNorm, LayerNorm and BatchNorm, with their
+// statistics over the GLOBAL field, so a sharded run normalizes exactly like the whole field
+// on one rank, whatever the (possibly uneven) decomposition.
+//
+// Statistics are accumulated in double: per (sample, channel) block each rank sums its own
+// cells, then one allreduce over the domain Communicator sums every block at once, and the
+// blocks are combined into the statistics on the host (same order on every rank). The mean
+// and the variance take two such passes (the corrected two-pass algorithm: sum of x gives a
+// first mean m, then the sums of d = x - m and d^2 give mean = m + sum(d) / count and
+// var = (sum(d^2) - sum(d)^2 / count) / count). The one-pass E[x^2] - E[x]^2 loses digits on
+// fields whose mean is large against their spread (pressure, temperature); this form does
+// not. Variances are biased (divide by the count), as in PyTorch.
+//
+// Backward is the exact gradient through the mean and the variance. With g = dy * weight,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))       (means over the statistic's cells),
+// which needs the global sums of dy and dy * xhat per block: one more allreduce in backward,
+// issued in the same order on every rank. Weight and bias gradients are this rank's partial
+// sums (over its own cells), summed over the ranks by the autodiff (Node::grad_partial).
+//
+// Fields may carry ghost cells: only the owned cells are read and written.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/nn/module.hpp"
+
+namespace shardtensor {
+
+/// Group normalization (Wu & He): for each sample n and group of channels/num_groups
+/// consecutive channels, the mean and (biased) variance over the group's channels and every
+/// cell of the global field; y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c].
+/// weight (ones) and bias (zeros), shape (channels), exist when `affine`.
+template <class T>
+class GroupNorm : public Module<T> {
+ public:
+  GroupNorm(const Communicator& comm, int num_groups, int channels, double eps = 1e-5,
+            bool affine = true, const std::string& name = "group_norm");
+
+  Variable<T> forward(const Variable<T>& input) override;
+
+  int num_groups() const { return num_groups_; }
+  int channels() const { return channels_; }
+  double eps() const { return eps_; }
+  bool affine() const { return affine_; }
+  /// Undefined Variables when the layer is not affine.
+  Variable<T> weight() const { return weight_; }
+  Variable<T> bias() const { return bias_; }
+
+ protected:
+  /// `kind` names the layer in error messages ("GroupNorm", "LayerNorm").
+  GroupNorm(const char* kind, const Communicator& comm, int num_groups, int channels, double eps,
+            bool affine, const std::string& name);
+
+ private:
+  Communicator comm_;
+  int num_groups_, channels_;
+  double eps_;
+  bool affine_;
+  std::string where_;  // "GroupNorm 'name'"
+  std::string name_;
+  Variable<T> weight_, bias_;
+};
+
+/// Layer normalization over (channels, all cells of the global field) per sample: the
+/// statistics of GroupNorm(1, channels). Unlike PyTorch's LayerNorm(normalized_shape =
+/// (C, spatial...)), whose elementwise affine has one weight per (channel, cell) and so
+/// depends on the global grid, the affine weight and bias here are per channel, shape
+/// (channels), exactly as GroupNorm(1, channels) (a grid-independent layer, like the
+/// "LayerNorm" of most neural operators on fields).
+template <class T>
+class LayerNorm : public GroupNorm<T> {
+ public:
+  LayerNorm(const Communicator& comm, int channels, double eps = 1e-5, bool affine = true,
+            const std::string& name = "layer_norm");
+};
+
+/// Batch normalization of a field per channel.
+///
+/// Training (Module::is_training()): the mean and biased variance per channel over the batch
+/// and every cell of the global field normalize the input, and the running estimates are
+/// updated: running = (1 - momentum) * running + momentum * batch statistic, with the unbiased
+/// variance (count / (count - 1)) for running_var, as PyTorch does. Evaluation: the running
+/// estimates normalize (then the layer is a per-channel affine map and backward needs no
+/// communication). The batch statistics are over this domain group's samples only (like
+/// PyTorch's BatchNorm, not SyncBatchNorm, under data parallelism).
+///
+/// running_mean (zeros) and running_var (ones) are replicated buffers, not parameters: they
+/// are updated identically on every rank of the domain group and are not in
+/// named_parameters(). weight (ones) and bias (zeros), shape (channels), when `affine`.
+template <class T>
+class BatchNorm : public Module<T> {
+ public:
+  BatchNorm(const Communicator& comm, int channels, double momentum = 0.1, double eps = 1e-5,
+            bool affine = true, const std::string& name = "batch_norm");
+
+  Variable<T> forward(const Variable<T>& input) override;
+
+  int channels() const { return channels_; }
+  double momentum() const { return momentum_; }
+  double eps() const { return eps_; }
+  bool affine() const { return affine_; }
+  Variable<T> weight() const { return weight_; }
+  Variable<T> bias() const { return bias_; }
+
+  /// The running estimates (shared storage: writing into them sets them, e.g. to load a
+  /// checkpoint; keep them the same on every rank).
+  const ReplicatedView<T>& running_mean() const { return running_mean_; }
+  const ReplicatedView<T>& running_var() const { return running_var_; }
+  /// Training forwards that updated the running estimates.
+  Index batches_tracked() const { return batches_tracked_; }
+
+ private:
+  Communicator comm_;
+  int channels_;
+  double momentum_, eps_;
+  bool affine_;
+  std::string where_;  // "BatchNorm 'name'"
+  std::string name_;
+  Variable<T> weight_, bias_;
+  ReplicatedView<T> running_mean_, running_var_;
+  Index batches_tracked_ = 0;
+};
+
+extern template class GroupNorm<float>;
+extern template class GroupNorm<double>;
+extern template class LayerNorm<float>;
+extern template class LayerNorm<double>;
+extern template class BatchNorm<float>;
+extern template class BatchNorm<double>;
+
+}  // namespace shardtensor

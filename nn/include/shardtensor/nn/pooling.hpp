@@ -1,0 +1,48 @@
+#pragma once
+// Pool<T>: max and average pooling of a sharded field with any window, stride, padding and
+// (max) dilation; windows that cross a shard's edge read ghost cells.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/nn/halo_padding.hpp"
+#include "shardtensor/nn/module.hpp"
+
+namespace shardtensor {
+
+enum class PoolKind { max, average };
+
+struct PoolOptions {
+  PoolKind kind = PoolKind::max;
+  std::vector<int> window;    ///< one size per spatial dim (its length sets the dims)
+  std::vector<int> stride;    ///< default: the window (non-overlapping)
+  std::vector<int> padding;   ///< default 0; at most half the window, as in PyTorch
+  std::vector<int> dilation;  ///< default 1; max pooling only
+  /// zeros: max pooling pads with -inf, average pooling with 0; periodic: wraps around.
+  PaddingMode padding_mode = PaddingMode::zeros;
+  /// Average pooling: divide by the whole window (PyTorch's default) or by its cells inside
+  /// the field.
+  bool count_include_pad = true;
+};
+
+/// Pooling layer (no parameters). Output o is owned by the rank owning input o * stride.
+template <class T>
+class Pool : public Module<T> {
+ public:
+  Pool(const Communicator& comm, PoolOptions options, const std::string& name = "pool");
+  Variable<T> forward(const Variable<T>& input) override;
+  const WindowGeometry& geometry() const { return geometry_; }
+
+ private:
+  Communicator comm_;
+  PoolOptions options_;
+  WindowGeometry geometry_;
+  std::string name_;
+  std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures
+};
+
+extern template class Pool<float>;
+extern template class Pool<double>;
+
+}  // namespace shardtensor

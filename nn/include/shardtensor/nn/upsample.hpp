@@ -1,0 +1,38 @@
+#pragma once
+// Upsample<T>: nearest or (bi/tri)linear upsampling of a sharded field by integer factors.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/nn/halo_padding.hpp"
+#include "shardtensor/nn/module.hpp"
+
+namespace shardtensor {
+
+enum class UpsampleMode { nearest, linear };
+
+/// Output cell o along an axis scaled by s is owned by the rank owning input cell o / s, so
+/// the output split is the input split times s. Nearest needs no communication; linear
+/// (PyTorch's align_corners=False, edges clamped) reads one ghost cell per side, filled by
+/// the halo exchange inside the field and by replicate padding at its edges.
+template <class T>
+class Upsample : public Module<T> {
+ public:
+  Upsample(const Communicator& comm, std::vector<int> scale, UpsampleMode mode,
+           const std::string& name = "upsample");
+  Variable<T> forward(const Variable<T>& input) override;
+
+ private:
+  Communicator comm_;
+  std::array<int, max_spatial_dims> scale_{1, 1, 1};
+  int ndims_;
+  UpsampleMode mode_;
+  std::string name_, where_;
+  std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures  // linear mode
+};
+
+extern template class Upsample<float>;
+extern template class Upsample<double>;
+
+}  // namespace shardtensor

@@ -1,0 +1,242 @@
+#include "shardtensor/nn/conv.hpp"
+
+#include "shardtensor/kernels/conv.hpp"
+#include "shardtensor/nn/halo_overlap.hpp"
+#include "shardtensor/nn/impl/conv_parameters.hpp"
+#include "shardtensor/nn/impl/per_dim_option.hpp"
+
+#include <array>
+#include <sstream>
+
+// The module: options, parameters, the halo exchange and its overlap, the choice of kernel
+// family (kernels/conv.hpp) and the backward closure. The kernels run on the rotated view
+// below.
+
+namespace shardtensor {
+
+namespace {
+
+using kernels::ChunkFilter;
+using kernels::ConvShape;
+using kernels::PlanePlan;
+
+// 1-D and 2-D fields are stored as (x, 1, 1) and (x, y, 1): their trailing axes have extent 1,
+// so the same memory is also a (1, 1, x) or (1, x, y) field. Every kernel above runs along
+// contiguous z rows (im2col copies whole rows, the plane path's GEMMs and vector kernels
+// stream them); a z row of one cell defeats them all. So a 1-D or 2-D convolution computes
+// on the rotated view, where the field's rows lie along z: computed axis a is stored axis
+// (a + ndims) % 3.
+
+/// Axes rotated by `shift`: computed axis a holds stored axis (a + shift) % 3.
+struct AxisRotation {
+  int shift = 0;
+  template <class Array>
+  Array apply(const Array& stored) const {
+    Array computed = stored;
+    for (int a = 0; a < 3; ++a) computed[a] = stored[(a + shift) % 3];
+    return computed;
+  }
+  Box apply(const Box& stored) const { return {apply(stored.lower), apply(stored.extent)}; }
+  /// The same memory as a field with rotated spatial extents (no copy).
+  template <class T>
+  FieldView<T> apply(const FieldView<T>& stored) const {
+    if (shift == 0 || stored.data() == nullptr) return stored;
+    const std::array<Index, 3> e = apply(std::array<Index, 3>{
+        Index(stored.extent(2)), Index(stored.extent(3)), Index(stored.extent(4))});
+    return FieldView<T>(stored.data(), stored.extent(0), stored.extent(1), e[0], e[1], e[2]);
+  }
+};
+
+/// The rotation of a convolution of `ndims` dimensions whose padded input is `padded`: none
+/// for 3-D, or when an axis past ndims is not a single cell (then the rotated view would not
+/// be the same memory).
+template <class T>
+AxisRotation rotation_for(int ndims, const ShardTensor<T>& padded) {
+  for (int a = ndims; a < 3; ++a)
+    if (padded.allocated_extent(a) != 1) return {};
+  return {ndims % 3};
+}
+
+/// A convolution's shape with its axes rotated (see AxisRotation).
+inline ConvShape rotated(const ConvShape& g, const AxisRotation& rotation) {
+  ConvShape r = g;
+  for (int a = 0; a < 3; ++a) {
+    const int s = (a + rotation.shift) % 3;
+    r.k[a] = g.k[s], r.s[a] = g.s[s], r.d[a] = g.d[s], r.base[a] = g.base[s], r.out[a] = g.out[s];
+  }
+  return r;
+}
+
+std::string layer_name(int ndims, const std::string& name) {
+  return "Conv" + std::to_string(ndims) + "d '" + name + "'";
+}
+
+}  // namespace
+
+template <class T>
+Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& name)
+    : comm_(comm), options_(std::move(options)), name_(name) {
+  const int ndims = static_cast<int>(options_.kernel.size());
+  SHARDTENSOR_REQUIRE(ndims >= 1 && ndims <= max_spatial_dims, "Conv '" + name + "'",
+                      "kernel needs 1 to 3 sizes, got " << ndims);
+  const std::string where = layer_name(ndims, name);
+  geometry_.ndims = ndims;
+  const std::vector<int> stride = impl::per_dim_option(options_.stride, ndims, 1, "stride", where);
+  const std::vector<int> dilation =
+      impl::per_dim_option(options_.dilation, ndims, 1, "dilation", where);
+  const std::vector<int> padding =
+      impl::per_dim_option(options_.padding, ndims, 0, "padding", where);
+  for (int d = 0; d < ndims; ++d) {
+    SHARDTENSOR_REQUIRE(
+        options_.kernel[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 && padding[d] >= 0, where,
+        "kernel " << options_.kernel[d] << ", stride " << stride[d] << ", dilation " << dilation[d]
+                  << ", padding " << padding[d] << " along dim " << d);
+    geometry_.kernel[d] = options_.kernel[d];
+    geometry_.stride[d] = stride[d];
+    geometry_.dilation[d] = dilation[d];
+    geometry_.padding[d] = padding[d];
+  }
+  impl::check_channel_groups(options_.in_channels, options_.out_channels, options_.groups, where);
+  double bound = 0;
+  const std::vector<Index> shape = impl::kernel_weight_shape(
+      options_.out_channels, options_.in_channels / options_.groups, options_.kernel, bound);
+  const std::uint64_t seed = this->initialisation_seed(options_.seed, name);
+  weight_ = this->register_parameter("weight", shape, bound, 2 * seed);
+  if (options_.bias)
+    bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * seed + 1);
+  halo_ = std::make_shared<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
+  workspace_->budget_bytes = options_.workspace_bytes;
+}
+
+template <class T>
+Variable<T> Conv<T>::forward(const Variable<T>& input) {
+  const std::string where = layer_name(geometry_.ndims, name_);
+  SHARDTENSOR_REQUIRE(input.is_field(), where, "input '" << input.name() << "' is not a field");
+  const ShardTensor<T>& x = input.value();
+  SHARDTENSOR_REQUIRE(
+      x.channels() == options_.in_channels, where,
+      "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
+  const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
+
+  // Post the halo exchange first; chunks of outputs whose windows read no exchanged ghost
+  // cell are computed while the messages travel.
+  const ShardTensor<T> padded = halo_->start(x);
+
+  ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
+                                                   options_.out_channels, {}, name_ + ".output");
+  ConvShape shape{x.batch(),
+                  options_.in_channels,
+                  options_.out_channels,
+                  options_.in_channels / options_.groups,
+                  options_.out_channels / options_.groups,
+                  {},
+                  {},
+                  {},
+                  {},
+                  {}};
+  const auto base = window_base(geometry_, x, y);
+  for (int d = 0; d < max_spatial_dims; ++d) {
+    shape.k[d] = geometry_.kernel[d];
+    shape.s[d] = geometry_.stride[d];
+    shape.d[d] = geometry_.dilation[d];
+    shape.out[d] = y.local_extent(d);
+    shape.base[d] = base[d];
+  }
+  // From here on the kernels see the rotated axes (1-D and 2-D rows along z).
+  const AxisRotation rotation = rotation_for(geometry_.ndims, padded);
+  shape = rotated(shape, rotation);
+  const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
+  const ReplicatedView<T> no_bias;
+  const ConvAlgorithm algorithm = options_.algorithm;
+  const std::shared_ptr<kernels::ConvWorkspace<T>> workspace = workspace_;
+  const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : no_bias;
+  const Index padded_extent[3] = {Index(xp.extent(2)), Index(xp.extent(3)), Index(xp.extent(4))};
+  const PlanePlan planes =
+      algorithm == ConvAlgorithm::gemm
+          ? kernels::plan_planes(
+                shape, padded_extent, sizeof(T), workspace->budget_bytes,
+                options_.vector_kernels && kernels::conv_vector_kernels_available<T>())
+          : PlanePlan{};
+  const auto forward_gemm = [&](const ChunkFilter& filter) {
+    if (!planes.applies()) {
+      kernels::conv_gemm_forward(shape, xp, weight_.data(), bias, yv, *workspace, filter);
+      return;
+    }
+    const auto keep = [&](Index ox, Index y0, Index y1) {
+      return filter(kernels::plane_reads(shape, ox, y0, y1));
+    };
+    kernels::correlate_planes<T>(planes, planes.forward, planes.forward_rows, shape, xp,
+                                 weight_.data(), false, bias, yv, workspace->reserve(planes.values),
+                                 keep);
+  };
+  if (algorithm == ConvAlgorithm::gemm && halo_overlap() && halo_->padding_ready_after_start()) {
+    ChunkFilter interior{ChunkFilter::avoiding, {}};
+    for (const Box& box : halo_->exchanged_boxes(padded))
+      interior.boxes.push_back(rotation.apply(box));
+    forward_gemm(interior);
+    halo_->finish(padded);
+    interior.keep = ChunkFilter::touching;
+    forward_gemm(interior);
+  } else {
+    halo_->finish(padded);
+    if (algorithm == ConvAlgorithm::gemm)
+      forward_gemm(ChunkFilter{});
+    else
+      kernels::conv_direct_forward(shape, xp, weight_.data(), bias, yv);
+  }
+
+  std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
+  if (bias_.defined()) inputs.push_back(bias_.node());
+  auto node = make_result_node<T>(name_, inputs);
+  node->field = y;
+  if (node->requires_grad) {
+    auto x_node = input.node();
+    auto w_node = weight_.node();
+    auto b_node = bias_.defined() ? bias_.node() : nullptr;
+    const Communicator comm = comm_;
+    const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
+    node->backward = [=](impl::Node<T>& self) {
+      const FieldView<T> gy = rotation.apply(self.grad_field().view());
+      const ReplicatedView<T> gw =
+          w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
+      const ReplicatedView<T> gb =
+          b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
+      ShardTensor<T> grad_padded;
+      if (planes.applies()) {
+        // Plane path: weight gradient first, then the input gradient, which writes every
+        // padded cell. The padded input is dead by then (backward runs once per forward), so
+        // its buffer takes the padded gradient: no allocation, no zero fill.
+        T* scratch = workspace->reserve(planes.values);
+        if (gw.extent(0) > 0) kernels::weight_gradient_planes(planes, shape, xp, gy, gw, scratch);
+        kernels::conv_backward_parameters(shape, gy, xp, ReplicatedView<T>(), gb);  // bias only
+        if (x_node->requires_grad) {
+          grad_padded = padded;
+          const auto keep_all = [](Index, Index, Index) { return true; };
+          kernels::correlate_planes<T>(planes, planes.data, planes.data_rows, shape, gy,
+                                       w_node->data, true, ReplicatedView<T>(), xp, scratch,
+                                       keep_all);
+        }
+      } else {
+        if (x_node->requires_grad)
+          grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
+                                       padded.channels(), padded.ghosts(), name_ + ".padded_grad");
+        const FieldView<T> gxp = rotation.apply(grad_padded.view());
+        if (algorithm == ConvAlgorithm::gemm) {
+          kernels::conv_gemm_backward(shape, gy, xp, w_node->data, gw, gxp, *workspace);
+          kernels::conv_backward_parameters(shape, gy, xp, ReplicatedView<T>(), gb);  // bias only
+        } else {
+          kernels::conv_backward_parameters(shape, gy, xp, gw, gb);
+          if (x_node->requires_grad)
+            kernels::conv_direct_backward_data(shape, gy, w_node->data, gxp);
+        }
+      }
+      if (x_node->requires_grad) halo->backward(grad_padded, x_node->grad_field());
+    };
+  }
+  return Variable<T>(node);
+}
+
+template class Conv<float>;
+template class Conv<double>;
+
+}  // namespace shardtensor

@@ -1,0 +1,175 @@
+#include "shardtensor/nn/halo_padding.hpp"
+
+#include "shardtensor/core/cell_index.hpp"
+
+#include "shardtensor/comm/impl/layout_check.hpp"
+
+namespace shardtensor {
+
+namespace {
+
+/// Calls op(source cell, target cell) for every owned cell of two fields with the same owned
+/// cells (any ghost widths), line by line along the innermost axis longer than one cell: z in
+/// 3-D, y in 2-D (whose z lines are single cells, where a per-cell index space costs more than
+/// the copy itself).
+template <class T, class CellOp>
+void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
+                            const ShardTensor<T>& target, CellOp op) {
+  const auto s = source.interior();
+  const auto t = target.interior();
+  const Index e[3] = {Index(s.extent(2)), Index(s.extent(3)), Index(s.extent(4))};
+  const Lines lines(s.extent(0), s.extent(1), e);
+  const Index length = lines.length, s_step = s.stride(2 + lines.axis),
+              t_step = t.stride(2 + lines.axis);
+  Kokkos::parallel_for(
+      label, lines.count, KOKKOS_LAMBDA(const Index line) {
+        const CellIndex c = lines.start(line);
+        const T* from = &s(c.n, c.c, c.x, c.y, c.z);
+        T* to = &t(c.n, c.c, c.x, c.y, c.z);
+        for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
+      });
+}
+
+/// Sets every cell outside the owned ones (ghosts, padding) to zero, in one kernel over the
+/// lines of the buffer along its innermost axis longer than one cell: a line outside the
+/// interior is zeroed whole, a line through it only at its two ends.
+template <class T>
+void zero_shell(const ShardTensor<T>& field) {
+  const Box inner = field.interior_box();
+  const auto v = field.view();
+  const Index e[3] = {field.allocated_extent(0), field.allocated_extent(1),
+                      field.allocated_extent(2)};
+  const Lines lines(v.extent(0), v.extent(1), e);
+  const int axis = lines.axis;
+  const Index lo[3] = {inner.lower[0], inner.lower[1], inner.lower[2]};
+  const Index hi[3] = {inner.upper(0), inner.upper(1), inner.upper(2)};
+  const Index length = lines.length, step = v.stride(2 + axis);
+  Kokkos::parallel_for(
+      "zero_shell", lines.count, KOKKOS_LAMBDA(const Index line) {
+        const CellIndex c = lines.start(line);
+        const Index at[3] = {c.x, c.y, c.z};
+        bool through_interior = true;
+        for (int a = 0; a < 3; ++a)
+          if (a != axis) through_interior = through_interior && at[a] >= lo[a] && at[a] < hi[a];
+        T* p = &v(c.n, c.c, c.x, c.y, c.z);
+        const Index below = through_interior ? lo[axis] : length;
+        const Index above = through_interior ? hi[axis] : length;
+        for (Index i = 0; i < below; ++i) p[i * step] = T(0);
+        for (Index i = above; i < length; ++i) p[i * step] = T(0);
+      });
+}
+
+/// target.interior() += source.interior() (same owned cells, any ghost widths).
+template <class T>
+void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
+  for_each_interior_pair(
+      "add_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to += from; });
+}
+
+/// Zeros / periodic / replicate / reflect padding of a window's width on both sides.
+BoundaryPadding window_padding(const WindowGeometry& geometry, PaddingMode mode, double constant) {
+  BoundaryPadding boundary;
+  boundary.mode = mode;
+  boundary.constant = constant;
+  for (int d = 0; d < geometry.ndims; ++d)
+    boundary.lower[d] = boundary.upper[d] = geometry.padding[d];
+  return boundary;
+}
+
+}  // namespace
+
+template <class T>
+HaloPadding<T>::HaloPadding(const Communicator& comm, const WindowGeometry& geometry,
+                            PaddingMode mode, T constant, std::string where)
+    : HaloPadding(comm, geometry.input_ghosts(),
+                  window_padding(geometry, mode, static_cast<double>(constant)), std::move(where)) {
+}
+
+template <class T>
+HaloPadding<T>::HaloPadding(const Communicator& comm, const GhostWidths& ghosts,
+                            const BoundaryPadding& boundary, std::string where)
+    : comm_(comm), ghosts_(ghosts), boundary_(boundary), where_(std::move(where)) {
+  for (int d = 0; d < max_spatial_dims; ++d)
+    SHARDTENSOR_REQUIRE(ghosts_.lower[d] >= 0 && ghosts_.upper[d] >= 0 && boundary_.lower[d] >= 0 &&
+                            boundary_.upper[d] >= 0 && boundary_.lower[d] <= ghosts_.lower[d] &&
+                            boundary_.upper[d] <= ghosts_.upper[d],
+                        where_,
+                        "boundary padding ("
+                            << boundary_.lower[d] << ", " << boundary_.upper[d] << ") along dim "
+                            << d << " must be non-negative and fit the ghost widths " << ghosts_);
+}
+
+template <class T>
+Decomposition HaloPadding<T>::padded_decomposition(const Decomposition& input) const {
+  // Same split; periodic when the padding wraps around (the op's padding mode decides, not
+  // the field's periodic flags).
+  std::vector<std::vector<Index>> points;
+  for (int d = 0; d < input.ndims(); ++d) points.push_back(input.split_points(d));
+  return Decomposition::from_split_points(
+      points, std::vector<bool>(input.ndims(), boundary_.mode == PaddingMode::periodic));
+}
+
+template <class T>
+HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
+  std::vector<long long> key = impl::signature(padded.decomposition());
+  key.push_back(padded.batch());
+  key.push_back(padded.channels());
+  auto& plan = plans_[key];
+  if (!plan) {
+    try {
+      plan = std::make_unique<HaloExchange<T>>(comm_, padded);
+    } catch (const Error& e) {  // name the layer: "Conv3d 'conv1': HaloExchange: halo width ..."
+      throw Error(where_ + ": " + e.what());
+    }
+  }
+  return *plan;
+}
+
+template <class T>
+ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
+  const ShardTensor<T> padded = start(input);
+  finish(padded);
+  return padded;
+}
+
+template <class T>
+ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
+  const Decomposition decomposition = padded_decomposition(input.decomposition());
+  check_padding_sources(decomposition, boundary_, where_);
+  // Only the shell around the owned cells starts at zero (the ghosts and the zeros padding):
+  // the owned cells are copied next, and zero-filling them too was a second pass over the field.
+  ShardTensor<T> padded =
+      ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
+                                    ghosts_, where_ + " padded input");
+  zero_shell(padded);
+  for_each_interior_pair(
+      "copy_interior", input, padded, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
+  plan_for(padded).start(padded);
+  return padded;
+}
+
+template <class T>
+void HaloPadding<T>::finish(const ShardTensor<T>& padded) {
+  plan_for(padded).finish(padded);
+  fill_boundary_padding(padded, boundary_);
+}
+
+template <class T>
+std::vector<Box> HaloPadding<T>::exchanged_boxes(const ShardTensor<T>& padded) {
+  std::vector<Box> boxes;
+  for (const auto& m : plan_for(padded).messages())
+    if (m.recv_count > 0) boxes.push_back(m.recv_box);
+  return boxes;
+}
+
+template <class T>
+void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad) {
+  unfill_boundary_padding(padded_grad, boundary_);
+  plan_for(padded_grad).reverse_accumulate(padded_grad);
+  add_interior(padded_grad, input_grad);
+}
+
+template class HaloPadding<float>;
+template class HaloPadding<double>;
+
+}  // namespace shardtensor

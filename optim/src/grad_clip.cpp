@@ -1,0 +1,47 @@
+#include "shardtensor/optim/grad_clip.hpp"
+
+#include <cmath>
+
+#include "shardtensor/core/error.hpp"
+
+namespace shardtensor {
+
+template <class T>
+double clip_grad_norm(const NamedParameters<T>& parameters, double max_norm) {
+  SHARDTENSOR_REQUIRE(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm",
+                      "max_norm must be a finite number > 0, got " << max_norm);
+  // Gradients are replicated and complete: the local sum is the global one, no allreduce.
+  double sum_of_squares = 0;
+  for (const auto& named : parameters) {
+    if (!named.second.requires_grad()) continue;
+    const ReplicatedView<T> grad = named.second.data_grad();
+    double partial = 0;
+    Kokkos::parallel_reduce(
+        "clip_grad_norm::sum_of_squares", grad.extent(0),
+        KOKKOS_LAMBDA(const std::size_t i, double& sum) {
+          const double g = static_cast<double>(grad(i));
+          sum += g * g;
+        },
+        partial);
+    sum_of_squares += partial;
+  }
+  const double norm = std::sqrt(sum_of_squares);
+  // PyTorch's formula: scale by max_norm / (norm + 1e-6), clamped to at most 1.
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1 || !std::isfinite(norm)) {
+    const T scale = static_cast<T>(coefficient);
+    for (const auto& named : parameters) {
+      if (!named.second.requires_grad()) continue;
+      const ReplicatedView<T> grad = named.second.data_grad();
+      Kokkos::parallel_for(
+          "clip_grad_norm::scale", grad.extent(0),
+          KOKKOS_LAMBDA(const std::size_t i) { grad(i) *= scale; });
+    }
+  }
+  return norm;
+}
+
+template double clip_grad_norm(const NamedParameters<float>&, double);
+template double clip_grad_norm(const NamedParameters<double>&, double);
+
+}  // namespace shardtensor
