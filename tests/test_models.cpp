@@ -335,8 +335,8 @@ layers:
 TEST_CASE("config errors name the key, the line and the accepted values",
           "[models][builder][errors]") {
   CHECK_THAT(build_error("type: unet\ndepth: 2\nbase_chanels: 8\n"),
-             Contains("build_model: model (line 3): unknown key 'base_chanels'; did you mean "
-                      "'base_channels'?; accepted keys: "
+             Contains("build_model: model (line 3): unknown key 'base_chanels' (did you mean "
+                      "'base_channels'?); accepted keys: "
                       "type, depth, base_channels,"));
   CHECK_THAT(build_error("type: unet\nactivation: rlu\n"),
              Contains("model.activation (line 2): unknown value 'rlu'; accepted values: relu, "
@@ -363,7 +363,7 @@ layers:
   CHECK_THAT(build_error(layers),
              Contains("model.layers[2].kernel[1] (line 5): expected an integer, got 'x'"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, kernal: 3}\n"),
-             Contains("model.layers[0] (line 3): unknown key 'kernal'; did you mean 'kernel'?; "
+             Contains("model.layers[0] (line 3): unknown key 'kernal' (did you mean 'kernel'?); "
                       "accepted keys: type, "
                       "out_channels, kernel,"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, out_channels: 2}\n"),

@@ -4,8 +4,8 @@
 
 #include <fftw3.h>
 
-#include <catch2/catch.hpp>
 #include <yaml-cpp/yaml.h>
+#include <catch2/catch.hpp>
 
 #include "equivalence.hpp"
 #include "shardtensor/models.hpp"
@@ -116,14 +116,16 @@ TEMPLATE_TEST_CASE("the distributed FFT equals FFTW on the gathered field", "[ff
       DistributedFFT<TestType> fft(comm, d, batch, channels);
       const auto spectrum =
           Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), fft.forward(x));
-      const auto whole = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all_gather(comm, x));
+      const auto whole =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all_gather(comm, x));
       // Reference: FFTW's multi-dimensional r2c in double, of each (sample, channel) plane.
       const SpatialIndex n = d.global_extents(), k = fft.spectral_extents();
       std::vector<int> dims;
       for (int a = 0; a < d.ndims(); ++a) dims.push_back(int(n[a]));
       std::vector<double> in(n[0] * n[1] * n[2]);
       std::vector<fftw_complex> out(k[0] * k[1] * k[2]);
-      fftw_plan plan = fftw_plan_dft_r2c(d.ndims(), dims.data(), in.data(), out.data(), FFTW_ESTIMATE);
+      fftw_plan plan =
+          fftw_plan_dft_r2c(d.ndims(), dims.data(), in.data(), out.data(), FFTW_ESTIMATE);
       const Box b = fft.local_spectral_box();
       double diff = 0, scale = 0;
       for (Index s = 0; s < batch; ++s)
@@ -139,8 +141,8 @@ TEMPLATE_TEST_CASE("the distributed FFT equals FFTW on the gathered field", "[ff
                 const auto& ref =
                     out[((b.lower[0] + i) * k[1] + b.lower[1] + j) * k[2] + b.lower[2] + l];
                 const auto got = spectrum(s, c, i, j, l);
-                diff = std::max(diff, std::hypot(double(got.real()) - ref[0],
-                                                 double(got.imag()) - ref[1]));
+                diff = std::max(
+                    diff, std::hypot(double(got.real()) - ref[0], double(got.imag()) - ref[1]));
               }
         }
       fftw_destroy_plan(plan);
@@ -256,11 +258,12 @@ TEST_CASE("the FNO builds from a config and rejects bad keys", "[fno][config]") 
                  "projection_channels: 8\nseed: 4\n"),
       comm, shape);
   // lifting (6x2 + 6), 2 x (spectral 2 x 6x6x6x2, bypass 6x6 + 6), hidden 8x6 + 8, out 8 + 1
-  CHECK(models::count_parameters(*model) == (12 + 6) + 2 * (2 * 6 * 6 * 6 * 2 + 36 + 6) + (48 + 8) + 9);
+  CHECK(models::count_parameters(*model) ==
+        (12 + 6) + 2 * (2 * 6 * 6 * 6 * 2 + 36 + 6) + (48 + 8) + 9);
   CHECK(model->named_parameters()[2].first == "spectral0.weight_real");
   CHECK_THROWS_WITH(models::build_model<float>(YAML::Load("type: fno\nwidht: 6\n"), comm, shape),
-                    Contains("build_model: model (line 2): unknown key 'widht'; did you mean "
-                             "'width'?"));
+                    Contains("build_model: model (line 2): unknown key 'widht' (did you mean "
+                             "'width'?)"));
   CHECK_THROWS_WITH(
       models::build_model<float>(YAML::Load("type: fno\nmodes: [3, 2, 1]\n"), comm, shape),
       Contains("model.modes (line 2): expected 2 sizes (one per spatial dim), got 3"));

@@ -87,7 +87,7 @@ TEST_CASE("config errors name the key, the value and the line", "[config]") {
   const std::string bad_key =
       "run_dir: x\ndata:\n  path: a.h5\n  shufle: true\nmodel: {type: unet}\n";
   const std::string m1 = test::error_message_of([&] { RunConfig::parse(bad_key, "run.yaml"); });
-  CHECK_THAT(m1, Catch::Contains("run.yaml: data.shufle (line 4): unknown key"));
+  CHECK_THAT(m1, Catch::Contains("run.yaml: data (line 4): unknown key 'shufle' (did you mean"));
   CHECK_THAT(m1, Catch::Contains("did you mean 'shuffle'?"));
 
   const std::string bad_type =

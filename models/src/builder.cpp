@@ -1,6 +1,6 @@
 #include "shardtensor/models/builder.hpp"
 
-#include "shardtensor/core/closest_name.hpp"
+#include "shardtensor/config/config_node.hpp"
 
 #include <limits>
 #include <map>
@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardtensor/config/config_node.hpp"
 #include "shardtensor/models/fno.hpp"
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
@@ -59,19 +60,10 @@ class MapReader {
   MapReader(const YAML::Node& node, std::string path, std::vector<std::string> accepted)
       : node_(node), path_(std::move(path)), accepted_(std::move(accepted)) {
     if (!node_.IsMap()) fail(path_, node_, "expected a map of keys, got " + shown(node_));
-    for (const auto& entry : node_) {
-      if (!entry.first.IsScalar())
-        fail(path_, entry.first, "expected a key name, got " + shown(entry.first));
-      const std::string key = entry.first.Scalar();
-      bool known = false;
-      for (const std::string& a : accepted_) known = known || a == key;
-      if (!known)
-        fail(path_, entry.first,
-             "unknown key '" + key + "'" +
-                 (closest_name(key, accepted_).empty()
-                      ? ""
-                      : "; did you mean '" + closest_name(key, accepted_) + "'?") +
-                 "; accepted keys: " + join(accepted_));
+    try {
+      ConfigNode::check_keys(node_, path_, "build_model", accepted_);
+    } catch (const Error& e) {
+      throw ConfigError(e.what());  // names its key and line already
     }
   }
 

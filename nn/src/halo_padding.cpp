@@ -88,7 +88,7 @@ HaloPadding<T>::HaloPadding(const Communicator& comm, const WindowGeometry& geom
 template <class T>
 HaloPadding<T>::HaloPadding(const Communicator& comm, const GhostWidths& ghosts,
                             const BoundaryPadding& boundary, std::string where)
-    : comm_(comm), ghosts_(ghosts), boundary_(boundary), where_(std::move(where)) {
+    : comm_(comm), ghosts_(ghosts), boundary_(boundary), where_(std::move(where)), plans_(comm) {
   for (int d = 0; d < max_spatial_dims; ++d)
     SHARDTENSOR_REQUIRE(ghosts_.lower[d] >= 0 && ghosts_.upper[d] >= 0 && boundary_.lower[d] >= 0 &&
                             boundary_.upper[d] >= 0 && boundary_.lower[d] <= ghosts_.lower[d] &&
@@ -111,18 +111,7 @@ Decomposition HaloPadding<T>::padded_decomposition(const Decomposition& input) c
 
 template <class T>
 HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
-  std::vector<long long> key = impl::signature(padded.decomposition());
-  key.push_back(padded.batch());
-  key.push_back(padded.channels());
-  auto& plan = plans_[key];
-  if (!plan) {
-    try {
-      plan = std::make_unique<HaloExchange<T>>(comm_, padded);
-    } catch (const Error& e) {  // name the layer: "Conv3d 'conv1': HaloExchange: halo width ..."
-      throw Error(where_ + ": " + e.what());
-    }
-  }
-  return *plan;
+  return *plans_.plan(padded, where_);
 }
 
 template <class T>

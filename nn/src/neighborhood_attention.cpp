@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardtensor/comm/halo_exchange.hpp"
+#include "shardtensor/comm/halo_plan_cache.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/error.hpp"
 
@@ -294,53 +295,6 @@ void backward_cells(const Geometry& g, const Box& box, const Saved<T>& s,
   }
 }
 
-/// HaloExchange plans of the padded K/V buffers, one per (communicator, layout), reused by
-/// later calls (a model calls the op with the same layout every step). Released when Kokkos
-/// finalizes (the plans hold Views). Every rank makes the same calls in the same order, so
-/// every rank builds (collectively) and evicts the same plans at the same time.
-template <class T>
-struct PlanCache {
-  std::map<std::vector<long long>, std::shared_ptr<HaloExchange<T>>> plans;
-  bool release_hooked = false;
-  static constexpr std::size_t max_plans = 32;
-
-  static PlanCache& instance() {
-    static PlanCache cache;
-    return cache;
-  }
-
-  std::shared_ptr<HaloExchange<T>> plan(const Communicator& comm, const ShardTensor<T>& like) {
-    // The cached plan holds a copy of the communicator, which keeps the MPI handle (and so
-    // its id in the key) from being reused by another communicator meanwhile.
-    std::vector<long long> key = impl::signature(like.decomposition());
-    key.push_back(static_cast<long long>(comm.id()));
-    key.push_back(like.batch());
-    key.push_back(like.channels());
-    for (int a = 0; a < max_spatial_dims; ++a) {
-      key.push_back(like.ghosts().lower[a]);
-      key.push_back(like.ghosts().upper[a]);
-    }
-    auto found = plans.find(key);
-    if (found != plans.end()) return found->second;
-    if (!release_hooked) {
-      Kokkos::push_finalize_hook([] {
-        instance().plans.clear();
-        instance().release_hooked = false;
-      });
-      release_hooked = true;
-    }
-    if (plans.size() >= max_plans) plans.clear();
-    std::shared_ptr<HaloExchange<T>> plan;
-    try {
-      plan = std::make_shared<HaloExchange<T>>(comm, like);
-    } catch (const Error& e) {
-      throw Error(std::string(where) + ": " + e.what());
-    }
-    plans.emplace(std::move(key), plan);
-    return plan;
-  }
-};
-
 /// Checks the options and layouts; returns the first problem found ("" if none). Everything
 /// checked is the same on every rank except the local layouts of q, k and v.
 template <class T>
@@ -514,7 +468,7 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
   copy_rows(host_k, kf.interior_box(), 0, host_padded, padded_interior, 0, C, false);
   copy_rows(host_v, vf.interior_box(), 0, host_padded, padded_interior, C, C, false);
   Kokkos::deep_copy(padded.view(), host_padded);
-  const std::shared_ptr<HaloExchange<T>> plan = PlanCache<T>::instance().plan(comm, padded);
+  const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
   plan->start(padded);
 
   // While the messages travel: pack Q and the owned K/V, compute the early queries.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardtensor/comm/halo_exchange.hpp"
+#include "shardtensor/comm/halo_plan_cache.hpp"
 #include "shardtensor/nn/padding.hpp"
 #include "shardtensor/nn/window_geometry.hpp"
 
@@ -67,7 +68,7 @@ class HaloPadding {
   GhostWidths ghosts_;
   BoundaryPadding boundary_;
   std::string where_;
-  std::map<std::vector<long long>, std::unique_ptr<HaloExchange<T>>> plans_;
+  HaloPlanCache<T> plans_;
 };
 
 extern template class HaloPadding<float>;

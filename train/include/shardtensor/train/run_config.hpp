@@ -11,7 +11,7 @@
 #include "shardtensor/core/types.hpp"
 #include "shardtensor/optim/lr_schedule.hpp"
 #include "shardtensor/optim/optimizer.hpp"
-#include "shardtensor/train/config_node.hpp"
+#include "shardtensor/config/config_node.hpp"
 
 namespace shardtensor {
 

@@ -1,4 +1,4 @@
-#include "shardtensor/train/config_node.hpp"
+#include "shardtensor/config/config_node.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -78,17 +78,24 @@ std::string ConfigNode::choice(const std::string& key, const std::string& fallba
 }
 
 void ConfigNode::allow_only(std::initializer_list<const char*> known) const {
-  if (!node_.IsMap()) return;
-  const std::vector<std::string> names(known.begin(), known.end());
+  check_keys(node_, path_.empty() ? "<top level>" : path_, source_,
+             std::vector<std::string>(known.begin(), known.end()));
+}
+
+void ConfigNode::check_keys(const YAML::Node& map, const std::string& path,
+                            const std::string& source, const std::vector<std::string>& accepted) {
+  if (!map.IsMap()) return;
   std::string list;
-  for (const std::string& k : names) list += (list.empty() ? "" : ", ") + k;
-  for (const auto& entry : node_) {
-    const std::string key = entry.first.as<std::string>();
-    if (std::find(names.begin(), names.end(), key) != names.end()) continue;
-    const std::string closest = closest_name(key, names);
-    ConfigNode bad(entry.first, path_.empty() ? key : path_ + "." + key, source_);
-    bad.fail("unknown key" + (closest.empty() ? "" : "; did you mean '" + closest + "'?") +
-             " Accepted keys here: " + list);
+  for (const std::string& k : accepted) list += (list.empty() ? "" : ", ") + k;
+  for (const auto& entry : map) {
+    const ConfigNode at(entry.first, path, source);
+    if (!entry.first.IsScalar()) at.fail("expected a key name, got '" + at.text() + "'");
+    const std::string key = entry.first.Scalar();
+    if (std::find(accepted.begin(), accepted.end(), key) != accepted.end()) continue;
+    const std::string closest = closest_name(key, accepted);
+    at.fail("unknown key '" + key + "'" +
+            (closest.empty() ? "" : " (did you mean '" + closest + "'?)") +
+            "; accepted keys: " + list);
   }
 }
 

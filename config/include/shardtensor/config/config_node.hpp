@@ -54,6 +54,12 @@ class ConfigNode {
 
   /// Keys of this map that are not in `known` are errors (a typo must not be ignored).
   void allow_only(std::initializer_list<const char*> known) const;
+
+  /// The check of every config map's keys, run configs and model specs alike: raises Error
+  /// "<source>: <path> (line L): unknown key 'k' (did you mean 'x'?); accepted keys: a, b"
+  /// for the first key of `map` that is not in `accepted` (or is no scalar).
+  static void check_keys(const YAML::Node& map, const std::string& path, const std::string& source,
+                         const std::vector<std::string>& accepted);
   /// Raises Error "<source>: <path> (line L): <message>".
   [[noreturn]] void fail(const std::string& message) const;
   /// Checks `condition`, else fail(message).
