@@ -315,7 +315,7 @@ TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it"
       test::error_message_of([&] { RunConfig::parse(base + "memory: {budget_mib: lots}\n"); }),
       Contains("memory.budget_mib"));
   CHECK_THAT(test::error_message_of([&] { RunConfig::parse(base + "memory: {budget: 5}\n"); }),
-             Contains("memory.budget"));
+             Contains("memory (line 3): unknown key 'budget'; accepted keys: budget_mib"));
 
   disable_memory_tracking();
   const Communicator world;

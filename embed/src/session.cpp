@@ -252,37 +252,44 @@ class Engine {
     if (buffer.channels() != channels || buffer.view().data() == nullptr)
       buffer = ShardTensor<T>::uninitialized(decomposition_, comm_.rank(), 1, channels, {},
                                              "Session staged field");
-    const auto affine = staging.affine.of(statistics, false);
+    // The solver's arrays are host memory: read them on the host into a host mirror of the
+    // buffer (the buffer itself on a host backend), then copy it to the buffer's space.
+    const auto affine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
+                                                            staging.affine.of(statistics, false));
     const ArrayIndexing a = indexing_;
-    const auto out = buffer.view();
+    const auto out = Kokkos::create_mirror_view(buffer.view());
     for (Index c = 0; c < channels; ++c) {
       const S* source = arrays[c];
       Kokkos::parallel_for(
           "Session::stage",
-          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
-                                                 {out.extent(2), out.extent(3), out.extent(4)}),
-          KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
+          Kokkos::MDRangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Rank<3>>(
+              {0, 0, 0}, {Index(out.extent(2)), Index(out.extent(3)), Index(out.extent(4))}),
+          [=](const Index i, const Index j, const Index k) {
             const double value =
                 double(source[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]]);
             out(0, c, i, j, k) = static_cast<T>(value * affine(c, 0) + affine(c, 1));
           });
     }
+    Kokkos::deep_copy(buffer.view(), out);  // nothing to copy where the mirror is the buffer
     return buffer;
   }
 
   /// Owned cells of the solver's output arrays = the prediction in physical units.
   template <class S>
   void write_output(const ShardTensor<T>& prediction, const std::vector<S*>& arrays) {
-    const auto affine = output_affine_.of(state_.target_statistics, true);
+    // The solver's arrays are host memory: write them on the host from a host copy of the
+    // prediction (the prediction itself on a host backend).
+    const auto affine = Kokkos::create_mirror_view_and_copy(
+        Kokkos::HostSpace(), output_affine_.of(state_.target_statistics, true));
     const ArrayIndexing a = indexing_;
-    const auto in = prediction.interior();
+    const auto in = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prediction.interior());
     for (Index c = 0; c < Index(arrays.size()); ++c) {
       S* target = arrays[c];
       Kokkos::parallel_for(
           "Session::write_output",
-          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
-                                                 {in.extent(2), in.extent(3), in.extent(4)}),
-          KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
+          Kokkos::MDRangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Rank<3>>(
+              {0, 0, 0}, {Index(in.extent(2)), Index(in.extent(3)), Index(in.extent(4))}),
+          [=](const Index i, const Index j, const Index k) {
             target[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]] =
                 static_cast<S>(double(in(0, c, i, j, k)) * affine(c, 0) + affine(c, 1));
           });

@@ -1,113 +1,15 @@
 #include "shardtensor/spectral/distributed_fft.hpp"
 
-#include <fftw3.h>
-
 #include <vector>
 
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/kernels/fft.hpp"
 #include "shardtensor/spectral/impl/box_transpose.hpp"
 
 namespace shardtensor {
 
 namespace {
-
-// ---- FFTW in float and double ------------------------------------------------------------
-
-template <class T>
-struct Fftw;
-
-template <>
-struct Fftw<double> {
-  using plan_type = fftw_plan;
-  using complex_type = fftw_complex;
-  static plan_type dft(int rank, const fftw_iodim64* dims, int howmany, const fftw_iodim64* loops,
-                       complex_type* in, complex_type* out, int sign, unsigned flags) {
-    return fftw_plan_guru64_dft(rank, dims, howmany, loops, in, out, sign, flags);
-  }
-  static plan_type r2c(int rank, const fftw_iodim64* dims, int howmany, const fftw_iodim64* loops,
-                       double* in, complex_type* out, unsigned flags) {
-    return fftw_plan_guru64_dft_r2c(rank, dims, howmany, loops, in, out, flags);
-  }
-  static plan_type c2r(int rank, const fftw_iodim64* dims, int howmany, const fftw_iodim64* loops,
-                       complex_type* in, double* out, unsigned flags) {
-    return fftw_plan_guru64_dft_c2r(rank, dims, howmany, loops, in, out, flags);
-  }
-  static void execute(plan_type p) { fftw_execute(p); }
-  static void destroy(plan_type p) { fftw_destroy_plan(p); }
-};
-
-template <>
-struct Fftw<float> {
-  using plan_type = fftwf_plan;
-  using complex_type = fftwf_complex;
-  static plan_type dft(int rank, const fftw_iodim64* dims, int howmany, const fftw_iodim64* loops,
-                       complex_type* in, complex_type* out, int sign, unsigned flags) {
-    return fftwf_plan_guru64_dft(rank, dims, howmany, loops, in, out, sign, flags);
-  }
-  static plan_type r2c(int rank, const fftw_iodim64* dims, int howmany, const fftw_iodim64* loops,
-                       float* in, complex_type* out, unsigned flags) {
-    return fftwf_plan_guru64_dft_r2c(rank, dims, howmany, loops, in, out, flags);
-  }
-  static plan_type c2r(int rank, const fftw_iodim64* dims, int howmany, const fftw_iodim64* loops,
-                       complex_type* in, float* out, unsigned flags) {
-    return fftwf_plan_guru64_dft_c2r(rank, dims, howmany, loops, in, out, flags);
-  }
-  static void execute(plan_type p) { fftwf_execute(p); }
-  static void destroy(plan_type p) { fftwf_destroy_plan(p); }
-};
-
-/// An FFTW plan that runs on the arrays it was planned for; empty (a no-op) when the rank
-/// has no lines to transform.
-template <class T>
-class LocalPlan {
- public:
-  using plan_type = typename Fftw<T>::plan_type;
-  LocalPlan() = default;
-  explicit LocalPlan(plan_type plan) : plan_(plan) {
-    SHARDTENSOR_REQUIRE(plan_ != nullptr, "DistributedFFT", "FFTW could not build a plan");
-  }
-  LocalPlan(LocalPlan&& other) noexcept : plan_(other.plan_) { other.plan_ = nullptr; }
-  LocalPlan& operator=(LocalPlan&& other) noexcept {
-    std::swap(plan_, other.plan_);
-    return *this;
-  }
-  ~LocalPlan() {
-    if (plan_) Fftw<T>::destroy(plan_);
-  }
-  void execute() const {
-    // FFTW reads what Kokkos kernels wrote: they must have finished (asynchronous backends).
-    Kokkos::fence();
-    if (plan_) Fftw<T>::execute(plan_);
-  }
-
- private:
-  plan_type plan_ = nullptr;
-};
-
-/// Strides (in values) of the axes (n*c, x, y, z) of a C-order (batch, channel, x, y, z) array.
-struct Strides {
-  Index sample = 0;  // one (batch, channel) plane
-  SpatialIndex axis{0, 0, 0};
-  explicit Strides(const SpatialIndex& e)
-      : sample(e[0] * e[1] * e[2]), axis{e[1] * e[2], e[2], 1} {}
-};
-
-/// FFTW guru dimensions of 1-D transforms along `axis` of every line of a (values, x, y, z)
-/// array: the transform dimension (logical length `length`) and loops over the (batch x
-/// channel) planes and the other spatial axes. `in` and `out` are the arrays' extents (they
-/// differ along `axis` for r2c and c2r).
-struct LineLoops {
-  fftw_iodim64 transform{};
-  std::vector<fftw_iodim64> loops;
-  LineLoops(int axis, Index length, Index planes, const SpatialIndex& in, const SpatialIndex& out) {
-    const Strides si(in), so(out);
-    transform = {length, si.axis[axis], so.axis[axis]};
-    loops.push_back({planes, si.sample, so.sample});
-    for (int a = 0; a < max_spatial_dims; ++a)
-      if (a != axis && in[a] > 1) loops.push_back({in[a], si.axis[a], so.axis[a]});
-  }
-};
 
 /// Parts of a balanced split of `extent` into `parts` (some empty when parts > extent).
 std::vector<Box> slabs(const SpatialIndex& extents, int axis, int parts) {
@@ -121,7 +23,9 @@ std::vector<Box> slabs(const SpatialIndex& extents, int axis, int parts) {
   return boxes;
 }
 
-SpatialIndex negated(const SpatialIndex& v) { return {-v[0], -v[1], -v[2]}; }
+SpatialIndex negated(const SpatialIndex& v) {
+  return {-v[0], -v[1], -v[2]};
+}
 
 }  // namespace
 
@@ -137,13 +41,13 @@ struct DistributedFFT<T>::Plans {
   SpatialIndex real_extents;      // (n0, n1, n2)
   SpatialIndex spectral_extents;  // (n0, n1, n2/2 + 1) or (n0, n1/2 + 1, 1)
   std::vector<Box> real_slabs, complex_slabs, spectral_slabs;
-  impl::BoxTranspose<T> to_slabs, from_slabs;          // field decomposition <-> x-slabs
+  impl::BoxTranspose<T> to_slabs, from_slabs;              // field decomposition <-> x-slabs
   impl::BoxTranspose<Complex> to_spectral, from_spectral;  // x-slabs <-> y-slabs (complex)
-  RealArray real_work;                       // x-slab of the field
-  SpectralView<T> slab_work, spectral_work;  // x-slab after the last-axis r2c; y-slab
-  LocalPlan<T> r2c_last, c2r_last;           // along the last axis
-  LocalPlan<T> middle_forward, middle_backward;  // along axis 1 in x-slabs (3-D only)
-  LocalPlan<T> first_forward, first_backward;    // along axis 0 in y-slabs
+  RealArray real_work;                                     // x-slab of the field
+  SpectralView<T> slab_work, spectral_work;                // x-slab after the last-axis r2c; y-slab
+  kernels::LineFft<T> r2c_last, c2r_last;                  // along the last axis
+  kernels::LineFft<T> middle_forward, middle_backward;     // along axis 1 in x-slabs (3-D only)
+  kernels::LineFft<T> first_forward, first_backward;       // along axis 0 in y-slabs
 
   const Box& my(const std::vector<Box>& boxes) const { return boxes[comm.rank()]; }
 
@@ -185,34 +89,25 @@ struct DistributedFFT<T>::Plans {
     slab_work = SpectralView<T>("fft_complex_slab", batch, channels, ce[0], ce[1], ce[2]);
     spectral_work = SpectralView<T>("fft_spectral_slab", batch, channels, se[0], se[1], se[2]);
 
-    // FFTW_MEASURE overwrites the arrays while planning: fine, they hold nothing yet.
-    const unsigned flags = planning == FftPlanning::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
-    using F = Fftw<T>;
-    auto* real = real_work.data();
-    auto* slab = reinterpret_cast<typename F::complex_type*>(slab_work.data());
-    auto* spec = reinterpret_cast<typename F::complex_type*>(spectral_work.data());
+    // Planning with `measure` overwrites the arrays: fine, they hold nothing yet.
+    using kernels::FftKind;
+    using kernels::LineFft;
     if (my(real_slabs).size() > 0) {
-      const LineLoops lines(last, real_extents[last], planes, re, ce);
-      r2c_last = LocalPlan<T>(F::r2c(1, &lines.transform, int(lines.loops.size()),
-                                     lines.loops.data(), real, slab, flags));
-      const LineLoops back(last, real_extents[last], planes, ce, re);
+      r2c_last = LineFft<T>(FftKind::real_to_complex, last, real_extents[last], real_work,
+                            slab_work, planning);
       // c2r may overwrite its input (slab_work): it is scratch by then.
-      c2r_last = LocalPlan<T>(F::c2r(1, &back.transform, int(back.loops.size()),
-                                     back.loops.data(), slab, real, flags));
+      c2r_last = LineFft<T>(FftKind::complex_to_real, last, real_extents[last], slab_work,
+                            real_work, planning);
       if (last == 2) {
-        const LineLoops middle(1, ce[1], planes, ce, ce);
-        middle_forward = LocalPlan<T>(F::dft(1, &middle.transform, int(middle.loops.size()),
-                                             middle.loops.data(), slab, slab, FFTW_FORWARD, flags));
-        middle_backward = LocalPlan<T>(F::dft(1, &middle.transform, int(middle.loops.size()),
-                                              middle.loops.data(), slab, slab, FFTW_BACKWARD, flags));
+        middle_forward = LineFft<T>(FftKind::forward, 1, ce[1], slab_work, slab_work, planning);
+        middle_backward = LineFft<T>(FftKind::backward, 1, ce[1], slab_work, slab_work, planning);
       }
     }
     if (my(spectral_slabs).size() > 0) {
-      const LineLoops first(0, se[0], planes, se, se);
-      first_forward = LocalPlan<T>(F::dft(1, &first.transform, int(first.loops.size()),
-                                          first.loops.data(), spec, spec, FFTW_FORWARD, flags));
-      first_backward = LocalPlan<T>(F::dft(1, &first.transform, int(first.loops.size()),
-                                           first.loops.data(), spec, spec, FFTW_BACKWARD, flags));
+      first_forward =
+          LineFft<T>(FftKind::forward, 0, se[0], spectral_work, spectral_work, planning);
+      first_backward =
+          LineFft<T>(FftKind::backward, 0, se[0], spectral_work, spectral_work, planning);
     }
   }
 
@@ -220,8 +115,8 @@ struct DistributedFFT<T>::Plans {
     SHARDTENSOR_REQUIRE(field.decomposition() == decomposition && field.batch() == batch &&
                             field.channels() == channels && field.rank() == comm.rank(),
                         where,
-                        "field (" << field.decomposition().describe() << ", batch "
-                                  << field.batch() << ", " << field.channels()
+                        "field (" << field.decomposition().describe() << ", batch " << field.batch()
+                                  << ", " << field.channels()
                                   << " channels) does not match the plan ("
                                   << decomposition.describe() << ", batch " << batch << ", "
                                   << channels << " channels)");

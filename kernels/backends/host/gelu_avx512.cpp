@@ -1,6 +1,7 @@
 #include "shardtensor/kernels/gelu.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <type_traits>
 
 #include "avx512_math.hpp"
@@ -9,15 +10,33 @@ namespace shardtensor::kernels {
 
 namespace {
 
-/// Whether the kernels run here: AVX-512F at run time, Kokkos on the host's Serial backend
-/// (the kernels are single-threaded and read host memory).
+/// Whether the kernels run here: AVX-512F at run time, Kokkos kernels on the host (Serial or
+/// OpenMP: the arrays are host memory, and the work is split over the host threads).
 bool kernels_available() {
-#if defined(SHARDTENSOR_HOST_AVX512) && defined(KOKKOS_ENABLE_SERIAL)
-  return std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Serial>::value &&
+#if defined(SHARDTENSOR_HOST_AVX512)
+  return std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value &&
          host::avx512_available();
 #else
   return false;
 #endif
+}
+
+/// Runs work(first, last) on contiguous shares of [0, n), one per host thread, each share a
+/// whole number of 16-value vectors but the last (elementwise: any split gives the same bits).
+template <class Work>
+void split_over_host_threads(std::size_t n, const Work& work) {
+  const std::size_t threads =
+      static_cast<std::size_t>(Kokkos::DefaultHostExecutionSpace().concurrency());
+  const std::size_t vectors = (n + 15) / 16;
+  if (threads <= 1 || vectors < 2 * threads) return work(std::size_t(0), n);
+  Kokkos::parallel_for(
+      "gelu_avx512",
+      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, static_cast<int>(threads)),
+      [&](const int t) {
+        const std::size_t first = std::min(n, vectors * t / threads * 16);
+        const std::size_t last = std::min(n, vectors * (t + 1) / threads * 16);
+        work(first, last);
+      });
 }
 
 #ifdef SHARDTENSOR_HOST_AVX512
@@ -107,7 +126,9 @@ SHARDTENSOR_AVX512_END
 bool gelu_kernel(const float* x, float* y, std::size_t n) {
 #ifdef SHARDTENSOR_HOST_AVX512
   if (!kernels_available()) return false;
-  gelu_avx512(x, y, n);
+  split_over_host_threads(n, [&](std::size_t first, std::size_t last) {
+    gelu_avx512(x + first, y + first, last - first);
+  });
   return true;
 #else
   (void)x, (void)y, (void)n;
@@ -118,7 +139,9 @@ bool gelu_kernel(const float* x, float* y, std::size_t n) {
 bool gelu_backward_kernel(const float* x, const float* gy, float* gx, std::size_t n) {
 #ifdef SHARDTENSOR_HOST_AVX512
   if (!kernels_available()) return false;
-  gelu_backward_avx512(x, gy, gx, n);
+  split_over_host_threads(n, [&](std::size_t first, std::size_t last) {
+    gelu_backward_avx512(x + first, gy + first, gx + first, last - first);
+  });
   return true;
 #else
   (void)x, (void)gy, (void)gx, (void)n;

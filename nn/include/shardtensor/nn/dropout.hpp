@@ -30,9 +30,11 @@ class Dropout : public Module<T> {
     const std::uint64_t seed = hash_bits(seed_, calls_++);
     const T keep_scale = static_cast<T>(1.0 / (1.0 - probability_));
     const double threshold = 2 * probability_ - 1;  // hashed_uniform is uniform in [-1, 1)
-    const SpatialIndex extents = x.decomposition().global_extents();
+    // Plain integers, not std::array/Box members: a kernel may run where std:: is not.
+    const SpatialIndex global = x.decomposition().global_extents();
     const Box box = x.global_box();
-    const Index channels = x.channels();
+    const Index channels = x.channels(), ex = global[0], ey = global[1], ez = global[2];
+    const Index x0 = box.lower[0], y0 = box.lower[1], z0 = box.lower[2];
     const auto xv = x.view(), yv = y.view(), mv = mask.view();
     Kokkos::parallel_for(
         "Dropout",
@@ -41,10 +43,7 @@ class Dropout : public Module<T> {
         KOKKOS_LAMBDA(const Index nc, const Index i, const Index j, const Index k) {
           const Index n = nc / channels, c = nc % channels;
           const std::uint64_t cell =
-              ((((n * channels + c) * extents[0] + box.lower[0] + i) * extents[1] + box.lower[1] +
-                j) *
-               extents[2]) +
-              box.lower[2] + k;
+              (((n * channels + c) * ex + x0 + i) * ey + y0 + j) * ez + z0 + k;
           const T m = hashed_uniform(seed, cell) >= threshold ? keep_scale : T(0);
           mv(n, c, i, j, k) = m;
           yv(n, c, i, j, k) = m * xv(n, c, i, j, k);

@@ -8,6 +8,7 @@
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
+#include "shardtensor/kernels/fft.hpp"  // FftPlanning, the local transforms
 
 namespace shardtensor {
 
@@ -15,14 +16,7 @@ namespace shardtensor {
 /// the modes DistributedFFT::local_spectral_box() names (mode k0 of the View is global mode
 /// box.lower[0] + k0, ...).
 template <class T>
-using SpectralView =
-    Kokkos::View<Kokkos::complex<T>*****, Kokkos::LayoutRight, DefaultMemorySpace>;
-
-/// How FFTW chooses its algorithms when the plans are built (once, in the constructor).
-enum class FftPlanning {
-  estimate,  ///< heuristics: instant planning
-  measure    ///< times candidate algorithms: slower planning (seconds for 128^3), faster runs
-};
+using SpectralView = Kokkos::View<Kokkos::complex<T>*****, Kokkos::LayoutRight, DefaultMemorySpace>;
 
 /// The discrete Fourier transform of a real field of extents (n0, n1[, n2]), sharded over
 /// any decomposition, for `batch` samples of `channels` channels each.
