@@ -24,6 +24,8 @@
 #include "shardtensor/comm/halo_plan_cache.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/kernels/neighborhood_attention.hpp"
 
 namespace shardtensor {
 namespace {
@@ -42,10 +44,9 @@ struct Geometry {
   /// Owned cells (0-based owned indices) whose windows read no exchanged ghost cell: they
   /// can be computed while the halo messages travel.
   Box early;
-  /// Per axis and owned index x: the window positions o in [first, last) whose keys lie in
-  /// the field (all of them along periodic axes). Key o of x sits at padded index
-  /// x + dilation * o (the ghost width below is dilation * lower).
-  std::array<std::vector<Index>, max_spatial_dims> first, last;
+  /// The same for the kernels, with per axis and owned index x the window positions
+  /// o in [first, last) whose keys lie in the field (all of them along periodic axes).
+  kernels::NeighborhoodGrid grid;
 
   Index cells() const { return local[0] * local[1] * local[2]; }
   Index padded_cells() const { return padded[0] * padded[1] * padded[2]; }
@@ -61,78 +62,6 @@ Index keys_below(Index window) {
 /// The option's value along `axis`: one entry applies to every axis.
 Index per_axis(const std::vector<Index>& values, int axis) {
   return values.size() == 1 ? values[0] : values[axis];
-}
-
-/// A packed (channel-last) array over a grid of cells: element (n, x, y, z, c) at
-/// ((n * X + x) * Y + y) * Z + z) * channels + c.
-struct PackedGrid {
-  SpatialIndex extent{1, 1, 1};
-  Index channels = 1;
-  Index cell(Index x, Index y, Index z) const { return (x * extent[1] + y) * extent[2] + z; }
-  Index cells() const { return extent[0] * extent[1] * extent[2]; }
-  Index size(Index batch) const { return batch * cells() * channels; }
-};
-
-/// Copies channels [src_c0, src_c0 + count) of `box` (local indices of `src`, an (N, C, x, y, z)
-/// host View) into packed channels [dst_c0, dst_c0 + count) of the grid cells box + shift.
-template <class T, class View>
-void box_to_packed(const View& src, const Box& box, Index src_c0, Index count, T* dst,
-                   const PackedGrid& grid, const SpatialIndex& shift, Index dst_c0) {
-  const Index batch = src.extent(0);
-  for (Index n = 0; n < batch; ++n)
-    for (Index c = 0; c < count; ++c)
-      for (Index x = box.lower[0]; x < box.upper(0); ++x)
-        for (Index y = box.lower[1]; y < box.upper(1); ++y) {
-          T* out = dst +
-                   (n * grid.cells() + grid.cell(x + shift[0], y + shift[1], 0)) * grid.channels +
-                   dst_c0 + c;
-          for (Index z = box.lower[2]; z < box.upper(2); ++z)
-            out[(z + shift[2]) * grid.channels] = src(n, src_c0 + c, x, y, z);
-        }
-}
-
-/// The reverse of box_to_packed: writes (or, with `add`, adds) packed channels
-/// [src_c0, src_c0 + count) of the grid cells box + shift into channels [dst_c0, ...) of `box`
-/// of `dst`.
-template <class T, class View>
-void packed_to_box(const T* src, const PackedGrid& grid, const SpatialIndex& shift, Index src_c0,
-                   Index count, const View& dst, const Box& box, Index dst_c0, bool add) {
-  const Index batch = dst.extent(0);
-  for (Index n = 0; n < batch; ++n)
-    for (Index c = 0; c < count; ++c)
-      for (Index x = box.lower[0]; x < box.upper(0); ++x)
-        for (Index y = box.lower[1]; y < box.upper(1); ++y) {
-          const T* in =
-              src + (n * grid.cells() + grid.cell(x + shift[0], y + shift[1], 0)) * grid.channels +
-              src_c0 + c;
-          for (Index z = box.lower[2]; z < box.upper(2); ++z) {
-            T& cell = dst(n, dst_c0 + c, x, y, z);
-            const T value = in[(z + shift[2]) * grid.channels];
-            cell = add ? cell + value : value;
-          }
-        }
-}
-
-/// dst(n, dst_c0 + c, cells of dst_box) = (or, with `add`, +=) src(n, src_c0 + c, cells of
-/// src_box) for `count` channels; both boxes have the same extents; both host Views keep z
-/// contiguous (LayoutRight), so rows copy as plain loops.
-template <class Src, class Dst>
-void copy_rows(const Src& src, const Box& src_box, Index src_c0, const Dst& dst, const Box& dst_box,
-               Index dst_c0, Index count, bool add) {
-  const Index batch = src.extent(0), nz = src_box.extent[2];
-  for (Index n = 0; n < batch; ++n)
-    for (Index c = 0; c < count; ++c)
-      for (Index x = 0; x < src_box.extent[0]; ++x)
-        for (Index y = 0; y < src_box.extent[1]; ++y) {
-          const auto* __restrict in =
-              &src(n, src_c0 + c, src_box.lower[0] + x, src_box.lower[1] + y, src_box.lower[2]);
-          auto* __restrict out =
-              &dst(n, dst_c0 + c, dst_box.lower[0] + x, dst_box.lower[1] + y, dst_box.lower[2]);
-          if (add)
-            for (Index z = 0; z < nz; ++z) out[z] += in[z];
-          else
-            for (Index z = 0; z < nz; ++z) out[z] = in[z];
-        }
 }
 
 /// Cells of `outer` not in `inner` (inner inside outer, or empty) as at most 6 disjoint boxes.
@@ -164,135 +93,17 @@ Box whole(const SpatialIndex& extent) {
   return b;
 }
 
-/// Padded-grid cell indices (within one batch entry) of the keys query (x, y, z) sees, in
-/// window order; returns how many.
-inline Index gather_keys(const Geometry& g, Index x, Index y, Index z, Index* keys) {
-  Index count = 0;
-  for (Index ox = g.first[0][x]; ox < g.last[0][x]; ++ox) {
-    const Index px = x + g.dilation[0] * ox;
-    for (Index oy = g.first[1][y]; oy < g.last[1][y]; ++oy) {
-      const Index row = (px * g.padded[1] + y + g.dilation[1] * oy) * g.padded[2] + z;
-      for (Index oz = g.first[2][z]; oz < g.last[2][z]; ++oz)
-        keys[count++] = row + g.dilation[2] * oz;
-    }
-  }
-  return count;
-}
-
-/// Dot product with 8 independent partial sums, so the compiler can vectorise it without
-/// reassociating (strict IEEE) arithmetic.
-template <class T>
-inline T dot(const T* __restrict a, const T* __restrict b, Index n) {
-  T s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  Index i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) s[0] += a[i] * b[i];
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-}
-
-/// y += alpha * x over n values.
-template <class T>
-inline void axpy(T alpha, const T* __restrict x, T* __restrict y, Index n) {
-  for (Index i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-/// A host array left uninitialised (for buffers written in full before they are read).
-template <class T>
-class RawBuffer {
- public:
-  void resize(Index size) { data_.reset(new T[static_cast<std::size_t>(size)]); }
-  T* data() { return data_.get(); }
-  const T* data() const { return data_.get(); }
-
- private:
-  std::unique_ptr<T[]> data_;
-};
-
-/// Host copies of the forward's inputs and results, kept for backward.
+/// The forward's inputs and results, channel-last, kept for backward.
 template <class T>
 struct Saved {
-  std::vector<T> q;    // packed owned cells, C channels
-  RawBuffer<T> kv;     // packed padded cells, K then V (2C channels); every cell is written
-  std::vector<T> out;  // packed owned cells, C channels
-  std::vector<T> lse;  // per (batch, owned cell, head): log-sum-exp of the scaled scores
+  kernels::PackedRows<T> q;    // owned cells, C channels
+  kernels::PackedRows<T> kv;   // padded cells, K then V (2C channels)
+  kernels::PackedRows<T> out;  // owned cells, C channels
+  kernels::PackedRows<T> lse;  // owned cells, heads: log-sum-exp of the scaled scores
 };
 
-/// Forward for the queries in `box` (owned indices): out = softmax(scores) V per head, and
-/// the log-sum-exp of every softmax row.
-template <class T>
-void forward_cells(const Geometry& g, const Box& box, Saved<T>& s, std::vector<Index>& keys,
-                   std::vector<T>& scores) {
-  const Index C = g.channels, D = g.head_dim, H = g.heads, KV = 2 * C;
-  const T scale = T(1) / std::sqrt(T(D));
-  for (Index n = 0; n < g.batch; ++n) {
-    const T* kv = s.kv.data() + n * g.padded_cells() * KV;
-    for (Index x = box.lower[0]; x < box.upper(0); ++x)
-      for (Index y = box.lower[1]; y < box.upper(1); ++y)
-        for (Index z = box.lower[2]; z < box.upper(2); ++z) {
-          const Index count = gather_keys(g, x, y, z, keys.data());
-          const Index row = n * g.cells() + (x * g.local[1] + y) * g.local[2] + z;
-          const T* q = s.q.data() + row * C;
-          T* out = s.out.data() + row * C;
-          for (Index h = 0; h < H; ++h) {
-            const T* qh = q + h * D;
-            T max_score = -std::numeric_limits<T>::infinity();
-            for (Index j = 0; j < count; ++j) {
-              scores[j] = scale * dot(qh, kv + keys[j] * KV + h * D, D);
-              max_score = std::max(max_score, scores[j]);
-            }
-            T* oh = out + h * D;
-            std::fill(oh, oh + D, T(0));
-            T sum = 0;
-            for (Index j = 0; j < count; ++j) {
-              const T p = std::exp(scores[j] - max_score);
-              sum += p;
-              axpy(p, kv + keys[j] * KV + C + h * D, oh, D);
-            }
-            const T inverse = T(1) / sum;
-            for (Index d = 0; d < D; ++d) oh[d] *= inverse;
-            s.lse[row * H + h] = max_score + std::log(sum);
-          }
-        }
-  }
-}
-
-/// Backward for the queries in `box`: P is recomputed from the saved log-sum-exp;
-/// dQ accumulates into `dq` (packed owned), dK/dV into `dkv` (packed padded, like s.kv).
-template <class T>
-void backward_cells(const Geometry& g, const Box& box, const Saved<T>& s,
-                    const std::vector<T>& dout, std::vector<T>& dq, std::vector<T>& dkv,
-                    std::vector<Index>& keys) {
-  const Index C = g.channels, D = g.head_dim, H = g.heads, KV = 2 * C;
-  const T scale = T(1) / std::sqrt(T(D));
-  for (Index n = 0; n < g.batch; ++n) {
-    const T* kv = s.kv.data() + n * g.padded_cells() * KV;
-    T* dkv_n = dkv.data() + n * g.padded_cells() * KV;
-    for (Index x = box.lower[0]; x < box.upper(0); ++x)
-      for (Index y = box.lower[1]; y < box.upper(1); ++y)
-        for (Index z = box.lower[2]; z < box.upper(2); ++z) {
-          const Index count = gather_keys(g, x, y, z, keys.data());
-          const Index row = n * g.cells() + (x * g.local[1] + y) * g.local[2] + z;
-          for (Index h = 0; h < H; ++h) {
-            const Index at = row * C + h * D;
-            const T* qh = s.q.data() + at;
-            const T* doh = dout.data() + at;
-            T* dqh = dq.data() + at;
-            const T delta = dot(doh, s.out.data() + at, D);  // dO . O = sum_j P_j dO . V_j
-            const T lse = s.lse[row * H + h];
-            for (Index j = 0; j < count; ++j) {
-              const Index key = keys[j] * KV + h * D;
-              const T* kj = kv + key;
-              const T* vj = kv + key + C;
-              const T p = std::exp(scale * dot(qh, kj, D) - lse);
-              const T ds = scale * p * (dot(doh, vj, D) - delta);  // d(score) times scale
-              axpy(p, doh, dkv_n + key + C, D);                    // dV_j += P dO
-              axpy(ds, kj, dqh, D);                                // dQ += dS K_j
-              axpy(ds, qh, dkv_n + key, D);                        // dK_j += dS Q
-            }
-          }
-        }
-  }
+SpatialIndex negated(const GhostWidths& w) {
+  return {-Index(w.lower[0]), -Index(w.lower[1]), -Index(w.lower[2])};
 }
 
 /// Checks the options and layouts; returns the first problem found ("" if none). Everything
@@ -411,6 +222,9 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
   g->head_dim = qf.channels() / options.heads;
   const int rank = comm.rank();
   const Box owned = dec.box(rank);
+  const Index longest = std::max({owned.extent[0], owned.extent[1], owned.extent[2]});
+  auto first = Kokkos::View<Index**, Kokkos::HostSpace>("neighborhood_attention first", 3, longest);
+  auto last = Kokkos::View<Index**, Kokkos::HostSpace>("neighborhood_attention last", 3, longest);
   for (int a = 0; a < max_spatial_dims; ++a) {
     g->local[a] = owned.extent[a];
     if (a < g->ndims) {
@@ -424,16 +238,14 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
 
     // Keys inside the field per owned index (all of them along a periodic axis).
     const Index extent = dec.global_extent(a), dil = g->dilation[a];
-    g->first[a].resize(g->local[a]);
-    g->last[a].resize(g->local[a]);
     for (Index x = 0; x < g->local[a]; ++x) {
       const Index global = owned.lower[a] + x;
       if (dec.periodic(a)) {
-        g->first[a][x] = 0;
-        g->last[a][x] = g->window[a];
+        first(a, x) = 0;
+        last(a, x) = g->window[a];
       } else {  // 0 <= global + dil * (o - below) <= extent - 1
-        g->first[a][x] = std::max<Index>(0, below - global / dil);
-        g->last[a][x] = std::min<Index>(g->window[a], below + (extent - 1 - global) / dil + 1);
+        first(a, x) = std::max<Index>(0, below - global / dil);
+        last(a, x) = std::min<Index>(g->window[a], below + (extent - 1 - global) / dil + 1);
       }
     }
 
@@ -449,119 +261,122 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
     g->early.lower[a] = lo;
     g->early.extent[a] = hi - lo;
   }
+  kernels::NeighborhoodGrid& grid = g->grid;
+  grid.batch = g->batch;
+  grid.channels = g->channels;
+  grid.heads = g->heads;
+  grid.head_dim = g->head_dim;
+  for (int a = 0; a < max_spatial_dims; ++a) {
+    grid.local[a] = g->local[a];
+    grid.padded[a] = g->padded[a];
+    grid.window[a] = g->window[a];
+    grid.dilation[a] = g->dilation[a];
+  }
+  grid.first = Kokkos::create_mirror_view_and_copy(DefaultMemorySpace(), first);
+  grid.last = Kokkos::create_mirror_view_and_copy(DefaultMemorySpace(), last);
 
-  const Index C = g->channels, N = g->batch;
-  const PackedGrid owned_grid{g->local, C};
-  const PackedGrid padded_grid{g->padded, 2 * C};
+  const Index C = g->channels, N = g->batch, H = g->heads;
   const SpatialIndex to_padded{g->ghosts.lower[0], g->ghosts.lower[1], g->ghosts.lower[2]};
+  const SpatialIndex none{0, 0, 0};
   const Box owned_box = whole(g->local);
   const Box padded_interior = owned_box.shifted(to_padded);
+  using kernels::pack_rows;
+  using kernels::PackedRows;
+  using kernels::unpack_rows;
 
-  // K and V into one padded 2C-channel field; start its halo exchange.
+  // K and V into the packed rows of the padded grid (K then V), and from there into the
+  // interior of one padded 2C-channel field; start its halo exchange.
   const ShardTensor<T>& kf = k.value();
   const ShardTensor<T>& vf = v.value();
+  auto saved = std::make_shared<Saved<T>>();
+  {
+    MemoryCategoryScope memory(MemoryCategory::activations);
+    saved->kv = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood kv"),
+                              N * g->grid.padded_cells(), 2 * C);
+    saved->q = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood q"),
+                             N * g->cells(), C);
+    saved->out = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood out"),
+                               N * g->cells(), C);
+    saved->lse = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood lse"),
+                               N * g->cells(), H);
+  }
+  const auto field_to_padded = [to_padded](const ShardTensor<T>& f) {  // local -> padded cell
+    const SpatialIndex below = negated(f.ghosts());
+    return SpatialIndex{below[0] + to_padded[0], below[1] + to_padded[1], below[2] + to_padded[2]};
+  };
+  pack_rows(kf.view(), kf.interior_box(), 0, C, saved->kv, g->padded, field_to_padded(kf), 0);
+  pack_rows(vf.view(), vf.interior_box(), 0, C, saved->kv, g->padded, field_to_padded(vf), C);
   ShardTensor<T> padded(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention kv");
-  // Host copies (the Views themselves in host memory).
-  const auto host_padded = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded.view());
-  const auto host_k = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kf.view());
-  const auto host_v = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), vf.view());
-  copy_rows(host_k, kf.interior_box(), 0, host_padded, padded_interior, 0, C, false);
-  copy_rows(host_v, vf.interior_box(), 0, host_padded, padded_interior, C, C, false);
-  Kokkos::deep_copy(padded.view(), host_padded);
+  unpack_rows(saved->kv, g->padded, none, 0, 2 * C, padded.view(), padded_interior, 0, false);
   const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
   plan->start(padded);
 
-  // While the messages travel: pack Q and the owned K/V, compute the early queries.
-  auto saved = std::make_shared<Saved<T>>();
-  saved->q.resize(owned_grid.size(N));
-  saved->kv.resize(padded_grid.size(N));
-  saved->out.resize(owned_grid.size(N));
-  saved->lse.resize(N * g->cells() * g->heads);
-  const SpatialIndex none{0, 0, 0};
-  {
-    const auto hq = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), qf.view());
-    box_to_packed(
-        hq, qf.interior_box(), 0, C, saved->q.data(), owned_grid,
-        {-Index(qf.ghosts().lower[0]), -Index(qf.ghosts().lower[1]), -Index(qf.ghosts().lower[2])},
-        0);
-    box_to_packed(host_padded, padded_interior, 0, 2 * C, saved->kv.data(), padded_grid, none, 0);
-  }
-  std::vector<Index> keys(g->window_cells());
-  std::vector<T> scores(g->window_cells());
-  forward_cells(*g, g->early, *saved, keys, scores);
+  // While the messages travel: pack Q, compute the early queries.
+  pack_rows(qf.view(), qf.interior_box(), 0, C, saved->q, g->local, negated(qf.ghosts()), 0);
+  kernels::neighborhood_forward(g->grid, g->early, saved->q, saved->kv, saved->out, saved->lse);
   plan->finish(padded);
 
-  // Ghost K/V into the packed buffer, then the queries near the shard's faces.
-  {
-    Kokkos::deep_copy(host_padded, padded.view());
-    for (const Box& b : box_minus(whole(g->padded), padded_interior))
-      box_to_packed(host_padded, b, 0, 2 * C, saved->kv.data(), padded_grid, none, 0);
-  }
-  for (const Box& b : box_minus(owned_box, g->early)) forward_cells(*g, b, *saved, keys, scores);
+  // Ghost K/V into the packed rows, then the queries near the shard's faces.
+  for (const Box& b : box_minus(whole(g->padded), padded_interior))
+    pack_rows(padded.view(), b, 0, 2 * C, saved->kv, g->padded, none, 0);
+  for (const Box& b : box_minus(owned_box, g->early))
+    kernels::neighborhood_forward(g->grid, b, saved->q, saved->kv, saved->out, saved->lse);
 
   auto node = make_result_node<T>("neighborhood_attention", {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(dec, rank, N, C, {}, "neighborhood_attention");
-  {
-    auto host = Kokkos::create_mirror_view(node->field.view());
-    packed_to_box(saved->out.data(), owned_grid, none, 0, C, host, owned_box, 0, false);
-    Kokkos::deep_copy(node->field.view(), host);
-  }
+  unpack_rows(saved->out, g->local, none, 0, C, node->field.view(), owned_box, 0, false);
   if (!node->requires_grad) return Variable<T>(node);
 
-  node->backward = [g, plan, saved, owned_grid, padded_grid, owned_box, padded_interior, dec,
-                    rank](impl::Node<T>& self) {
-    const Index C = g->channels, N = g->batch;
+  node->backward = [g, plan, saved, owned_box, padded_interior, dec, rank,
+                    field_to_padded](impl::Node<T>& self) {
+    const Index C = g->channels, N = g->batch, H = g->heads;
     const SpatialIndex none{0, 0, 0};
     const ShardTensor<T>& grad = self.grad_field();
-    std::vector<T> dout(owned_grid.size(N));
-    {
-      const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad.view());
-      box_to_packed(host, grad.interior_box(), 0, C, dout.data(), owned_grid,
-                    {-Index(grad.ghosts().lower[0]), -Index(grad.ghosts().lower[1]),
-                     -Index(grad.ghosts().lower[2])},
-                    0);
-    }
-    std::vector<T> dq(owned_grid.size(N), T(0)), dkv(padded_grid.size(N), T(0));
-    std::vector<Index> keys(g->window_cells());
+    const auto scratch = [&](const char* label, Index rows, Index columns) {
+      return PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                           rows, columns);
+    };
+    const PackedRows<T> dout = scratch("neighborhood dout", N * g->cells(), C);
+    const PackedRows<T> delta = scratch("neighborhood delta", N * g->cells(), H);
+    pack_rows(grad.view(), grad.interior_box(), 0, C, dout, g->local, negated(grad.ghosts()), 0);
+    kernels::neighborhood_delta(g->grid, dout, saved->out, delta);
     const bool need_kv = self.inputs[1]->requires_grad || self.inputs[2]->requires_grad;
 
-    // Queries near the faces first: they complete the ghost keys' gradients, which go back
-    // to their owners while the interior queries are computed.
-    for (const Box& b : box_minus(owned_box, g->early))
-      backward_cells(*g, b, *saved, dout, dq, dkv, keys);
+    // The ghost keys' gradients first: they go back to their owners while the queries' and
+    // the owned keys' gradients are computed.
     ShardTensor<T> padded_grad;
-    typename FieldView<T>::HostMirror host_grad;
+    PackedRows<T> dkv;
     if (need_kv) {
+      dkv = scratch("neighborhood dkv", N * g->grid.padded_cells(), 2 * C);
       padded_grad = ShardTensor<T>(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention dkv");
-      host_grad = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded_grad.view());
-      for (const Box& b : box_minus(whole(g->padded), padded_interior))
-        packed_to_box(dkv.data(), padded_grid, none, 0, 2 * C, host_grad, b, 0, false);
-      Kokkos::deep_copy(padded_grad.view(), host_grad);
+      for (const Box& b : box_minus(whole(g->padded), padded_interior)) {
+        kernels::neighborhood_backward_keys(g->grid, b, saved->q, saved->kv, dout, saved->lse,
+                                            delta, dkv);
+        unpack_rows(dkv, g->padded, none, 0, 2 * C, padded_grad.view(), b, 0, false);
+      }
       plan->reverse_start(padded_grad);
     }
-    backward_cells(*g, g->early, *saved, dout, dq, dkv, keys);
-
-    auto add_into = [&](impl::Node<T>& input, auto&& add_owned) {
-      const ShardTensor<T>& target = input.grad_field();
-      auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), target.view());
-      add_owned(host, target.interior_box());
-      Kokkos::deep_copy(target.view(), host);
-    };
-    if (self.inputs[0]->requires_grad)
-      add_into(*self.inputs[0], [&](const auto& host, const Box& box) {
-        packed_to_box(dq.data(), owned_grid, {-box.lower[0], -box.lower[1], -box.lower[2]}, 0, C,
-                      host, box, 0, true);
-      });
+    if (self.inputs[0]->requires_grad) {
+      const PackedRows<T> dq = scratch("neighborhood dq", N * g->cells(), C);
+      kernels::neighborhood_backward_queries(g->grid, saved->q, saved->kv, dout, saved->lse, delta,
+                                             dq);
+      const ShardTensor<T>& target = self.inputs[0]->grad_field();
+      unpack_rows(dq, g->local, negated(target.ghosts()), 0, C, target.view(),
+                  target.interior_box(), 0, true);
+    }
     if (!need_kv) return;
+    kernels::neighborhood_backward_keys(g->grid, padded_interior, saved->q, saved->kv, dout,
+                                        saved->lse, delta, dkv);
     plan->reverse_finish(padded_grad);
-    // Owned dK/dV: neighbours' contributions (now in padded_grad) plus this rank's own.
-    Kokkos::deep_copy(host_grad, padded_grad.view());
-    packed_to_box(dkv.data(), padded_grid, none, 0, 2 * C, host_grad, padded_interior, 0, true);
+    // Owned dK/dV: the neighbours' contributions (now in padded_grad) plus this rank's own,
+    // gathered into the packed rows, then added into the inputs' gradients.
+    unpack_rows(dkv, g->padded, none, 0, 2 * C, padded_grad.view(), padded_interior, 0, true);
+    pack_rows(padded_grad.view(), padded_interior, 0, 2 * C, dkv, g->padded, none, 0);
     for (int i = 1; i <= 2; ++i) {
       if (!self.inputs[i]->requires_grad) continue;
-      add_into(*self.inputs[i], [&](const auto& host, const Box& box) {
-        copy_rows(host_grad, padded_interior, (i - 1) * C, host, box, 0, C, true);
-      });
+      const ShardTensor<T>& target = self.inputs[i]->grad_field();
+      unpack_rows(dkv, g->padded, field_to_padded(target), (i - 1) * C, C, target.view(),
+                  target.interior_box(), 0, true);
     }
   };
   return Variable<T>(node);
