@@ -51,22 +51,6 @@ using namespace shardtensor::bench;
 
 namespace {
 
-/// Best sgemm rate (GFLOP/s per rank) of an n^3 product, every rank at once.
-double sgemm_gflops(int n, int reps) {
-  Kokkos::View<float**, Kokkos::LayoutRight> a("a", n, n), b("b", n, n), c("c", n, n);
-  Kokkos::deep_copy(a, 0.5f);
-  Kokkos::deep_copy(b, 0.25f);
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
-    Kokkos::fence();
-    best = std::min(best, max_over_ranks(MPI_Wtime() - t0));
-  }
-  return 2.0 * n * n * double(n) / best / 1e9;
-}
-
 /// A (batch 1, channels, tokens) sequence over all ranks with random values.
 Variable<float> random_tokens(const Communicator& comm, Index tokens, Index channels,
                               std::uint64_t seed, bool requires_grad) {
@@ -250,12 +234,11 @@ int main(int argc, char** argv) {
       const double forward_flops = 4 * pairs * C, step_flops = 14 * pairs * C;
       const double forward_gflops = forward_flops / forward_best / 1e9 / comm.size();
       const double step_gflops = step_flops / step_best / 1e9 / comm.size();
-      const double sgemm = sgemm_gflops(1024, 5);
+      const double sgemm = sgemm_gflops(1024, 1024, 1024, 5);
       const double check_error =
           check_tokens > 0 ? error_against_dense(comm, check_tokens, causal) : 0;
       if (!(check_error <= 1e-4)) status = 1;
-      const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-      if (!coretype) coretype = "";
+      const char* coretype = openblas_coretype();
       if (comm.rank() == 0) {
         std::printf(
             "bench_attention: ring attention, %ld tokens, %d heads x %ld (C = %ld), batch 1, "

@@ -48,22 +48,6 @@ using namespace shardtensor::bench;
 
 namespace {
 
-/// Best sgemm rate (GFLOP/s per rank) of a conv-shaped product, every rank at once.
-double sgemm_gflops(int m, int k, int n, int reps) {
-  Kokkos::View<float**, Kokkos::LayoutRight> a("a", m, k), b("b", k, n), c("c", m, n);
-  Kokkos::deep_copy(a, 0.5f);
-  Kokkos::deep_copy(b, 0.25f);
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
-    Kokkos::fence();
-    best = std::min(best, max_over_ranks(MPI_Wtime() - t0));
-  }
-  return 2.0 * m * k * double(n) / best / 1e9;
-}
-
 /// Largest relative error (2-norm over all ranks) of the output, input gradient and weight
 /// gradient of Conv with `options` against the direct loops, on a size^dims field.
 double error_against_direct(const Communicator& comm, const ConvOptions& options, Index size) {
@@ -198,8 +182,7 @@ int main(int argc, char** argv) {
       const double check_error =  // rows of 16 + 4 cells (3-D), 32 + 4 (2-D)
           error_against_direct(comm, o, dims == 3 ? 20 : 36);
       if (!(check_error <= 1e-5)) status = 1;
-      const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-      if (!coretype) coretype = "";
+      const char* coretype = openblas_coretype();
       if (comm.rank() == 0) {
         std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, float, %s, %d rank(s)\n",
                     dims, channels, channels, d.describe().c_str(), batch, algorithm.c_str(),

@@ -1,10 +1,15 @@
 #pragma once
 // What every benchmark measures with: command-line options, the slowest rank's time, CPU
-// time (less inflated than wall time when other jobs share the cores) and peak memory.
+// time (less inflated than wall time when other jobs share the cores), peak memory, and the
+// machine ceiling every benchmark reports its ratio to (sgemm, measured in the same run).
 
 #include <mpi.h>
 #include <sys/resource.h>
 
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -35,6 +40,29 @@ inline double peak_resident_mib() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss / 1024.0;  // Linux reports KiB
+}
+
+/// Best sgemm rate (GFLOP/s per rank) of an m x k by k x n product (KokkosBlas::gemm, so
+/// OpenBLAS on the host), every rank at once.
+inline double sgemm_gflops(int m, int k, int n, int reps) {
+  Kokkos::View<float**, Kokkos::LayoutRight> a("a", m, k), b("b", k, n), c("c", m, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    Kokkos::fence();
+    best = std::min(best, max_over_ranks(MPI_Wtime() - t0));
+  }
+  return 2.0 * m * k * double(n) / best / 1e9;
+}
+
+/// OPENBLAS_CORETYPE as set (it changes sgemm ~2x: SkylakeX for the AVX-512 kernels), or "".
+inline const char* openblas_coretype() {
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  return coretype ? coretype : "";
 }
 
 }  // namespace shardtensor::bench
