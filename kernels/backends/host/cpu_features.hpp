@@ -8,6 +8,8 @@
 //                                these kernels). The kernels are compiled for AVX-512 through
 //                                function attributes, whatever the build's -march.
 //   avx512_available()           whether this CPU runs them (AVX-512F), checked once.
+//   avx512_kernels_run_here()    that, and Kokkos kernels run on the host (Serial or OpenMP):
+//                                the Views are host memory, the work goes to host threads.
 //   SHARDTENSOR_AVX512_BEGIN/END around AVX-512 code: GCC 12's avx512fintrin.h trips
 //                                -Wuninitialized on its own _mm512_undefined_* (GCC bug 105593).
 
@@ -15,6 +17,9 @@
     !defined(__HIPCC__)
 #define SHARDTENSOR_HOST_AVX512 1
 #include <immintrin.h>
+
+#include <Kokkos_Core.hpp>
+#include <type_traits>
 
 #define SHARDTENSOR_AVX512_BEGIN                                                       \
   _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
@@ -27,6 +32,12 @@ namespace shardtensor::kernels::host {
 inline bool avx512_available() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
+}
+
+/// True where the AVX-512 kernels run on this CPU and on the default execution space's Views.
+inline bool avx512_kernels_run_here() {
+  return std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value &&
+         avx512_available();
 }
 
 }  // namespace shardtensor::kernels::host

@@ -10,17 +10,6 @@ namespace shardtensor::kernels {
 
 namespace {
 
-/// Whether the kernels run here: AVX-512F at run time, Kokkos kernels on the host (Serial or
-/// OpenMP: the arrays are host memory, and the work is split over the host threads).
-bool kernels_available() {
-#if defined(SHARDTENSOR_HOST_AVX512)
-  return std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value &&
-         host::avx512_available();
-#else
-  return false;
-#endif
-}
-
 /// Runs work(first, last) on contiguous shares of [0, n), one per host thread, each share a
 /// whole number of 16-value vectors but the last (elementwise: any split gives the same bits).
 template <class Work>
@@ -125,7 +114,7 @@ SHARDTENSOR_AVX512_END
 
 bool gelu_kernel(const float* x, float* y, std::size_t n) {
 #ifdef SHARDTENSOR_HOST_AVX512
-  if (!kernels_available()) return false;
+  if (!host::avx512_kernels_run_here()) return false;
   split_over_host_threads(n, [&](std::size_t first, std::size_t last) {
     gelu_avx512(x + first, y + first, last - first);
   });
@@ -138,7 +127,7 @@ bool gelu_kernel(const float* x, float* y, std::size_t n) {
 
 bool gelu_backward_kernel(const float* x, const float* gy, float* gx, std::size_t n) {
 #ifdef SHARDTENSOR_HOST_AVX512
-  if (!kernels_available()) return false;
+  if (!host::avx512_kernels_run_here()) return false;
   split_over_host_threads(n, [&](std::size_t first, std::size_t last) {
     gelu_backward_avx512(x + first, gy + first, gx + first, last - first);
   });

@@ -1,13 +1,12 @@
-#include "shardtensor/kernels/softmax_rows.hpp"
+#include "softmax_rows.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
 #include "avx512_math.hpp"
 
-namespace shardtensor::kernels {
+namespace shardtensor::kernels::host {
 
 namespace {
 
@@ -46,33 +45,56 @@ __attribute__((target("avx512f"))) float exp_row_avx512(float* x, Index n, float
 SHARDTENSOR_AVX512_END
 #endif
 
+/// Runs row(i) for i < rows on the host threads.
+template <class Row>
+void for_each_row(Index rows, const Row& row) {
+  Kokkos::parallel_for("flash_attention::rows_avx512",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows), row);
+}
+
 }  // namespace
 
-template <class T>
-T row_max(const T* x, Index n) {
+bool online_softmax_rows(const Tile<float>& s, const Visibility& visible, Index i0, Index j0,
+                         float* max, float* sum, float* out, Index head_dim) {
 #ifdef SHARDTENSOR_HOST_AVX512
-  if constexpr (std::is_same<T, float>::value)
-    if (host::avx512_available()) return row_max_avx512(x, n);
+  if (!avx512_kernels_run_here()) return false;
+  const Index cols = s.extent(1);
+  for_each_row(s.extent(0), [&](const Index i) {
+    float* row = &s(i, 0);
+    const Index n = visible.count(i0 + i, j0, cols);
+    for (Index j = n; j < cols; ++j) row[j] = 0;  // masked keys get P = 0
+    if (n == 0) return;
+    const float new_max = std::max(max[i], row_max_avx512(row, n));
+    // Rescale what was accumulated under the old max (exp(-inf) = 0 on the first tile).
+    const float correction = std::exp(max[i] - new_max);
+    sum[i] = sum[i] * correction + exp_row_avx512(row, n, new_max);
+    max[i] = new_max;
+    if (correction != 1.0f)
+      for (Index d = 0; d < head_dim; ++d) out[i * head_dim + d] *= correction;
+  });
+  return true;
+#else
+  (void)s, (void)visible, (void)i0, (void)j0, (void)max, (void)sum, (void)out, (void)head_dim;
+  return false;
 #endif
-  T m = -std::numeric_limits<T>::infinity();
-  for (Index j = 0; j < n; ++j) m = std::max(m, x[j]);
-  return m;
 }
 
-template <class T>
-T exp_row(T* x, Index n, T shift) {
+bool softmax_probabilities(const Tile<float>& p, const Visibility& visible, Index i0, Index j0,
+                           const float* lse) {
 #ifdef SHARDTENSOR_HOST_AVX512
-  if constexpr (std::is_same<T, float>::value)
-    if (host::avx512_available()) return exp_row_avx512(x, n, shift);
+  if (!avx512_kernels_run_here()) return false;
+  const Index cols = p.extent(1);
+  for_each_row(p.extent(0), [&](const Index i) {
+    float* row = &p(i, 0);
+    const Index n = visible.count(i0 + i, j0, cols);
+    exp_row_avx512(row, n, lse[i]);
+    for (Index j = n; j < cols; ++j) row[j] = 0;
+  });
+  return true;
+#else
+  (void)p, (void)visible, (void)i0, (void)j0, (void)lse;
+  return false;
 #endif
-  T sum = 0;
-  for (Index j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - shift));
-  return sum;
 }
 
-template float row_max(const float*, Index);
-template double row_max(const double*, Index);
-template float exp_row(float*, Index, float);
-template double exp_row(double*, Index, double);
-
-}  // namespace shardtensor::kernels
+}  // namespace shardtensor::kernels::host

@@ -14,9 +14,10 @@
 // is offered for 1-D fields only.
 //
 // Compute: per (batch, head), tiles of queries x keys: S = scale Q K^T and the output by
-// GEMMs (KokkosBlas::gemm on host buffers), an online softmax in between (running max, sum);
-// backward recomputes P from the saved log-sum-exp (flash-attention style). Memory per rank is
-// O(local tokens x channels) plus one bounded score tile. See docs/attention.md.
+// GEMMs (KokkosBlas::gemm), an online softmax in between (running max, sum); backward
+// recomputes P from the saved log-sum-exp (flash-attention style): kernels/flash_attention.hpp,
+// on the default execution space. Memory per rank is O(local tokens x channels) plus one
+// bounded score tile. See docs/attention.md.
 
 #include "shardtensor/autograd/variable.hpp"
 #include "shardtensor/comm/communicator.hpp"

@@ -1,0 +1,143 @@
+#pragma once
+// The kernels of attention over token blocks (nn/ring_attention.hpp) on the execution space of
+// their Views, flash-attention style: per (batch, head) slice, tiles of queries x keys; the
+// scores S = scale Q K^T and the outputs by GEMMs (KokkosBlas::gemm), an online softmax (running
+// max and sum per query row) in between; backward recomputes P from the saved log-sum-exp.
+// Memory: the packed blocks plus one bounded score tile (two in backward).
+//
+// Packed layout of L tokens: [batch][head][token][head_dim], so each (batch, head) slice is a
+// row-major L x head_dim matrix and the products are plain GEMMs on it. A K/V block is the
+// packed K followed by the packed V (the unit that travels around the ring). Pointers in this
+// interface point into buffers of the default memory space (AttentionBuffer).
+//
+// Every row kernel writes only its own query row (max, sum, output row, score row) and each
+// packing work item its own token: no scatter, the same bits on every run and thread count.
+// The host backend (kernels/backends/host/softmax_rows.cpp) runs the softmax rows with
+// AVX-512 exponentials for float where the CPU has them.
+
+#include <Kokkos_Core.hpp>
+#include <functional>
+
+#include "shardtensor/core/box.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor::kernels {
+
+/// Packed blocks, softmax states and score tiles: 1-D memory of the default space.
+template <class T>
+using AttentionBuffer = Kokkos::View<T*, DefaultMemorySpace>;
+
+/// A buffer of one call charged to the memory tracker's `category`; zero-filled only if asked.
+template <class T>
+AttentionBuffer<T> attention_buffer(const char* label, Index size,
+                                    MemoryCategory category = MemoryCategory::workspaces,
+                                    bool zero = false);
+
+/// Queries x keys of one score tile: the tile (and dS in backward) stays a few hundred KiB
+/// whatever the token count, and the GEMMs on it are large enough to run near sgemm speed.
+/// Callers give fold_block and backward_block buffers of score_tile values.
+constexpr Index tile_queries = 256;
+constexpr Index tile_keys = 512;
+constexpr Index score_tile = tile_queries * tile_keys;
+
+/// Row-major rows x cols matrix at a buffer's memory (no copy).
+template <class T>
+using Tile = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpace,
+                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Batch and heads: a packed block of L tokens holds slices() row-major L x head_dim matrices.
+struct Heads {
+  Index batch = 0, heads = 0, head_dim = 0;
+  KOKKOS_INLINE_FUNCTION Index slices() const { return batch * heads; }
+  KOKKOS_INLINE_FUNCTION Index channels() const { return heads * head_dim; }
+  /// Elements of one packed Q, K or V block of `tokens` tokens.
+  KOKKOS_INLINE_FUNCTION Index block(Index tokens) const { return slices() * tokens * head_dim; }
+};
+
+/// Which keys each query may see: all, or (causal) keys at global positions <= the query's.
+struct Visibility {
+  bool causal = false;
+  Index query_offset = 0, key_offset = 0;  // global positions of local query / key 0
+  /// Visible keys among [first, first + count) for local query i: always a prefix.
+  KOKKOS_INLINE_FUNCTION Index count(Index i, Index first, Index count) const {
+    if (!causal) return count;
+    const Index n = query_offset + i - key_offset - first + 1;
+    return n < 0 ? 0 : n > count ? count : n;
+  }
+};
+
+/// Running softmax of the query rows of all slices: max, sum of exp(score - max) and the
+/// unnormalised output. sum and output share one buffer so one allreduce combines both.
+template <class T>
+struct OnlineSoftmax {
+  Index rows, head_dim;
+  AttentionBuffer<T> max, totals;  // rows; rows (sums) + rows x head_dim (outputs)
+  /// max (the log-sum-exp saved for backward) is charged to the caller's category.
+  OnlineSoftmax(Index rows, Index head_dim);
+  T* sum() const { return totals.data(); }
+  T* out() const { return totals.data() + rows; }
+};
+
+/// Called between tiles, so the caller's transfers progress while the kernels compute.
+using Progress = std::function<void()>;
+
+/// Folds one K/V block (`keys` tokens, K then V) into the softmax state of `queries` packed
+/// queries: per slice and tile, S = scale Q K^T, the online update of each row, O += P V.
+template <class T>
+void fold_block(const Heads& a, const T* q, Index queries, const T* kv, Index keys,
+                const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
+                const Progress& progress);
+
+/// Normalises the outputs (out /= sum) and turns max into the log-sum-exp max + log(sum).
+template <class T>
+void finish(OnlineSoftmax<T>& state);
+
+/// Rescales a partial state to the rows' global maxima (sum and output times
+/// exp(max - global_max)) and takes them as its max: the log-sum-exp combine of the partial
+/// states of several ranks, before their sums and outputs are added.
+template <class T>
+void rescale_to(OnlineSoftmax<T>& state, const AttentionBuffer<T>& global_max);
+
+/// What backward needs of the local queries, packed: Q, dO, lse and delta = rowsum(dO * O).
+template <class T>
+struct QueryGradients {
+  AttentionBuffer<T> q, dout, lse, delta;
+  Index queries;
+};
+
+/// QueryGradients of `queries` packed queries q with output out and output gradient dout.
+template <class T>
+QueryGradients<T> query_gradients(AttentionBuffer<T> q, AttentionBuffer<T> dout,
+                                  const AttentionBuffer<T>& out, AttentionBuffer<T> lse,
+                                  Index queries, Index head_dim);
+
+/// Backward of one K/V block `kv` against the local queries: per slice and tile, P = exp(S -
+/// lse) recomputed, dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q.
+/// Adds into dq and the block's dK/dV (`dkv`, dK then dV); either may be null (not needed).
+template <class T>
+void backward_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* kv, T* dkv,
+                    Index keys, const Visibility& visible, T scale, T* scores, T* dscores,
+                    const Progress& progress);
+
+/// y[i] += x[i] for i < n (buffers of the default space).
+template <class T>
+void add_into(T* y, const T* x, Index n);
+
+/// The tokens of a field: its owned cells (`owned`, local indices), in C order. Packs them
+/// into `out` (a.block(tokens) values).
+template <class T>
+void pack_tokens(const FieldView<T>& field, const Box& owned, const Heads& a, T* out);
+
+/// Writes (or, with `add`, adds) a packed block into the owned cells of a field.
+template <class T>
+void unpack_tokens(const T* in, const FieldView<T>& field, const Box& owned, const Heads& a,
+                   bool add);
+
+/// The same for a replicated {batch, tokens, channels} tensor (channels of a token contiguous).
+template <class T>
+void pack_tokens(const ReplicatedView<T>& r, Index tokens, const Heads& a, T* out);
+template <class T>
+void unpack_tokens(const T* in, const ReplicatedView<T>& r, Index tokens, const Heads& a, bool add);
+
+}  // namespace shardtensor::kernels

@@ -1,0 +1,328 @@
+#include "shardtensor/kernels/flash_attention.hpp"
+
+#include <KokkosBlas3_gemm.hpp>
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "host/softmax_rows.hpp"  // kernels/backends: the backends are private to kernels
+#include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
+
+namespace shardtensor::kernels {
+
+namespace {
+
+template <class T>
+Tile<T> tile(T* data, Index rows, Index cols) {
+  return Tile<T>(data, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+}
+
+// ---------------------------------------------------------------------------------------
+// Row kernels of a score tile: one work item per query row, which it alone writes
+
+/// The online-softmax update of tile s's rows (local query rows i0 + i, keys j0 + j): masked
+/// keys get P = 0; the row's max moves to include the tile, what was accumulated under the old
+/// max (sum, output row) is rescaled, and s becomes exp(s - new max).
+template <class T>
+void online_softmax_rows(const Tile<T>& s, const Visibility& visible, Index i0, Index j0, T* max,
+                         T* sum, T* out, Index D) {
+  if constexpr (std::is_same<T, float>::value)
+    if (host::online_softmax_rows(s, visible, i0, j0, max, sum, out, D)) return;
+  const Index cols = s.extent(1);
+  Kokkos::parallel_for(
+      "flash_attention::online_softmax", Index(s.extent(0)), KOKKOS_LAMBDA(const Index i) {
+        const Index n = visible.count(i0 + i, j0, cols);
+        T tile_max = -math::infinity<T>();
+        for (Index j = 0; j < n; ++j) tile_max = math::max(tile_max, s(i, j));
+        for (Index j = n; j < cols; ++j) s(i, j) = T(0);
+        if (n == 0) return;
+        const T new_max = math::max(max[i], tile_max);
+        // exp(-inf) = 0 on the row's first tile: nothing accumulated yet.
+        const T correction = math::exp(max[i] - new_max);
+        T total = 0;
+        for (Index j = 0; j < n; ++j) total += (s(i, j) = math::exp(s(i, j) - new_max));
+        sum[i] = sum[i] * correction + total;
+        max[i] = new_max;
+        if (correction != T(1))
+          for (Index d = 0; d < D; ++d) out[i * D + d] *= correction;
+      });
+}
+
+/// P = exp(S - lse) of the visible keys, 0 for the others, for the rows of tile p.
+template <class T>
+void softmax_probabilities(const Tile<T>& p, const Visibility& visible, Index i0, Index j0,
+                           const T* lse) {
+  if constexpr (std::is_same<T, float>::value)
+    if (host::softmax_probabilities(p, visible, i0, j0, lse)) return;
+  const Index cols = p.extent(1);
+  Kokkos::parallel_for(
+      "flash_attention::probabilities", Index(p.extent(0)), KOKKOS_LAMBDA(const Index i) {
+        const Index n = visible.count(i0 + i, j0, cols);
+        for (Index j = 0; j < cols; ++j) p(i, j) = j < n ? math::exp(p(i, j) - lse[i]) : T(0);
+      });
+}
+
+/// dS = P (dP - delta) row by row (ds holds dP = dO V^T on entry).
+template <class T>
+void score_gradients(const Tile<T>& ds, const Tile<T>& p, const T* delta) {
+  const Index cols = ds.extent(1);
+  Kokkos::parallel_for(
+      "flash_attention::score_gradients", Index(ds.extent(0)), KOKKOS_LAMBDA(const Index i) {
+        const T di = delta[i];
+        for (Index j = 0; j < cols; ++j) ds(i, j) = p(i, j) * (ds(i, j) - di);
+      });
+}
+
+// ---------------------------------------------------------------------------------------
+// One (batch, head) slice
+
+/// Folds keys/values k, v (keys x D) into the softmax state of queries q (queries x D) of
+/// one slice: per tile, S = scale Q K^T (GEMM), the online update of each row, O += P V (GEMM).
+template <class T>
+void fold_slice(Index D, const T* q, Index queries, const T* k, const T* v, Index keys,
+                const Visibility& visible, T scale, T* max, T* sum, T* out, T* scores,
+                const Progress& progress) {
+  for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
+    const Index rows = std::min(tile_queries, queries - i0);
+    for (Index j0 = 0; j0 < keys; j0 += tile_keys) {
+      const Index cols = std::min(tile_keys, keys - j0);
+      if (visible.count(i0 + rows - 1, j0, cols) == 0) continue;  // all in the future
+      const Tile<T> s = tile(scores, rows, cols);
+      KokkosBlas::gemm("N", "T", scale, tile(q + i0 * D, rows, D), tile(k + j0 * D, cols, D), T(0),
+                       s);
+      online_softmax_rows(s, visible, i0, j0, max + i0, sum + i0, out + i0 * D, D);
+      KokkosBlas::gemm("N", "N", T(1), tile<const T>(scores, rows, cols), tile(v + j0 * D, cols, D),
+                       T(1), tile(out + i0 * D, rows, D));
+      progress();
+    }
+  }
+}
+
+/// Backward of one slice: P = exp(S - lse) recomputed per tile, then dV += P^T dO,
+/// dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q (GEMMs). dq, or dk and dv,
+/// may be null (not needed).
+template <class T>
+void backward_slice(Index D, const T* q, const T* dout, const T* lse, const T* delta, Index queries,
+                    const T* k, const T* v, Index keys, const Visibility& visible, T scale, T* dq,
+                    T* dk, T* dv, T* scores, T* dscores, const Progress& progress) {
+  for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
+    const Index rows = std::min(tile_queries, queries - i0);
+    const auto q_tile = tile(q + i0 * D, rows, D), dout_tile = tile(dout + i0 * D, rows, D);
+    for (Index j0 = 0; j0 < keys; j0 += tile_keys) {
+      const Index cols = std::min(tile_keys, keys - j0);
+      if (visible.count(i0 + rows - 1, j0, cols) == 0) continue;
+      const auto k_tile = tile(k + j0 * D, cols, D), v_tile = tile(v + j0 * D, cols, D);
+      const Tile<T> p = tile(scores, rows, cols), ds = tile(dscores, rows, cols);
+      KokkosBlas::gemm("N", "T", scale, q_tile, k_tile, T(0), p);
+      softmax_probabilities(p, visible, i0, j0, lse + i0);
+      if (dv) KokkosBlas::gemm("T", "N", T(1), p, dout_tile, T(1), tile(dv + j0 * D, cols, D));
+      if (dq || dk) {
+        KokkosBlas::gemm("N", "T", T(1), dout_tile, v_tile, T(0), ds);
+        score_gradients(ds, p, delta + i0);
+        if (dq) KokkosBlas::gemm("N", "N", scale, ds, k_tile, T(1), tile(dq + i0 * D, rows, D));
+        if (dk) KokkosBlas::gemm("T", "N", scale, ds, q_tile, T(1), tile(dk + j0 * D, cols, D));
+      }
+      progress();
+    }
+  }
+}
+
+/// The cells of a box as plain integers (kernels capture no std::array).
+struct TokenBox {
+  Index lower[3], extent[3];
+  explicit TokenBox(const Box& b)
+      : lower{b.lower[0], b.lower[1], b.lower[2]}, extent{b.extent[0], b.extent[1], b.extent[2]} {}
+  Index tokens() const { return extent[0] * extent[1] * extent[2]; }
+};
+
+/// Calls move(field value, packed row of head h) for every batch entry, owned cell and head of
+/// a field: one work item per (batch entry, token), its channels in a loop.
+template <class T, class Move>
+void for_each_field_token(const char* label, const FieldView<T>& field, const Box& owned,
+                          const Heads& a, T* packed, const Move& move) {
+  const TokenBox b(owned);
+  const Index L = b.tokens(), H = a.heads, D = a.head_dim;
+  Kokkos::parallel_for(
+      label, a.batch * L, KOKKOS_LAMBDA(const Index flat) {
+        const CellIndex c = unflatten(flat, 1, b.extent[0], b.extent[1], b.extent[2]);
+        const Index x = b.lower[0] + c.x, y = b.lower[1] + c.y, z = b.lower[2] + c.z;
+        const Index t = flat - c.n * L;
+        for (Index h = 0; h < H; ++h) {
+          T* row = packed + ((c.n * H + h) * L + t) * D;
+          for (Index d = 0; d < D; ++d) move(field(c.n, h * D + d, x, y, z), row[d]);
+        }
+      });
+}
+
+/// The same over a replicated {batch, tokens, channels} tensor.
+template <class T, class Move>
+void for_each_replicated_token(const char* label, const ReplicatedView<T>& r, Index tokens,
+                               const Heads& a, T* packed, const Move& move) {
+  const Index H = a.heads, D = a.head_dim, C = a.channels();
+  Kokkos::parallel_for(
+      label, a.batch * tokens, KOKKOS_LAMBDA(const Index flat) {
+        const Index n = flat / tokens, t = flat - n * tokens;
+        for (Index h = 0; h < H; ++h) {
+          T* row = packed + ((n * H + h) * tokens + t) * D;
+          for (Index d = 0; d < D; ++d) move(r(flat * C + h * D + d), row[d]);
+        }
+      });
+}
+
+/// Packing: the packed value takes the tensor's.
+struct Pack {
+  template <class T>
+  KOKKOS_INLINE_FUNCTION void operator()(const T& value, T& packed) const {
+    packed = value;
+  }
+};
+/// Unpacking: the tensor's value takes (or, with add, gains) the packed one.
+struct Unpack {
+  bool add;
+  template <class T>
+  KOKKOS_INLINE_FUNCTION void operator()(T& value, const T& packed) const {
+    value = (add ? value : T(0)) + packed;
+  }
+};
+
+}  // namespace
+
+template <class T>
+AttentionBuffer<T> attention_buffer(const char* label, Index size, MemoryCategory category,
+                                    bool zero) {
+  MemoryCategoryScope memory(category);
+  if (zero) return AttentionBuffer<T>(std::string(label), size);
+  return AttentionBuffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                            size);
+}
+
+template <class T>
+OnlineSoftmax<T>::OnlineSoftmax(Index rows, Index head_dim)
+    : rows(rows),
+      head_dim(head_dim),
+      max(attention_buffer<T>("attention.lse", rows, current_memory_category())),
+      totals(attention_buffer<T>("attention.totals", rows * (1 + head_dim),
+                                 MemoryCategory::workspaces, /*zero=*/true)) {
+  Kokkos::deep_copy(max, -math::infinity<T>());
+}
+
+template <class T>
+void fold_block(const Heads& a, const T* q, Index queries, const T* kv, Index keys,
+                const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
+                const Progress& progress) {
+  const Index D = a.head_dim;
+  const T* v = kv + a.block(keys);
+  for (Index s = 0; s < a.slices(); ++s)
+    fold_slice(D, q + s * queries * D, queries, kv + s * keys * D, v + s * keys * D, keys, visible,
+               scale, state.max.data() + s * queries, state.sum() + s * queries,
+               state.out() + s * queries * D, scores, progress);
+}
+
+template <class T>
+void finish(OnlineSoftmax<T>& state) {
+  const Index D = state.head_dim;
+  const auto max = state.max;
+  T* sum = state.sum();
+  T* out = state.out();
+  Kokkos::parallel_for(
+      "flash_attention::finish", state.rows, KOKKOS_LAMBDA(const Index row) {
+        for (Index d = 0; d < D; ++d) out[row * D + d] /= sum[row];
+        max(row) += math::log(sum[row]);
+      });
+}
+
+template <class T>
+void rescale_to(OnlineSoftmax<T>& state, const AttentionBuffer<T>& global_max) {
+  const Index D = state.head_dim;
+  const auto max = state.max;
+  T* sum = state.sum();
+  T* out = state.out();
+  Kokkos::parallel_for(
+      "flash_attention::rescale", state.rows, KOKKOS_LAMBDA(const Index row) {
+        const T correction = math::exp(max(row) - global_max(row));
+        sum[row] *= correction;
+        for (Index d = 0; d < D; ++d) out[row * D + d] *= correction;
+      });
+  state.max = global_max;
+}
+
+template <class T>
+QueryGradients<T> query_gradients(AttentionBuffer<T> q, AttentionBuffer<T> dout,
+                                  const AttentionBuffer<T>& out, AttentionBuffer<T> lse,
+                                  Index queries, Index head_dim) {
+  const Index rows = lse.extent(0), D = head_dim;
+  AttentionBuffer<T> delta = attention_buffer<T>("attention.delta", rows);
+  Kokkos::parallel_for(
+      "flash_attention::delta", rows, KOKKOS_LAMBDA(const Index row) {
+        T s = 0;
+        for (Index d = 0; d < D; ++d) s += dout(row * D + d) * out(row * D + d);
+        delta(row) = s;
+      });
+  return {std::move(q), std::move(dout), std::move(lse), std::move(delta), queries};
+}
+
+template <class T>
+void backward_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* kv, T* dkv,
+                    Index keys, const Visibility& visible, T scale, T* scores, T* dscores,
+                    const Progress& progress) {
+  const Index D = a.head_dim, Lq = g.queries;
+  const T* v = kv + a.block(keys);
+  for (Index s = 0; s < a.slices(); ++s)
+    backward_slice(D, g.q.data() + s * Lq * D, g.dout.data() + s * Lq * D, g.lse.data() + s * Lq,
+                   g.delta.data() + s * Lq, Lq, kv + s * keys * D, v + s * keys * D, keys, visible,
+                   scale, dq ? dq + s * Lq * D : nullptr, dkv ? dkv + s * keys * D : nullptr,
+                   dkv ? dkv + a.block(keys) + s * keys * D : nullptr, scores, dscores, progress);
+}
+
+template <class T>
+void add_into(T* y, const T* x, Index n) {
+  Kokkos::parallel_for(
+      "flash_attention::add", n, KOKKOS_LAMBDA(const Index i) { y[i] += x[i]; });
+}
+
+template <class T>
+void pack_tokens(const FieldView<T>& field, const Box& owned, const Heads& a, T* out) {
+  for_each_field_token("flash_attention::pack", field, owned, a, out, Pack{});
+}
+
+template <class T>
+void unpack_tokens(const T* in, const FieldView<T>& field, const Box& owned, const Heads& a,
+                   bool add) {
+  for_each_field_token("flash_attention::unpack", field, owned, a, const_cast<T*>(in), Unpack{add});
+}
+
+template <class T>
+void pack_tokens(const ReplicatedView<T>& r, Index tokens, const Heads& a, T* out) {
+  for_each_replicated_token("flash_attention::pack", r, tokens, a, out, Pack{});
+}
+
+template <class T>
+void unpack_tokens(const T* in, const ReplicatedView<T>& r, Index tokens, const Heads& a,
+                   bool add) {
+  for_each_replicated_token("flash_attention::unpack", r, tokens, a, const_cast<T*>(in),
+                            Unpack{add});
+}
+
+#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
+  template AttentionBuffer<T> attention_buffer(const char*, Index, MemoryCategory, bool);          \
+  template struct OnlineSoftmax<T>;                                                                \
+  template void fold_block(const Heads&, const T*, Index, const T*, Index, const Visibility&, T,   \
+                           OnlineSoftmax<T>&, T*, const Progress&);                                \
+  template void finish(OnlineSoftmax<T>&);                                                         \
+  template void rescale_to(OnlineSoftmax<T>&, const AttentionBuffer<T>&);                          \
+  template QueryGradients<T> query_gradients(AttentionBuffer<T>, AttentionBuffer<T>,               \
+                                             const AttentionBuffer<T>&, AttentionBuffer<T>, Index, \
+                                             Index);                                               \
+  template void backward_block(const Heads&, const QueryGradients<T>&, T*, const T*, T*, Index,    \
+                               const Visibility&, T, T*, T*, const Progress&);                     \
+  template void add_into(T*, const T*, Index);                                                     \
+  template void pack_tokens(const FieldView<T>&, const Box&, const Heads&, T*);                    \
+  template void unpack_tokens(const T*, const FieldView<T>&, const Box&, const Heads&, bool);      \
+  template void pack_tokens(const ReplicatedView<T>&, Index, const Heads&, T*);                    \
+  template void unpack_tokens(const T*, const ReplicatedView<T>&, Index, const Heads&, bool);
+SHARDTENSOR_INSTANTIATE(float)
+SHARDTENSOR_INSTANTIATE(double)
+#undef SHARDTENSOR_INSTANTIATE
+
+}  // namespace shardtensor::kernels
