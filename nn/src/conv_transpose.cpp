@@ -1,6 +1,6 @@
 #include "shardtensor/nn/conv_transpose.hpp"
 
-#include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/kernels/conv_transpose.hpp"
 
 #include "shardtensor/nn/impl/conv_parameters.hpp"
 #include "shardtensor/nn/impl/per_dim_option.hpp"
@@ -12,177 +12,6 @@
 namespace shardtensor {
 
 namespace {
-
-/// a / b and a mod b rounded towards minus infinity (b > 0).
-KOKKOS_INLINE_FUNCTION Index floor_div(Index a, Index b) {
-  return a >= 0 ? a / b : -((-a + b - 1) / b);
-}
-KOKKOS_INLINE_FUNCTION Index floor_mod(Index a, Index b) {
-  return a - floor_div(a, b) * b;
-}
-KOKKOS_INLINE_FUNCTION Index min_index(Index a, Index b) {
-  return a < b ? a : b;
-}
-KOKKOS_INLINE_FUNCTION Index max_index(Index a, Index b) {
-  return a > b ? a : b;
-}
-
-/// Index arithmetic shared by the kernels: weights (in, out / groups, kx, ky, kz) in C order;
-/// output o (global) receives input i through tap t when o = i * s - p + t * d.
-///
-/// In local terms, along one dim tap t joins padded input i to local output
-/// o = i * s + offset(t), for the inputs i in [first_input(t), end_input(t)): those inside the
-/// padded buffer and the global field whose output is owned here. The kernels walk these
-/// ranges (and the z rows they give) instead of testing every (cell, tap) pair with divisions.
-struct ConvTransposeShape {
-  Index batch, in_channels, out_channels, in_per_group, out_per_group;
-  Index k[3], s[3], d[3], p[3];
-  Index out_first[3];  // global index of the first local output
-  Index out[3];        // local output extents
-  Index in_first[3];   // global index of padded cell 0 (first owned input minus the ghosts)
-  Index in_global[3];  // global input extents
-  Index padded[3];     // padded input buffer extents
-
-  KOKKOS_INLINE_FUNCTION Index weight_index(Index ci, Index cog, Index a, Index b, Index c) const {
-    return (((ci * out_per_group + cog) * k[0] + a) * k[1] + b) * k[2] + c;
-  }
-  KOKKOS_INLINE_FUNCTION Index offset(int dim, Index t) const {
-    return in_first[dim] * s[dim] - p[dim] + t * d[dim] - out_first[dim];
-  }
-  KOKKOS_INLINE_FUNCTION Index first_input(int dim, Index t) const {
-    const Index first_output = -floor_div(offset(dim, t), s[dim]);  // ceil(-offset / s)
-    return max_index(max_index(first_output, -in_first[dim]), 0);
-  }
-  KOKKOS_INLINE_FUNCTION Index end_input(int dim, Index t) const {
-    const Index end_output = floor_div(out[dim] - 1 - offset(dim, t), s[dim]) + 1;
-    return min_index(min_index(end_output, in_global[dim] - in_first[dim]), padded[dim]);
-  }
-  /// Padded input that local output `o` reads through tap `t` along `dim`; -1 if none (the
-  /// tap falls between inputs or past the global boundary).
-  KOKKOS_INLINE_FUNCTION Index input_of(int dim, Index o, Index t) const {
-    const Index shifted = o - offset(dim, t);
-    if (floor_mod(shifted, s[dim]) != 0) return -1;
-    const Index i = floor_div(shifted, s[dim]);
-    return i >= first_input(dim, t) && i < end_input(dim, t) ? i : -1;
-  }
-  /// Local output that padded cell `i` feeds through tap `t` along `dim`; -1 if none.
-  KOKKOS_INLINE_FUNCTION Index output_of(int dim, Index i, Index t) const {
-    return i >= first_input(dim, t) && i < end_input(dim, t) ? i * s[dim] + offset(dim, t) : -1;
-  }
-};
-
-/// y = bias + sum over taps (a, b, c) and input channels of w * x, by output z row: a tap c
-/// adds an input row to every s-th output of the row.
-template <class T>
-void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
-                            const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
-                            const FieldView<T>& y) {
-  const bool has_bias = bias.extent(0) > 0;
-  const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
-  Kokkos::parallel_for(
-      "ConvTranspose::forward", rows, KOKKOS_LAMBDA(const Index row) {
-        const CellIndex r = unflatten(row, g.out_channels, g.out[0], g.out[1], 1);
-        const Index n = r.n, co = r.c, ox = r.x, oy = r.y;
-        const Index group = co / g.out_per_group, cog = co % g.out_per_group;
-        const T start = has_bias ? bias(co) : T(0);
-        for (Index oz = 0; oz < g.out[2]; ++oz) y(n, co, ox, oy, oz) = start;
-        for (Index a = 0; a < g.k[0]; ++a) {
-          const Index ix = g.input_of(0, ox, a);
-          if (ix < 0) continue;
-          for (Index b = 0; b < g.k[1]; ++b) {
-            const Index iy = g.input_of(1, oy, b);
-            if (iy < 0) continue;
-            for (Index c = 0; c < g.k[2]; ++c) {
-              const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
-              const Index shift = g.offset(2, c), sz = g.s[2];
-              for (Index cig = 0; cig < g.in_per_group; ++cig) {
-                const Index ci = group * g.in_per_group + cig;
-                const T weight = w(g.weight_index(ci, cog, a, b, c));
-                for (Index iz = z0; iz < z1; ++iz)
-                  y(n, co, ox, oy, iz * sz + shift) += weight * xp(n, ci, ix, iy, iz);
-              }
-            }
-          }
-        }
-      });
-}
-
-/// Gradient of the padded input (`gxp`, zero on entry): each padded row gathers from the
-/// owned outputs it feeds.
-template <class T>
-void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T>& gy,
-                                  const ReplicatedView<T>& w, const FieldView<T>& gxp) {
-  const Index rows = g.batch * g.in_channels * g.padded[0] * g.padded[1];
-  Kokkos::parallel_for(
-      "ConvTranspose::backward_data", rows, KOKKOS_LAMBDA(const Index row) {
-        const CellIndex r = unflatten(row, g.in_channels, g.padded[0], g.padded[1], 1);
-        const Index n = r.n, ci = r.c, ix = r.x, iy = r.y;
-        const Index group = ci / g.in_per_group;
-        for (Index a = 0; a < g.k[0]; ++a) {
-          const Index ox = g.output_of(0, ix, a);
-          if (ox < 0) continue;
-          for (Index b = 0; b < g.k[1]; ++b) {
-            const Index oy = g.output_of(1, iy, b);
-            if (oy < 0) continue;
-            for (Index c = 0; c < g.k[2]; ++c) {
-              const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
-              const Index shift = g.offset(2, c), sz = g.s[2];
-              for (Index cog = 0; cog < g.out_per_group; ++cog) {
-                const Index co = group * g.out_per_group + cog;
-                const T weight = w(g.weight_index(ci, cog, a, b, c));
-                for (Index iz = z0; iz < z1; ++iz)
-                  gxp(n, ci, ix, iy, iz) += weight * gy(n, co, ox, oy, iz * sz + shift);
-              }
-            }
-          }
-        }
-      });
-}
-
-/// This rank's partial sums of the weight and bias gradients (over its own outputs), in
-/// double: they add up every output cell, and float sums in different orders on different
-/// decompositions would differ by more than float precision.
-template <class T>
-void conv_transpose_backward_parameters(const ConvTransposeShape& g, const FieldView<T>& gy,
-                                        const FieldView<T>& xp, const ReplicatedView<T>& gw,
-                                        const ReplicatedView<T>& gb) {
-  if (gw.extent(0) > 0) {
-    Kokkos::parallel_for(
-        "ConvTranspose::backward_weight", static_cast<Index>(gw.extent(0)),
-        KOKKOS_LAMBDA(const Index flat) {
-          const CellIndex cell = unflatten(flat, g.out_per_group, g.k[0], g.k[1], g.k[2]);
-          const Index ci = cell.n, cog = cell.c, a = cell.x, b = cell.y, c = cell.z;
-          const Index co = (ci / g.in_per_group) * g.out_per_group + cog;
-          const Index x0 = g.first_input(0, a), x1 = g.end_input(0, a);
-          const Index y0 = g.first_input(1, b), y1 = g.end_input(1, b);
-          const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
-          const Index shift = g.offset(2, c), sz = g.s[2];
-          double sum = 0;  // many terms: accumulate in double
-          // Each (owned output, tap) pair has exactly one input cell: walk those inputs.
-          for (Index n = 0; n < g.batch; ++n)
-            for (Index ix = x0; ix < x1; ++ix) {
-              const Index ox = ix * g.s[0] + g.offset(0, a);
-              for (Index iy = y0; iy < y1; ++iy) {
-                const Index oy = iy * g.s[1] + g.offset(1, b);
-                for (Index iz = z0; iz < z1; ++iz)
-                  sum += double(gy(n, co, ox, oy, iz * sz + shift)) * double(xp(n, ci, ix, iy, iz));
-              }
-            }
-          gw(flat) += static_cast<T>(sum);
-        });
-  }
-  if (gb.extent(0) > 0) {
-    Kokkos::parallel_for(
-        "ConvTranspose::backward_bias", g.out_channels, KOKKOS_LAMBDA(const Index co) {
-          double sum = 0;  // many terms: accumulate in double
-          for (Index n = 0; n < g.batch; ++n)
-            for (Index ox = 0; ox < g.out[0]; ++ox)
-              for (Index oy = 0; oy < g.out[1]; ++oy)
-                for (Index oz = 0; oz < g.out[2]; ++oz) sum += gy(n, co, ox, oy, oz);
-          gb(co) += static_cast<T>(sum);
-        });
-  }
-}
 
 std::string layer_name(int ndims, const std::string& name) {
   return "ConvTranspose" + std::to_string(ndims) + "d '" + name + "'";
@@ -292,11 +121,11 @@ GhostWidths ConvTranspose<T>::input_ghosts(const Decomposition& input) const {
       Index first = std::numeric_limits<Index>::max(), last = std::numeric_limits<Index>::min();
       for (Index t = 0; t < kernel_[dim]; ++t) {
         const Index shift = padding_[dim] - t * dilation_[dim];  // i * s = o + shift
-        const Index o_low = lo + floor_mod(-(lo + shift), s);
-        const Index o_high = hi - 1 - floor_mod(hi - 1 + shift, s);
+        const Index o_low = lo + kernels::floor_mod(-(lo + shift), s);
+        const Index o_high = hi - 1 - kernels::floor_mod(hi - 1 + shift, s);
         if (o_low > o_high) continue;
-        const Index i_low = std::max<Index>(floor_div(o_low + shift, s), 0);
-        const Index i_high = std::min(floor_div(o_high + shift, s), n - 1);
+        const Index i_low = std::max<Index>(kernels::floor_div(o_low + shift, s), 0);
+        const Index i_high = std::min(kernels::floor_div(o_high + shift, s), n - 1);
         if (i_low > i_high) continue;
         first = std::min(first, i_low);
         last = std::max(last, i_high);
@@ -339,20 +168,20 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
-  ConvTransposeShape shape{x.batch(),
-                           options_.in_channels,
-                           options_.out_channels,
-                           options_.in_channels / options_.groups,
-                           options_.out_channels / options_.groups,
-                           {},
-                           {},
-                           {},
-                           {},
-                           {},
-                           {},
-                           {},
-                           {},
-                           {}};
+  kernels::ConvTransposeShape shape{x.batch(),
+                                    options_.in_channels,
+                                    options_.out_channels,
+                                    options_.in_channels / options_.groups,
+                                    options_.out_channels / options_.groups,
+                                    {},
+                                    {},
+                                    {},
+                                    {},
+                                    {},
+                                    {},
+                                    {},
+                                    {},
+                                    {}};
   for (int d = 0; d < max_spatial_dims; ++d) {
     shape.k[d] = kernel_[d];
     shape.s[d] = stride_[d];
@@ -365,8 +194,8 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     shape.padded[d] = padded.allocated_extent(d);
   }
   const ReplicatedView<T> no_bias;
-  conv_transpose_forward(shape, padded.view(), weight_.data(),
-                         bias_.defined() ? bias_.data() : no_bias, y.view());
+  kernels::conv_transpose_forward(shape, padded.view(), weight_.data(),
+                                  bias_.defined() ? bias_.data() : no_bias, y.view());
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
   if (bias_.defined()) inputs.push_back(bias_.node());
@@ -384,11 +213,11 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
-      conv_transpose_backward_parameters(shape, gy, padded.view(), gw, gb);
+      kernels::conv_transpose_backward_parameters(shape, gy, padded.view(), gw, gb);
       if (x_node->requires_grad) {
         ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
                                    padded.channels(), padded.ghosts(), name + ".padded_grad");
-        conv_transpose_backward_data(shape, gy, w_node->data, grad_padded.view());
+        kernels::conv_transpose_backward_data(shape, gy, w_node->data, grad_padded.view());
         halo->backward(grad_padded, x_node->grad_field());  // shared: may outlive the layer
       }
     };

@@ -5,13 +5,14 @@
 #include <sstream>
 
 #include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/kernels/normalization.hpp"
 
 namespace shardtensor {
 
 namespace {
 
 using HostDoubles = std::vector<double>;
-using DeviceDoubles = Kokkos::View<double*, DefaultMemorySpace>;
+using DeviceDoubles = kernels::BlockDoubles;
 
 /// Which statistic each (sample n, channel c) block, numbered n * channels + c, belongs to.
 struct StatLayout {
@@ -27,46 +28,6 @@ struct StatLayout {
     return per_channel ? c : n * groups + c / (channels / groups);
   }
 };
-
-/// Local extents of the owned cells of a field.
-template <class T>
-SpatialIndex owned_extents(const ShardTensor<T>& x) {
-  return {x.local_extent(0), x.local_extent(1), x.local_extent(2)};
-}
-
-/// out[n * channels + c] = sum over this rank's owned cells of f(n, c, x, y, z), in double: one
-/// team per block, its threads over the (x, y) rows, vector lanes along z (no index division
-/// per cell).
-template <class F>
-HostDoubles block_sums(const char* label, Index batch, Index channels, const SpatialIndex& extent,
-                       F f) {
-  const Index blocks = batch * channels;
-  const Index ey = extent[1], ez = extent[2];
-  const Index rows = extent[0] * ey;
-  DeviceDoubles out(std::string(label), blocks);
-  using Policy = Kokkos::TeamPolicy<>;
-  Kokkos::parallel_for(
-      label, Policy(static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const Policy::member_type& team) {
-        const Index b = team.league_rank();
-        const Index n = b / channels, c = b % channels;
-        double s = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, rows),
-            [&](const Index row, double& acc) {
-              const Index i = row / ey, j = row % ey;
-              double row_sum = 0;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(team, ez),
-                  [&](const Index k, double& partial) { partial += f(n, c, i, j, k); }, row_sum);
-              acc += row_sum;
-            },
-            s);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
-      });
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-  return HostDoubles(host.data(), host.data() + blocks);
-}
 
 /// Sums `values` over the ranks of `comm` in place (one call).
 void sum_over_ranks(const Communicator& comm, HostDoubles& values) {
@@ -127,13 +88,9 @@ Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
                             const StatLayout& layout) {
   Statistics s;
   s.count = double(layout.blocks_per_stat()) * double(x.decomposition().global_cells());
-  const Index blocks = layout.blocks(), stats = layout.stats(), channels = layout.channels;
-  const auto xi = x.interior();
-  HostDoubles sums = block_sums(
-      "normalization_sum", layout.batch, channels, owned_extents(x),
-      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-        return static_cast<double>(xi(n, c, i, j, k));
-      });
+  const Index blocks = layout.blocks(), stats = layout.stats();
+  const kernels::OwnedCells<const T> xi = x.interior();
+  HostDoubles sums = kernels::block_sums(xi);
   sum_over_ranks(comm, sums);
   HostDoubles first_mean(stats, 0.0);
   for (Index b = 0; b < blocks; ++b) first_mean[layout.stat_of_block(b)] += sums[b];
@@ -141,18 +98,7 @@ Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
   HostDoubles block_mean(blocks);
   for (Index b = 0; b < blocks; ++b) block_mean[b] = first_mean[layout.stat_of_block(b)];
   const DeviceDoubles mean = to_device(block_mean, "normalization_block_mean");
-  HostDoubles deviations = block_sums(
-      "normalization_deviation_sum", layout.batch, channels, owned_extents(x),
-      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-        return static_cast<double>(xi(n, c, i, j, k)) - mean(n * channels + c);
-      });
-  const HostDoubles squares = block_sums(
-      "normalization_square_sum", layout.batch, channels, owned_extents(x),
-      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-        const double d = static_cast<double>(xi(n, c, i, j, k)) - mean(n * channels + c);
-        return d * d;
-      });
-  deviations.insert(deviations.end(), squares.begin(), squares.end());
+  HostDoubles deviations = kernels::block_deviation_sums(xi, mean);
   sum_over_ranks(comm, deviations);
   HostDoubles d_sum(stats, 0.0), d2_sum(stats, 0.0);
   for (Index b = 0; b < blocks; ++b) {
@@ -192,18 +138,8 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
 
   ShardTensor<T> y(x.decomposition(), x.rank(), x.batch(), x.channels(), x.ghosts(),
                    name + ".output");
-  const auto xi = x.interior();
-  const auto yi = y.interior();
-  const SpatialIndex extent = owned_extents(x);
-  const Kokkos::MDRangePolicy<Kokkos::Rank<4>> cells({0, 0, 0, 0},
-                                                     {blocks, extent[0], extent[1], extent[2]});
-  Kokkos::parallel_for(
-      "normalization_forward", cells,
-      KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
-        const Index n = b / channels, c = b % channels;
-        const double xhat = (static_cast<double>(xi(n, c, i, j, k)) - mean(b)) * rstd(b);
-        yi(n, c, i, j, k) = static_cast<T>(xhat * scale(c) + shift(c));
-      });
+  const kernels::OwnedCells<const T> xi = x.interior();
+  kernels::normalize_forward(xi, mean, rstd, scale, shift, kernels::OwnedCells<T>(y.interior()));
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node()};
   if (weight.defined()) inputs.push_back(weight.node());
@@ -216,20 +152,11 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     auto b_node = bias.defined() ? bias.node() : nullptr;
     const double count = stats.count;
     node->backward = [=](impl::Node<T>& self) {
-      const auto gy = self.grad_field().interior();
+      const kernels::OwnedCells<const T> gy = self.grad_field().interior();
       // This rank's sums of dy and dy * xhat per block.
-      const HostDoubles dy_sums = block_sums(
-          "normalization_backward_dy", layout.batch, channels, extent,
-          KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-            return static_cast<double>(gy(n, c, i, j, k));
-          });
-      const HostDoubles dyx_sums = block_sums(
-          "normalization_backward_dy_xhat", layout.batch, channels, extent,
-          KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-            const Index b = n * channels + c;
-            const double xhat = (static_cast<double>(xi(n, c, i, j, k)) - mean(b)) * rstd(b);
-            return static_cast<double>(gy(n, c, i, j, k)) * xhat;
-          });
+      const HostDoubles sums = kernels::normalize_gradient_sums(gy, xi, mean, rstd);
+      const HostDoubles dy_sums(sums.begin(), sums.begin() + blocks);
+      const HostDoubles dyx_sums(sums.begin() + blocks, sums.end());
       if (w_node && w_node->requires_grad)
         add_channel_sums(w_node->grad_partial(comm), dyx_sums, layout);
       if (b_node && b_node->requires_grad)
@@ -262,15 +189,8 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       const DeviceDoubles a1 = to_device(c1, "normalization_c1");
       const DeviceDoubles a2 = to_device(c2, "normalization_c2");
       const DeviceDoubles a3 = to_device(c3, "normalization_c3");
-      const auto gx = x_node->grad_field().interior();
-      Kokkos::parallel_for(
-          "normalization_backward", cells,
-          KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
-            const Index n = b / channels, c = b % channels;
-            const double xhat = (static_cast<double>(xi(n, c, i, j, k)) - mean(b)) * rstd(b);
-            gx(n, c, i, j, k) += static_cast<T>(a1(b) * static_cast<double>(gy(n, c, i, j, k)) -
-                                                a2(b) - a3(b) * xhat);
-          });
+      kernels::normalize_backward(gy, xi, mean, rstd, a1, a2, a3,
+                                  kernels::OwnedCells<T>(x_node->grad_field().interior()));
     };
   }
   return Variable<T>(node);

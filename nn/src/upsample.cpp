@@ -1,184 +1,8 @@
 #include "shardtensor/nn/upsample.hpp"
 
-#include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 
-#include <algorithm>
-#include <cmath>
-
 namespace shardtensor {
-
-namespace {
-
-/// Per-axis data of the upsampling kernels.
-struct UpsampleShape {
-  Index channels;
-  Index scale[3];
-  Index out_offset[3];  // global index of the first local output
-  Index in_offset[3];   // global index of the first owned input
-  Index out[3];         // local output extents
-  Index in[3];          // extents of the input buffer (owned cells plus ghosts)
-  Index ghost[3];       // ghost cells below the owned ones in the input buffer
-
-  /// Linear interpolation along an axis: buffer index of the lower source and its weight
-  /// (the upper source, index + 1, gets 1 - weight).
-  template <class T>
-  KOKKOS_INLINE_FUNCTION void linear_source(int axis, Index o, Index& lower, T& weight) const {
-    const double source = (double(out_offset[axis] + o) + 0.5) / double(scale[axis]) - 0.5;
-    const double floor_source = math::floor(source);
-    lower = static_cast<Index>(floor_source) - in_offset[axis] + ghost[axis];
-    weight = static_cast<T>(1.0 - (source - floor_source));
-  }
-};
-
-/// Linear interpolation per axis, computed once per call instead of once per cell (and per
-/// candidate output in the backward): entry first[a] + o holds output o's lower source along
-/// axis a (buffer index) and its weight. The same values linear_source gives, so the same sums.
-template <class T>
-struct LinearTable {
-  Kokkos::View<Index*, DefaultMemorySpace> lower;
-  Kokkos::View<T*, DefaultMemorySpace> weight;
-  Index first[3];
-
-  explicit LinearTable(const UpsampleShape& g)
-      : lower(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.lower"),
-              g.out[0] + g.out[1] + g.out[2]),
-        weight(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.weight"),
-               g.out[0] + g.out[1] + g.out[2]),
-        first{0, g.out[0], g.out[0] + g.out[1]} {
-    const auto l = lower;
-    const auto w = weight;
-    const Index second = first[1], third = first[2];
-    Kokkos::parallel_for(
-        "Upsample::table", l.extent(0), KOKKOS_LAMBDA(const Index i) {
-          const int axis = i < second ? 0 : i < third ? 1 : 2;
-          g.linear_source(axis, i - (axis == 0 ? 0 : axis == 1 ? second : third), l(i), w(i));
-        });
-  }
-};
-
-template <class T>
-void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& x,
-                      const FieldView<T>& y) {
-  const LinearTable<T> table(g);
-  const auto lower = table.lower;
-  const auto weight = table.weight;
-  const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
-  const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
-  for_each_cell_by_lines(
-      "Upsample::forward", y.extent(0), g.channels, extents,
-      KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
-        if (mode == UpsampleMode::nearest) {
-          const Index o[3] = {ox, oy, oz};
-          Index i[3];
-          for (int a = 0; a < 3; ++a)
-            i[a] = (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a] + g.ghost[a];
-          y(n, c, ox, oy, oz) = x(n, c, i[0], i[1], i[2]);
-          return;
-        }
-        const Index lx = lower(f0 + ox), ly = lower(f1 + oy), lz = lower(f2 + oz);
-        const T wx = weight(f0 + ox), wy = weight(f1 + oy), wz = weight(f2 + oz);
-        // Unused axes have scale 1: source = o exactly, weight 1 on the lower cell.
-        const Index hx = g.in[0] > 1 ? lx + 1 : lx, hy = g.in[1] > 1 ? ly + 1 : ly,
-                    hz = g.in[2] > 1 ? lz + 1 : lz;
-        // The eight sources through one base pointer (5-D indexing per load cost more than the
-        // interpolation).
-        const T* p = &x(n, c, 0, 0, 0);
-        const Index sx = x.stride(2), sy = x.stride(3);
-        const T* lxly = p + lx * sx + ly * sy;
-        const T* lxhy = p + lx * sx + hy * sy;
-        const T* hxly = p + hx * sx + ly * sy;
-        const T* hxhy = p + hx * sx + hy * sy;
-        y(n, c, ox, oy, oz) = wx * (wy * (wz * lxly[lz] + (1 - wz) * lxly[hz]) +
-                                    (1 - wy) * (wz * lxhy[lz] + (1 - wz) * lxhy[hz])) +
-                              (1 - wx) * (wy * (wz * hxly[lz] + (1 - wz) * hxly[hz]) +
-                                          (1 - wy) * (wz * hxhy[lz] + (1 - wz) * hxhy[hz]));
-      });
-}
-
-/// Weight of input buffer index i in output o along axis a (0 for the outputs that do not
-/// read it; 1 along unused axes).
-template <class T>
-KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
-                                     const Kokkos::View<Index*, DefaultMemorySpace>& lower_of,
-                                     const Kokkos::View<T*, DefaultMemorySpace>& weight_of,
-                                     Index entry, int a, Index o, Index i) {
-  if (mode == UpsampleMode::nearest)
-    return (g.out_offset[a] + o) / g.scale[a] - g.in_offset[a] + g.ghost[a] == i ? T(1) : T(0);
-  if (g.in[a] == 1) return T(1);  // unused axis
-  const Index lower = lower_of(entry + o);
-  const T w = weight_of(entry + o);
-  return lower == i ? w : (lower + 1 == i ? 1 - w : T(0));
-}
-
-/// Input-buffer gradient: each input cell gathers from the outputs that read it. Per axis and
-/// input index, a table holds the outputs with a nonzero weight (a contiguous range: a few
-/// of the 3 x scale candidates) and their weights, so a cell visits only those.
-template <class T>
-void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& gy,
-                       const FieldView<T>& gx) {
-  const LinearTable<T> table(g);
-  const auto lower_of = table.lower;
-  const auto weight_of = table.weight;
-  const Index first_entry[3] = {table.first[0], table.first[1], table.first[2]};
-  // begin/end of the outputs input index i feeds along axis a: entry in_first[a] + i.
-  const Index in_first[3] = {0, g.in[0], g.in[0] + g.in[1]};
-  const Index entries = g.in[0] + g.in[1] + g.in[2];
-  const Kokkos::View<Index*, DefaultMemorySpace> begin(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.begin"), entries);
-  const Kokkos::View<Index*, DefaultMemorySpace> end(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.end"), entries);
-  // Room per entry: a range holds at most 2 x scale outputs (linear), scale (nearest).
-  const Index room = 2 * std::max({g.scale[0], g.scale[1], g.scale[2]}) + 1;
-  const Kokkos::View<T*, DefaultMemorySpace> weights(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.weights"), entries * room);
-  Kokkos::parallel_for(
-      "Upsample::ranges", entries, KOKKOS_LAMBDA(const Index e) {
-        const int a = e < in_first[1] ? 0 : e < in_first[2] ? 1 : 2;
-        const Index i = e - in_first[a];
-        const Index global = i - g.ghost[a] + g.in_offset[a];
-        const Index first = math::max<Index>((global - 1) * g.scale[a] - g.out_offset[a], 0);
-        const Index last = math::min<Index>((global + 2) * g.scale[a] - g.out_offset[a], g.out[a]);
-        Index b = last, f = last;
-        for (Index o = first; o < last; ++o)
-          if (axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i) != T(0)) {
-            if (b == last) b = o;
-            f = o + 1;
-          }
-        begin(e) = b;
-        end(e) = b == last ? b : f;
-        for (Index o = b; o < end(e); ++o)
-          weights(e * room + o - b) =
-              axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i);
-      });
-  const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
-  for_each_cell_by_lines(
-      "Upsample::backward", gx.extent(0), g.channels, extents,
-      KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
-        const Index ex = in_first[0] + ix, ey = in_first[1] + iy, ez = in_first[2] + iz;
-        // Everything the loops read, in locals: the compiler cannot keep View reads out of
-        // the loops itself (the store to gx might alias them).
-        const Index bx = begin(ex), by = begin(ey), bz = begin(ez);
-        const Index nx = end(ex) - bx, ny = end(ey) - by, nz = end(ez) - bz;
-        const T* wx = weights.data() + ex * room;  // wx[i]: the weight of output bx + i
-        const T* wy = weights.data() + ey * room;
-        const T* wz = weights.data() + ez * room;
-        const T* g = &gy(n, c, 0, 0, 0);
-        const Index sx = gy.stride(2), sy = gy.stride(3);
-        T sum = 0;
-        for (Index i = 0; i < nx; ++i) {
-          const T weight_x = T(1) * wx[i];
-          for (Index j = 0; j < ny; ++j) {
-            const T weight_xy = weight_x * wy[j];
-            const T* row = g + (bx + i) * sx + (by + j) * sy + bz;
-            for (Index k = 0; k < nz; ++k) sum += weight_xy * wz[k] * row[k];
-          }
-        }
-        gx(n, c, ix, iy, iz) += sum;  // accumulates: nearest mode writes the input gradient
-      });
-}
-
-}  // namespace
 
 template <class T>
 Upsample<T>::Upsample(const Communicator& comm, std::vector<int> scale, UpsampleMode mode,
@@ -220,7 +44,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
   ShardTensor<T> y(Decomposition::from_split_points(points, periodic), x.rank(), x.batch(),
                    x.channels(), {}, name_ + ".output");
   const ShardTensor<T> source = mode_ == UpsampleMode::linear ? halo_->forward(x) : x;
-  UpsampleShape shape{};
+  kernels::UpsampleShape shape{};
   shape.channels = x.channels();
   for (int d = 0; d < max_spatial_dims; ++d) {
     shape.scale[d] = scale_[d];
@@ -230,7 +54,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     shape.in[d] = source.allocated_extent(d);
     shape.ghost[d] = source.ghosts().lower[d];
   }
-  upsample_forward(shape, mode_, source.view(), y.view());
+  kernels::upsample_forward(shape, mode_, source.view(), y.view());
 
   auto node = make_result_node<T>(name_, {input.node()});
   node->field = y;
@@ -241,12 +65,13 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     const std::string label = name_ + ".source_grad";
     node->backward = [=](impl::Node<T>& self) {
       if (mode == UpsampleMode::nearest) {
-        upsample_backward(shape, mode, self.grad_field().view(), x_node->grad_field().view());
+        kernels::upsample_backward(shape, mode, self.grad_field().view(),
+                                   x_node->grad_field().view());
         return;
       }
       ShardTensor<T> grad_source(source.decomposition(), source.rank(), source.batch(),
                                  source.channels(), source.ghosts(), label);
-      upsample_backward(shape, mode, self.grad_field().view(), grad_source.view());
+      kernels::upsample_backward(shape, mode, self.grad_field().view(), grad_source.view());
       halo->backward(grad_source, x_node->grad_field());
     };
   }

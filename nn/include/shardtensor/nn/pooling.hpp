@@ -6,12 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "shardtensor/kernels/pooling.hpp"  // PoolKind
 #include "shardtensor/nn/halo_padding.hpp"
 #include "shardtensor/nn/module.hpp"
 
 namespace shardtensor {
-
-enum class PoolKind { max, average };
 
 struct PoolOptions {
   PoolKind kind = PoolKind::max;

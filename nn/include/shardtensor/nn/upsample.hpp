@@ -5,12 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "shardtensor/kernels/upsample.hpp"  // UpsampleMode
 #include "shardtensor/nn/halo_padding.hpp"
 #include "shardtensor/nn/module.hpp"
 
 namespace shardtensor {
-
-enum class UpsampleMode { nearest, linear };
 
 /// Output cell o along an axis scaled by s is owned by the rank owning input cell o / s, so
 /// the output split is the input split times s. Nearest needs no communication; linear

@@ -1,0 +1,63 @@
+#pragma once
+// The pooling kernels (nn/pooling.hpp) on the execution space of their Views: max and average
+// pooling over windows of a padded field (the halo padding filled its ghosts), and their
+// backward, which gathers into each padded cell from the outputs whose windows cover it (a
+// scatter only where windows are disjoint, so no two outputs write one cell).
+
+#include <Kokkos_Core.hpp>
+
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor {
+
+/// Max or average pooling.
+enum class PoolKind { max, average };
+
+namespace kernels {
+
+/// Per output cell of max pooling: the padded-buffer offset (PoolShape::padded_flat) of its
+/// window's maximum, for backward.
+using PoolArgmax = Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace>;
+
+/// Index arithmetic shared by the pooling kernels.
+struct PoolShape {
+  Index channels;
+  Index k[3], s[3], d[3];
+  Index base[3];          // padded index of the first local output's window start
+  Index out[3];           // local output extents
+  Index padded[3];        // padded buffer extents
+  Index first_global[3];  // global index of the first local output's window start
+  Index global[3];        // global field extents
+  bool count_include_pad;
+
+  KOKKOS_INLINE_FUNCTION Index padded_flat(Index x, Index y, Index z) const {
+    return (x * padded[1] + y) * padded[2] + z;
+  }
+  /// Cells of output o's window that average pooling divides by.
+  KOKKOS_INLINE_FUNCTION Index divisor(Index ox, Index oy, Index oz) const {
+    if (count_include_pad) return k[0] * k[1] * k[2];
+    const Index o[3] = {ox, oy, oz};
+    Index count = 1;
+    for (int a = 0; a < 3; ++a) {
+      const Index start = first_global[a] + o[a] * s[a];
+      const Index lo = start < 0 ? 0 : start;
+      const Index hi = start + k[a] > global[a] ? global[a] : start + k[a];
+      count *= hi - lo;
+    }
+    return count;
+  }
+};
+
+/// y = pooling of the padded input xp over the windows of g; argmax (max pooling) records
+/// where each maximum was (the first one, as in PyTorch).
+template <class T>
+void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, const FieldView<T>& y,
+                  const PoolArgmax& argmax);
+
+/// Gradient of the padded input gxp (zero on entry) from the output gradient gy.
+template <class T>
+void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
+                   const PoolArgmax& argmax, const FieldView<T>& gxp);
+
+}  // namespace kernels
+}  // namespace shardtensor

@@ -1,0 +1,126 @@
+#include "shardtensor/kernels/conv_transpose.hpp"
+
+#include "shardtensor/core/cell_index.hpp"
+
+namespace shardtensor::kernels {
+
+template <class T>
+void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
+                            const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+                            const FieldView<T>& y) {
+  const bool has_bias = bias.extent(0) > 0;
+  const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
+  Kokkos::parallel_for(
+      "ConvTranspose::forward", rows, KOKKOS_LAMBDA(const Index row) {
+        const CellIndex r = unflatten(row, g.out_channels, g.out[0], g.out[1], 1);
+        const Index n = r.n, co = r.c, ox = r.x, oy = r.y;
+        const Index group = co / g.out_per_group, cog = co % g.out_per_group;
+        const T start = has_bias ? bias(co) : T(0);
+        for (Index oz = 0; oz < g.out[2]; ++oz) y(n, co, ox, oy, oz) = start;
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ix = g.input_of(0, ox, a);
+          if (ix < 0) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index iy = g.input_of(1, oy, b);
+            if (iy < 0) continue;
+            for (Index c = 0; c < g.k[2]; ++c) {
+              const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
+              const Index shift = g.offset(2, c), sz = g.s[2];
+              for (Index cig = 0; cig < g.in_per_group; ++cig) {
+                const Index ci = group * g.in_per_group + cig;
+                const T weight = w(g.weight_index(ci, cog, a, b, c));
+                for (Index iz = z0; iz < z1; ++iz)
+                  y(n, co, ox, oy, iz * sz + shift) += weight * xp(n, ci, ix, iy, iz);
+              }
+            }
+          }
+        }
+      });
+}
+
+template <class T>
+void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T>& gy,
+                                  const ReplicatedView<T>& w, const FieldView<T>& gxp) {
+  const Index rows = g.batch * g.in_channels * g.padded[0] * g.padded[1];
+  Kokkos::parallel_for(
+      "ConvTranspose::backward_data", rows, KOKKOS_LAMBDA(const Index row) {
+        const CellIndex r = unflatten(row, g.in_channels, g.padded[0], g.padded[1], 1);
+        const Index n = r.n, ci = r.c, ix = r.x, iy = r.y;
+        const Index group = ci / g.in_per_group;
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ox = g.output_of(0, ix, a);
+          if (ox < 0) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index oy = g.output_of(1, iy, b);
+            if (oy < 0) continue;
+            for (Index c = 0; c < g.k[2]; ++c) {
+              const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
+              const Index shift = g.offset(2, c), sz = g.s[2];
+              for (Index cog = 0; cog < g.out_per_group; ++cog) {
+                const Index co = group * g.out_per_group + cog;
+                const T weight = w(g.weight_index(ci, cog, a, b, c));
+                for (Index iz = z0; iz < z1; ++iz)
+                  gxp(n, ci, ix, iy, iz) += weight * gy(n, co, ox, oy, iz * sz + shift);
+              }
+            }
+          }
+        }
+      });
+}
+
+template <class T>
+void conv_transpose_backward_parameters(const ConvTransposeShape& g, const FieldView<T>& gy,
+                                        const FieldView<T>& xp, const ReplicatedView<T>& gw,
+                                        const ReplicatedView<T>& gb) {
+  if (gw.extent(0) > 0) {
+    Kokkos::parallel_for(
+        "ConvTranspose::backward_weight", static_cast<Index>(gw.extent(0)),
+        KOKKOS_LAMBDA(const Index flat) {
+          const CellIndex cell = unflatten(flat, g.out_per_group, g.k[0], g.k[1], g.k[2]);
+          const Index ci = cell.n, cog = cell.c, a = cell.x, b = cell.y, c = cell.z;
+          const Index co = (ci / g.in_per_group) * g.out_per_group + cog;
+          const Index x0 = g.first_input(0, a), x1 = g.end_input(0, a);
+          const Index y0 = g.first_input(1, b), y1 = g.end_input(1, b);
+          const Index z0 = g.first_input(2, c), z1 = g.end_input(2, c);
+          const Index shift = g.offset(2, c), sz = g.s[2];
+          double sum = 0;  // many terms: accumulate in double
+          // Each (owned output, tap) pair has exactly one input cell: walk those inputs.
+          for (Index n = 0; n < g.batch; ++n)
+            for (Index ix = x0; ix < x1; ++ix) {
+              const Index ox = ix * g.s[0] + g.offset(0, a);
+              for (Index iy = y0; iy < y1; ++iy) {
+                const Index oy = iy * g.s[1] + g.offset(1, b);
+                for (Index iz = z0; iz < z1; ++iz)
+                  sum += double(gy(n, co, ox, oy, iz * sz + shift)) * double(xp(n, ci, ix, iy, iz));
+              }
+            }
+          gw(flat) += static_cast<T>(sum);
+        });
+  }
+  if (gb.extent(0) > 0) {
+    Kokkos::parallel_for(
+        "ConvTranspose::backward_bias", g.out_channels, KOKKOS_LAMBDA(const Index co) {
+          double sum = 0;  // many terms: accumulate in double
+          for (Index n = 0; n < g.batch; ++n)
+            for (Index ox = 0; ox < g.out[0]; ++ox)
+              for (Index oy = 0; oy < g.out[1]; ++oy)
+                for (Index oz = 0; oz < g.out[2]; ++oz) sum += gy(n, co, ox, oy, oz);
+          gb(co) += static_cast<T>(sum);
+        });
+  }
+}
+
+#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
+  template void conv_transpose_forward(const ConvTransposeShape&, const FieldView<T>&,             \
+                                       const ReplicatedView<T>&, const ReplicatedView<T>&,         \
+                                       const FieldView<T>&);                                       \
+  template void conv_transpose_backward_data(const ConvTransposeShape&, const FieldView<T>&,       \
+                                             const ReplicatedView<T>&, const FieldView<T>&);       \
+  template void conv_transpose_backward_parameters(const ConvTransposeShape&, const FieldView<T>&, \
+                                                   const FieldView<T>&, const ReplicatedView<T>&,  \
+                                                   const ReplicatedView<T>&);
+SHARDTENSOR_INSTANTIATE(float)
+SHARDTENSOR_INSTANTIATE(double)
+#undef SHARDTENSOR_INSTANTIATE
+
+}  // namespace shardtensor::kernels

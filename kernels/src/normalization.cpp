@@ -1,0 +1,143 @@
+#include "shardtensor/kernels/normalization.hpp"
+
+#include <string>
+
+namespace shardtensor::kernels {
+
+namespace {
+
+/// out[n * channels + c] = sum over the owned cells of f(n, c, x, y, z), in double: one team
+/// per block, its threads over the (x, y) rows, vector lanes along z (no index division per
+/// cell).
+template <class Cells, class F>
+std::vector<double> sums_per_block(const char* label, const Cells& like, F f) {
+  const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
+  const Index ey = like.extent(3), ez = like.extent(4);
+  const Index rows = Index(like.extent(2)) * ey;
+  BlockDoubles out(std::string(label), blocks);
+  using Policy = Kokkos::TeamPolicy<>;
+  Kokkos::parallel_for(
+      label, Policy(static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Policy::member_type& team) {
+        const Index b = team.league_rank();
+        const Index n = b / channels, c = b % channels;
+        double s = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, rows),
+            [&](const Index row, double& acc) {
+              const Index i = row / ey, j = row % ey;
+              double row_sum = 0;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, ez),
+                  [&](const Index k, double& partial) { partial += f(n, c, i, j, k); }, row_sum);
+              acc += row_sum;
+            },
+            s);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
+      });
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  return std::vector<double>(host.data(), host.data() + blocks);
+}
+
+/// Every owned cell of every block, as (block, x, y, z).
+template <class Cells>
+Kokkos::MDRangePolicy<Kokkos::Rank<4>> cells_of(const Cells& x) {
+  return Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
+      {0, 0, 0, 0}, {Index(x.extent(0) * x.extent(1)), Index(x.extent(2)), Index(x.extent(3)),
+                     Index(x.extent(4))});
+}
+
+}  // namespace
+
+template <class T>
+std::vector<double> block_sums(const OwnedCells<const T>& x) {
+  return sums_per_block(
+      "normalization_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+        return static_cast<double>(x(n, c, i, j, k));
+      });
+}
+
+template <class T>
+std::vector<double> block_deviation_sums(const OwnedCells<const T>& x, const BlockDoubles& mean) {
+  const Index channels = x.extent(1);
+  std::vector<double> sums = sums_per_block(
+      "normalization_deviation_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+        return static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
+      });
+  const std::vector<double> squares = sums_per_block(
+      "normalization_square_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+        const double d = static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
+        return d * d;
+      });
+  sums.insert(sums.end(), squares.begin(), squares.end());
+  return sums;
+}
+
+template <class T>
+void normalize_forward(const OwnedCells<const T>& x, const BlockDoubles& mean,
+                       const BlockDoubles& rstd, const BlockDoubles& scale,
+                       const BlockDoubles& shift, const OwnedCells<T>& y) {
+  const Index channels = x.extent(1);
+  Kokkos::parallel_for(
+      "normalization_forward", cells_of(x),
+      KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
+        const Index n = b / channels, c = b % channels;
+        const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
+        y(n, c, i, j, k) = static_cast<T>(xhat * scale(c) + shift(c));
+      });
+}
+
+template <class T>
+std::vector<double> normalize_gradient_sums(const OwnedCells<const T>& dy,
+                                            const OwnedCells<const T>& x, const BlockDoubles& mean,
+                                            const BlockDoubles& rstd) {
+  const Index channels = x.extent(1);
+  std::vector<double> sums = sums_per_block(
+      "normalization_backward_dy", dy, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+        return static_cast<double>(dy(n, c, i, j, k));
+      });
+  const std::vector<double> dy_xhat = sums_per_block(
+      "normalization_backward_dy_xhat", dy,
+      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+        const Index b = n * channels + c;
+        const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
+        return static_cast<double>(dy(n, c, i, j, k)) * xhat;
+      });
+  sums.insert(sums.end(), dy_xhat.begin(), dy_xhat.end());
+  return sums;
+}
+
+template <class T>
+void normalize_backward(const OwnedCells<const T>& dy, const OwnedCells<const T>& x,
+                        const BlockDoubles& mean, const BlockDoubles& rstd, const BlockDoubles& c1,
+                        const BlockDoubles& c2, const BlockDoubles& c3, const OwnedCells<T>& dx) {
+  const Index channels = x.extent(1);
+  Kokkos::parallel_for(
+      "normalization_backward", cells_of(x),
+      KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
+        const Index n = b / channels, c = b % channels;
+        const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
+        dx(n, c, i, j, k) +=
+            static_cast<T>(c1(b) * static_cast<double>(dy(n, c, i, j, k)) - c2(b) - c3(b) * xhat);
+      });
+}
+
+#define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template std::vector<double> block_sums(const OwnedCells<const T>&);                            \
+  template std::vector<double> block_deviation_sums(const OwnedCells<const T>&,                   \
+                                                    const BlockDoubles&);                         \
+  template void normalize_forward(const OwnedCells<const T>&, const BlockDoubles&,                \
+                                  const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
+                                  const OwnedCells<T>&);                                          \
+  template std::vector<double> normalize_gradient_sums(const OwnedCells<const T>&,                \
+                                                       const OwnedCells<const T>&,                \
+                                                       const BlockDoubles&, const BlockDoubles&); \
+  template void normalize_backward(const OwnedCells<const T>&, const OwnedCells<const T>&,        \
+                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, \
+                                   const BlockDoubles&, const BlockDoubles&,                      \
+                                   const OwnedCells<T>&);
+SHARDTENSOR_INSTANTIATE(float)
+SHARDTENSOR_INSTANTIATE(double)
+#undef SHARDTENSOR_INSTANTIATE
+
+}  // namespace shardtensor::kernels

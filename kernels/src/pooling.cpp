@@ -1,0 +1,125 @@
+#include "shardtensor/kernels/pooling.hpp"
+
+#include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
+#include "shardtensor/kernels/window_index.hpp"
+
+namespace shardtensor::kernels {
+
+template <class T>
+void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, const FieldView<T>& y,
+                  const PoolArgmax& argmax) {
+  const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
+  for_each_cell_by_lines(
+      "Pool::forward", y.extent(0), g.channels, extents,
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
+        const Index x0 = g.base[0] + ox * g.s[0], y0 = g.base[1] + oy * g.s[1],
+                    z0 = g.base[2] + oz * g.s[2];
+        if (kind == PoolKind::max) {
+          T best = -math::infinity<T>();
+          Index where = g.padded_flat(x0, y0, z0);
+          for (Index a = 0; a < g.k[0]; ++a)
+            for (Index b = 0; b < g.k[1]; ++b)
+              for (Index e = 0; e < g.k[2]; ++e) {
+                const Index ix = x0 + a * g.d[0], iy = y0 + b * g.d[1], iz = z0 + e * g.d[2];
+                const T v = xp(n, c, ix, iy, iz);
+                if (v > best) {  // the first maximum wins, as in PyTorch
+                  best = v;
+                  where = g.padded_flat(ix, iy, iz);
+                }
+              }
+          y(n, c, ox, oy, oz) = best;
+          argmax(n, c, ox, oy, oz) = where;
+        } else {
+          T sum = 0;
+          for (Index a = 0; a < g.k[0]; ++a)
+            for (Index b = 0; b < g.k[1]; ++b)
+              for (Index e = 0; e < g.k[2]; ++e) sum += xp(n, c, x0 + a, y0 + b, z0 + e);
+          y(n, c, ox, oy, oz) = sum / T(g.divisor(ox, oy, oz));
+        }
+      });
+}
+
+template <class T>
+void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
+                   const PoolArgmax& argmax, const FieldView<T>& gxp) {
+  bool disjoint = true;  // every padded cell lies in at most one window
+  for (int d = 0; d < 3; ++d) disjoint = disjoint && g.s[d] >= (g.k[d] - 1) * g.d[d] + 1;
+  if (kind == PoolKind::max && disjoint) {
+    // Scatter each output's gradient to its window's maximum (gxp is zero on entry): the
+    // gather below gives the same values, but tests every (cell, tap) pair with divisions.
+    const Index rows = static_cast<Index>(gy.extent(0)) * g.channels * g.out[0] * g.out[1];
+    Kokkos::parallel_for(
+        "Pool::backward_scatter", rows, KOKKOS_LAMBDA(const Index row) {
+          const CellIndex r = unflatten(row, g.channels, g.out[0], g.out[1], 1);
+          T* const cells = &gxp(r.n, r.c, 0, 0, 0);  // indexed by padded_flat
+          for (Index oz = 0; oz < g.out[2]; ++oz)
+            cells[argmax(r.n, r.c, r.x, r.y, oz)] += gy(r.n, r.c, r.x, r.y, oz);
+        });
+    return;
+  }
+  const Index extents[3] = {g.padded[0], g.padded[1], g.padded[2]};
+  if (kind == PoolKind::average && disjoint) {
+    // Each padded cell lies in at most one window: a table per axis names it (the output, or
+    // -1), and the cell takes that output's share (the same single term the gather below would
+    // add to 0).
+    const Index first[3] = {0, g.padded[0], g.padded[0] + g.padded[1]};
+    const Kokkos::View<Index*, DefaultMemorySpace> window(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Pool::windows"),
+        g.padded[0] + g.padded[1] + g.padded[2]);
+    Kokkos::parallel_for(
+        "Pool::windows", window.extent(0), KOKKOS_LAMBDA(const Index e) {
+          const int a = e < first[1] ? 0 : e < first[2] ? 1 : 2;
+          const Index t = e - first[a] - g.base[a];
+          const Index o = t >= 0 ? t / g.s[a] : -1, tap = t - o * g.s[a];
+          const bool inside = t >= 0 && o < g.out[a] && tap % g.d[a] == 0 && tap / g.d[a] < g.k[a];
+          window(e) = inside ? o : -1;
+        });
+    for_each_cell_by_lines(
+        "Pool::backward_average", gxp.extent(0), g.channels, extents,
+        KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy,
+                      const Index iz) {
+          const Index ox = window(first[0] + ix), oy = window(first[1] + iy),
+                      oz = window(first[2] + iz);
+          gxp(n, c, ix, iy, iz) = ox >= 0 && oy >= 0 && oz >= 0
+                                      ? T(0) + gy(n, c, ox, oy, oz) / T(g.divisor(ox, oy, oz))
+                                      : T(0);
+        });
+    return;
+  }
+  for_each_cell_by_lines(
+      "Pool::backward", gxp.extent(0), g.channels, extents,
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
+        const Index self = g.padded_flat(ix, iy, iz);
+        T sum = 0;
+        for (Index a = 0; a < g.k[0]; ++a) {
+          const Index ox = window_output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
+          if (ox < 0) continue;
+          for (Index b = 0; b < g.k[1]; ++b) {
+            const Index oy = window_output_of(iy, g.base[1], b, g.s[1], g.d[1], g.out[1]);
+            if (oy < 0) continue;
+            for (Index e = 0; e < g.k[2]; ++e) {
+              const Index oz = window_output_of(iz, g.base[2], e, g.s[2], g.d[2], g.out[2]);
+              if (oz < 0) continue;
+              if (kind == PoolKind::max) {
+                if (argmax(n, c, ox, oy, oz) == self) sum += gy(n, c, ox, oy, oz);
+              } else {
+                sum += gy(n, c, ox, oy, oz) / T(g.divisor(ox, oy, oz));
+              }
+            }
+          }
+        }
+        gxp(n, c, ix, iy, iz) = sum;
+      });
+}
+
+#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
+  template void pool_forward(const PoolShape&, PoolKind, const FieldView<T>&, const FieldView<T>&, \
+                             const PoolArgmax&);                                                   \
+  template void pool_backward(const PoolShape&, PoolKind, const FieldView<T>&, const PoolArgmax&,  \
+                              const FieldView<T>&);
+SHARDTENSOR_INSTANTIATE(float)
+SHARDTENSOR_INSTANTIATE(double)
+#undef SHARDTENSOR_INSTANTIATE
+
+}  // namespace shardtensor::kernels
