@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -200,9 +201,14 @@ int main(int argc, char** argv) {
         if (rank == 0) {
           std::printf("infer: %lld samples -> %s in %.2f s\n", (long long)r.samples,
                       infer_options.output_path.c_str(), r.seconds);
-          if (r.relative_l2 >= 0)
+          if (r.has_target) {  // always printed, NaN as NaN: a missing line hides a problem
             std::printf("infer: relative L2 error vs target: mean %.4f (%.2f%%), max %.4f\n",
                         r.relative_l2, 100 * r.relative_l2, r.max_relative_l2);
+            if (!std::isfinite(r.relative_l2) || !std::isfinite(r.max_relative_l2))
+              std::printf(
+                  "infer: warning: the error is not finite: the prediction or the target holds "
+                  "NaN or Inf values (or a target sample is all zeros)\n");
+          }
           if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
         }
       } else if (info->parsed()) {

@@ -80,7 +80,9 @@ TEST_CASE("automatic process grids minimise the cut surface", "[decomposition]")
   CHECK(d.periodic(0));
   CHECK_FALSE(d.periodic(1));
   CHECK_FALSE(d.periodic(2));
-  CHECK(d.describe() == "32x32 cells on a 2x2 process grid, periodic x");
+  CHECK(d.describe() ==
+        "32x32 cells on a 2x2 process grid (split x at 0,16,32, y at 0,16,32), periodic x");
+  CHECK(Decomposition({22, 20}, {1, 1}).describe() == "22x20 cells on a 1x1 process grid");
 }
 
 TEST_CASE("neighbours include edges and corners and wrap on periodic axes", "[decomposition]") {

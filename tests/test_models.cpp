@@ -299,6 +299,38 @@ layers:
         d, 2, 3);
 }
 
+TEMPLATE_TEST_CASE("sequential models that change resolution return the input's split",
+                   "[models][builder][equivalence][sequential]", float, double) {
+  // 22 cells: the split points of 2, 3 and 4 parts (0,11,22; 0,8,15,22; 0,6,12,17,22) are not
+  // multiples of 2, so every layer list below moves them (0,8,15,22 comes back as 0,8,16,22)
+  // before the sequence restores the input's.
+  const std::vector<std::string> layer_lists{
+      "[{type: pool, kind: max, kernel: 2}, {type: upsample, scale: 2, mode: nearest},"
+      " {type: conv, kernel: 1}]",
+      "[{type: conv, out_channels: 3, kernel: 3, stride: 2, padding: 1},"
+      " {type: upsample, scale: 2, mode: linear}, {type: conv, kernel: 1}]",
+      "[{type: conv, out_channels: 3, kernel: 2, stride: 2},"
+      " {type: conv_transpose, kernel: 2, stride: 2}]",
+      "[{type: pool, kind: average, kernel: 2}, {type: upsample, scale: 2, mode: linear},"
+      " {type: conv, kernel: 3, padding: same, padding_mode: periodic}]",
+  };
+  const Communicator world;
+  for (const std::string& layers : layer_lists) {
+    INFO(layers);
+    const std::string yaml = "type: sequential\nseed: 4\nlayers: " + layers + "\n";
+    const auto make = [&](const Communicator& comm) {
+      return from_yaml<TestType>(yaml, comm, {2, 2, 1});
+    };
+    const Decomposition d = Decomposition::from_split_points(
+        {balanced_split_points(22, world.size()), {0, 6}}, {true, true});
+    const ShardTensor<TestType> x =
+        test::random_shard<TestType>(d, world.rank(), 2, 2, /*seed=*/11);
+    const Variable<TestType> y = make(world)->forward(Variable<TestType>::field(x));
+    CHECK(y.value().decomposition() == d);
+    test::check_equivalence<TestType>(make, d, 2, 2);
+  }
+}
+
 TEST_CASE("sequential configs: names, channel rule, projection", "[models][builder]") {
   const Communicator self(MPI_COMM_SELF);
   const auto model = from_yaml<float>(R"(

@@ -167,6 +167,47 @@ TEST_CASE("pointwise ops and losses reject fields that do not match", "[pointwis
                     Contains("backward: the loss must be a replicated scalar, got 'a'"));
 }
 
+TEST_CASE("losses take a prediction split elsewhere than the target", "[loss][errors]") {
+  // Same global field, other split points (a model whose pooling moved them): the losses
+  // redistribute the prediction onto the target's split, with the values and gradients of
+  // the same split; anything else is refused with both layouts and their split points.
+  const Communicator comm;
+  const Index n = 22;
+  const Decomposition target_split =
+      Decomposition::from_split_points({balanced_split_points(n, comm.size()), {0, 5}});
+  std::vector<Index> moved = balanced_split_points(n, comm.size());
+  for (std::size_t i = 1; i + 1 < moved.size(); ++i) moved[i] += moved[i] % 2;  // 15 -> 16
+  const Decomposition output_split = Decomposition::from_split_points({moved, {0, 5}});
+  const auto t = test::random_shard<double>(target_split, comm.rank(), 2, 3, 5);
+  const auto same = test::random_shard<double>(target_split, comm.rank(), 2, 3, 9);
+  const auto other = test::random_shard<double>(output_split, comm.rank(), 2, 3, 9);
+  using Loss =
+      Variable<double> (*)(const Communicator&, const Variable<double>&, const Variable<double>&);
+  for (Loss loss :
+       {Loss(&mse_loss<double>), Loss(&l1_loss<double>), Loss(&relative_l2_loss<double>)}) {
+    const auto target = Variable<double>::field(t, false, "target");
+    const auto p_same = Variable<double>::field(same, true, "p");
+    const auto p_other = Variable<double>::field(other, true, "p");
+    const Variable<double> l_same = loss(comm, p_same, target);
+    const Variable<double> l_other = loss(comm, p_other, target);
+    CHECK(l_other.item() == l_same.item());
+    backward(l_same);
+    backward(l_other);
+    CHECK(p_other.grad().decomposition() == output_split);
+    CHECK(test::relative_error(all_gather(comm, p_other.grad()), all_gather(comm, p_same.grad())) ==
+          0);
+  }
+  // Another global size: refused, naming both layouts with their split points.
+  const Decomposition smaller =
+      Decomposition::from_split_points({balanced_split_points(n - 2, comm.size()), {0, 5}});
+  const auto small = Variable<double>::field(
+      test::random_shard<double>(smaller, comm.rank(), 2, 3, 9), false, "p");
+  const std::string m = test::error_message_of(
+      [&] { mse_loss(comm, small, Variable<double>::field(t, false, "target")); });
+  CHECK_THAT(m, Contains("20x5 cells") && Contains("22x5 cells"));
+  if (comm.size() > 1) CHECK_THAT(m, Contains("split x at 0,"));
+}
+
 TEST_CASE("data-parallel groups average gradients to the full-batch gradient", "[data_parallel]") {
   // P ranks as a (groups x domain) mesh: each group takes its own sample of a global batch,
   // split over its domain ranks; averaged gradients equal one rank's gradient of the mean

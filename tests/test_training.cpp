@@ -3,9 +3,11 @@
 // checkpoints that load on another rank count, inference.
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "shardtensor/comm.hpp"
@@ -278,5 +280,100 @@ TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
     CHECK(test::ranks_with_error(m) == world.size());
     CHECK(list_checkpoints(dir + "/diverge/checkpoints") ==
           std::vector<std::string>{first.checkpoint});
+  }
+}
+
+TEST_CASE("sequential models that change resolution train and infer on uneven splits",
+          "[train][sequential]") {
+  // 22 cells per axis: every process grid of 2, 3, 4 or 8 ranks has odd split points
+  // (0,11,22; 0,8,15,22; 0,6,12,17,22), which a factor-2 pool, stride or upsample moves.
+  const Communicator world;
+  const test::TempDir temporary(world);
+  const std::string& dir = temporary.dir();
+  HeatOptions heat;
+  heat.dims = 2;
+  heat.size = 22;
+  heat.samples = 6;
+  heat.steps = 4;
+  const std::string data = dir + "/heat.h5";
+  generate_heat_dataset(world, heat, data);
+
+  const std::vector<std::pair<std::string, std::string>> models{
+      {"max pool, nearest upsample",
+       "[{type: pool, kind: max, kernel: 2}, {type: upsample, scale: 2, mode: nearest},"
+       " {type: conv, kernel: 1}]"},
+      {"average pool, linear upsample",
+       "[{type: conv, out_channels: 3, kernel: 3, padding: same, padding_mode: periodic},"
+       " {type: pool, kind: average, kernel: 2}, {type: upsample, scale: 2, mode: linear},"
+       " {type: conv, kernel: 1}]"},
+      {"strided conv, linear upsample",
+       "[{type: conv, out_channels: 3, kernel: 3, stride: 2, padding: 1},"
+       " {type: upsample, scale: 2, mode: linear}, {type: conv, kernel: 1}]"},
+      {"strided conv, transposed conv",
+       "[{type: conv, out_channels: 3, kernel: 2, stride: 2},"
+       " {type: activation, function: gelu}, {type: conv_transpose, kernel: 2, stride: 2}]"},
+  };
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    SECTION(models[m].first) {
+      const auto config_for = [&](const std::string& run_dir) {
+        std::ostringstream c;
+        c << "run_dir: " << run_dir << "\n"
+          << "data: {path: " << data << ", validation_samples: 2, periodic: true}\n"
+          << "model: {type: sequential, seed: 3, layers: " << models[m].second << "}\n"
+          << "optimizer: {type: adam, lr: 0.003}\n"
+          << "training: {epochs: 2, batch_size: 2, precision: double}\n";
+        return RunConfig::parse(c.str());
+      };
+      // Training: the losses (so the gradients) of one rank, and the validation error.
+      const RunConfig sharded = config_for(dir + "/sharded");
+      const TrainResult r = train(world, sharded, quiet());
+      CHECK(r.steps == 4);
+      CHECK(std::isfinite(r.val_relative_l2));
+      if (world.rank() == 0) {
+        const Communicator self(MPI_COMM_SELF);
+        const TrainResult s = train(self, config_for(dir + "/single"), quiet());
+        CHECK(max_relative_difference(metric(dir + "/sharded", "loss"),
+                                      metric(dir + "/single", "loss")) < 1e-10);
+        CHECK(std::abs(r.val_relative_l2 - s.val_relative_l2) < 1e-10 * s.val_relative_l2);
+      }
+      world.barrier();
+
+      // Inference: against a target that is the model's own output the error is exactly 0.
+      InferOptions o;
+      o.checkpoint = r.checkpoint;
+      o.input_path = data;
+      o.output_path = dir + "/prediction.h5";
+      o.progress = false;
+      const InferResult first = infer(world, sharded, o);
+      CHECK(first.has_target);
+      CHECK(first.relative_l2 > 0);
+      const std::string exact = dir + "/exact.h5";
+      if (world.rank() == 0) fs::copy_file(data, exact, fs::copy_options::overwrite_existing);
+      world.barrier();
+      {
+        std::vector<Index> shape;
+        const std::vector<double> prediction =
+            io::read_array<double>(io::File::open(world, o.output_path), "prediction", &shape);
+        io::File file = io::File::open(world, exact, io::Mode::read_write);
+        io::write_array(file, "exact", shape, prediction.data());
+        std::vector<double> broken = prediction;  // a NaN in the first sample's target
+        broken[broken.size() / (2 * shape[0])] = std::numeric_limits<double>::quiet_NaN();
+        io::write_array(file, "broken", shape, broken.data());
+      }
+      o.input_path = exact;
+      o.target_dataset = "exact";
+      o.output_path = dir + "/again.h5";
+      const InferResult again = infer(world, sharded, o);
+      CHECK(again.has_target);
+      CHECK(again.relative_l2 == 0);
+      CHECK(again.max_relative_l2 == 0);
+      // A NaN in the target gives a NaN error (the CLI prints it, with a warning), never 0.
+      o.target_dataset = "broken";
+      o.output_path = dir + "/broken.h5";
+      const InferResult broken = infer(world, sharded, o);
+      CHECK(broken.has_target);
+      CHECK(std::isnan(broken.relative_l2));
+      CHECK(std::isnan(broken.max_relative_l2));
+    }
   }
 }

@@ -255,6 +255,13 @@ std::string Decomposition::describe() const {
   std::ostringstream os;
   os << join(extents) << " cells on a " << join(process_grid_) << " process grid";
   static const char axis_names[] = {'x', 'y', 'z'};
+  // The split points of the split axes: two layouts of one global size differ only there.
+  std::string splits;
+  for (int d = 0; d < ndims_; ++d)
+    if (process_grid_[d] > 1)
+      splits += std::string(splits.empty() ? "" : ", ") + axis_names[d] + " at " +
+                join(split_points_[d], ",");
+  if (!splits.empty()) os << " (split " << splits << ")";
   std::string periodic_axes;
   for (int d = 0; d < ndims_; ++d)
     if (periodic_[d]) periodic_axes += axis_names[d];

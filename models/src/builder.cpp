@@ -289,6 +289,7 @@ class SequentialBuilder {
             (list[i]["type"].Scalar() == "conv" || list[i]["type"].Scalar() == "conv_transpose"))
           last_conv = i;
     auto sequence = std::make_shared<Sequential<T>>();
+    sequence->restore_input_layout(comm_);
     for (std::size_t i = 0; i < list.size(); ++i) {
       const std::string item = path + "[" + std::to_string(i) + "]";
       sequence->add(std::to_string(i), build_layer(list[i], item, channels, i == last_conv));

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
+#include "shardtensor/comm/redistribute.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/io/atomic_output.hpp"
@@ -101,11 +103,28 @@ double sum_over(const Communicator& comm, double value) {
   return v(0);
 }
 
-/// Per sample: sum (p - y)^2 and sum y^2 over this rank's cells.
+/// Per sample: sum (p - y)^2 and sum y^2 over this rank's cells of the target. A prediction
+/// split elsewhere than the target (same global field) is redistributed onto the target's
+/// split first; any other difference is an error naming both layouts: shards of different
+/// layouts are never compared cell by cell.
 template <class T>
-std::vector<std::pair<double, double>> squared_errors(const ShardTensor<T>& prediction,
+std::vector<std::pair<double, double>> squared_errors(const Communicator& comm,
+                                                      const ShardTensor<T>& prediction,
                                                       const ShardTensor<T>& target) {
-  const auto p = prediction.interior(), y = target.interior();
+  const bool resplit =
+      !prediction.same_layout(target) && prediction.batch() == target.batch() &&
+      prediction.channels() == target.channels() &&
+      prediction.decomposition().global_extents() == target.decomposition().global_extents();
+  const ShardTensor<T> on_target =
+      resplit ? redistribute(comm, prediction, target.decomposition(), target.ghosts())
+              : prediction;
+  SHARDTENSOR_REQUIRE(on_target.same_layout(target), "relative L2 error",
+                      "prediction (batch "
+                          << prediction.batch() << ", channels " << prediction.channels() << ", "
+                          << prediction.decomposition().describe() << ") and target (batch "
+                          << target.batch() << ", channels " << target.channels() << ", "
+                          << target.decomposition().describe() << ") differ");
+  const auto p = on_target.interior(), y = target.interior();
   std::vector<std::pair<double, double>> out;
   for (std::size_t n = 0; n < p.extent(0); ++n) {
     double error = 0, norm = 0;
@@ -183,7 +202,7 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
     const double loss = scalar_value(loss_by_name(config.training.loss, s.mesh.domain, prediction,
                                                   Variable<T>::field(normalized_target)));
     denormalize(prediction.value(), target_statistics);
-    const auto sums = squared_errors(prediction.value(), target)[0];
+    const auto sums = squared_errors(s.mesh.domain, prediction.value(), target)[0];
     const double error = sum_over(s.mesh.domain, sums.first);
     const double norm = sum_over(s.mesh.domain, sums.second);
     if (counted) {
@@ -477,6 +496,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   const int groups = s.mesh.data.size();
   const Index rounds = (s.data.samples + groups - 1) / groups;
   double relative_sum = 0, relative_max = 0;
+  Index nan_samples = 0;
   for (Index r = 0; r < rounds; ++r) {
     const Index index = r * groups + s.mesh.data_group;
     const bool counted = index < s.data.samples;
@@ -491,10 +511,14 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
     // Groups past the end rewrite sample 0 with the same values: every rank joins the write.
     io::write_field(out, options.output_dataset, sample, prediction.value());
     if (s.data.has_target) {
-      const auto sums = squared_errors(prediction.value(), batch[1])[0];
+      const auto sums = squared_errors(s.mesh.domain, prediction.value(), batch[1])[0];
       const double relative = std::sqrt(sum_over(s.mesh.domain, sums.first) /
                                         std::max(sum_over(s.mesh.domain, sums.second), 1e-300));
-      if (counted) relative_sum += relative, relative_max = std::max(relative_max, relative);
+      if (counted) {
+        relative_sum += relative;
+        if (std::isnan(relative)) ++nan_samples;
+        relative_max = std::max(relative_max, relative);  // NaN counted above
+      }
     }
   }
   out.close();
@@ -510,8 +534,11 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
     Kokkos::View<double*, Kokkos::HostSpace> v("max", 1);
     v(0) = relative_max;
     allreduce(s.mesh.data, v, ReduceOp::max);
+    result.has_target = true;
     result.relative_l2 = sum_over(s.mesh.data, relative_sum) / double(s.data.samples);
-    result.max_relative_l2 = v(0);
+    // MPI's max of a NaN is undefined: the NaN samples are counted instead.
+    const bool any_nan = sum_over(s.mesh.data, double(nan_samples)) > 0;
+    result.max_relative_l2 = any_nan ? std::numeric_limits<double>::quiet_NaN() : v(0);
   }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();

@@ -3,6 +3,7 @@
 // the config-driven builder and the U-Net blocks are made of.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,9 +25,18 @@ class Sequential : public Module<T> {
     return child;
   }
 
+  /// After the last child, bring the output back onto the input's decomposition when it is the
+  /// same global field split elsewhere: layers that pool, stride or upsample on split points
+  /// that are not multiples of their factor move them (0,8,15,22 comes back as 0,8,16,22), and
+  /// losses, metrics and a solver's in-situ output must line up with the input. Forward is
+  /// then collective over `comm`. The config-driven builder sets it on every sequence.
+  void restore_input_layout(const Communicator& comm) { comm_ = comm; }
+
   Variable<T> forward(const Variable<T>& input) override {
     Variable<T> x = input;
     for (const auto& layer : layers_) x = layer->forward(x);
+    if (comm_ && input.is_field() && x.is_field())
+      x = resplit_like(*comm_, x, input.value().decomposition());
     return x;
   }
 
@@ -39,6 +49,7 @@ class Sequential : public Module<T> {
 
  private:
   std::vector<std::shared_ptr<Module<T>>> layers_;
+  std::optional<Communicator> comm_;
 };
 
 /// y = layers(x) + projection(x), with projection the identity when it is null (use a 1x1

@@ -1,7 +1,9 @@
 #pragma once
 // Global reductions and losses: a sharded field in, a replicated scalar out. The local sums
 // are summed over the ranks that share the field, so every rank holds the global value;
-// the backward needs no communication.
+// the backward needs no communication. The losses between a prediction and a target accept a
+// prediction split differently from the target (same global field, other split points: it is
+// redistributed onto the target's split) and refuse any other difference, naming both layouts.
 
 #include <cmath>
 #include <string>
@@ -10,10 +12,30 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/kernels/run_sum.hpp"
 #include "shardtensor/nn/pointwise.hpp"
+#include "shardtensor/nn/redistribute_field.hpp"
 
 namespace shardtensor {
 
 namespace impl {
+
+/// The prediction on the target's layout: itself when the layouts match; redistributed onto
+/// the target's decomposition (differentiably, bit-exact) when only the split points differ
+/// (same batch, channels and global extents: a model whose pooling or strides moved a split
+/// point); otherwise an error naming both layouts. Losses never compare shards of different
+/// layouts cell by cell.
+template <class T>
+Variable<T> on_layout_of(const Communicator& comm, const Variable<T>& prediction,
+                         const Variable<T>& target, const char* where) {
+  require_field(prediction, where);
+  require_field(target, where);
+  const ShardTensor<T>& p = prediction.value();
+  const ShardTensor<T>& t = target.value();
+  if (!p.same_layout(t) && p.batch() == t.batch() && p.channels() == t.channels() &&
+      t.ghosts().none() && same_global_field(p.decomposition(), t.decomposition()))
+    return redistribute_field(comm, prediction, t.decomposition());
+  require_same_layout(prediction, target, where);
+  return prediction;
+}
 
 /// A replicated scalar result node.
 template <class T>
@@ -116,9 +138,9 @@ Variable<T> mean(const Communicator& comm, const Variable<T>& input) {
 
 /// Mean squared error over the global field.
 template <class T>
-Variable<T> mse_loss(const Communicator& comm, const Variable<T>& prediction,
+Variable<T> mse_loss(const Communicator& comm, const Variable<T>& output,
                      const Variable<T>& target) {
-  impl::require_same_layout(prediction, target, "mse_loss");
+  const Variable<T> prediction = impl::on_layout_of(comm, output, target, "mse_loss");
   impl::require_no_ghosts(prediction, "mse_loss");
   const ShardTensor<T>& p = prediction.value();
   const double count = double(p.batch()) * p.channels() * p.decomposition().global_cells();
@@ -151,9 +173,9 @@ Variable<T> mse_loss(const Communicator& comm, const Variable<T>& prediction,
 
 /// Mean absolute error over the global field (gradient 0 where prediction == target).
 template <class T>
-Variable<T> l1_loss(const Communicator& comm, const Variable<T>& prediction,
+Variable<T> l1_loss(const Communicator& comm, const Variable<T>& output,
                     const Variable<T>& target) {
-  impl::require_same_layout(prediction, target, "l1_loss");
+  const Variable<T> prediction = impl::on_layout_of(comm, output, target, "l1_loss");
   impl::require_no_ghosts(prediction, "l1_loss");
   const ShardTensor<T>& p = prediction.value();
   const double count = double(p.batch()) * p.channels() * p.decomposition().global_cells();
@@ -186,9 +208,9 @@ Variable<T> l1_loss(const Communicator& comm, const Variable<T>& prediction,
 /// Relative L2 error, the neural-operator convention: mean over samples of
 /// ||prediction_n - target_n|| / ||target_n||, norms over channels and the global field.
 template <class T>
-Variable<T> relative_l2_loss(const Communicator& comm, const Variable<T>& prediction,
+Variable<T> relative_l2_loss(const Communicator& comm, const Variable<T>& output,
                              const Variable<T>& target) {
-  impl::require_same_layout(prediction, target, "relative_l2_loss");
+  const Variable<T> prediction = impl::on_layout_of(comm, output, target, "relative_l2_loss");
   impl::require_no_ghosts(prediction, "relative_l2_loss");
   const ShardTensor<T>& p = prediction.value();
   const auto pv = p.view(), tv = target.value().view();

@@ -35,4 +35,24 @@ Variable<T> redistribute_field(const Communicator& comm, const Variable<T>& inpu
   return Variable<T>(node);
 }
 
+/// Whether a and b lay out the same global field (dimensionality and extents), whatever their
+/// split points and process grids.
+inline bool same_global_field(const Decomposition& a, const Decomposition& b) {
+  if (a.ndims() != b.ndims()) return false;
+  for (int d = 0; d < a.ndims(); ++d)
+    if (a.global_extent(d) != b.global_extent(d)) return false;
+  return true;
+}
+
+/// `input` on decomposition `to` when it is the same global field split elsewhere (e.g. a model
+/// whose pooling moved a split point), else `input` unchanged. Collective over `comm`.
+template <class T>
+Variable<T> resplit_like(const Communicator& comm, const Variable<T>& input,
+                         const Decomposition& to) {
+  impl::require_field(input, "resplit_like");
+  const Decomposition& from = input.value().decomposition();
+  if (from == to || !same_global_field(from, to)) return input;
+  return redistribute_field(comm, input, to);
+}
+
 }  // namespace shardtensor

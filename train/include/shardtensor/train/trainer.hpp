@@ -47,9 +47,11 @@ struct InferOptions {
 
 struct InferResult {
   Index samples = 0;
-  double relative_l2 =
-      -1;  ///< mean over samples of |prediction - target| / |target|; -1: no target
-  double max_relative_l2 = -1;
+  bool has_target = false;  ///< the input file had the target: the errors below are set
+  /// Mean over samples of |prediction - target| / |target| (NaN when a sample's is NaN);
+  /// -1 without a target.
+  double relative_l2 = -1;
+  double max_relative_l2 = -1;  ///< the largest sample's (NaN when any is NaN)
   double seconds = 0;
   /// Tracked memory at the end (peaks over the run), max over ranks; memory.enabled is false
   /// unless memory tracking was on (the CLI turns it on).
