@@ -131,6 +131,9 @@ int main(int argc, char** argv) {
   train_command->add_option("--set", overrides, "Override a config key: --set training.epochs=5");
   train_command->add_option("--resume", train_options.resume,
                             "Continue from a checkpoint file, or 'latest' in the run dir");
+  train_command->add_flag("--overwrite", train_options.overwrite,
+                          "Start a new run in a run dir that holds one (the old run is moved "
+                          "to <run_dir>.old)");
   bool quiet = false;
   train_command->add_flag("-q,--quiet", quiet, "No progress output");
 

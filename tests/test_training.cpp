@@ -234,17 +234,20 @@ TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
 
   {  // bad input is reported on every rank
     RunConfig wrong = sharded;
+    wrong.run_dir = dir + "/wrong";  // a run dir of its own: "sharded" holds a run
     wrong.data.target = "missing";
     const std::string m = test::error_message_of([&] { train(world, wrong, quiet()); });
     CHECK_THAT(m, Catch::Contains("missing"));
     CHECK(test::ranks_with_error(m) == world.size());
-    RunConfig too_big = sharded;
+    RunConfig too_big = wrong;
+    too_big.data.target = sharded.data.target;
     too_big.training.batch_size = 100;
     CHECK(test::ranks_with_error(test::error_message_of([&] { train(world, too_big, quiet()); })) ==
           world.size());
 
     // A process grid that does not fit the ranks.
-    RunConfig bad_grid = sharded;
+    RunConfig bad_grid = too_big;
+    bad_grid.training.batch_size = sharded.training.batch_size;
     bad_grid.parallel.grid = {world.size() + 1, 1};
     const std::string g = test::error_message_of([&] { train(world, bad_grid, quiet()); });
     CHECK_THAT(g, Catch::Contains("parallel.grid"));
@@ -281,6 +284,97 @@ TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
     CHECK(list_checkpoints(dir + "/diverge/checkpoints") ==
           std::vector<std::string>{first.checkpoint});
   }
+}
+
+/// The bytes of a file ("" if it does not exist).
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("train and infer never destroy a run, an input or a checkpoint", "[train][errors]") {
+  const Communicator world;
+  const test::TempDir temporary(world);
+  const std::string& dir = temporary.dir();
+  const std::string data = heat_data(world, dir);
+  const std::string run = dir + "/run";
+  const RunConfig config = RunConfig::parse(config_text(data, run, 2, 2, 1, "float"));
+  const TrainResult first = train(world, config, quiet());
+  const std::string metrics = file_bytes(run + "/metrics.csv");
+  const std::string checkpoint = file_bytes(first.checkpoint);
+  REQUIRE_FALSE(metrics.empty());
+  const auto unchanged = [&] {
+    CHECK(file_bytes(run + "/metrics.csv") == metrics);
+    CHECK(file_bytes(first.checkpoint) == checkpoint);
+  };
+
+  {  // a second run into the same run dir, without --resume: refused, nothing touched
+    const std::string m = test::error_message_of([&] { train(world, config, quiet()); });
+    CHECK_THAT(m, Catch::Contains("already holds a run") && Catch::Contains("--overwrite"));
+    CHECK(test::ranks_with_error(m) == world.size());
+    unchanged();
+  }
+  {  // --resume and --overwrite together: refused
+    TrainOptions both = quiet("latest");
+    both.overwrite = true;
+    const std::string m = test::error_message_of([&] { train(world, config, both); });
+    CHECK_THAT(m, Catch::Contains("exclude each other"));
+    CHECK(test::ranks_with_error(m) == world.size());
+    unchanged();
+  }
+  {  // resuming an earlier checkpoint would overwrite the later ones: refused
+    const RunConfig longer = RunConfig::parse(config_text(data, run, 4, 2, 1, "float"));
+    const TrainResult second = train(world, longer, quiet("latest"));
+    const std::string later = file_bytes(second.checkpoint);
+    const std::string m =
+        test::error_message_of([&] { train(world, longer, quiet(first.checkpoint)); });
+    CHECK_THAT(m, Catch::Contains("holds later checkpoints"));
+    CHECK(test::ranks_with_error(m) == world.size());
+    CHECK(file_bytes(second.checkpoint) == later);
+    CHECK(file_bytes(first.checkpoint) == checkpoint);
+  }
+  {  // --overwrite moves the old run aside, whole, and starts a new one
+    const std::string before = file_bytes(run + "/metrics.csv");
+    TrainOptions fresh = quiet();
+    fresh.overwrite = true;
+    train(world, config, fresh);
+    CHECK(file_bytes(run + ".old/metrics.csv") == before);
+    CHECK(list_checkpoints(run + ".old/checkpoints").size() == 4);  // 4 epochs, all kept
+    CHECK(metric(run, "loss").size() == 8);                         // the new run's rows only
+  }
+
+  InferOptions o;
+  o.checkpoint = first.checkpoint.substr(0, run.size()) + ".old" +
+                 first.checkpoint.substr(run.size());  // moved aside above
+  o.progress = false;
+  const std::string input = file_bytes(data);
+  const std::string old_checkpoint = file_bytes(o.checkpoint);
+  const auto refused = [&](const std::string& in, const std::string& out, const char* says) {
+    o.input_path = in;
+    o.output_path = out;
+    const std::string m = test::error_message_of([&] { infer(world, config, o); });
+    CHECK_THAT(m, Catch::Contains(says) && Catch::Contains("nothing was written"));
+    CHECK(test::ranks_with_error(m) == world.size());
+    CHECK(file_bytes(data) == input);
+    CHECK(file_bytes(o.checkpoint) == old_checkpoint);
+  };
+  refused(data, data, "is the --input");  // output over the input
+  // the same file under another name: a symbolic link
+  if (world.rank() == 0) fs::create_symlink(data, dir + "/link.h5");
+  world.barrier();
+  refused(data, dir + "/link.h5", "is the --input");
+  refused(data, o.checkpoint, "is the --checkpoint");               // output over the checkpoint
+  refused(data, dir + "/prediction.xdmf", "is also the --output");  // the sidecar over itself
+  // the output's sidecar over the input: input.xdmf read as --input, output input.h5
+  if (world.rank() == 0) fs::copy_file(data, dir + "/heat_copy.xdmf");
+  world.barrier();
+  const std::string copy = file_bytes(dir + "/heat_copy.xdmf");
+  o.input_path = dir + "/heat_copy.xdmf";
+  o.output_path = dir + "/heat_copy.h5";
+  const std::string m = test::error_message_of([&] { infer(world, config, o); });
+  CHECK_THAT(m, Catch::Contains("XDMF sidecar of --output") && Catch::Contains("is the --input"));
+  CHECK(file_bytes(dir + "/heat_copy.xdmf") == copy);
+  CHECK_FALSE(fs::exists(dir + "/heat_copy.h5"));
 }
 
 TEST_CASE("sequential models that change resolution train and infer on uneven splits",

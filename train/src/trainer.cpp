@@ -19,6 +19,7 @@
 #include "shardtensor/io/dataset.hpp"
 #include "shardtensor/io/field_io.hpp"
 #include "shardtensor/io/file.hpp"
+#include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/io/xdmf.hpp"
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/train/batch_reader.hpp"
@@ -240,6 +241,54 @@ void make_directories(const Communicator& comm, const std::string& path) {
   comm.agree(error);
 }
 
+/// What a run dir already holds of an earlier run ("" if nothing): its metrics, config or
+/// checkpoints.
+std::string earlier_run_in(const std::string& run_dir) {
+  std::error_code error;
+  std::string found;
+  for (const char* name : {"metrics.csv", "config.yaml"})
+    if (fs::exists(fs::path(run_dir) / name, error))
+      found += std::string(found.empty() ? "" : ", ") + name;
+  const auto checkpoints = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  if (!checkpoints.empty())
+    found += (found.empty() ? "" : ", ") + std::to_string(checkpoints.size()) + " checkpoint(s)";
+  return found;
+}
+
+/// A new run never mixes with an earlier one in the same run dir: without --resume, a run dir
+/// that holds a run is refused, or with --overwrite moved aside to <run_dir>.old (.old.1, ...
+/// if taken), never deleted. Rank 0 decides; every rank gets the same error.
+void prepare_run_dir(const Communicator& comm, const std::string& run_dir,
+                     const TrainOptions& options) {
+  std::string error;
+  if (comm.rank() == 0) {
+    const std::string earlier = earlier_run_in(run_dir);
+    if (!options.resume.empty() && options.overwrite) {
+      error =
+          "train: --resume and --overwrite exclude each other: --resume continues the run in '" +
+          run_dir + "', --overwrite starts a new one there";
+    } else if (!earlier.empty() && options.resume.empty()) {
+      if (!options.overwrite) {
+        error = "train: run_dir '" + run_dir + "' already holds a run (" + earlier +
+                "): continue it with --resume latest, start over with --overwrite (the old run "
+                "is moved to " +
+                run_dir + ".old), or set another run_dir";
+      } else {
+        std::string aside = run_dir + ".old";
+        std::error_code ec;
+        for (int i = 1; fs::exists(aside, ec); ++i) aside = run_dir + ".old." + std::to_string(i);
+        fs::rename(run_dir, aside, ec);
+        if (ec)
+          error = "train --overwrite: cannot move '" + run_dir + "' to '" + aside +
+                  "': " + ec.message();
+        else if (options.progress)
+          std::printf("train: moved the earlier run in %s to %s\n", run_dir.c_str(), aside.c_str());
+      }
+    }
+  }
+  comm.agree(error);
+}
+
 /// metrics.csv: one row per optimizer step; validation columns on the last step of an
 /// epoch that validated. Resuming drops rows past the checkpoint's step.
 class MetricsFile {
@@ -293,6 +342,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
   SHARDTENSOR_REQUIRE(!config.data.path.empty(), "train",
                       "data.path is empty: training reads its samples from an HDF5 file");
   io::File file = io::File::open(world, config.data.path);
+  prepare_run_dir(world, config.run_dir, options);  // before the model or anything is written
   Setup<T> s = set_up<T>(world, config, file, config.data.input, config.data.target, true);
   const int groups = s.mesh.data.size();
   const int rank0 = world.rank() == 0;
@@ -362,6 +412,21 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
             ? compute_channel_statistics(file, config.data.target, s.data.target_channels, s.domain,
                                          s.mesh, train_samples)
             : ChannelStatistics::identity(s.data.target_channels);
+  }
+  {  // Resumed from an earlier step: the later checkpoints of that run would be overwritten.
+    std::string later;
+    if (rank0)
+      for (const std::string& c : list_checkpoints(checkpoint_dir))
+        if (c > checkpoint_name(checkpoint_dir, state.step))
+          later += (later.empty() ? "" : ", ") + fs::path(c).filename().string();
+    world.agree(later.empty()
+                    ? ""
+                    : "train --resume: " + resume + " is at step " + std::to_string(state.step) +
+                          ", but " + checkpoint_dir + " holds later checkpoints (" + later +
+                          ") that this run would " +
+                          "overwrite: resume the newest (--resume latest), or copy the checkpoint "
+                          "into another "
+                          "run_dir and resume there");
   }
   state.config = config.text;
   write_text_file(world, (fs::path(config.run_dir) / "config.yaml").string(), config.text);
@@ -443,7 +508,10 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
       result.checkpoint = checkpoint_name(checkpoint_dir, state.step);
       save_checkpoint(world, result.checkpoint, *s.model, optimizer.get(), state);
       if (rank0) {
-        const auto all = list_checkpoints(checkpoint_dir);
+        // Only this run's checkpoints rotate: none lies past the one just written.
+        std::vector<std::string> all;
+        for (const std::string& c : list_checkpoints(checkpoint_dir))
+          if (c <= result.checkpoint) all.push_back(c);
         for (std::size_t i = 0; i + config.training.keep_checkpoints < all.size(); ++i) {
           std::error_code ignored;
           fs::remove(all[i], ignored);
@@ -555,6 +623,11 @@ TrainResult train(const Communicator& world, const RunConfig& config, const Trai
 
 InferResult infer(const Communicator& world, const RunConfig& config, const InferOptions& options) {
   SHARDTENSOR_REQUIRE(!options.checkpoint.empty(), "infer", "no checkpoint given");
+  // Before anything is opened for writing: the outputs replace none of the files read.
+  const std::string sidecar = fs::path(options.output_path).replace_extension(".xdmf").string();
+  io::require_outputs_apart(
+      world, "infer", {{"--output", options.output_path}, {"XDMF sidecar of --output", sidecar}},
+      {{"--input", options.input_path}, {"--checkpoint", options.checkpoint}});
   return config.training.precision == "double" ? infer_as<double>(world, config, options)
                                                : infer_as<float>(world, config, options);
 }

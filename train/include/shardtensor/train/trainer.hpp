@@ -12,7 +12,10 @@
 namespace shardtensor {
 
 struct TrainOptions {
-  std::string resume;    ///< checkpoint to continue from; "latest": the newest in the run dir
+  std::string resume;  ///< checkpoint to continue from; "latest": the newest in the run dir
+  /// Start a new run in a run dir that holds one: the old run is moved to <run_dir>.old
+  /// (never deleted). Without it (and without resume) such a run dir is refused.
+  bool overwrite = false;
   bool progress = true;  ///< rank 0 prints progress (a bar on a terminal, else a line per epoch)
 };
 
