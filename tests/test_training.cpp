@@ -375,6 +375,73 @@ TEST_CASE("train and infer never destroy a run, an input or a checkpoint", "[tra
   CHECK_THAT(m, Catch::Contains("XDMF sidecar of --output") && Catch::Contains("is the --input"));
   CHECK(file_bytes(dir + "/heat_copy.xdmf") == copy);
   CHECK_FALSE(fs::exists(dir + "/heat_copy.h5"));
+
+  // Damaged checkpoints are named as such, on every rank.
+  const auto damaged_copy = [&](const std::string& name, const auto& damage) {
+    const std::string path = dir + "/" + name;
+    if (world.rank() == 0) {
+      std::string bytes = old_checkpoint;
+      damage(bytes);
+      std::ofstream(path, std::ios::binary) << bytes;
+    }
+    world.barrier();
+    o.checkpoint = path;
+    o.input_path = data;
+    o.output_path = dir + "/from_" + name;
+    return test::error_message_of([&] { infer(world, config, o); });
+  };
+  {  // one value of a parameter changed: its bytes found in the file and one bit flipped
+    const io::File file = io::File::open(world, o.checkpoint);
+    const auto weight = io::read_array<float>(file, "parameters/down0.conv0.weight");
+    REQUIRE(weight.size() >= 4);
+    const std::string pattern(reinterpret_cast<const char*>(weight.data()), 4 * sizeof(float));
+    const std::string m = damaged_copy("flipped.h5", [&](std::string& bytes) {
+      const std::size_t at = bytes.find(pattern);
+      REQUIRE(at != std::string::npos);
+      bytes[at + 5] ^= 0x10;
+    });
+    CHECK_THAT(m, Catch::Contains("flipped.h5: dataset 'parameters/down0.conv0.weight' does not "
+                                  "match its checksum"));
+    CHECK(test::ranks_with_error(m) == world.size());
+  }
+  {  // cut in half
+    const std::string m = damaged_copy(
+        "truncated.h5", [](std::string& bytes) { bytes.resize(bytes.size() / 2); });
+    CHECK_THAT(m, Catch::Contains("truncated.h5") && Catch::Contains("damaged (truncated or corrupt"));
+    CHECK(test::ranks_with_error(m) == world.size());
+  }
+  {  // a NaN in the input data: named where it is read, by file, dataset and sample
+    const std::string nan_data = dir + "/nan.h5";
+    {
+      const io::File in = io::File::open(world, data);
+      std::vector<Index> input_shape, target_shape;
+      std::vector<float> input = io::read_array<float>(in, "input", &input_shape);
+      const std::vector<float> target = io::read_array<float>(in, "target", &target_shape);
+      input[5 * (input.size() / input_shape[0]) + 7] = std::numeric_limits<float>::quiet_NaN();
+      io::File out = io::File::create(world, nan_data);
+      io::write_array(out, "input", input_shape, input.data());
+      io::write_array(out, "target", target_shape, target.data());
+    }
+    RunConfig nan_config = config;
+    nan_config.data.path = nan_data;
+    nan_config.run_dir = dir + "/nan_run";
+    const std::string t = test::error_message_of([&] { train(world, nan_config, quiet()); });
+    CHECK_THAT(t, Catch::Contains("nan.h5: dataset 'input', sample 5 holds a non-finite value"));
+    CHECK(test::ranks_with_error(t) == world.size());
+    o.checkpoint = dir + "/run.old/checkpoints/" + fs::path(first.checkpoint).filename().string();
+    o.input_path = nan_data;
+    o.output_path = dir + "/nan_prediction.h5";
+    const std::string i = test::error_message_of([&] { infer(world, config, o); });
+    CHECK_THAT(i, Catch::Contains("dataset 'input', sample 5 holds a non-finite value"));
+    CHECK(test::ranks_with_error(i) == world.size());
+    CHECK_FALSE(fs::exists(dir + "/nan_prediction.h5"));
+  }
+  {  // not HDF5 at all
+    const std::string m =
+        damaged_copy("text.h5", [](std::string& bytes) { bytes = "not a checkpoint\n"; });
+    CHECK_THAT(m, Catch::Contains("'" + dir + "/text.h5' is not an HDF5 file"));
+    CHECK(test::ranks_with_error(m) == world.size());
+  }
 }
 
 TEST_CASE("sequential models that change resolution train and infer on uneven splits",

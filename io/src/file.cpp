@@ -2,7 +2,11 @@
 
 #include "shardtensor/io/file.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -118,6 +122,20 @@ void agree_on_open(const Communicator& comm, hid_t id, const std::string& messag
   }
 }
 
+/// Why H5Fopen refused a file that exists and that H5Fis_hdf5 recognised: the permissions, or
+/// else a damaged file (its size included: a truncated copy is the common case), or a lock.
+std::string why_open_failed(const std::string& path, bool write) {
+  if (::access(path.c_str(), R_OK) != 0)
+    return std::string("no permission to read it (") + std::strerror(errno) + ")";
+  if (write && ::access(path.c_str(), W_OK) != 0)
+    return std::string("no permission to write it (") + std::strerror(errno) + ")";
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  return "the HDF5 file is damaged (truncated or corrupt; " +
+         (ec ? std::string("size unknown") : std::to_string(bytes) + " bytes") +
+         "), or another process holds it open with HDF5 file locking";
+}
+
 }  // namespace
 }  // namespace impl
 
@@ -149,8 +167,8 @@ File File::open(const Communicator& comm, const std::string& path, Mode mode) {
       H5Fopen(path.c_str(), mode == Mode::read ? H5F_ACC_RDONLY : H5F_ACC_RDWR, fapl.get());
   impl::agree_on_open(comm, id,
                       "io::File::open: cannot open '" + path + "'" +
-                          (mode == Mode::read_write ? " for writing" : "") +
-                          " (no permission, or open elsewhere?)");
+                          (mode == Mode::read_write ? " for writing" : "") + ": " +
+                          impl::why_open_failed(path, mode == Mode::read_write));
   return File(comm, id, path, mode);
 }
 

@@ -35,10 +35,11 @@ void affine_per_channel(const ShardTensor<T>& x, const std::vector<double>& scal
 }
 
 /// sums(c) += sum of channel c, sums(channels + c) += sum of its squares, over the owned
-/// cells of every sample of `field`.
+/// cells of every sample of `field`. False if a sum is not finite: a NaN or Inf among the values.
 template <class T>
-void add_channel_sums(const ShardTensor<T>& field,
+bool add_channel_sums(const ShardTensor<T>& field,
                       const Kokkos::View<double*, Kokkos::HostSpace>& sums) {
+  bool finite = true;
   const Index channels = field.channels();
   const auto v = field.interior();
   for (Index n = 0; n < field.batch(); ++n)
@@ -56,7 +57,9 @@ void add_channel_sums(const ShardTensor<T>& field,
           sum, squares);
       sums(c) += sum;
       sums(channels + c) += squares;
+      finite = finite && std::isfinite(sum) && std::isfinite(squares);
     }
+  return finite;
 }
 
 /// Mean and population std per channel from global sums over `cells` values each.
@@ -86,12 +89,18 @@ ChannelStatistics compute_channel_statistics(const io::File& file, const std::st
   // count, so that every rank joins every collective read.
   Kokkos::View<double*, Kokkos::HostSpace> sums("sums", 2 * channels);
   const Index rounds = (Index(samples.size()) + groups - 1) / groups;
+  std::string non_finite;  // the first sample with a NaN or Inf in this rank's patch
   for (Index r = 0; r < rounds; ++r) {
     const Index index = r * groups + mesh.data_group;
     const bool counted = index < Index(samples.size());
     io::read_field(file, name, samples[counted ? index : 0], field);
-    if (counted) add_channel_sums(field, sums);
+    if (counted && !add_channel_sums(field, sums) && non_finite.empty())
+      non_finite = file.path() + ": dataset '" + name + "', sample " +
+                   std::to_string(samples[index]) +
+                   " holds a non-finite value (NaN or Inf, or values whose squares overflow; "
+                   "found computing the normalisation statistics): fix or drop the sample";
   }
+  mesh.world.agree(non_finite);  // every rank stops, with the message of the first that saw one
   allreduce(mesh.world, sums);
   return statistics_from_sums(sums, channels,
                               double(samples.size()) * double(domain.global_cells()));
@@ -102,8 +111,8 @@ ChannelStatistics field_channel_statistics(const Communicator& comm, const Shard
   Kokkos::View<double*, Kokkos::HostSpace> sums("sums", 2 * field.channels());
   add_channel_sums(field, sums);
   allreduce(comm, sums);
-  return statistics_from_sums(
-      sums, field.channels(), double(field.batch()) * double(field.decomposition().global_cells()));
+  return statistics_from_sums(sums, field.channels(),
+                              double(field.batch()) * double(field.decomposition().global_cells()));
 }
 
 template <class T>
@@ -125,8 +134,7 @@ template void normalize(const ShardTensor<float>&, const ChannelStatistics&);
 template void normalize(const ShardTensor<double>&, const ChannelStatistics&);
 template void denormalize(const ShardTensor<float>&, const ChannelStatistics&);
 template void denormalize(const ShardTensor<double>&, const ChannelStatistics&);
-template ChannelStatistics field_channel_statistics(const Communicator&,
-                                                    const ShardTensor<float>&);
+template ChannelStatistics field_channel_statistics(const Communicator&, const ShardTensor<float>&);
 template ChannelStatistics field_channel_statistics(const Communicator&,
                                                     const ShardTensor<double>&);
 

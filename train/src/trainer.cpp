@@ -474,7 +474,9 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
         const auto kept = list_checkpoints(checkpoint_dir);
         SHARDTENSOR_FAIL(
             "train", "the loss is " << step_loss << " at step " << state.step << " (epoch "
-                                    << epoch + 1 << "): training diverged and stops; "
+                                    << epoch + 1
+                                    << ") with finite data (every batch is checked when read): "
+                                    << "training diverged and stops; "
                                     << (kept.empty() ? "no checkpoint was written"
                                                      : "the last good checkpoint is " + kept.back())
                                     << " (try a smaller optimizer.lr or "
@@ -560,6 +562,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   std::vector<Index> channels{s.data.input_channels};
   if (s.data.has_target) names.push_back(target), channels.push_back(s.data.target_channels);
   BatchReader<T> reader(file, names, channels, s.domain, s.mesh.domain.rank(), false);
+  reader.allow_non_finite(target);  // a non-finite target gives a NaN error, printed as such
 
   const int groups = s.mesh.data.size();
   const Index rounds = (s.data.samples + groups - 1) / groups;

@@ -10,7 +10,9 @@
 #include "shardtensor/comm/environment.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <exception>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -44,6 +46,10 @@ class BatchReader {
 
   bool reads_in_background() const { return background_; }
 
+  /// Every dataset's values are checked to be finite when read (finish() throws naming the
+  /// sample otherwise); this one is exempt (infer's target: a NaN there gives a NaN error).
+  void allow_non_finite(const std::string& dataset) { unchecked_.push_back(dataset); }
+
   /// Starts reading `samples` (the same number on every rank of the file's communicator;
   /// values may differ between data groups). Collective.
   void start(const std::vector<Index>& samples) {
@@ -69,12 +75,53 @@ class BatchReader {
     if (worker_.joinable()) worker_.join();
     pending_ = false;
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    file_->communicator().agree(non_finite_values());
     for (std::size_t i = 0; i < tensors_.size(); ++i)
       Kokkos::deep_copy(tensors_[i].view(), hosts_[i]);
     return tensors_;
   }
 
  private:
+  /// A NaN or Inf in the batch, named by file, dataset, sample, channel and global cell ("" if
+  /// none in this rank's patch): caught where it enters, rather than as a diverging loss.
+  /// One pass over the host buffer, on the host threads; finish() agrees on it over the file's
+  /// ranks, so all stop together.
+  std::string non_finite_values() const {
+    for (std::size_t i = 0; i < hosts_.size(); ++i) {
+      if (std::find(unchecked_.begin(), unchecked_.end(), datasets_[i]) != unchecked_.end())
+        continue;
+      const auto host = hosts_[i];
+      const Index size = static_cast<Index>(host.span());
+      Index first = size;
+      Kokkos::parallel_reduce(
+          "BatchReader::non_finite",
+          Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, size),
+          [&](const Index v, Index& found) {
+            const T value = host.data()[v];
+            if (!(value - value == T(0)) && v < found) found = v;  // NaN or Inf
+          },
+          Kokkos::Min<Index>(first));
+      if (first >= size) continue;  // none (the Min reduction starts at the largest Index)
+      const ShardTensor<T>& t = tensors_[i];
+      const Index per_sample = size / Index(samples_.size());
+      const Index s = first / per_sample,
+                  cells = t.local_extent(0) * t.local_extent(1) * t.local_extent(2);
+      const Index c = (first % per_sample) / cells, cell = first % cells;
+      const Box owned = t.global_box();
+      const Index z = cell % t.local_extent(2), y = (cell / t.local_extent(2)) % t.local_extent(1),
+                  x = cell / (t.local_extent(2) * t.local_extent(1));
+      std::ostringstream m;
+      m << file_->path() << ": dataset '" << datasets_[i] << "', sample " << samples_[s]
+        << " holds a non-finite value (" << host.data()[first] << " at channel " << c << ", cell ("
+        << owned.lower[0] + x;
+      for (int d = 1; d < decomposition_.ndims(); ++d)
+        m << ", " << owned.lower[d] + (d == 1 ? y : z);
+      m << ")): fix or drop the sample; training and inference need finite data";
+      return m.str();
+    }
+    return "";
+  }
+
   void read_all() {
     try {
       for (std::size_t i = 0; i < datasets_.size(); ++i) {
@@ -94,6 +141,7 @@ class BatchReader {
   const io::File* file_;
   std::vector<std::string> datasets_;
   std::vector<Index> channels_;
+  std::vector<std::string> unchecked_;
   Decomposition decomposition_;
   int rank_;
   bool background_ = false;
