@@ -4,7 +4,9 @@
 // online like one rank does, and writes checkpoints that load on another rank count.
 
 #include <catch2/catch.hpp>
+
 #include <cmath>
+#include <fstream>
 #include <sstream>
 
 #include "shardtensor/embed.hpp"
@@ -361,6 +363,39 @@ TEST_CASE("Session bad input fails on every rank", "[session]") {
   SECTION("no model") {
     fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, SessionOptions{}); },
                      "no model: give a config");
+  }
+  SECTION("a config file missing on one rank: an error everywhere, no hang") {
+    test::TempDir dir(world);
+    const std::string path = dir.path("model.yaml");
+    if (world.rank() == 0) std::ofstream(path) << model_config("double", false);
+    world.barrier();
+    SessionOptions o = options_for("double", false, {});
+    o.config_text.clear();
+    o.config = world.rank() == size - 1 && size > 1 ? dir.path("missing.yaml") : path;
+    if (size > 1)
+      fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, o); }, "missing.yaml");
+    else
+      Session(MPI_COMM_WORLD, patch, o);
+  }
+  SECTION("a learning rate that differs between ranks") {
+    SessionOptions o = options_for("double", false, {});
+    if (world.rank() == size - 1 && size > 1) o.overrides.push_back("optimizer.lr=0.02");
+    if (size > 1)
+      fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, o); },
+                       "the resolved config differs between ranks");
+  }
+  SECTION("a checkpoint path that differs between ranks") {
+    test::TempDir dir(world);
+    const std::string path = dir.path("r" + std::to_string(size > 1 ? world.rank() : 0) + ".h5");
+    if (size > 1)
+      fails_everywhere([&] { session.save_checkpoint(path); },
+                       "the checkpoint path differs between ranks");
+  }
+  SECTION("options that differ between ranks") {
+    SessionOptions o = options_for("double", false, {});
+    if (world.rank() == 0 && size > 1) o.arrays.ghost_width = 1;
+    if (size > 1)
+      fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, o); }, "differs between ranks");
   }
   SECTION("a checkpoint of another model") {
     test::TempDir dir(world);

@@ -2,6 +2,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
@@ -330,6 +331,34 @@ Binding bind(MPI_Comm solver_comm, const SolverPatch& patch) {
   return Binding{std::move(ordered), std::move(grid)};
 }
 
+namespace {
+
+/// Throws on every rank unless `text` is rank 0's on every rank; the message names the first
+/// rank that differs and its first differing line against rank 0's.
+void require_same_text(const Communicator& comm, const std::string& text, const std::string& what) {
+  std::string reference = text;
+  comm.broadcast(reference);
+  std::string problem;
+  if (text != reference) {
+    std::istringstream mine(text), theirs(reference);
+    std::string a, b;
+    int line = 0;
+    while (true) {
+      ++line;
+      const bool more_a = bool(std::getline(mine, a)), more_b = bool(std::getline(theirs, b));
+      if (!more_a) a = "(end)";
+      if (!more_b) b = "(end)";
+      if (a != b || (!more_a && !more_b)) break;
+    }
+    problem = std::string(where) + ": " + what + " differs between ranks: rank " +
+              std::to_string(comm.rank()) + " has '" + a + "' at line " + std::to_string(line) +
+              " where rank 0 has '" + b + "'; every rank must pass the same";
+  }
+  comm.agree(problem);
+}
+
+}  // namespace
+
 class Session::Impl {
  public:
   Impl(MPI_Comm solver_comm, const SolverPatch& patch, const SessionOptions& options)
@@ -345,13 +374,33 @@ class Session::Impl {
       local = "no model: give a config (file or text) or a checkpoint";
     comm_.agree(local.empty() ? "" : std::string(where) + ": " + local);
 
+    // What every rank must share, agreed before anything collective: options that differ, a
+    // config that one rank cannot read, or one that differs (a per-rank seed or learning
+    // rate) stop every rank with one message, never a hang or silently different weights.
+    comm_.require_same({options.config.empty(), options.config_text.empty(),
+                        options.checkpoint.empty(), options.input_channels, options.output_channels,
+                        options.arrays.ghost_width, static_cast<long long>(options.arrays.order)},
+                       where,
+                       "the options (config file / config text / checkpoint given, "
+                       "input_channels, output_channels, ghost_width, array order)");
+    require_same_text(comm_, options.checkpoint, "the checkpoint path");
     const auto arrays = RunConfig::DataUse::arrays;
-    const RunConfig config =
-        !options.config.empty() ? RunConfig::load(options.config, options.overrides, arrays)
-        : !options.config_text.empty()
-            ? RunConfig::parse(options.config_text, "config text", options.overrides, arrays)
-            : RunConfig::parse(read_checkpoint_state(comm_, options.checkpoint).config,
-                               options.checkpoint + " (stored config)", options.overrides, arrays);
+    std::optional<RunConfig> loaded;
+    std::string unreadable;
+    try {
+      if (!options.config.empty())
+        loaded = RunConfig::load(options.config, options.overrides, arrays);
+      else if (!options.config_text.empty())
+        loaded = RunConfig::parse(options.config_text, "config text", options.overrides, arrays);
+    } catch (const std::exception& e) {
+      unreadable = e.what();
+    }
+    comm_.agree(unreadable);
+    if (!loaded)  // collective: every rank takes this branch or none (agreed above)
+      loaded = RunConfig::parse(read_checkpoint_state(comm_, options.checkpoint).config,
+                                options.checkpoint + " (stored config)", options.overrides, arrays);
+    const RunConfig& config = *loaded;
+    require_same_text(comm_, config.text, "the resolved config");
     precision_ = config.training.precision;
     budget_ = std::make_unique<ScopedMemoryBudget>(config.memory.budget_mib);
     if (precision_ == "double")
@@ -384,8 +433,15 @@ class Session::Impl {
                   : double_->train_step(inputs, targets, report_);
   }
 
-  void save(const std::string& path) const { float_ ? float_->save(path) : double_->save(path); }
-  void load(const std::string& path) { float_ ? float_->load(path) : double_->load(path); }
+  // The path must be the same on every rank: the file is written and read collectively.
+  void save(const std::string& path) const {
+    require_same_text(comm_, path, "the checkpoint path");
+    float_ ? float_->save(path) : double_->save(path);
+  }
+  void load(const std::string& path) {
+    require_same_text(comm_, path, "the checkpoint path");
+    float_ ? float_->load(path) : double_->load(path);
+  }
 
   const Decomposition& decomposition() const { return binding_.grid.decomposition; }
   const std::string& precision() const { return precision_; }
