@@ -405,9 +405,10 @@ TEST_CASE("train and infer never destroy a run, an input or a checkpoint", "[tra
     CHECK(test::ranks_with_error(m) == world.size());
   }
   {  // cut in half
-    const std::string m = damaged_copy(
-        "truncated.h5", [](std::string& bytes) { bytes.resize(bytes.size() / 2); });
-    CHECK_THAT(m, Catch::Contains("truncated.h5") && Catch::Contains("damaged (truncated or corrupt"));
+    const std::string m =
+        damaged_copy("truncated.h5", [](std::string& bytes) { bytes.resize(bytes.size() / 2); });
+    CHECK_THAT(m,
+               Catch::Contains("truncated.h5") && Catch::Contains("damaged (truncated or corrupt"));
     CHECK(test::ranks_with_error(m) == world.size());
   }
   {  // a NaN in the input data: named where it is read, by file, dataset and sample
@@ -435,6 +436,24 @@ TEST_CASE("train and infer never destroy a run, an input or a checkpoint", "[tra
     CHECK_THAT(i, Catch::Contains("dataset 'input', sample 5 holds a non-finite value"));
     CHECK(test::ranks_with_error(i) == world.size());
     CHECK_FALSE(fs::exists(dir + "/nan_prediction.h5"));
+  }
+  {  // a field too large for memory.budget_mib: refused before anything is allocated
+    // (4096^2 x 3 channels of float: 24 MiB per rank on 8 ranks, 192 MiB on one)
+    const std::string big = dir + "/big.h5";
+    {
+      io::File out = io::File::create(world, big);
+      io::create_field_dataset(out, "input", 1, 2, {4096, 4096}, io::DataType::float32);
+      io::create_field_dataset(out, "target", 1, 1, {4096, 4096}, io::DataType::float32);
+    }
+    RunConfig big_config = config;
+    big_config.data.path = big;
+    big_config.run_dir = dir + "/big_run";
+    big_config.training.batch_size = 1;
+    big_config.memory.budget_mib = 16;
+    const std::string b = test::error_message_of([&] { train(world, big_config, quiet()); });
+    CHECK_THAT(b, Catch::Contains("big.h5 needs at least") &&
+                      Catch::Contains("more than memory.budget_mib (16 MiB)"));
+    CHECK(test::ranks_with_error(b) == world.size());
   }
   {  // not HDF5 at all
     const std::string m =

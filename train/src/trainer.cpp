@@ -69,6 +69,59 @@ FieldData inspect(const io::File& file, const std::string& input, const std::str
   return f;
 }
 
+/// The memory this node has free for new allocations (MemAvailable), 0 if unknown.
+std::uint64_t node_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:" && meminfo >> kib) return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+/// a * b, or the largest value where it overflows (sizes of absurd declared datasets).
+std::uint64_t saturating_product(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t p = 0;
+  return __builtin_mul_overflow(a, b, &p) ? std::numeric_limits<std::uint64_t>::max() : p;
+}
+
+/// Refuses, on every rank and before anything is allocated, data whose one batch alone (the
+/// input and target values of the largest shard: a lower bound of a step's memory) exceeds
+/// memory.budget_mib or the memory the node has free: a small file that declares a huge
+/// dataset, or too few ranks for the field.
+void require_batch_fits(const Communicator& world, const io::File& file, const FieldData& data,
+                        const Decomposition& domain, Index batch, std::size_t value_bytes,
+                        double budget_mib) {
+  std::uint64_t cells = 0;
+  for (int r = 0; r < domain.nranks(); ++r) {
+    const Box b = domain.box(r);
+    cells = std::max(cells,
+                     saturating_product(saturating_product(b.extent[0], b.extent[1]), b.extent[2]));
+  }
+  const std::uint64_t channels = std::uint64_t(data.input_channels + data.target_channels);
+  const std::uint64_t bytes = saturating_product(
+      saturating_product(saturating_product(std::uint64_t(batch), channels), cells), value_bytes);
+  const std::uint64_t budget = budget_mib > 0 ? std::uint64_t(budget_mib * 1048576.0) : 0;
+  const std::uint64_t available = node_available_bytes();
+  std::string problem;
+  const auto mib = [](std::uint64_t b) { return std::to_string(b / 1048576) + " MiB"; };
+  const std::string need = bytes == std::numeric_limits<std::uint64_t>::max()
+                               ? std::string("more than 16 EiB")
+                               : mib(bytes);
+  if ((budget > 0 && bytes > budget) || (available > 0 && bytes > available))
+    problem = "data: one batch of " + file.path() + " needs at least " + need +
+              " per rank (batch " + std::to_string(batch) + " x " + std::to_string(channels) +
+              " channels x " + std::to_string(cells) + " cells on the largest shard x " +
+              std::to_string(value_bytes) + " bytes), more than " +
+              (budget > 0 && bytes > budget ? "memory.budget_mib (" + mib(budget) + ")"
+                                            : "this node has free (" + mib(available) + ")") +
+              ": use more ranks (smaller shards), a smaller batch, or check the file's "
+              "dataset shapes";
+  world.agree(problem);
+}
+
 Decomposition domain_decomposition(const FieldData& data, const RunConfig& config,
                                    int domain_ranks) {
   std::vector<bool> periodic = config.data.periodic;
@@ -167,6 +220,9 @@ Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::Fi
     data.target_channels = out_channels;
   }
   Decomposition domain = domain_decomposition(data, config, mesh.domain.size());
+  // Before the model, the statistics or any batch is allocated.
+  require_batch_fits(world, file, data, domain, target_required ? config.training.batch_size : 1,
+                     sizeof(T), config.memory.budget_mib);
   auto model =
       models::build_model<T>(config.model, mesh.domain,
                              {data.dims, data.input_channels, data.target_channels, data.extents});
