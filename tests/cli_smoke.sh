@@ -37,6 +37,31 @@ if ! diff <(head -9 runs/heat2d/metrics.csv | cut -d, -f1-5) <(cut -d, -f1-5 run
   echo "FAIL: training with and without prefetch differ"; exit 1
 fi
 
+# SIGTERM stops training at a step boundary with a checkpoint, and --resume latest continues
+# (mid-epoch) with the losses of an uninterrupted run. A constant learning rate, so that the
+# epoch count does not change the schedule.
+steady=("${small[@]}" --set data.prefetch=false --set schedule.type=constant --quiet)
+mpirun -n 2 --oversubscribe --bind-to none "$bin" train --config "$config" "${steady[@]}" \
+  --set training.epochs=100000 --set run_dir=runs/signal > signal.log 2>&1 &
+trainer=$!
+for _ in $(seq 600); do  # until two steps are done (the handler is in place by then)
+  [ -f runs/signal/metrics.csv ] && [ "$(wc -l < runs/signal/metrics.csv)" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM "$trainer"  # mpirun, which forwards SIGTERM to the ranks
+if wait "$trainer"; then echo "FAIL: a run stopped by SIGTERM exited 0"; exit 1; fi
+expect "stopped by SIGTERM after step" signal.log
+expect "continue with --resume latest" signal.log
+stopped="$(( $(wc -l < runs/signal/metrics.csv) - 1 ))"
+epochs="$(( stopped / 4 + 2 ))"  # past the step it stopped after, by at least one epoch
+run train --config "$config" "${steady[@]}" --set training.epochs=$epochs --set run_dir=runs/signal \
+  --resume latest > signal_resume.log
+run train --config "$config" "${steady[@]}" --set training.epochs=$epochs \
+  --set run_dir=runs/straight > straight.log
+if ! diff <(cut -d, -f1-5 runs/straight/metrics.csv) <(cut -d, -f1-5 runs/signal/metrics.csv); then
+  echo "FAIL: stopping by SIGTERM after step $stopped and resuming changed the losses"; exit 1
+fi
+
 run infer --checkpoint runs/heat2d --input data.h5 --output prediction.h5 > infer.log
 expect "12 samples" infer.log
 expect "relative L2 error vs target" infer.log

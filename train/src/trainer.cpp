@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -297,6 +298,44 @@ void make_directories(const Communicator& comm, const std::string& path) {
   comm.agree(error);
 }
 
+/// SIGINT and SIGTERM while it lives ask training to stop at the next step boundary (the
+/// handler only sets a flag; the previous handlers come back at the end).
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    received_ = 0;
+    struct sigaction action {};
+    action.sa_handler = [](int signal) { received_ = signal; };
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // system calls (MPI, HDF5) go on where they were
+    sigaction(SIGINT, &action, &previous_int_);
+    sigaction(SIGTERM, &action, &previous_term_);
+  }
+  ~StopOnSignal() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+  /// The signal one rank received (the largest number), 0 if none. Collective over the
+  /// mesh, so every rank learns it at the same step: over the domain ranks, then the data
+  /// groups (not the world communicator, which the background reader's collectives use).
+  int received(const RankMesh& mesh) const {
+    Kokkos::View<double*, Kokkos::HostSpace> v("signal", 1);
+    v(0) = double(received_);
+    allreduce(mesh.domain, v, ReduceOp::max);
+    allreduce(mesh.data, v, ReduceOp::max);
+    return int(v(0));
+  }
+
+ private:
+  static volatile std::sig_atomic_t received_;
+  struct sigaction previous_int_ {
+  }, previous_term_{};
+};
+volatile std::sig_atomic_t StopOnSignal::received_ = 0;
+
 /// What a run dir already holds of an earlier run ("" if nothing): its metrics, config or
 /// checkpoints.
 std::string earlier_run_in(const std::string& run_dir) {
@@ -505,11 +544,15 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
   TrainResult result;
   s.model->train();
   s.model->zero_grad();
+  const StopOnSignal stop;
   for (std::int64_t epoch = state.epoch; epoch < config.training.epochs; ++epoch) {
     double loss_sum = 0;
-    reader.start(schedule.batch(epoch, 0, s.mesh.data_group));
+    // A run stopped by a signal mid-epoch continues at the step it stopped after.
+    const Index resumed = state.step - epoch * steps_per_epoch;
+    const Index first_step = resumed > 0 && resumed < steps_per_epoch ? resumed : 0;
+    reader.start(schedule.batch(epoch, first_step, s.mesh.data_group));
     progress.start_epoch(epoch);
-    for (Index step = 0; step < steps_per_epoch; ++step) {
+    for (Index step = first_step; step < steps_per_epoch; ++step) {
       const auto step_start = std::chrono::steady_clock::now();
       std::vector<ShardTensor<T>> batch = reader.finish();
       if (step + 1 < steps_per_epoch)
@@ -556,11 +599,24 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
       metrics.row(state.step, epoch, step_loss, validating ? result.val_loss : -1,
                   result.val_relative_l2, lr, grad_norm, samples_per_s);
       if (last_step)
-        progress.end_epoch(loss_sum / steps_per_epoch, validating ? result.val_loss : -1,
+        progress.end_epoch(loss_sum / double(steps_per_epoch - first_step),
+                           validating ? result.val_loss : -1,
                            validating ? result.val_relative_l2 : -1, lr);
+      if (const int signal = stop.received(s.mesh); signal != 0 && !last_step) {
+        // At this step boundary: a checkpoint to resume from, then every rank stops.
+        reader.finish();      // the next batch's read: done before the checkpoint's collectives
+        state.epoch = epoch;  // epochs completed; the step says how far into this one
+        result.checkpoint = checkpoint_name(checkpoint_dir, state.step);
+        save_checkpoint(world, result.checkpoint, *s.model, optimizer.get(), state);
+        SHARDTENSOR_FAIL("train", "stopped by "
+                                      << (signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
+                                      << state.step << " (epoch " << epoch + 1 << ", step "
+                                      << step + 1 << " of " << steps_per_epoch << "); checkpoint "
+                                      << result.checkpoint << "; continue with --resume latest");
+      }
     }
     state.epoch = epoch + 1;
-    result.loss = loss_sum / steps_per_epoch;
+    result.loss = loss_sum / double(steps_per_epoch - first_step);
     if (state.epoch % config.training.checkpoint_every == 0 ||
         state.epoch == config.training.epochs) {
       result.checkpoint = checkpoint_name(checkpoint_dir, state.step);
