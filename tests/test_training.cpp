@@ -343,6 +343,22 @@ TEST_CASE("train and infer never destroy a run, an input or a checkpoint", "[tra
     CHECK(metric(run, "loss").size() == 8);                         // the new run's rows only
   }
 
+  if (fs::exists("/dev/full")) {  // a full disk says so (metrics.csv on /dev/full: ENOSPC)
+    const std::string full = dir + "/full_run";
+    if (world.rank() == 0) {
+      fs::create_directories(full + "/checkpoints");
+      fs::copy_file(run + ".old/checkpoints/" + fs::path(first.checkpoint).filename().string(),
+                    full + "/checkpoints/" + fs::path(first.checkpoint).filename().string());
+      fs::create_symlink("/dev/full", full + "/metrics.csv");
+    }
+    world.barrier();
+    RunConfig on_full = config;
+    on_full.run_dir = full;
+    const std::string m = test::error_message_of([&] { train(world, on_full, quiet("latest")); });
+    CHECK_THAT(m, Catch::Contains("metrics.csv': No space left on device"));
+    CHECK(test::ranks_with_error(m) == world.size());
+  }
+
   InferOptions o;
   o.checkpoint = first.checkpoint.substr(0, run.size()) + ".old" +
                  first.checkpoint.substr(run.size());  // moved aside above

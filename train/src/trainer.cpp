@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -279,10 +281,13 @@ void write_text_file(const Communicator& comm, const std::string& path, const st
   io::AtomicOutput output(comm, path);
   std::string error;
   if (comm.rank() == 0) {
+    errno = 0;
     std::ofstream out(output.temporary_path());
     out << text;
     out.close();
-    if (!out.good()) error = "train: cannot write '" + output.temporary_path() + "'";
+    if (!out.good())
+      error = "train: cannot write '" + output.temporary_path() +
+              "': " + (errno != 0 ? std::strerror(errno) : "the stream failed");
   }
   comm.agree(error);
   output.commit();
@@ -392,7 +397,8 @@ class MetricsFile {
       : enabled_(comm.rank() == 0) {
     if (!enabled_) return;
     std::vector<std::string> kept;
-    if (resumed_step > 0) {
+    std::error_code ec;
+    if (resumed_step > 0 && fs::is_regular_file(path, ec)) {  // not a device that never ends
       std::ifstream in(path);
       std::string line;
       std::getline(in, line);  // header
@@ -400,10 +406,13 @@ class MetricsFile {
         if (!line.empty() && std::stoll(line.substr(0, line.find(','))) <= resumed_step)
           kept.push_back(line);
     }
+    path_ = path;
+    errno = 0;
     out_.open(path, std::ios::trunc);
     out_ << "step,epoch,loss,val_loss,val_rel_l2,lr,grad_norm,samples_per_s\n";
     for (const std::string& line : kept) out_ << line << "\n";
     out_.flush();
+    note_failure();
   }
 
   void row(std::int64_t step, std::int64_t epoch, double loss, double val_loss, double val_rel,
@@ -421,10 +430,22 @@ class MetricsFile {
     std::snprintf(line, sizeof line, "%.9g,%.9g,%.6g\n", lr, grad_norm, samples_per_s);
     out_ << line;
     out_.flush();
+    note_failure();
   }
 
+  /// The first write that failed, with the OS's reason ("" if none). Rank 0 writes alone, so
+  /// the caller agrees on it over the ranks where no other collective is in flight.
+  const std::string& error() const { return error_; }
+
  private:
+  void note_failure() {
+    if (out_.good() || !error_.empty()) return;
+    error_ = "train: cannot write '" + path_ +
+             "': " + (errno != 0 ? std::strerror(errno) : "the stream failed");
+  }
+
   bool enabled_;
+  std::string path_, error_;
   std::ofstream out_;
 };
 
@@ -526,6 +547,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
   state.config = config.text;
   write_text_file(world, (fs::path(config.run_dir) / "config.yaml").string(), config.text);
   MetricsFile metrics(world, (fs::path(config.run_dir) / "metrics.csv").string(), state.step);
+  world.agree(metrics.error());
 
   Progress progress(rank0 && options.progress, config.training.epochs, steps_per_epoch);
   if (rank0 && options.progress) {
@@ -615,6 +637,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
                                       << result.checkpoint << "; continue with --resume latest");
       }
     }
+    world.agree(metrics.error());  // no read in flight after an epoch's last step
     state.epoch = epoch + 1;
     result.loss = loss_sum / double(steps_per_epoch - first_step);
     if (state.epoch % config.training.checkpoint_every == 0 ||
