@@ -255,8 +255,10 @@ def run_case(args, work, st, exporter, case):
     return checkpoint, input_path, reference
 
 
-def perturbation_check(args, work, checkpoint, input_path, reference):
-    """The comparison can fail: one weight changed by 1e-3 is detected."""
+def perturbation_check(args, work, exporter, checkpoint, input_path, reference):
+    """The comparison can fail: one weight changed by 1e-3 is detected, first by the
+    checkpoint's checksum (infer refuses the file), then, with the checksum updated to
+    match, by the comparison itself."""
     perturbed = os.path.join(work, "perturbed.h5")
     shutil.copy(checkpoint, perturbed)
     with h5py.File(perturbed, "r+") as f:
@@ -264,6 +266,18 @@ def perturbation_check(args, work, checkpoint, input_path, reference):
         values = w[...]
         values.flat[0] += 1e-3
         w[...] = values
+    log = os.path.join(work, "perturbed_refused.log")
+    command = args.mpirun + ["-n", "1", "--oversubscribe", "--bind-to", "none", args.cli, "infer",
+                             "--checkpoint", perturbed, "--input", input_path, "--output",
+                             os.path.join(work, "never.h5")]
+    sh(command, log, expect_fail=True)
+    with open(log) as f:
+        if "'parameters/head.weight' does not match its checksum" not in f.read():
+            fail(f"infer of a checkpoint with a changed weight did not name the checksum: {log}")
+    print("ok: a changed weight fails the checkpoint's checksum", flush=True)
+    with h5py.File(perturbed, "r+") as f:
+        f["parameters/head.weight"].attrs["checksum"] = np.array([exporter._checksum(values)],
+                                                                  dtype=np.uint64)
     output = infer(args, work, perturbed, input_path, os.path.join(work, "perturbed_out.h5"), 1)
     error = max(relative_l2(output[s].astype(np.float64), reference[s])
                 for s in range(output.shape[0]))
@@ -358,7 +372,7 @@ def main():
         for case in CASES:
             result = run_case(args, work, st, exporter, case)
             first = first or result
-        perturbation_check(args, work, *first)
+        perturbation_check(args, work, exporter, *first)
         refusal_checks(args, work, st, exporter)
     finally:
         if args.keep:

@@ -186,6 +186,21 @@ def _string_attribute(h5, name, value):
                     dtype=h5py.Datatype(tid))
 
 
+def _checksum(values):
+    """FNV-1a 64 over the values as little-endian float64: ShardTensor's per-dataset checksum
+    (train/src/checkpoint.cpp), which load_checkpoint verifies."""
+    h = 1469598103934665603
+    for byte in np.ascontiguousarray(values, dtype="<f8").tobytes():
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _checked_dataset(h5, name, data):
+    """A dataset and its checksum attribute."""
+    h5.create_dataset(name, data=data)
+    h5[name].attrs.create("checksum", np.array([_checksum(data)], dtype=np.uint64))
+
+
 def write_checkpoint(path, params, buffers, precision, config_text, input_statistics,
                      target_statistics):
     """Writes the checkpoint atomically (temporary name, then rename)."""
@@ -196,16 +211,17 @@ def write_checkpoint(path, params, buffers, precision, config_text, input_statis
     try:
         with h5py.File(temporary, "w") as h5:
             for name, tensor in params.items():
-                h5.create_dataset("parameters/" + name,
-                                  data=tensor.detach().cpu().numpy().astype(dtype))
+                _checked_dataset(h5, "parameters/" + name,
+                                 tensor.detach().cpu().numpy().astype(dtype))
             for name, tensor in buffers.items():  # 1-D, as save_checkpoint writes buffers
-                h5.create_dataset("buffers/" + name,
-                                  data=tensor.detach().cpu().numpy().astype(dtype).reshape(-1))
+                _checked_dataset(h5, "buffers/" + name,
+                                 tensor.detach().cpu().numpy().astype(dtype).reshape(-1))
             for prefix, (mean, std) in (("input", input_statistics),
                                         ("target", target_statistics)):
-                h5.create_dataset(f"normalization/{prefix}_mean", data=mean.astype(np.float64))
-                h5.create_dataset(f"normalization/{prefix}_std", data=std.astype(np.float64))
+                _checked_dataset(h5, f"normalization/{prefix}_mean", mean.astype(np.float64))
+                _checked_dataset(h5, f"normalization/{prefix}_std", std.astype(np.float64))
             _string_attribute(h5, "format", FORMAT)
+            _string_attribute(h5, "checksums", "fnv1a64 of the values as float64")
             _string_attribute(h5, "precision", precision)
             h5.attrs.create("epoch", np.int64(0), dtype="<i8")
             h5.attrs.create("step", np.int64(0), dtype="<i8")
