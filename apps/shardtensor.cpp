@@ -217,6 +217,9 @@ int main(int argc, char** argv) {
       } else if (info->parsed()) {
         print_info(world);
       }
+    } catch (const TrainingStopped& e) {  // every rank, after a checkpoint: finalize normally
+      if (rank == 0) std::fprintf(stderr, "shardtensor: %s\n", e.what());
+      status = 128 + e.signal();
     } catch (const std::exception& e) {
       fail(e.what(), rank, size);
     }

@@ -630,11 +630,12 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
         state.epoch = epoch;  // epochs completed; the step says how far into this one
         result.checkpoint = checkpoint_name(checkpoint_dir, state.step);
         save_checkpoint(world, result.checkpoint, *s.model, optimizer.get(), state);
-        SHARDTENSOR_FAIL("train", "stopped by "
-                                      << (signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
-                                      << state.step << " (epoch " << epoch + 1 << ", step "
-                                      << step + 1 << " of " << steps_per_epoch << "); checkpoint "
-                                      << result.checkpoint << "; continue with --resume latest");
+        std::ostringstream message;
+        message << "train: stopped by " << (signal == SIGINT ? "SIGINT" : "SIGTERM")
+                << " after step " << state.step << " (epoch " << epoch + 1 << ", step " << step + 1
+                << " of " << steps_per_epoch << "); checkpoint " << result.checkpoint
+                << "; continue with --resume latest";
+        throw TrainingStopped(message.str(), signal);
       }
     }
     world.agree(metrics.error());  // no read in flight after an epoch's last step

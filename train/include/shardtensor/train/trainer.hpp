@@ -6,6 +6,7 @@
 #include <string>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/train/run_config.hpp"
 
@@ -17,6 +18,18 @@ struct TrainOptions {
   /// (never deleted). Without it (and without resume) such a run dir is refused.
   bool overwrite = false;
   bool progress = true;  ///< rank 0 prints progress (a bar on a terminal, else a line per epoch)
+};
+
+/// Thrown by train() on every rank together when SIGINT or SIGTERM stopped it at a step
+/// boundary, after it wrote a checkpoint of that step: not a failure, so a program can
+/// finalize normally (the CLI exits with 128 + signal, as a shell reports a signal).
+class TrainingStopped : public Error {
+ public:
+  TrainingStopped(const std::string& message, int signal) : Error(message), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
 };
 
 struct TrainResult {
