@@ -25,6 +25,7 @@
 #include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/io/xdmf.hpp"
 #include "shardtensor/models/builder.hpp"
+#include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
 #include "shardtensor/train/batch_reader.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/progress.hpp"
@@ -168,10 +169,9 @@ template <class T>
 std::vector<std::pair<double, double>> squared_errors(const Communicator& comm,
                                                       const ShardTensor<T>& prediction,
                                                       const ShardTensor<T>& target) {
-  const bool resplit =
-      !prediction.same_layout(target) && prediction.batch() == target.batch() &&
-      prediction.channels() == target.channels() &&
-      prediction.decomposition().global_extents() == target.decomposition().global_extents();
+  const bool resplit = !prediction.same_layout(target) && prediction.batch() == target.batch() &&
+                       prediction.channels() == target.channels() &&
+                       same_global_field(prediction.decomposition(), target.decomposition());
   const ShardTensor<T> on_target =
       resplit ? redistribute(comm, prediction, target.decomposition(), target.ghosts())
               : prediction;
@@ -327,11 +327,12 @@ class StopOnSignal {
   /// mesh, so every rank learns it at the same step: over the domain ranks, then the data
   /// groups (not the world communicator, which the background reader's collectives use).
   int received(const RankMesh& mesh) const {
-    Kokkos::View<double*, Kokkos::HostSpace> v("signal", 1);
-    v(0) = double(received_);
+    double signal = double(received_);  // no allocation: this runs every step
+    const Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(
+        &signal, 1);
     allreduce(mesh.domain, v, ReduceOp::max);
     allreduce(mesh.data, v, ReduceOp::max);
-    return int(v(0));
+    return int(signal);
   }
 
  private:
