@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,9 +21,11 @@
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/comm/environment.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/closest_name.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/data/heat_equation.hpp"
+#include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/trainer.hpp"
@@ -40,7 +43,7 @@ namespace {
                rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(), message.c_str());
   std::fflush(stderr);
   if (size > 1) mpi_abort(1);
-  Kokkos::finalize();
+  if (Kokkos::is_initialized()) Kokkos::finalize();
   mpi_finalize();
   std::exit(1);
 }
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
       "heat", "Variable-diffusivity heat equation: /input (u0, kappa) -> /target (u at time T)");
   HeatOptions heat_options;
   std::string heat_output = "heat.h5";
+  bool heat_overwrite = false;
   heat->add_option("--dims", heat_options.dims, "Spatial dimensions, 2 or 3")
       ->capture_default_str();
   heat->add_option("--size", heat_options.size, "Cells per dimension")->capture_default_str();
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   heat->add_option("--seed", heat_options.seed, "Random seed")->capture_default_str();
   heat->add_option("-o,--output", heat_output, "Output HDF5 file")->capture_default_str();
+  heat->add_flag("--overwrite", heat_overwrite, "Replace the output file if it exists");
 
   // train
   auto* train_command = app.add_subcommand("train", "Train a model from a YAML config");
@@ -162,6 +167,26 @@ int main(int argc, char** argv) {
 
   auto* info = app.add_subcommand("info", "Versions of ShardTensor and its libraries");
 
+  // Every rank must run the same command: a rank given other arguments (an MPMD launch, a
+  // per-rank wrapper script) would wait in another collective. Agreed before anything else.
+  try {
+    std::string command_line;
+    for (int i = 1; i < argc; ++i) command_line += std::string(argv[i]) + "\n";
+    Communicator(MPI_COMM_WORLD)
+        .require_same_text(command_line, "shardtensor", "the command line (one argument per line)");
+    const std::vector<std::string> commands{"generate", "train", "infer", "info"};
+    if (argc > 1 && argv[1][0] != '-' &&
+        std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
+      const std::string near = closest_name(argv[1], commands);
+      SHARDTENSOR_FAIL("shardtensor", "unknown command '"
+                                          << argv[1] << "'"
+                                          << (near.empty() ? "" : "; did you mean '" + near + "'?")
+                                          << " The commands are generate, train, infer and info");
+    }
+  } catch (const std::exception& e) {
+    fail(e.what(), rank, size);
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -174,9 +199,22 @@ int main(int argc, char** argv) {
     try {
       const Communicator world(MPI_COMM_WORLD);
       if (heat->parsed()) {
+        // A new file, or --overwrite: never a data set the user has, nor its own sidecar.
+        SHARDTENSOR_REQUIRE(heat_overwrite || !std::filesystem::exists(heat_output), "generate",
+                            "'" << heat_output
+                                << "' exists: pass --overwrite to replace it, or choose another "
+                                   "--output (nothing was written)");
+        io::require_outputs_apart(
+            world, "generate",
+            {{"--output", heat_output},
+             {"XDMF sidecar of --output",
+              std::filesystem::path(heat_output).replace_extension(".xdmf").string()}},
+            {});
         generate_heat_dataset(world, heat_options, heat_output, true);
       } else if (train_command->parsed()) {
         const RunConfig config = RunConfig::load(config_path, overrides);
+        // One path, but a node-local file system could hold another file there.
+        world.require_same_text(config.text, "train", "the resolved config");
         train_options.progress = !quiet;
         enable_memory_tracking();  // Kokkos allocation hooks: the report below, memory.budget_mib
         const TrainResult r = train(world, config, train_options);

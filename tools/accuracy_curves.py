@@ -113,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     load_start = load_average()
     run(mpirun(min(2, max(ranks))) + ["generate", "heat", "--dims", str(a.dims), "--size",
                                       str(a.size), "--samples", str(a.samples), "--seed", "1",
-                                      "--output", a.data], env, a.out)
+                                      "--output", a.data, "--overwrite"], env, a.out)
     curves: Dict[int, List[dict]] = {}
     seconds: Dict[int, float] = {}
     for p in ranks:

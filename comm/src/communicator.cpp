@@ -129,6 +129,29 @@ Communicator Communicator::reordered(int key) const {
   return result;
 }
 
+void Communicator::require_same_text(const std::string& text, const std::string& where,
+                                     const std::string& what) const {
+  std::string reference = text;
+  broadcast(reference);
+  std::string problem;
+  if (text != reference) {
+    std::istringstream mine(text), theirs(reference);
+    std::string a, b;
+    int line = 0;
+    while (true) {
+      ++line;
+      const bool more_a = bool(std::getline(mine, a)), more_b = bool(std::getline(theirs, b));
+      if (!more_a) a = "(end)";
+      if (!more_b) b = "(end)";
+      if (a != b || (!more_a && !more_b)) break;
+    }
+    problem = where + ": " + what + " differs between ranks: rank " + std::to_string(rank_) +
+              " has '" + a + "' at line " + std::to_string(line) + " where rank 0 has '" + b +
+              "'; every rank must pass the same";
+  }
+  agree(problem);
+}
+
 void Communicator::require_same(const std::vector<long long>& values, const std::string& where,
                                 const std::string& what) const {
   int count = static_cast<int>(values.size());

@@ -1,7 +1,11 @@
 #include "shardtensor/config/config_node.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "shardtensor/core/closest_name.hpp"
@@ -12,18 +16,62 @@ namespace shardtensor {
 ConfigNode::ConfigNode(YAML::Node node, std::string path, std::string source)
     : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {}
 
-ConfigNode ConfigNode::load_file(const std::string& path) {
+std::string read_config_file(const std::string& path) {
+  // A directory opens as an empty stream on Linux: name it rather than report missing keys.
+  SHARDTENSOR_REQUIRE(!std::filesystem::is_directory(path), "config",
+                      "config file '" << path << "' is a directory");
+  errno = 0;
   std::ifstream in(path);
-  SHARDTENSOR_REQUIRE(in.good(), "config", "cannot open config file '" << path << "'");
+  SHARDTENSOR_REQUIRE(in.good(), "config",
+                      "cannot open config file '"
+                          << path << "'"
+                          << (errno ? std::string(": ") + std::strerror(errno) : std::string()));
   std::stringstream text;
   text << in.rdbuf();
-  return parse(text.str(), path);
+  // An empty file (or one of comments only) is a mistake, not a config of defaults.
+  bool content = false;
+  for (std::string line; std::getline(text, line) && !content;) {
+    const auto first = line.find_first_not_of(" \t\r");
+    content = first != std::string::npos && line[first] != '#';
+  }
+  SHARDTENSOR_REQUIRE(content, "config", "config file '" << path << "' is empty");
+  return text.str();
 }
+
+ConfigNode ConfigNode::load_file(const std::string& path) {
+  return parse(read_config_file(path), path);
+}
+
+namespace {
+
+/// YAML allows no key twice in a map, but yaml-cpp keeps both and answers with the first:
+/// a second `lr:` further down would be silently ignored.
+void require_unique_keys(const YAML::Node& node, const std::string& source) {
+  if (node.IsSequence())
+    for (const YAML::Node& item : node) require_unique_keys(item, source);
+  if (!node.IsMap()) return;
+  std::map<std::string, int> lines;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    if (it->first.IsScalar()) {
+      const std::string key = it->first.Scalar();
+      const int line = it->first.Mark().line + 1;
+      const auto [seen, inserted] = lines.emplace(key, line);
+      SHARDTENSOR_REQUIRE(inserted, "config",
+                          source << " (line " << line << "): duplicate key '" << key
+                                 << "' (first on line " << seen->second
+                                 << "): a key may appear once per map");
+    }
+    require_unique_keys(it->second, source);
+  }
+}
+
+}  // namespace
 
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
   try {
     YAML::Node root = YAML::Load(text);
     if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    require_unique_keys(root, source);
     SHARDTENSOR_REQUIRE(root.IsMap(), "config",
                         source << ": the top level must be a map of keys, got '" << text << "'");
     return ConfigNode(root, "", source);

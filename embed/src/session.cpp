@@ -167,6 +167,11 @@ class Engine {
   template <class S>
   double train_step(const std::vector<const S*>& inputs, const std::vector<const S*>& targets,
                     CallReport& report) {
+    // A NaN or Inf in the solver's fields would reach every parameter in one step: refuse the
+    // pair, on every rank, before the statistics or the parameters see it.
+    std::string problem = non_finite_value(inputs, "inputs");
+    if (problem.empty()) problem = non_finite_value(targets, "targets");
+    comm_.agree(problem.empty() ? "" : std::string(where) + "::train_step: " + problem);
     if (!statistics_fixed_) {
       // The first pair fixes the normalisation: statistics of the raw fields.
       CallReport ignored;
@@ -218,6 +223,42 @@ class Engine {
   const Module<T>& model() const { return *model_; }
 
  private:
+  /// The first NaN or Inf in the owned cells of the solver's arrays, named by array, rank and
+  /// global cell ("" if none). One pass over the owned cells on the host threads.
+  template <class S>
+  std::string non_finite_value(const std::vector<const S*>& arrays, const char* what) const {
+    const ArrayIndexing a = indexing_;
+    const Box owned = decomposition_.box(comm_.rank());
+    const Index n0 = owned.extent[0], n1 = owned.extent[1], n2 = owned.extent[2];
+    for (std::size_t c = 0; c < arrays.size(); ++c) {
+      const S* source = arrays[c];
+      Index first = n0 * n1 * n2;
+      Kokkos::parallel_reduce(
+          "Session::non_finite",
+          Kokkos::MDRangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Rank<3>>({0, 0, 0},
+                                                                                    {n0, n1, n2}),
+          [=](const Index i, const Index j, const Index k, Index& found) {
+            const S value = source[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]];
+            const Index cell = (i * n1 + j) * n2 + k;
+            if (!(value - value == S(0)) && cell < found) found = cell;  // NaN or Inf
+          },
+          Kokkos::Min<Index>(first));
+      if (first >= n0 * n1 * n2) continue;  // none (the Min reduction starts at the largest)
+      const Index local[3] = {first / (n1 * n2), first / n2 % n1, first % n2};
+      std::ostringstream m;
+      m << what << " array " << c << " holds a non-finite value ("
+        << source[a.first + local[0] * a.stride[0] + local[1] * a.stride[1] +
+                  local[2] * a.stride[2]]
+        << ") at cell (";
+      for (int d = 0; d < decomposition_.ndims(); ++d)
+        m << (d ? ", " : "") << owned.lower[d] + local[d];
+      m << ") of the field, on rank " << comm_.rank()
+        << ": the step was not taken (the parameters are unchanged)";
+      return m.str();
+    }
+    return "";
+  }
+
   /// The model's view of the solver arrays: the arrays themselves when their layout is the
   /// model's (C order, precision T, channels one after another, no normalisation, ghost
   /// cells only where the model ignores them), else `staging`'s buffer filled from them.
@@ -331,33 +372,7 @@ Binding bind(MPI_Comm solver_comm, const SolverPatch& patch) {
   return Binding{std::move(ordered), std::move(grid)};
 }
 
-namespace {
-
-/// Throws on every rank unless `text` is rank 0's on every rank; the message names the first
-/// rank that differs and its first differing line against rank 0's.
-void require_same_text(const Communicator& comm, const std::string& text, const std::string& what) {
-  std::string reference = text;
-  comm.broadcast(reference);
-  std::string problem;
-  if (text != reference) {
-    std::istringstream mine(text), theirs(reference);
-    std::string a, b;
-    int line = 0;
-    while (true) {
-      ++line;
-      const bool more_a = bool(std::getline(mine, a)), more_b = bool(std::getline(theirs, b));
-      if (!more_a) a = "(end)";
-      if (!more_b) b = "(end)";
-      if (a != b || (!more_a && !more_b)) break;
-    }
-    problem = std::string(where) + ": " + what + " differs between ranks: rank " +
-              std::to_string(comm.rank()) + " has '" + a + "' at line " + std::to_string(line) +
-              " where rank 0 has '" + b + "'; every rank must pass the same";
-  }
-  comm.agree(problem);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 class Session::Impl {
  public:
@@ -383,7 +398,7 @@ class Session::Impl {
                        where,
                        "the options (config file / config text / checkpoint given, "
                        "input_channels, output_channels, ghost_width, array order)");
-    require_same_text(comm_, options.checkpoint, "the checkpoint path");
+    comm_.require_same_text(options.checkpoint, where, "the checkpoint path");
     const auto arrays = RunConfig::DataUse::arrays;
     std::optional<RunConfig> loaded;
     std::string unreadable;
@@ -400,7 +415,7 @@ class Session::Impl {
       loaded = RunConfig::parse(read_checkpoint_state(comm_, options.checkpoint).config,
                                 options.checkpoint + " (stored config)", options.overrides, arrays);
     const RunConfig& config = *loaded;
-    require_same_text(comm_, config.text, "the resolved config");
+    comm_.require_same_text(config.text, where, "the resolved config");
     precision_ = config.training.precision;
     budget_ = std::make_unique<ScopedMemoryBudget>(config.memory.budget_mib);
     if (precision_ == "double")
@@ -435,11 +450,11 @@ class Session::Impl {
 
   // The path must be the same on every rank: the file is written and read collectively.
   void save(const std::string& path) const {
-    require_same_text(comm_, path, "the checkpoint path");
+    comm_.require_same_text(path, where, "the checkpoint path");
     float_ ? float_->save(path) : double_->save(path);
   }
   void load(const std::string& path) {
-    require_same_text(comm_, path, "the checkpoint path");
+    comm_.require_same_text(path, where, "the checkpoint path");
     float_ ? float_->load(path) : double_->load(path);
   }
 

@@ -16,8 +16,8 @@ run() { mpirun -n "$ranks" --oversubscribe --bind-to none "$bin" "$@"; }
 mkdir -p "$work"
 cd "$work"
 echo "== generate: 160 training + 16 test samples of the 2-D heat equation ($work)"
-run generate heat --dims 2 --size 32 --samples 160 --seed 1 --output heat2d.h5
-run generate heat --dims 2 --size 32 --samples 16 --seed 2 --output heat2d_test.h5
+run generate heat --dims 2 --size 32 --samples 160 --seed 1 --output heat2d.h5 --overwrite
+run generate heat --dims 2 --size 32 --samples 16 --seed 2 --output heat2d_test.h5 --overwrite
 echo "== train on $ranks ranks: $here/heat2d.yaml"
 rm -rf runs/heat2d
 run train --config "$here/heat2d.yaml" "$@"

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "shardtensor/core/error.hpp"
 
@@ -18,6 +19,17 @@ AtomicOutput::AtomicOutput(const Communicator& comm, std::string final_path)
   SHARDTENSOR_REQUIRE(!final_path_.empty(), "io::AtomicOutput", "empty output path");
   // Same directory as the final file (so rename() is atomic); process id and clock make the
   // name unique between concurrent jobs. Rank 0 picks it, every rank uses it.
+  // The directory must take a new file: say why not (the OS's reason) before HDF5 tries.
+  std::string problem;
+  if (comm_.rank() == 0) {
+    const std::filesystem::path parent = std::filesystem::path(final_path_).parent_path().empty()
+                                             ? std::filesystem::path(".")
+                                             : std::filesystem::path(final_path_).parent_path();
+    if (::access(parent.c_str(), W_OK | X_OK) != 0)
+      problem = "io::AtomicOutput: cannot write '" + final_path_ + "': directory '" +
+                parent.string() + "': " + std::strerror(errno);
+  }
+  comm_.agree(problem);
   if (comm_.rank() == 0) {
     const auto ticks = std::chrono::steady_clock::now().time_since_epoch().count();
     temporary_path_ = final_path_ + ".tmp-" + std::to_string(::getpid()) + "-" +

@@ -109,6 +109,10 @@ const char* to_string(DataType type) {
   return type == DataType::float32 ? "float32" : "float64";
 }
 
+std::string DatasetInfo::shape() const {
+  return "[" + impl::join(dims) + "]";
+}
+
 DatasetInfo dataset_info(const File& file, const std::string& name) {
   DatasetInfo info;
   impl::agreed(file.communicator(),

@@ -159,6 +159,10 @@ File File::open(const Communicator& comm, const std::string& path, Mode mode) {
     std::error_code ec;
     SHARDTENSOR_REQUIRE(std::filesystem::exists(path, ec), "io::File::open",
                         "no file '" << path << "'");
+    SHARDTENSOR_REQUIRE(!std::filesystem::is_directory(path, ec), "io::File::open",
+                        "'" << path << "' is a directory, not an HDF5 file");
+    SHARDTENSOR_REQUIRE(std::filesystem::file_size(path, ec) > 0, "io::File::open",
+                        "'" << path << "' is empty (0 bytes), not an HDF5 file");
     SHARDTENSOR_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "io::File::open",
                         "'" << path << "' is not an HDF5 file");
   });

@@ -129,11 +129,36 @@ void require_checkpoint(const io::File& file) {
                       file.path() << " is not a ShardTensor checkpoint (" << format_name << ")");
 }
 
+/// A save replaces a checkpoint, never another file: a path that names the config, a data
+/// file or a solver's output by mistake stops the save with its contents intact. Collective.
+void require_replaceable(const Communicator& comm, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string problem;
+  if (fs::is_directory(path, ec))
+    problem = "'" + path + "' is a directory";
+  else if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    problem = "'" + path + "' exists and is not a regular file";
+  comm.agree(problem);
+  if (!fs::exists(path, ec)) return;
+  bool checkpoint = false;
+  try {
+    const io::File file = io::File::open(comm, path);
+    checkpoint = io::has_attribute(file, "/", "format") &&
+                 io::read_attribute<std::string>(file, "/", "format") == format_name;
+  } catch (const Error&) {  // not HDF5, or damaged: not a checkpoint (every rank alike)
+  }
+  SHARDTENSOR_REQUIRE(checkpoint, "save_checkpoint",
+                      "'" << path << "' exists and is not a ShardTensor checkpoint: it is not "
+                          << "replaced (choose another path, or remove the file first)");
+}
+
 }  // namespace
 
 template <class T>
 void save_checkpoint(const Communicator& comm, const std::string& path, const Module<T>& model,
                      const Optimizer<T>* optimizer, const TrainingState& state) {
+  require_replaceable(comm, path);
   io::AtomicOutput output(comm, path);
   {
     io::File file = io::File::create(comm, output.temporary_path());

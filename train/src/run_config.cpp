@@ -122,11 +122,7 @@ MemoryConfig read_memory(const ConfigNode& node) {
 
 RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides,
                           DataUse data_use) {
-  std::ifstream in(path);
-  SHARDTENSOR_REQUIRE(in.good(), "config", "cannot open config file '" << path << "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path, overrides, data_use);
+  return parse(read_config_file(path), path, overrides, data_use);
 }
 
 RunConfig RunConfig::parse(const std::string& yaml_text, const std::string& source,

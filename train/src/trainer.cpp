@@ -65,8 +65,9 @@ FieldData inspect(const io::File& file, const std::string& input, const std::str
   if (f.has_target) {
     const io::DatasetInfo out = io::dataset_info(file, target);
     SHARDTENSOR_REQUIRE(out.dims.size() == in.dims.size() && out.dims[0] == f.samples, where,
-                        file.path() << ": target '" << target << "' must have the samples and "
-                                    << "spatial dims of input '" << input << "'");
+                        file.path() << ": target '" << target << "' " << out.shape()
+                                    << " must have the samples and spatial dims of input '" << input
+                                    << "' " << in.shape());
     f.target_channels = out.dims[1];
     io::validate_field_dataset(file, target, f.target_channels, f.extents);
   }
@@ -677,6 +678,10 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   const std::string target =
       options.target_dataset.empty() ? config.data.target : options.target_dataset;
   io::File file = io::File::open(world, options.input_path);
+  // A target asked for by name must be there: without it no error would be reported, and a
+  // typo would pass for a file without targets.
+  if (!options.target_dataset.empty())
+    io::dataset_info(file, target);  // throws, naming those there
   const TrainingState stored = read_checkpoint_state(world, options.checkpoint);
   const Index in_channels = inspect(file, input, "", false).input_channels;
   SHARDTENSOR_REQUIRE(stored.input_statistics.channels() == in_channels, "infer",

@@ -38,6 +38,12 @@ class Communicator {
   void require_same(const std::vector<long long>& values, const std::string& where,
                     const std::string& what) const;
 
+  /// Collective check that `text` is rank 0's on every rank; otherwise every rank throws
+  /// "<where>: <what> differs between ranks", naming the first rank that differs and its first
+  /// differing line against rank 0's.
+  void require_same_text(const std::string& text, const std::string& where,
+                         const std::string& what) const;
+
   /// Rank `root`'s contents on every rank (resized to root's length). Collective.
   void broadcast(std::string& text, int root = 0) const;
   void broadcast(std::vector<unsigned char>& bytes, int root = 0) const;

@@ -121,6 +121,10 @@ inline std::string ConfigNode::type_name<std::vector<int>>() {
   return "a list of integers";
 }
 
+/// The text of a config file; a clear error (with the OS's reason) when it cannot be read
+/// or is a directory.
+std::string read_config_file(const std::string& path);
+
 /// Applies a command-line override "a.b.c=value" to `root` (value parsed as YAML, so
 /// numbers, booleans and lists work). Creates missing maps. Raises Error on a malformed
 /// assignment or when a key on the path is not a map.

@@ -22,6 +22,9 @@ struct DatasetInfo {
   std::optional<DataType> dtype;  ///< empty if the element type is not a float type
   std::string type_description;   ///< e.g. "float32", "int64", "string", "compound"
   std::vector<Index> chunk_dims;  ///< empty if the dataset is contiguous (not chunked)
+
+  /// "[8, 2, 32, 32]": the extents, for messages.
+  std::string shape() const;
 };
 
 /// Shape, type and chunking of dataset `name` (a path such as "fields/u"). Collective.
