@@ -69,8 +69,7 @@ def config_with(*replace, append=""):
 
 
 def h5_data(path, input_array=None, target_array=None, **datasets):
-    """A data file with the given arrays (defaults: the workspace's shapes, random values)."""
-    rng = np.random.default_rng(1)
+    """A data file with the given arrays."""
     with h5py.File(path, "w") as f:
         if input_array is not None:
             f["input"] = input_array
@@ -78,7 +77,6 @@ def h5_data(path, input_array=None, target_array=None, **datasets):
             f["target"] = target_array
         for name, value in datasets.items():
             f[name] = value
-    return rng
 
 
 def random_field(shape, dtype="f8"):
@@ -135,15 +133,26 @@ def copy(src, dst):
     return lambda d: shutil.copy(os.path.join(d, src), os.path.join(d, dst))
 
 
-def flip_checkpoint_value(dataset_glob):
-    """ck_bad.h5: the workspace checkpoint with one value of a parameter changed (the file
-    stays valid HDF5; only the checksum can tell)."""
+def checkpoint_copy(d):
+    """ck_bad.h5, a copy of the workspace checkpoint to break; its path."""
+    path = os.path.join(d, "ck_bad.h5")
+    shutil.copy(os.path.join(d, "ck.h5"), path)
+    return path
+
+
+def first_dataset(f, pattern):
+    """The name of the first dataset of h5py file `f` matching `pattern`."""
+    names = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    return [n for n in names if re.search(pattern, n)][0]
+
+
+def flip_checkpoint_value(pattern):
+    """ck_bad.h5 with one value of a dataset changed (the file stays valid HDF5; only the
+    checksum can tell)."""
     def setup(d):
-        shutil.copy(os.path.join(d, "ck.h5"), os.path.join(d, "ck_bad.h5"))
-        with h5py.File(os.path.join(d, "ck_bad.h5"), "r+") as f:
-            names = []
-            f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-            name = [n for n in names if re.search(dataset_glob, n)][0]
+        with h5py.File(checkpoint_copy(d), "r+") as f:
+            name = first_dataset(f, pattern)
             a = f[name][...]
             a.flat[0] = a.flat[0] + 0.5
             f[name][...] = a
@@ -152,24 +161,18 @@ def flip_checkpoint_value(dataset_glob):
 
 def delete_from_checkpoint(pattern):
     def setup(d):
-        shutil.copy(os.path.join(d, "ck.h5"), os.path.join(d, "ck_bad.h5"))
-        with h5py.File(os.path.join(d, "ck_bad.h5"), "r+") as f:
-            names = []
-            f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-            del f[[n for n in names if re.search(pattern, n)][0]]
+        with h5py.File(checkpoint_copy(d), "r+") as f:
+            del f[first_dataset(f, pattern)]
     return setup
 
 
 def damage_dataset_bytes(pattern):
-    """ck_bad.h5: the workspace checkpoint with the stored bytes of the first dataset matching
-    `pattern` overwritten (a damaged disk block under the data; HDF5 cannot tell)."""
+    """ck_bad.h5 with the stored bytes of a dataset overwritten (a damaged disk block under
+    the data; HDF5 cannot tell)."""
     def setup(d):
-        path = os.path.join(d, "ck_bad.h5")
-        shutil.copy(os.path.join(d, "ck.h5"), path)
+        path = checkpoint_copy(d)
         with h5py.File(path, "r") as f:
-            names = []
-            f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-            dataset = f[[n for n in names if re.search(pattern, n)][0]]
+            dataset = f[first_dataset(f, pattern)]
             offset, size = dataset.id.get_offset(), dataset.id.get_storage_size()
         with open(path, "r+b") as out:
             out.seek(offset)
@@ -177,13 +180,17 @@ def damage_dataset_bytes(pattern):
     return setup
 
 
-def overwrite_bytes(name, at_fraction, count):
-    """Overwrites `count` bytes in the middle of a file with a pattern (a damaged disk block)."""
+def huge_checkpoint_dataset(pattern):
+    """ck_bad.h5 with a dataset replaced by one declaring 10^12 values (chunked, never
+    written), its checksum attribute kept."""
     def setup(d):
-        path = os.path.join(d, name)
-        with open(path, "r+b") as f:
-            f.seek(int(os.path.getsize(path) * at_fraction))
-            f.write(bytes((i * 37 + 11) % 256 for i in range(count)))
+        with h5py.File(checkpoint_copy(d), "r+") as f:
+            name = first_dataset(f, pattern)
+            attributes, dtype = dict(f[name].attrs), f[name].dtype
+            del f[name]
+            f.create_dataset(name, shape=(10**12,), dtype=dtype, chunks=(1024,))
+            for key, value in attributes.items():
+                f[name].attrs[key] = value
     return setup
 
 
@@ -260,6 +267,14 @@ def cases():
         setup=config_with(append="memory: {budget_mib: -5}\n"))
     add("config tiny memory budget", TB, r"needs at least .* MiB per rank.*more than memory\.budget_mib",
         setup=config_with(append="memory: {budget_mib: 0.001}\n"))
+    add("config model larger than the memory budget", TB,
+        r"parameters need at least \d+ MiB per rank .*x4 for gradients and adam state\), more "
+        r"than memory\.budget_mib \(16 MiB\)",
+        setup=config_with(("base_channels: 4", "base_channels: 512"),
+                          append="memory: {budget_mib: 16}\n"))
+    add("config model larger than the node's memory", TB,
+        r"parameters need at least \d+ MiB per rank .*more than the free memory of this node",
+        setup=config_with(("base_channels: 4", "base_channels: 30000")))
     add("config negative keep_checkpoints", TB, r"keep_checkpoints.*-1",
         setup=config_with(("seed: 5", "seed: 5, keep_checkpoints: -1")))
     add("config unknown schedule", TB, r"schedule\.type.*'linear'",
@@ -350,6 +365,17 @@ def cases():
                                                 "--input", "data.h5", "--output", "out.h5"],
         r"ck_bad\.h5.*dataset 'parameters/.*does not match its checksum",
         setup=damage_dataset_bytes("parameters/"))
+    add("infer checkpoint declaring a huge parameter", ["infer", "--checkpoint", "ck_bad.h5",
+                                                        "--input", "data.h5", "--output",
+                                                        "out.h5"],
+        r"ck_bad\.h5: parameter 'parameters/.*' has 1000000000000 values \[1000000000000\], "
+        r"the model expects \d+", setup=huge_checkpoint_dataset("parameters/"))
+    add("infer checkpoint declaring huge statistics", ["infer", "--checkpoint", "ck_bad.h5",
+                                                       "--input", "data.h5", "--output",
+                                                       "out.h5"],
+        r"'normalization/input_mean' in 'ck_bad\.h5' declares \[1000000000000\] values "
+        r"\(7629394 MiB\), more than this node has free",
+        setup=huge_checkpoint_dataset("normalization/input_mean"))
     add("infer checkpoint truncated", ["infer", "--checkpoint", "ck_bad.h5", "--input",
                                        "data.h5", "--output", "out.h5"],
         r"ck_bad\.h5.*damaged", setup=steps(copy("ck.h5", "ck_bad.h5"),
@@ -450,6 +476,7 @@ def cases():
         ("checkpoint-path-differs", r"differs between ranks"),
         ("save-into-missing-dir", r"cannot write 'no/such/dir/ck\.h5': directory 'no/such/dir': No such"),
         ("save-over-config", r"'model\.yaml' exists and is not a ShardTensor checkpoint"),
+        ("model-too-large", r"parameters need at least \d+ MiB per rank"),
         ("nan-in-training-input", r"inputs array 1 holds a non-finite value \(nan\).*the step was not taken"),
     ]:
         add("C API: " + name, [name], expect, capi=True,

@@ -64,14 +64,16 @@ static int run(const char* name) {
     if (!strcmp(name, "config-missing") || last) o.config = "missing.yaml";
     return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
   }
-  if (!strcmp(name, "seed-differs") || !strcmp(name, "lr-differs")) {
+  if (!strcmp(name, "seed-differs") || !strcmp(name, "lr-differs") ||
+      !strcmp(name, "model-too-large")) {
     const int seed = !strcmp(name, "seed-differs") && last ? 4 : 3;
     const double lr = !strcmp(name, "lr-differs") && last ? 2e-3 : 1e-3;
+    const int channels = !strcmp(name, "model-too-large") ? 30000 : 4;
     snprintf(text, sizeof text,
-             "model: {type: unet, depth: 1, base_channels: 4, norm: none, seed: %d}\n"
+             "model: {type: unet, depth: 1, base_channels: %d, norm: none, seed: %d}\n"
              "optimizer: {type: adam, lr: %g}\ntraining: {precision: double}\n"
              "data: {normalize: false}\n",
-             seed, lr);
+             channels, seed, lr);
     o.config = NULL;
     o.config_text = text;
     return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));

@@ -353,12 +353,21 @@ TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it"
   CHECK(m.total.peak >= m[MemoryCategory::activations].peak);
   disable_memory_tracking();
 
-  // A budget far too small: every rank stops with the same message; the budget ends with
-  // the run and tracking goes back off.
-  const std::string message = test::error_message_of(
+  // A budget below the parameters with gradients and adam state (1112 x 4 bytes x 4): refused
+  // while the model is built, before its parameters are allocated.
+  const std::string refused = test::error_message_of(
       [&] { train(world, config("tiny", "memory: {budget_mib: 0.01}\n"), quiet); });
+  CHECK(test::ranks_with_error(refused) == world.size());
+  CHECK_THAT(refused, Contains("the parameters need at least 0.02 MiB per rank") &&
+                          Contains("more than memory.budget_mib (0.01 MiB)"));
+  CHECK(memory_budget() == 0);
+
+  // Room for the model, not for a training step: every rank stops with the same message; the
+  // budget ends with the run and tracking goes back off.
+  const std::string message = test::error_message_of(
+      [&] { train(world, config("tight", "memory: {budget_mib: 0.03}\n"), quiet); });
   CHECK(test::ranks_with_error(message) == world.size());
-  CHECK_THAT(message, Contains("memory budget of 0.01 MiB per rank exceeded"));
+  CHECK_THAT(message, Contains("memory budget of 0.03 MiB per rank exceeded"));
   CHECK(memory_budget() == 0);
   CHECK_FALSE(memory_tracking_enabled());
 

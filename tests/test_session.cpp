@@ -305,11 +305,22 @@ TEST_CASE("Session holds to memory.budget_mib while it lives", "[session][memory
   SolverField<double> x(patch, {}, 2, 0.0), y(patch, {}, 1, 0.0);
   x.randomize(1);
   const std::uint64_t budget_before = memory_budget();
+  // 10 KiB: below the parameters with their gradients and adam state (656 x 8 bytes x 4):
+  // refused while the model is built, on every rank.
+  SessionOptions tiny = options_for("double", false, {});
+  tiny.config_text += "memory: {budget_mib: 0.01}\n";
+  const std::string refused = test::error_message_of([&] { Session(MPI_COMM_WORLD, patch, tiny); });
+  CHECK(test::ranks_with_error(refused) == world.size());
+  CHECK_THAT(refused, Catch::Contains("the parameters need at least 0.02 MiB per rank") &&
+                          Catch::Contains("more than memory.budget_mib (0.01 MiB)"));
+  CHECK(memory_budget() == budget_before);
+
+  // 0.25 MiB: room for the model (its parameters x 8 bytes x 4), not for a pass.
   SessionOptions tight = options_for("double", false, {});
-  tight.config_text += "memory: {budget_mib: 0.01}\n";  // 10 KiB: below the parameters
+  tight.config_text += "memory: {budget_mib: 0.25}\n";
   {
     Session session(MPI_COMM_WORLD, patch, tight);
-    CHECK(memory_budget() == 10486);  // ceil(0.01 MiB)
+    CHECK(memory_budget() == 262144);  // 0.25 MiB
     for (int call = 0; call < 2; ++call) {
       const std::string message = test::error_message_of([&] {
         if (call == 0)
@@ -319,7 +330,7 @@ TEST_CASE("Session holds to memory.budget_mib while it lives", "[session][memory
       });
       INFO(message);
       CHECK(test::ranks_with_error(message) == world.size());
-      CHECK_THAT(message, Catch::Contains("memory budget of 0.01 MiB per rank exceeded"));
+      CHECK_THAT(message, Catch::Contains("memory budget of 0.25 MiB per rank exceeded"));
     }
   }
   CHECK(memory_budget() == budget_before);  // lifted with the session

@@ -15,6 +15,7 @@
 #include "shardtensor/optim/optimizer.hpp"
 #include "shardtensor/train/channel_statistics.hpp"
 #include "shardtensor/train/checkpoint.hpp"
+#include "shardtensor/train/parameter_limit.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/training_step.hpp"
 
@@ -134,9 +135,12 @@ class Engine {
     std::vector<Index> extents;
     for (int d = 0; d < decomposition_.ndims(); ++d)
       extents.push_back(decomposition_.global_extent(d));
-    model_ = models::build_model<T>(
-        config.model, comm,
-        {decomposition_.ndims(), options.input_channels, options.output_channels, extents});
+    {
+      const auto limit = parameter_limit(comm, config, true);  // a session may train
+      model_ = models::build_model<T>(
+          config.model, comm,
+          {decomposition_.ndims(), options.input_channels, options.output_channels, extents});
+    }
     optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
     ScheduleOptions schedule = config.schedule;
     if (schedule.total_steps == 0) {

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "hdf5_support.hpp"
+#include "shardtensor/core/memory_limits.hpp"
 
 namespace shardtensor::impl {
 namespace {
@@ -100,7 +101,17 @@ void read_array(const io::File& file, const std::string& name, ElementType type,
     SHARDTENSOR_REQUIRE(type_class == H5T_FLOAT || type_class == H5T_INTEGER, where,
                         "dataset '" << name << "' in '" << file.path() << "' is not numeric");
     shape = dataspace_dims(space.get());
-    bytes.resize(static_cast<std::size_t>(element_count(shape)) * element_size(type));
+    // Every rank will hold a copy: a declared size (which a damaged file may make anything)
+    // that this node cannot hold is refused before it is allocated.
+    std::uint64_t size = element_size(type);
+    for (const Index e : shape) size = saturating_product(size, std::uint64_t(e));
+    const std::uint64_t available = node_available_bytes();
+    SHARDTENSOR_REQUIRE(available == 0 || size <= available, where,
+                        "dataset '" << name << "' in '" << file.path() << "' declares ["
+                                    << join(shape) << "] values (" << describe_bytes(size)
+                                    << "), more than this node has free ("
+                                    << describe_bytes(available) << ")");
+    bytes.resize(static_cast<std::size_t>(size));
     QuietHdf5 quiet;
     if (!bytes.empty())
       SHARDTENSOR_REQUIRE(H5Dread(dataset.get(), native_type(type), H5S_ALL, H5S_ALL, H5P_DEFAULT,

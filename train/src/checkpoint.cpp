@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_limits.hpp"
 #include "shardtensor/io/array_io.hpp"
 #include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/attributes.hpp"
@@ -88,6 +89,15 @@ void load_view(const io::File& file, const std::string& name, const ReplicatedVi
   SHARDTENSOR_REQUIRE(io::has_dataset(file, name), "load_checkpoint",
                       file.path() << " has no " << what << " '" << name
                                   << "' (the model or optimizer does not match the checkpoint)");
+  // The declared size first: a damaged or foreign file may declare any size, and reading
+  // (the checksum reads every value) would allocate it.
+  const io::DatasetInfo info = io::dataset_info(file, name);
+  std::uint64_t declared = 1;
+  for (const Index e : info.dims) declared = saturating_product(declared, std::uint64_t(e));
+  SHARDTENSOR_REQUIRE(declared == view.extent(0), "load_checkpoint",
+                      file.path() << ": " << what << " '" << name << "' has " << declared
+                                  << " values " << info.shape() << ", the model expects "
+                                  << view.extent(0));
   verify_checksum(file, name);
   std::vector<Index> shape;
   const std::vector<T> values = io::read_array<T>(file, name, &shape);

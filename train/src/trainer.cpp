@@ -17,6 +17,7 @@
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/comm/redistribute.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_limits.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/dataset.hpp"
@@ -28,6 +29,7 @@
 #include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
 #include "shardtensor/train/batch_reader.hpp"
 #include "shardtensor/train/checkpoint.hpp"
+#include "shardtensor/train/parameter_limit.hpp"
 #include "shardtensor/train/progress.hpp"
 #include "shardtensor/train/sample_schedule.hpp"
 #include "shardtensor/train/training_step.hpp"
@@ -74,24 +76,6 @@ FieldData inspect(const io::File& file, const std::string& input, const std::str
   return f;
 }
 
-/// The memory this node has free for new allocations (MemAvailable), 0 if unknown.
-std::uint64_t node_available_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  while (meminfo >> key) {
-    if (key == "MemAvailable:" && meminfo >> kib) return kib * 1024;
-    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return 0;
-}
-
-/// a * b, or the largest value where it overflows (sizes of absurd declared datasets).
-std::uint64_t saturating_product(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t p = 0;
-  return __builtin_mul_overflow(a, b, &p) ? std::numeric_limits<std::uint64_t>::max() : p;
-}
-
 /// Refuses, on every rank and before anything is allocated, data whose one batch alone (the
 /// input and target values of the largest shard: a lower bound of a step's memory) exceeds
 /// memory.budget_mib or the memory the node has free: a small file that declares a huge
@@ -111,10 +95,8 @@ void require_batch_fits(const Communicator& world, const io::File& file, const F
   const std::uint64_t budget = budget_mib > 0 ? std::uint64_t(budget_mib * 1048576.0) : 0;
   const std::uint64_t available = node_available_bytes();
   std::string problem;
-  const auto mib = [](std::uint64_t b) { return std::to_string(b / 1048576) + " MiB"; };
-  const std::string need = bytes == std::numeric_limits<std::uint64_t>::max()
-                               ? std::string("more than 16 EiB")
-                               : mib(bytes);
+  const auto mib = describe_bytes;
+  const std::string need = describe_bytes(bytes);
   if ((budget > 0 && bytes > budget) || (available > 0 && bytes > available))
     problem = "data: one batch of " + file.path() + " needs at least " + need +
               " per rank (batch " + std::to_string(batch) + " x " + std::to_string(channels) +
@@ -227,9 +209,13 @@ Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::Fi
   // Before the model, the statistics or any batch is allocated.
   require_batch_fits(world, file, data, domain, target_required ? config.training.batch_size : 1,
                      sizeof(T), config.memory.budget_mib);
-  auto model =
-      models::build_model<T>(config.model, mesh.domain,
-                             {data.dims, data.input_channels, data.target_channels, data.extents});
+  std::shared_ptr<Module<T>> model;
+  {
+    const auto limit = parameter_limit(world, config, target_required);
+    model = models::build_model<T>(
+        config.model, mesh.domain,
+        {data.dims, data.input_channels, data.target_channels, data.extents});
+  }
   return Setup<T>{std::move(mesh), std::move(data), std::move(domain), std::move(model)};
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shardtensor/autograd/variable.hpp"
+#include "shardtensor/core/memory_limits.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
 
@@ -86,11 +87,13 @@ class Module {
   Variable<T> register_parameter(const std::string& name, std::vector<Index> shape, double bound,
                                  std::uint64_t seed) {
     MemoryCategoryScope memory(MemoryCategory::parameters);
-    Index size = 1;
-    for (Index e : shape) size *= e;
+    std::uint64_t size = 1;
+    for (Index e : shape) size = saturating_product(size, std::uint64_t(e));
+    ScopedParameterLimit::charge(name, size, sizeof(T));  // before any memory is taken
     ReplicatedView<T> values(name, size);
     auto host = Kokkos::create_mirror_view(values);
-    for (Index i = 0; i < size; ++i) host(i) = static_cast<T>(bound * hashed_uniform(seed, i));
+    for (std::uint64_t i = 0; i < size; ++i)
+      host(i) = static_cast<T>(bound * hashed_uniform(seed, i));
     Kokkos::deep_copy(values, host);
     Variable<T> p = Variable<T>::replicated(values, std::move(shape), true, name);
     parameters_.emplace_back(name, p);
