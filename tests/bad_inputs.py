@@ -376,6 +376,11 @@ def cases():
         r"'normalization/input_mean' in 'ck_bad\.h5' declares \[1000000000000\] values "
         r"\(7629394 MiB\), more than this node has free",
         setup=huge_checkpoint_dataset("normalization/input_mean"))
+    add("infer checkpoint with an altered stored config", ["infer", "--checkpoint",
+                                                           "ck_bad.h5", "--input", "data.h5",
+                                                           "--output", "out.h5"],
+        r"ck_bad\.h5: the stored config does not match its checksum",
+        setup=alter_stored_config)
     add("infer checkpoint truncated", ["infer", "--checkpoint", "ck_bad.h5", "--input",
                                        "data.h5", "--output", "out.h5"],
         r"ck_bad\.h5.*damaged", setup=steps(copy("ck.h5", "ck_bad.h5"),
@@ -491,6 +496,15 @@ def cases():
         r"stopped by SIGINT after step.*--resume latest", signal_after_steps=("INT", 2),
         setup=config_with(("run_dir: run", "run_dir: sig")))
     return c
+
+
+def alter_stored_config(d):
+    """ck_bad.h5 whose stored config says another seed (a damaged or edited attribute)."""
+    with h5py.File(checkpoint_copy(d), "r+") as f:
+        text = f.attrs["config"]
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        assert "seed: 3" in text, text
+        f.attrs["config"] = np.bytes_(text.replace("seed: 3", "seed: 4"))
 
 
 def older_checkpoint(d):

@@ -195,6 +195,14 @@ def _checksum(values):
     return h
 
 
+def _text_checksum(text):
+    """FNV-1a 64 over the text's UTF-8 bytes: the stored config's checksum."""
+    h = 1469598103934665603
+    for byte in text.encode():
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def _checked_dataset(h5, name, data):
     """A dataset and its checksum attribute."""
     h5.create_dataset(name, data=data)
@@ -227,6 +235,8 @@ def write_checkpoint(path, params, buffers, precision, config_text, input_statis
             h5.attrs.create("step", np.int64(0), dtype="<i8")
             h5.attrs.create("rng", np.zeros(3, dtype=np.uint64), dtype="<u8")
             _string_attribute(h5, "config", config_text)
+            h5.attrs.create("config_checksum",
+                            np.array([_text_checksum(config_text)], dtype=np.uint64))
             _string_attribute(h5, "exported_by", "tools/export_pytorch.py (PyTorch "
                               + torch.__version__ + ")")
         os.replace(temporary, path)

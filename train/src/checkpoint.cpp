@@ -40,6 +40,14 @@ std::uint64_t checksum_of(const T* values, std::size_t count) {
   return hash;
 }
 
+/// FNV-1a 64 over the bytes of `text`: the stored config's checksum (attribute
+/// "config_checksum"), so that a damaged config cannot rebuild another model unnoticed.
+std::uint64_t text_checksum(const std::string& text) {
+  std::uint64_t hash = 1469598103934665603ull;
+  for (const unsigned char b : text) hash = (hash ^ b) * 1099511628211ull;
+  return hash;
+}
+
 /// Writes dataset `name` of `shape` and its checksum.
 template <class T>
 void write_checked(io::File& file, const std::string& name, const std::vector<Index>& shape,
@@ -127,6 +135,13 @@ TrainingState read_state(const io::File& file) {
   state.step = io::read_attribute<std::int64_t>(file, "/", "step");
   state.seed = io::read_attribute<std::vector<std::uint64_t>>(file, "/", "rng").at(0);
   state.config = io::read_attribute<std::string>(file, "/", "config");
+  if (io::has_attribute(file, "/", "config_checksum"))  // checkpoints of 2026-11-26 on
+    SHARDTENSOR_REQUIRE(
+        io::read_attribute<std::vector<std::uint64_t>>(file, "/", "config_checksum").at(0) ==
+            text_checksum(state.config),
+        "load_checkpoint",
+        file.path() << ": the stored config does not match its checksum: the file is corrupt "
+                    << "(damaged on disk or altered); use another checkpoint");
   state.input_statistics = read_statistics(file, "input");
   state.target_statistics = read_statistics(file, "target");
   return state;
@@ -196,6 +211,8 @@ void save_checkpoint(const Communicator& comm, const std::string& path, const Mo
                         std::vector<std::uint64_t>{state.seed, std::uint64_t(state.epoch),
                                                    std::uint64_t(state.step)});
     io::write_attribute(file, "/", "config", state.config);
+    io::write_attribute(file, "/", "config_checksum",
+                        std::vector<std::uint64_t>{text_checksum(state.config)});
     file.close();
   }
   output.commit();
