@@ -274,7 +274,7 @@ def cases():
                           append="memory: {budget_mib: 16}\n"))
     add("config model larger than the node's memory", TB,
         r"parameters need at least \d+ MiB per rank .*more than the free memory of this node",
-        setup=config_with(("base_channels: 4", "base_channels: 30000")))
+        setup=config_with(("base_channels: 4", "base_channels: 300000")))  # 13 TB
     add("config negative keep_checkpoints", TB, r"keep_checkpoints.*-1",
         setup=config_with(("seed: 5", "seed: 5, keep_checkpoints: -1")))
     add("config unknown schedule", TB, r"schedule\.type.*'linear'",
