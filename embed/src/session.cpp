@@ -376,8 +376,6 @@ Binding bind(MPI_Comm solver_comm, const SolverPatch& patch) {
   return Binding{std::move(ordered), std::move(grid)};
 }
 
-namespace {}  // namespace
-
 class Session::Impl {
  public:
   Impl(MPI_Comm solver_comm, const SolverPatch& patch, const SessionOptions& options)

@@ -28,24 +28,30 @@ constexpr const char* checksum_attribute = "checksum";
 constexpr const char* checksums_marker = "checksums";
 constexpr const char* checksum_kind = "fnv1a64 of the values as float64";
 
+/// FNV-1a 64 of `count` bytes, continuing from `hash`.
+std::uint64_t fnv1a(const unsigned char* bytes, std::size_t count,
+                    std::uint64_t hash = 1469598103934665603ull) {
+  for (std::size_t i = 0; i < count; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+/// A dataset's checksum: FNV-1a 64 over its values as float64.
 template <class T>
 std::uint64_t checksum_of(const T* values, std::size_t count) {
-  std::uint64_t hash = 1469598103934665603ull;
+  std::uint64_t hash = fnv1a(nullptr, 0);
   for (std::size_t i = 0; i < count; ++i) {
     const double v = static_cast<double>(values[i]);
     unsigned char bytes[sizeof(double)];
     std::memcpy(bytes, &v, sizeof v);
-    for (unsigned char b : bytes) hash = (hash ^ b) * 1099511628211ull;
+    hash = fnv1a(bytes, sizeof bytes, hash);
   }
   return hash;
 }
 
-/// FNV-1a 64 over the bytes of `text`: the stored config's checksum (attribute
-/// "config_checksum"), so that a damaged config cannot rebuild another model unnoticed.
+/// The stored config's checksum (attribute "config_checksum"): FNV-1a 64 over its bytes, so
+/// that a damaged config cannot rebuild another model unnoticed.
 std::uint64_t text_checksum(const std::string& text) {
-  std::uint64_t hash = 1469598103934665603ull;
-  for (const unsigned char b : text) hash = (hash ^ b) * 1099511628211ull;
-  return hash;
+  return fnv1a(reinterpret_cast<const unsigned char*>(text.data()), text.size());
 }
 
 /// Writes dataset `name` of `shape` and its checksum.

@@ -95,17 +95,17 @@ void require_batch_fits(const Communicator& world, const io::File& file, const F
   const std::uint64_t budget = budget_mib > 0 ? std::uint64_t(budget_mib * 1048576.0) : 0;
   const std::uint64_t available = node_available_bytes();
   std::string problem;
-  const auto mib = describe_bytes;
   const std::string need = describe_bytes(bytes);
   if ((budget > 0 && bytes > budget) || (available > 0 && bytes > available))
-    problem = "data: one batch of " + file.path() + " needs at least " + need +
-              " per rank (batch " + std::to_string(batch) + " x " + std::to_string(channels) +
-              " channels x " + std::to_string(cells) + " cells on the largest shard x " +
-              std::to_string(value_bytes) + " bytes), more than " +
-              (budget > 0 && bytes > budget ? "memory.budget_mib (" + mib(budget) + ")"
-                                            : "this node has free (" + mib(available) + ")") +
-              ": use more ranks (smaller shards), a smaller batch, or check the file's "
-              "dataset shapes";
+    problem =
+        "data: one batch of " + file.path() + " needs at least " + need + " per rank (batch " +
+        std::to_string(batch) + " x " + std::to_string(channels) + " channels x " +
+        std::to_string(cells) + " cells on the largest shard x " + std::to_string(value_bytes) +
+        " bytes), more than " +
+        (budget > 0 && bytes > budget ? "memory.budget_mib (" + describe_bytes(budget) + ")"
+                                      : "this node has free (" + describe_bytes(available) + ")") +
+        ": use more ranks (smaller shards), a smaller batch, or check the file's "
+        "dataset shapes";
   world.agree(problem);
 }
 
