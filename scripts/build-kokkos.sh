@@ -3,9 +3,12 @@
 # lacks. Nothing is downloaded: the sources come from tarballs (or unpacked directories) given
 # on the command line or found in ../shared/deps beside the project.
 #
-#   scripts/build-kokkos.sh PREFIX [openmp] [KOKKOS_SRC] [KERNELS_SRC]
+#   scripts/build-kokkos.sh PREFIX [openmp|cuda] [KOKKOS_SRC] [KERNELS_SRC]
 #
 #   openmp   Serial + OpenMP host backends, Kokkos Kernels with OpenBLAS (the default)
+#   cuda     Serial + CUDA (KOKKOS_CUDA_ARCH, default HOPPER90, lambdas on), compiled with
+#            nvcc_wrapper over g++; Kokkos Kernels with cuBLAS (device) and OpenBLAS (host).
+#            Needs the CUDA toolkit ($CUDA_HOME, default /usr/local/cuda); no GPU.
 #
 # The result is cached: PREFIX/.shardtensor-build-id records the sources' checksums and the
 # options, and a second call with the same inputs returns at once. Point the project at it
@@ -28,9 +31,27 @@ case "$backend" in
   openmp)
     backend_options=(-DKokkos_ENABLE_SERIAL=ON -DKokkos_ENABLE_OPENMP=ON)
     compiler="${CXX:-g++}"
+    compiler_id="$($compiler --version | head -1)"
+    kernels_tpls=(-DKokkosKernels_ENABLE_TPL_BLAS=ON)
+    ;;
+  cuda)
+    cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+    cuda_arch="${KOKKOS_CUDA_ARCH:-HOPPER90}"
+    if [ ! -x "$cuda_home/bin/nvcc" ]; then
+      echo "build-kokkos: no nvcc in '$cuda_home/bin' (set CUDA_HOME)" >&2
+      exit 2
+    fi
+    export PATH="$cuda_home/bin:$PATH"
+    backend_options=(-DKokkos_ENABLE_SERIAL=ON -DKokkos_ENABLE_CUDA=ON
+      "-DKokkos_ARCH_$cuda_arch=ON" -DKokkos_ENABLE_CUDA_LAMBDA=ON
+      "-DCUDAToolkit_ROOT=$cuda_home")
+    compiler=""  # nvcc_wrapper from the unpacked sources, set below
+    compiler_id="$(nvcc --version | tail -1) host $(${NVCC_WRAPPER_DEFAULT_COMPILER:-g++} --version | head -1)"
+    kernels_tpls=(-DKokkosKernels_ENABLE_TPL_BLAS=ON -DKokkosKernels_ENABLE_TPL_CUBLAS=ON
+      "-DCUDAToolkit_ROOT=$cuda_home")
     ;;
   *)
-    echo "build-kokkos: unknown backend '$backend' (expected: openmp)" >&2
+    echo "build-kokkos: unknown backend '$backend' (expected: openmp or cuda)" >&2
     exit 2
     ;;
 esac
@@ -53,8 +74,8 @@ fingerprint() {
   fi | cut -d' ' -f1
 }
 build_id="kokkos=$(fingerprint "$kokkos_src") kernels=$(fingerprint "$kernels_src")"
-build_id+=" backend=$backend options=${backend_options[*]} compiler=$($compiler --version | head -1)"
-build_id+=" script=$(sha256sum < "$0" | cut -d' ' -f1)"
+build_id+=" backend=$backend options=${backend_options[*]} compiler=$compiler_id"
+build_id+=" script=$(cat "$0" "$root"/scripts/patches/* | sha256sum | cut -d' ' -f1)"
 if [ -f "$prefix/.shardtensor-build-id" ] && [ "$(cat "$prefix/.shardtensor-build-id")" = "$build_id" ]; then
   echo "build-kokkos: $prefix is up to date ($backend)"
   exit 0
@@ -79,6 +100,30 @@ unpack() {  # unpack SRC into $work/NAME, return the source directory
 }
 kokkos_dir="$(unpack "$kokkos_src" kokkos)"
 kernels_dir="$(unpack "$kernels_src" kernels)"
+if [ "$backend" = cuda ]; then
+  # nvcc_wrapper's built-in default arch (sm_70, used when a compile names none, as CMake's
+  # compiler checks do) is refused by CUDA 13: the wrapper, installed with Kokkos, defaults
+  # to the arch we build for instead.
+  case "$cuda_arch" in
+    HOPPER90) default_arch=sm_90 ;;
+    AMPERE80) default_arch=sm_80 ;;
+    ADA89) default_arch=sm_89 ;;
+    BLACKWELL100) default_arch=sm_100 ;;
+    *) echo "build-kokkos: KOKKOS_CUDA_ARCH '$cuda_arch' has no sm_ number here" >&2; exit 2 ;;
+  esac
+  if [ -d "$kokkos_src" ]; then  # never edit a user's checkout: patch a copy
+    cp -r "$kokkos_src" "$work/kokkos" && kokkos_dir="$work/kokkos"
+  fi
+  compiler="$kokkos_dir/bin/nvcc_wrapper"
+  # Kokkos 4.6 predates CUDA 13's runtime API (three calls changed signature).
+  cuda_major="$(nvcc --version | sed -n 's/.*release \([0-9]*\).*/\1/p')"
+  if [ "$cuda_major" -ge 13 ] && grep -q '^set(Kokkos_VERSION_MINOR 6)' "$kokkos_dir/CMakeLists.txt"; then
+    patch -s -p1 -d "$kokkos_dir" < "$root/scripts/patches/kokkos-4.6.01-cuda13.patch"
+  fi
+  sed -i "s/^default_arch=\"sm_70\"/default_arch=\"$default_arch\"/" "$compiler"
+  grep -q "^default_arch=\"$default_arch\"" "$compiler" ||
+    { echo "build-kokkos: could not set nvcc_wrapper's default arch" >&2; exit 1; }
+fi
 
 # The build id is written last: an interrupted build leaves a prefix that the next call
 # rebuilds instead of trusting. Static libraries: nothing to find at run time.
@@ -92,15 +137,15 @@ cmake --build "$work/build-kokkos" -j "$jobs" > "$work/kokkos-build.log" ||
   { tail -50 "$work/kokkos-build.log" >&2; exit 1; }
 cmake --install "$work/build-kokkos" > /dev/null
 
-# Kokkos Kernels: only the BLAS component, with OpenBLAS as its TPL, and no pre-instantiated
+# Kokkos Kernels: only the BLAS component, with OpenBLAS (and cuBLAS) as its TPL, and no pre-instantiated
 # kernels (ShardTensor calls gemm, which goes to the TPL; instantiating the rest costs
 # an hour on two cores for nothing).
-echo "build-kokkos: building Kokkos Kernels (BLAS, OpenBLAS TPL)"
+echo "build-kokkos: building Kokkos Kernels (BLAS; TPLs: ${kernels_tpls[*]})"
 cmake -S "$kernels_dir" -B "$work/build-kernels" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_COMPILER="$compiler" -DCMAKE_INSTALL_PREFIX="$prefix" -DBUILD_SHARED_LIBS=OFF \
   -DKokkos_ROOT="$prefix" \
   -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON \
-  -DKokkosKernels_ENABLE_TPL_BLAS=ON \
+  "${kernels_tpls[@]}" \
   -DKokkosKernels_INST_DOUBLE=OFF -DKokkosKernels_INST_FLOAT=OFF \
   -DKokkosKernels_INST_COMPLEX_DOUBLE=OFF -DKokkosKernels_INST_COMPLEX_FLOAT=OFF \
   -DKokkosKernels_INST_LAYOUTLEFT=OFF -DKokkosKernels_INST_LAYOUTRIGHT=OFF \

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The CUDA build (compile and link; running it needs a GPU): builds upstream Kokkos 4.6 with
+# CUDA for the GPU's arch (cached, scripts/build-kokkos.sh) and the whole project against it
+# (library, CLI, tests, benchmarks, examples) into ./build-cuda (or $CUDA_BUILD_DIR).
+#
+#   scripts/build-cuda.sh [cmake --build arguments...]
+#
+# CUDA_HOME (default /usr/local/cuda) names the toolkit, KOKKOS_CUDA_ARCH the GPU (default
+# HOPPER90: H100, H200). The Kokkos sources come from ../shared/deps (or
+# $SHARDTENSOR_KOKKOS_SOURCES); the built Kokkos is kept in $SHARDTENSOR_DEPS_CACHE (default
+# /var/cache/shardtensor, or ~/.cache/shardtensor when that is not writable). To run the
+# tests on a GPU machine without Debian's packages: scripts/device/bundle.sh, then
+# scripts/device/run.sh there (docs/install.md, "GPU build").
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${CUDA_BUILD_DIR:-$root/build-cuda}"
+sources="${SHARDTENSOR_KOKKOS_SOURCES:-$root/../shared/deps}"
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+arch="${KOKKOS_CUDA_ARCH:-HOPPER90}"
+source "$root/scripts/env.sh"
+
+if [ ! -x "$cuda_home/bin/nvcc" ]; then
+  echo "build-cuda: skipped: no CUDA toolkit in $cuda_home (set CUDA_HOME)"
+  exit 0
+fi
+if [ ! -f "$sources/kokkos-4.6.01.tar.gz" ] || [ ! -f "$sources/kokkos-kernels-4.6.02.tar.gz" ]; then
+  echo "build-cuda: skipped: no Kokkos 4.6 sources in $sources (see docs/install.md)"
+  exit 0
+fi
+cache="${SHARDTENSOR_DEPS_CACHE:-/var/cache/shardtensor}"
+if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then cache="$HOME/.cache/shardtensor"; fi
+prefix="$cache/kokkos-4.6.01-cuda"  # the default arch's; another arch gets its own prefix
+[ "$arch" = HOPPER90 ] || prefix="$prefix-$(echo "$arch" | tr '[:upper:]' '[:lower:]')"
+
+bash "$root/scripts/install-deps.sh"
+CUDA_HOME="$cuda_home" KOKKOS_CUDA_ARCH="$arch" bash "$root/scripts/build-kokkos.sh" "$prefix" cuda \
+  "$sources/kokkos-4.6.01.tar.gz" "$sources/kokkos-kernels-4.6.02.tar.gz"
+export PATH="$cuda_home/bin:$PATH"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" \
+  -DKokkos_ROOT="$prefix" -DKokkosKernels_ROOT="$prefix" -DCUDAToolkit_ROOT="$cuda_home"
+cmake --build "$build" -j "$(nproc)" "$@"
+echo "build-cuda: built $build (Kokkos CUDA, $arch)"
