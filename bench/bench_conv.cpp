@@ -57,13 +57,13 @@ double error_against_direct(const Communicator& comm, const ConvOptions& options
       Decomposition::automatic(std::vector<Index>(options.kernel.size(), size), comm.size());
   ShardTensor<float> x(d, comm.rank(), 1, options.in_channels),
       target(d, comm.rank(), 1, options.out_channels);
+  const auto xv = x.view(), targetv = target.view();
   Kokkos::parallel_for(
-      "check_init", x.view().span(),
-      KOKKOS_LAMBDA(const std::size_t i) { x.view().data()[i] = float(hashed_uniform(2, i)); });
+      "check_init", xv.span(),
+      KOKKOS_LAMBDA(const std::size_t i) { xv.data()[i] = float(hashed_uniform(2, i)); });
   Kokkos::parallel_for(  // a non-uniform output gradient
-      "check_target", target.view().span(), KOKKOS_LAMBDA(const std::size_t i) {
-        target.view().data()[i] = float(hashed_uniform(3, i));
-      });
+      "check_target", targetv.span(),
+      KOKKOS_LAMBDA(const std::size_t i) { targetv.data()[i] = float(hashed_uniform(3, i)); });
   struct Result {
     ShardTensor<float> y, dx;
     ReplicatedView<float> dw;
@@ -135,9 +135,10 @@ int main(int argc, char** argv) {
       o.vector_kernels = vector_kernels == "on";
       Conv<float> conv(comm, o, "bench");
       ShardTensor<float> x(d, comm.rank(), batch, channels);
+      const auto xv = x.view();
       Kokkos::parallel_for(
-          "init", x.view().span(),
-          KOKKOS_LAMBDA(const std::size_t i) { x.view().data()[i] = float(hashed_uniform(1, i)); });
+          "init", xv.span(),
+          KOKKOS_LAMBDA(const std::size_t i) { xv.data()[i] = float(hashed_uniform(1, i)); });
       double best = 1e30, forward_best = 1e30, cpu_best = 1e30;
       MemorySnapshot step_memory;  // peaks of the measured steps (this rank)
       for (int step = 0; step < warmup + iters; ++step) {

@@ -9,10 +9,10 @@
 // FLOPs: the usual FFT convention (FFTW's benchFFT), 5 M log2 M per complex transform of M
 // points and half that, 2.5 M log2 M, per real (r2c or c2r) transform; here M = N^3, one r2c
 // and one c2r per channel: 5 M log2 M x channels per step. Time: slowest rank, best of `iters`
-// steps (forward + inverse); CPU time likewise (max over ranks). GFLOP/s per core = FLOPs / time / ranks. Reference: FFTW's
-// 3-D r2c + c2r (fftwf_plan_many_dft_r2c / c2r, the same planner flag) of the whole field on
-// rank 0 alone, best of `iters`; ratio = reference time / distributed time (the speedup; 1
-// on one rank means no overhead). Check: the inverse of the forward gives the field back
+// steps (forward + inverse); CPU time likewise (max over ranks). GFLOP/s per core = FLOPs / time /
+// ranks. Reference: FFTW's 3-D r2c + c2r (fftwf_plan_many_dft_r2c / c2r, the same planner flag) of
+// the whole field on rank 0 alone, best of `iters`; ratio = reference time / distributed time (the
+// speedup; 1 on one rank means no overhead). Check: the inverse of the forward gives the field back
 // (relative error <= 1e-5), else exit 1. Last line: one JSON object.
 
 #include <fftw3.h>
@@ -30,6 +30,7 @@
 #include "bench_support.hpp"
 #include "shardtensor/comm.hpp"
 #include "shardtensor/core.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/spectral.hpp"
 
 using namespace shardtensor;
@@ -78,9 +79,9 @@ int main(int argc, char** argv) {
       const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
       const std::string planning = option(argc, argv, "--planning", "measure");
       const Decomposition d = Decomposition::automatic({size, size, size}, comm.size());
-      DistributedFFT<float> fft(comm, d, 1, channels,
-                                planning == "measure" ? FftPlanning::measure
-                                                      : FftPlanning::estimate);
+      DistributedFFT<float> fft(
+          comm, d, 1, channels,
+          planning == "measure" ? FftPlanning::measure : FftPlanning::estimate);
       ShardTensor<float> x(d, comm.rank(), 1, channels);
       const auto xv = x.view();
       Kokkos::parallel_for(
@@ -107,13 +108,15 @@ int main(int argc, char** argv) {
           Kokkos::parallel_reduce(
               "check", xv.span(),
               KOKKOS_LAMBDA(const std::size_t i, double& m) {
-                m = std::max(m, double(std::abs(bv.data()[i] - xv.data()[i])));
+                const double e = shardtensor::math::fabs(double(bv.data()[i] - xv.data()[i]));
+                if (e > m) m = e;
               },
               Kokkos::Max<double>(diff));
           Kokkos::parallel_reduce(
               "scale", xv.span(),
               KOKKOS_LAMBDA(const std::size_t i, double& m) {
-                m = std::max(m, double(std::abs(xv.data()[i])));
+                const double e = shardtensor::math::fabs(double(xv.data()[i]));
+                if (e > m) m = e;
               },
               Kokkos::Max<double>(scale));
           error = max_over_ranks(diff) / max_over_ranks(scale);
@@ -133,15 +136,16 @@ int main(int argc, char** argv) {
       const double sent_mib = max_over_ranks(double(fft.scalars_sent_per_transform())) *
                               sizeof(float) / (1024.0 * 1024.0);
       if (comm.rank() == 0) {
-        std::printf("bench_fft: r2c + c2r of %dx%dx%d cells (%s), %d channel(s), float, "
-                    "FFTW planning %s, %d rank(s)\n",
-                    size, size, size, d.describe().c_str(), channels, planning.c_str(),
-                    comm.size());
+        std::printf(
+            "bench_fft: r2c + c2r of %dx%dx%d cells (%s), %d channel(s), float, "
+            "FFTW planning %s, %d rank(s)\n",
+            size, size, size, d.describe().c_str(), channels, planning.c_str(), comm.size());
         std::printf("  forward + inverse            %10.3f ms   (forward %.3f ms)\n", best * 1e3,
                     forward_best * 1e3);
         std::printf("  CPU time per step (max rank) %10.3f ms\n", cpu_best * 1e3);
-        std::printf("  throughput per core          %10.2f GFLOP/s (5 M log2 M x %d = %.3f GFLOP)\n",
-                    gflops_per_core, channels, flops / 1e9);
+        std::printf(
+            "  throughput per core          %10.2f GFLOP/s (5 M log2 M x %d = %.3f GFLOP)\n",
+            gflops_per_core, channels, flops / 1e9);
         std::printf("  single-rank FFTW             %10.3f ms   %.2f GFLOP/s -> ratio %.3f\n",
                     reference * 1e3, reference_gflops, reference / best);
         std::printf("  sent per transform per rank  %10.2f MiB (largest rank; x2 per step)\n",
@@ -150,7 +154,8 @@ int main(int argc, char** argv) {
                     status == 0 ? "ok" : "FAILED");
         std::printf(
             "{\"bench\":\"fft\",\"ranks\":%d,\"grid\":\"%s\",\"size\":%d,\"channels\":%d,"
-            "\"planning\":\"%s\",\"step_s\":%.6g,\"step_cpu_s\":%.6g,\"forward_s\":%.6g,\"gflops_per_core\":%.4g,"
+            "\"planning\":\"%s\",\"step_s\":%.6g,\"step_cpu_s\":%.6g,\"forward_s\":%.6g,\"gflops_"
+            "per_core\":%.4g,"
             "\"fftw_single_rank_s\":%.6g,\"fftw_single_rank_gflops\":%.4g,"
             "\"ratio_to_single_rank_fftw\":%.4g,\"sent_mib_per_transform\":%.4g,"
             "\"check_error\":%.3g,\"correct\":%s}\n",

@@ -121,12 +121,13 @@ ShardTensor<T> random_field(const Decomposition& d, int rank, Index batch, Index
   const auto v = field.interior();
   const Box box = field.global_box();
   const Index gx = d.global_extent(0), gy = d.global_extent(1), gz = d.global_extent(2);
+  const Index x0 = box.lower[0], y0 = box.lower[1], z0 = box.lower[2];  // std::array: host only
   Kokkos::parallel_for(
       "random_field",
       Kokkos::MDRangePolicy<Kokkos::Rank<5>>(
           {0, 0, 0, 0, 0}, {v.extent(0), v.extent(1), v.extent(2), v.extent(3), v.extent(4)}),
       KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j, const Index k) {
-        const Index cell = ((box.lower[0] + i) * gy + box.lower[1] + j) * gz + box.lower[2] + k;
+        const Index cell = ((x0 + i) * gy + y0 + j) * gz + z0 + k;
         v(n, c, i, j, k) =
             T(hashed_uniform(seed, std::uint64_t((n * channels + c) * gx * gy * gz + cell)));
       });

@@ -144,10 +144,11 @@ TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]"
         HaloExchange<double> halo(comm, x);
         auto local_dot = [](const ShardTensor<double>& a, const ShardTensor<double>& b) {
           double s = 0;
+          const auto av = a.view(), bv = b.view();
           Kokkos::parallel_reduce(
-              "dot", a.view().span(),
+              "dot", av.span(),
               KOKKOS_LAMBDA(const std::size_t i, double& acc) {
-                acc += a.view().data()[i] * b.view().data()[i];
+                acc += av.data()[i] * bv.data()[i];
               },
               s);
           return s;

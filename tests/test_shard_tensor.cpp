@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "shardtensor/core/view_address.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;
@@ -27,7 +28,8 @@ TEMPLATE_TEST_CASE("a shard has the owned extents plus ghosts on each side", "[s
     CHECK(interior.extent(3) == std::size_t(d.extent(r, 1)));
     CHECK(interior.extent(4) == std::size_t(d.extent(r, 2)));
     // interior(0, 0, 0, 0, 0) is the first owned cell: allocation index g.lower.
-    CHECK(&interior(1, 2, 0, 0, 0) == &t.view()(1, 2, g.lower[0], g.lower[1], g.lower[2]));
+    CHECK(address_of(interior, 1, 2, 0, 0, 0) ==
+          address_of(t.view(), 1, 2, g.lower[0], g.lower[1], g.lower[2]));
     // Index maps invert each other and place the first owned cell at the offset.
     for (int k = 0; k < 3; ++k) {
       CHECK(t.to_global(k, g.lower[k]) == d.offset(r, k));

@@ -272,7 +272,9 @@ class Engine {
                              Staging& staging, CallReport& report) {
     const Index channels = Index(arrays.size()), ghost = options_.arrays.ghost_width;
     std::string reason;
-    if (!std::is_same<S, T>::value)
+    if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible)
+      reason = "the model computes on a GPU: the solver's host arrays are copied to it";
+    else if (!std::is_same<S, T>::value)
       reason = "the arrays hold " +
                std::string(std::is_same<S, float>::value ? "float" : "double") +
                ", the model computes in " + config_.training.precision;

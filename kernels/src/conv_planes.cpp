@@ -7,6 +7,7 @@
 #include "host/conv_vector.hpp"  // kernels/backends: the backends are private to kernels
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
+#include "shardtensor/core/view_address.hpp"
 #include "shardtensor/kernels/conv.hpp"
 
 // The plane path, for unit strides (the common case): im2col expands only the (y, z) taps,
@@ -78,7 +79,7 @@ void plane_im2col(const Correlation& r, const FieldView<T>& src, Index n, Index 
 template <class T>
 UnmanagedMatrix<T> plane_rows(const FieldView<T>& f, Index n, Index c0, Index count, Index x,
                               Index y0, Index y1) {
-  const UnmanagedMatrix<T> whole(&f(n, c0, x, y0, 0), count, f.stride(1));
+  const UnmanagedMatrix<T> whole(address_of(f, n, c0, x, y0, 0), count, f.stride(1));
   return Kokkos::subview(whole, Kokkos::ALL,
                          std::make_pair(Index(0), (y1 - y0) * Index(f.extent(4))));
 }

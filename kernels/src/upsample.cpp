@@ -23,6 +23,11 @@ struct LinearTable {
         weight(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.weight"),
                g.out[0] + g.out[1] + g.out[2]),
         first{0, g.out[0], g.out[0] + g.out[1]} {
+    fill(g);
+  }
+
+  // Apart from the constructor: CUDA's device lambdas cannot live in one.
+  void fill(const UpsampleShape& g) const {
     const auto l = lower;
     const auto w = weight;
     const Index second = first[1], third = first[2];

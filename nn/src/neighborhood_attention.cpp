@@ -223,7 +223,8 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
   const int rank = comm.rank();
   const Box owned = dec.box(rank);
   const Index longest = std::max({owned.extent[0], owned.extent[1], owned.extent[2]});
-  auto first = Kokkos::View<Index**, Kokkos::HostSpace>("neighborhood_attention first", 3, longest);
+  auto first = Kokkos::View<Index**, Kokkos::LayoutRight, Kokkos::HostSpace>(
+      "neighborhood_attention first", 3, longest);
   auto last = Kokkos::View<Index**, Kokkos::HostSpace>("neighborhood_attention last", 3, longest);
   for (int a = 0; a < max_spatial_dims; ++a) {
     g->local[a] = owned.extent[a];

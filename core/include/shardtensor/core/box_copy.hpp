@@ -3,6 +3,7 @@
 // kernels behind halo exchange, gather, scatter and redistribution.
 
 #include <Kokkos_Core.hpp>
+#include <cstddef>
 
 #include "shardtensor/core/box.hpp"
 #include "shardtensor/core/cell_index.hpp"
@@ -40,6 +41,42 @@ void for_each_box_cell(const char* label, const FieldView& field, const Box& box
       });
 }
 
+// The cell operations are functors, not lambdas: a CUDA __host__ __device__ lambda defined in
+// a header template and handed to another template (for_each_box_cell) is lowered by nvcc to a
+// wrapper whose host-side function table is local to one translation unit; when the linker
+// keeps another unit's copy of the instantiation, the host calls through a null pointer
+// (seen on an H200: halo exchanges at 2 ranks crashed at address 0).
+template <class T>
+struct StoreInto {  // out[i] = cell
+  T* out;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, const T& cell) const { out[i] = cell; }
+};
+template <class T>
+struct AssignFrom {  // cell = in[i]
+  const T* in;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, T& cell) const { cell = in[i]; }
+};
+template <class T>
+struct AddFrom {  // cell += in[i]
+  const T* in;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, T& cell) const { cell += in[i]; }
+};
+template <class T, bool add>
+struct CopyShifted {  // cell = (or +=) the cell `shift` values away
+  std::ptrdiff_t shift;
+  KOKKOS_INLINE_FUNCTION void operator()(Index, T& cell) const {
+    if (add)
+      cell += *(&cell + shift);
+    else
+      cell = *(&cell + shift);
+  }
+};
+template <class T>
+struct Fill {  // cell = value
+  T value;
+  KOKKOS_INLINE_FUNCTION void operator()(Index, T& cell) const { cell = value; }
+};
+
 }  // namespace impl
 
 /// Copies field(n, c, box) for every batch n and channel c into `buffer` starting at
@@ -47,26 +84,21 @@ void for_each_box_cell(const char* label, const FieldView& field, const Box& box
 template <class FieldView, class BufferView>
 void pack_box(const FieldView& field, const Box& box, const BufferView& buffer,
               std::size_t offset = 0) {
-  auto* out = buffer.data() + offset;
-  impl::for_each_box_cell(
-      "shardtensor::pack_box", field, box,
-      KOKKOS_LAMBDA(const Index i, const typename FieldView::value_type& cell) { out[i] = cell; });
+  using T = typename FieldView::non_const_value_type;
+  impl::for_each_box_cell("shardtensor::pack_box", field, box,
+                          impl::StoreInto<T>{buffer.data() + offset});
 }
 
 /// Inverse of pack_box: writes (or adds) the buffer into field(n, c, box).
 template <class FieldView, class BufferView>
 void unpack_box(const BufferView& buffer, const FieldView& field, const Box& box,
                 UnpackMode mode = UnpackMode::assign, std::size_t offset = 0) {
-  const auto* in = buffer.data() + offset;
-  if (mode == UnpackMode::add) {
-    impl::for_each_box_cell(
-        "shardtensor::unpack_box_add", field, box,
-        KOKKOS_LAMBDA(const Index i, typename FieldView::value_type& cell) { cell += in[i]; });
-  } else {
-    impl::for_each_box_cell(
-        "shardtensor::unpack_box", field, box,
-        KOKKOS_LAMBDA(const Index i, typename FieldView::value_type& cell) { cell = in[i]; });
-  }
+  using T = typename FieldView::non_const_value_type;
+  const T* in = buffer.data() + offset;
+  if (mode == UnpackMode::add)
+    impl::for_each_box_cell("shardtensor::unpack_box_add", field, box, impl::AddFrom<T>{in});
+  else
+    impl::for_each_box_cell("shardtensor::unpack_box", field, box, impl::AssignFrom<T>{in});
 }
 
 /// field(n, c, to) = (or +=) field(n, c, from) cell by cell, for two boxes of the same extents
@@ -78,24 +110,19 @@ void copy_box(const FieldView& field, const Box& from, const Box& to,
   const std::ptrdiff_t shift = (from.lower[0] - to.lower[0]) * field.stride(2) +
                                (from.lower[1] - to.lower[1]) * field.stride(3) +
                                (from.lower[2] - to.lower[2]);
-  using value_type = typename FieldView::value_type;
-  if (mode == UnpackMode::add) {
-    impl::for_each_box_cell(
-        "shardtensor::copy_box_add", field, to,
-        KOKKOS_LAMBDA(const Index, value_type& cell) { cell += *(&cell + shift); });
-  } else {
-    impl::for_each_box_cell(
-        "shardtensor::copy_box", field, to,
-        KOKKOS_LAMBDA(const Index, value_type& cell) { cell = *(&cell + shift); });
-  }
+  using T = typename FieldView::non_const_value_type;
+  if (mode == UnpackMode::add)
+    impl::for_each_box_cell("shardtensor::copy_box_add", field, to,
+                            impl::CopyShifted<T, true>{shift});
+  else
+    impl::for_each_box_cell("shardtensor::copy_box", field, to, impl::CopyShifted<T, false>{shift});
 }
 
 /// Sets field(n, c, box) to `value` for every batch and channel.
 template <class FieldView>
 void fill_box(const FieldView& field, const Box& box, typename FieldView::value_type value) {
-  impl::for_each_box_cell(
-      "shardtensor::fill_box", field, box,
-      KOKKOS_LAMBDA(const Index, typename FieldView::value_type& cell) { cell = value; });
+  using T = typename FieldView::non_const_value_type;
+  impl::for_each_box_cell("shardtensor::fill_box", field, box, impl::Fill<T>{value});
 }
 
 }  // namespace shardtensor

@@ -1,11 +1,12 @@
 #pragma once
 // LineFft<T>: batched 1-D discrete Fourier transforms along one axis of every line of a
 // (batch, channel, x, y, z) array: the local transforms of spectral/'s distributed FFT. One
-// interface; one implementation per backend (kernels/backends/host/fft_fftw.cpp: FFTW, which
-// reads and writes host memory; a device backend brings its own, e.g. cuFFT).
+// interface; one implementation per backend: kernels/backends/host/fft_fftw.cpp (FFTW, host
+// memory) in host builds, kernels/backends/cuda/fft_cufft.cpp (cuFFT, device memory) in CUDA
+// builds.
 //
-// The memory space is checked at compile time: a plan on Views the backend cannot read does
-// not compile (a CUDA build of spectral/ fails here until it has a device FFT backend).
+// The memory space is checked at compile time: a plan on Views the build's backend cannot
+// read (host Views in a CUDA build) does not compile.
 
 #include <Kokkos_Complex.hpp>
 #include <Kokkos_Core.hpp>
@@ -28,10 +29,11 @@ namespace kernels {
 /// complex to real (unnormalised), or a complex transform forward (e^-i) or backward (e^+i).
 enum class FftKind { real_to_complex, complex_to_real, forward, backward };
 
-/// Whether this build's FFT backend reads and writes memory of `MemorySpace`.
+/// Whether this build's FFT backend reads and writes memory of `MemorySpace`: the backend runs
+/// where the default execution space runs (FFTW on the host, cuFFT on the GPU).
 template <class MemorySpace>
 constexpr bool fft_backend_accepts =
-    Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+    Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, MemorySpace>::accessible;
 
 template <class T>
 class LineFft {
@@ -49,8 +51,8 @@ class LineFft {
                 in.data(), out.data(), planning) {
     static_assert(fft_backend_accepts<typename InView::memory_space> &&
                       fft_backend_accepts<typename OutView::memory_space>,
-                  "LineFft: this build's FFT backend (FFTW) reads host memory only; Views in "
-                  "device memory need a device FFT backend (kernels/backends/<backend>)");
+                  "LineFft: this build's FFT backend reads the default execution space's "
+                  "memory only (host memory with FFTW, device memory with cuFFT)");
     static_assert(InView::rank == 5 && OutView::rank == 5,
                   "LineFft: (batch, channel, x, y, z) Views");
   }

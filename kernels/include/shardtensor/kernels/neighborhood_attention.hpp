@@ -27,7 +27,7 @@ struct NeighborhoodGrid {
   Index window[3] = {1, 1, 1}, dilation[3] = {1, 1, 1};
   /// (axis, owned index x): the window positions o in [first, last) whose keys lie in the
   /// field; key o of query x sits at padded index x + dilation * o.
-  Kokkos::View<Index**, DefaultMemorySpace> first, last;
+  Kokkos::View<Index**, Kokkos::LayoutRight, DefaultMemorySpace> first, last;
 
   KOKKOS_INLINE_FUNCTION Index cells() const { return local[0] * local[1] * local[2]; }
   KOKKOS_INLINE_FUNCTION Index padded_cells() const { return padded[0] * padded[1] * padded[2]; }

@@ -40,6 +40,33 @@ inline Decomposition crop_pad_decomposition(const Decomposition& input,
   return Decomposition::from_split_points(points, periodic);
 }
 
+namespace impl {
+/// Output cell o (global) holds input cell o - lower, owned here when inside the field: maps
+/// a flat index of the output's local view to the input's local cell, if it has one.
+struct CropPadMap {
+  Index shift[3], in_extent[3], channels, out_extent[3];
+
+  template <class T>
+  CropPadMap(const ShardTensor<T>& x, const ShardTensor<T>& y,
+             const std::array<Index, max_spatial_dims>& lower)
+      : channels(x.channels()) {
+    for (int d = 0; d < max_spatial_dims; ++d) {
+      shift[d] = y.global_box().lower[d] - lower[d] - x.global_box().lower[d];  // local y -> x
+      in_extent[d] = x.local_extent(d);
+      out_extent[d] = static_cast<Index>(y.view().extent(2 + d));
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION bool source(Index flat, CellIndex& o, Index& i, Index& j, Index& k) const {
+    o = unflatten(flat, channels, out_extent[0], out_extent[1], out_extent[2]);
+    i = o.x + shift[0];
+    j = o.y + shift[1];
+    k = o.z + shift[2];
+    return i >= 0 && i < in_extent[0] && j >= 0 && j < in_extent[1] && k >= 0 && k < in_extent[2];
+  }
+};
+}  // namespace impl
+
 /// Pads (positive amounts, zeros) or crops (negative amounts) the global field.
 template <class T>
 Variable<T> crop_pad(const Variable<T>& input, const std::array<Index, max_spatial_dims>& lower,
@@ -53,37 +80,25 @@ Variable<T> crop_pad(const Variable<T>& input, const std::array<Index, max_spati
                         "amounts for dim " << d << " of a " << x.ndims() << "-D field");
   ShardTensor<T> y(crop_pad_decomposition(x.decomposition(), lower, upper), x.rank(), x.batch(),
                    x.channels(), {}, "crop_pad");
-  // Output cell o (global) holds input cell o - lower, owned here when inside the field.
-  Index shift[3], in_extent[3];
-  for (int d = 0; d < max_spatial_dims; ++d) {
-    shift[d] = y.global_box().lower[d] - lower[d] - x.global_box().lower[d];  // local y -> local x
-    in_extent[d] = x.local_extent(d);
-  }
+  const impl::CropPadMap map(x, y, lower);
   const auto xv = x.view(), yv = y.view();
-  const Index channels = x.channels();
-  auto for_each_pair = [=](const char* label, auto op) {
-    Kokkos::parallel_for(
-        label, static_cast<Index>(yv.span()), KOKKOS_LAMBDA(const Index flat) {
-          const CellIndex o = unflatten(flat, channels, yv.extent(2), yv.extent(3), yv.extent(4));
-          const Index i = o.x + shift[0], j = o.y + shift[1], k = o.z + shift[2];
-          if (i >= 0 && i < in_extent[0] && j >= 0 && j < in_extent[1] && k >= 0 &&
-              k < in_extent[2])
-            op(o, i, j, k);
-        });
-  };
-  for_each_pair(
-      "crop_pad", KOKKOS_LAMBDA(const CellIndex& o, Index i, Index j, Index k) {
-        yv(o.n, o.c, o.x, o.y, o.z) = xv(o.n, o.c, i, j, k);
+  Kokkos::parallel_for(
+      "crop_pad", static_cast<Index>(yv.span()), KOKKOS_LAMBDA(const Index flat) {
+        CellIndex o;
+        Index i, j, k;
+        if (map.source(flat, o, i, j, k)) yv(o.n, o.c, o.x, o.y, o.z) = xv(o.n, o.c, i, j, k);
       });
   auto node = make_result_node<T>("crop_pad", {input.node()});
   node->field = y;
   if (node->requires_grad) {
     auto in = input.node();
-    node->backward = [in, for_each_pair](impl::Node<T>& self) {
+    node->backward = [in, map](impl::Node<T>& self) {
       const auto gy = self.grad_field().view(), gx = in->grad_field().view();
-      for_each_pair(
-          "crop_pad_backward", KOKKOS_LAMBDA(const CellIndex& o, Index i, Index j, Index k) {
-            gx(o.n, o.c, i, j, k) += gy(o.n, o.c, o.x, o.y, o.z);
+      Kokkos::parallel_for(
+          "crop_pad_backward", static_cast<Index>(gy.span()), KOKKOS_LAMBDA(const Index flat) {
+            CellIndex o;
+            Index i, j, k;
+            if (map.source(flat, o, i, j, k)) gx(o.n, o.c, i, j, k) += gy(o.n, o.c, o.x, o.y, o.z);
           });
     };
   }

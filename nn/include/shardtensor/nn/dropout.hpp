@@ -53,7 +53,7 @@ class Dropout : public Module<T> {
 
   double probability() const { return probability_; }
 
- private:
+  // Public only because CUDA's device lambdas cannot live in a private member function.
   static Variable<T> multiply_by_mask(const Variable<T>& input, const ShardTensor<T>& y,
                                       const ShardTensor<T>& mask) {
     auto node = make_result_node<T>("dropout", {input.node()});
@@ -70,6 +70,7 @@ class Dropout : public Module<T> {
     return Variable<T>(node);
   }
 
+ private:
   double probability_;
   std::uint64_t seed_;
   std::uint64_t calls_ = 0;

@@ -77,8 +77,11 @@ class DistributedFFT {
   /// inverse or adjoint call: the communication volume is this times sizeof(T).
   std::size_t scalars_sent_per_transform() const;
 
- private:
+  // Declared public only because CUDA's device lambdas (in Plans' members) cannot be defined
+  // in a private nested class; it is defined in the source file and used nowhere else.
   struct Plans;
+
+ private:
   std::unique_ptr<Plans> plans_;
 };
 
