@@ -56,14 +56,17 @@ TEST_CASE("wrapping a caller's array shares its memory", "[shard_tensor]") {
   const Decomposition d({6, 4}, {2, 1});
   const GhostWidths g = GhostWidths::uniform(1, 2);
   const Index nx = 3 + 2, ny = 4 + 2;
-  std::vector<double> solver_array(static_cast<std::size_t>(2 * nx * ny), 0.5);
-  auto t = ShardTensor<double>::wrap(solver_array.data(), d, 0, 1, 2, g);
+  // The caller's array, in the default memory space (a GPU's on a CUDA build).
+  Kokkos::View<double*, DefaultMemorySpace> array("caller's array", 2 * nx * ny);
+  Kokkos::deep_copy(array, 0.5);
+  auto t = ShardTensor<double>::wrap(array.data(), d, 0, 1, 2, g);
   CHECK_FALSE(t.owns_memory());
-  CHECK(t.view().data() == solver_array.data());
-  t.view()(0, 1, 2, 3, 0) = 42.0;  // C order: ((c * nx + x) * ny + y)
-  CHECK(solver_array[static_cast<std::size_t>((1 * nx + 2) * ny + 3)] == 42.0);
-  auto copy = t;  // copies share memory, like Views
-  CHECK(copy.view().data() == solver_array.data());
+  CHECK(t.view().data() == array.data());
+  Kokkos::deep_copy(Kokkos::subview(t.view(), 0, 1, 2, 3, 0), 42.0);
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), array);
+  CHECK(host((1 * nx + 2) * ny + 3) == 42.0);  // C order: ((c * nx + x) * ny + y)
+  auto copy = t;                               // copies share memory, like Views
+  CHECK(copy.view().data() == array.data());
 }
 
 TEST_CASE("bad shard parameters are rejected with their values", "[shard_tensor][errors]") {

@@ -16,7 +16,8 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$out" "$stage/bin" "$stage/lib" "$stage/sys"
 
 # The executables, under the paths ctest knows them by (relative to the build directory).
-(cd "$build" && find tests bin bench apps -maxdepth 1 -type f -perm -u+x 2>/dev/null) |
+(cd "$build" && find tests bin bench apps examples -maxdepth 2 -type f -perm -u+x \
+  -not -path '*/CMakeFiles/*' -not -name '*.sh' 2>/dev/null) |
   while read -r exe; do
     mkdir -p "$stage/build/$(dirname "$exe")"
     cp "$build/$exe" "$stage/build/$exe"
