@@ -232,8 +232,8 @@ int main(int argc, char** argv) {
 
       const double pairs = causal ? 0.5 * double(tokens) * (tokens + 1) : double(tokens) * tokens;
       const double forward_flops = 4 * pairs * C, step_flops = 14 * pairs * C;
-      const double forward_gflops = forward_flops / forward_best / 1e9 / comm.size();
-      const double step_gflops = step_flops / step_best / 1e9 / comm.size();
+      const double forward_gflops = forward_flops / forward_best / 1e9 / cores_of(comm.size());
+      const double step_gflops = step_flops / step_best / 1e9 / cores_of(comm.size());
       const double sgemm = sgemm_gflops(1024, 1024, 1024, 5);
       const double check_error =
           check_tokens > 0 ? error_against_dense(comm, check_tokens, causal) : 0;

@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
       const double cells = batch * std::pow(double(size), dims);
       const int taps = dims == 3 ? 27 : 9;
       const double flops_per_pass = 2.0 * channels * channels * taps * cells;
-      const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / comm.size();
+      const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / cores_of(comm.size());
       const double gflops_per_cpu_s = 3 * flops_per_pass / cpu_best / 1e9 / comm.size();
       const double sgemm = sgemm_gflops(channels, channels * taps, 4096, 5);
       const double check_error =  // rows of 16 + 4 cells (3-D), 32 + 4 (2-D)

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <type_traits>
 
 namespace shardtensor::bench {
 
@@ -57,6 +58,15 @@ inline double sgemm_gflops(int m, int k, int n, int reps) {
     best = std::min(best, max_over_ranks(MPI_Wtime() - t0));
   }
   return 2.0 * m * k * double(n) / best / 1e9;
+}
+
+/// Cores a run of `ranks` ranks computes on, what "per core" rates divide by: every rank's
+/// host threads where the kernels run on the host (OpenMP: OMP_NUM_THREADS each), one per
+/// rank on a GPU (the rate is then per GPU).
+inline int cores_of(int ranks) {
+  const bool on_host =
+      std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value;
+  return ranks * (on_host ? Kokkos::DefaultHostExecutionSpace().concurrency() : 1);
 }
 
 /// OPENBLAS_CORETYPE as set (it changes sgemm ~2x: SkylakeX for the AVX-512 kernels), or "".

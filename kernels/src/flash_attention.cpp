@@ -5,7 +5,8 @@
 #include <string>
 #include <type_traits>
 
-#include "host/softmax_rows.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/softmax_rows.hpp"
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 
@@ -13,76 +14,109 @@ namespace shardtensor::kernels {
 
 namespace {
 
+const Progress no_progress = [] {};
+
 template <class T>
 Tile<T> tile(T* data, Index rows, Index cols) {
   return Tile<T>(data, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
 }
 
 // ---------------------------------------------------------------------------------------
-// Row kernels of a score tile: one work item per query row, which it alone writes
+// Row kernels of a score tile: one work item per query row, which it alone writes. They run
+// as Kokkos kernels over the rows, or (inline_rows) as a loop on the calling host thread when
+// each host thread computes whole slices (for_each_slice).
+
+/// Runs row(i) for i < rows: a Kokkos kernel, or a loop on this thread.
+template <class Row>
+void for_each_row(const char* label, Index rows, bool inline_rows, const Row& row) {
+  if (inline_rows) {
+    for (Index i = 0; i < rows; ++i) row(i);
+    return;
+  }
+  Kokkos::parallel_for(label, rows, row);
+}
 
 /// The online-softmax update of tile s's rows (local query rows i0 + i, keys j0 + j): masked
 /// keys get P = 0; the row's max moves to include the tile, what was accumulated under the old
 /// max (sum, output row) is rescaled, and s becomes exp(s - new max).
 template <class T>
+struct OnlineSoftmaxRow {
+  Tile<T> s;
+  Visibility visible;
+  Index i0, j0, D;
+  T *max, *sum, *out;
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i) const {
+    const Index cols = s.extent(1);
+    const Index n = visible.count(i0 + i, j0, cols);
+    T tile_max = -math::infinity<T>();
+    for (Index j = 0; j < n; ++j) tile_max = math::max(tile_max, s(i, j));
+    for (Index j = n; j < cols; ++j) s(i, j) = T(0);
+    if (n == 0) return;
+    const T new_max = math::max(max[i], tile_max);
+    // exp(-inf) = 0 on the row's first tile: nothing accumulated yet.
+    const T correction = math::exp(max[i] - new_max);
+    T total = 0;
+    for (Index j = 0; j < n; ++j) total += (s(i, j) = math::exp(s(i, j) - new_max));
+    sum[i] = sum[i] * correction + total;
+    max[i] = new_max;
+    if (correction != T(1))
+      for (Index d = 0; d < D; ++d) out[i * D + d] *= correction;
+  }
+};
+
+template <class T>
 void online_softmax_rows(const Tile<T>& s, const Visibility& visible, Index i0, Index j0, T* max,
-                         T* sum, T* out, Index D) {
+                         T* sum, T* out, Index D, bool inline_rows) {
   if constexpr (std::is_same<T, float>::value)
-    if (host::online_softmax_rows(s, visible, i0, j0, max, sum, out, D)) return;
-  const Index cols = s.extent(1);
-  Kokkos::parallel_for(
-      "flash_attention::online_softmax", Index(s.extent(0)), KOKKOS_LAMBDA(const Index i) {
-        const Index n = visible.count(i0 + i, j0, cols);
-        T tile_max = -math::infinity<T>();
-        for (Index j = 0; j < n; ++j) tile_max = math::max(tile_max, s(i, j));
-        for (Index j = n; j < cols; ++j) s(i, j) = T(0);
-        if (n == 0) return;
-        const T new_max = math::max(max[i], tile_max);
-        // exp(-inf) = 0 on the row's first tile: nothing accumulated yet.
-        const T correction = math::exp(max[i] - new_max);
-        T total = 0;
-        for (Index j = 0; j < n; ++j) total += (s(i, j) = math::exp(s(i, j) - new_max));
-        sum[i] = sum[i] * correction + total;
-        max[i] = new_max;
-        if (correction != T(1))
-          for (Index d = 0; d < D; ++d) out[i * D + d] *= correction;
-      });
+    if (host::online_softmax_rows(s, visible, i0, j0, max, sum, out, D, inline_rows)) return;
+  for_each_row("flash_attention::online_softmax", s.extent(0), inline_rows,
+               OnlineSoftmaxRow<T>{s, visible, i0, j0, D, max, sum, out});
 }
 
 /// P = exp(S - lse) of the visible keys, 0 for the others, for the rows of tile p.
 template <class T>
+struct ProbabilityRow {
+  Tile<T> p;
+  Visibility visible;
+  Index i0, j0;
+  const T* lse;
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i) const {
+    const Index cols = p.extent(1);
+    const Index n = visible.count(i0 + i, j0, cols);
+    for (Index j = 0; j < cols; ++j) p(i, j) = j < n ? math::exp(p(i, j) - lse[i]) : T(0);
+  }
+};
+
+template <class T>
 void softmax_probabilities(const Tile<T>& p, const Visibility& visible, Index i0, Index j0,
-                           const T* lse) {
+                           const T* lse, bool inline_rows) {
   if constexpr (std::is_same<T, float>::value)
-    if (host::softmax_probabilities(p, visible, i0, j0, lse)) return;
-  const Index cols = p.extent(1);
-  Kokkos::parallel_for(
-      "flash_attention::probabilities", Index(p.extent(0)), KOKKOS_LAMBDA(const Index i) {
-        const Index n = visible.count(i0 + i, j0, cols);
-        for (Index j = 0; j < cols; ++j) p(i, j) = j < n ? math::exp(p(i, j) - lse[i]) : T(0);
-      });
+    if (host::softmax_probabilities(p, visible, i0, j0, lse, inline_rows)) return;
+  for_each_row("flash_attention::probabilities", p.extent(0), inline_rows,
+               ProbabilityRow<T>{p, visible, i0, j0, lse});
 }
 
 /// dS = P (dP - delta) row by row (ds holds dP = dO V^T on entry).
 template <class T>
-void score_gradients(const Tile<T>& ds, const Tile<T>& p, const T* delta) {
-  const Index cols = ds.extent(1);
-  Kokkos::parallel_for(
-      "flash_attention::score_gradients", Index(ds.extent(0)), KOKKOS_LAMBDA(const Index i) {
-        const T di = delta[i];
-        for (Index j = 0; j < cols; ++j) ds(i, j) = p(i, j) * (ds(i, j) - di);
-      });
-}
+struct ScoreGradientRow {
+  Tile<T> ds, p;
+  const T* delta;
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i) const {
+    const Index cols = ds.extent(1);
+    const T di = delta[i];
+    for (Index j = 0; j < cols; ++j) ds(i, j) = p(i, j) * (ds(i, j) - di);
+  }
+};
 
 // ---------------------------------------------------------------------------------------
-// One (batch, head) slice
+// One (batch, head) slice, and the slices of a block
 
 /// Folds keys/values k, v (keys x D) into the softmax state of queries q (queries x D) of
 /// one slice: per tile, S = scale Q K^T (GEMM), the online update of each row, O += P V (GEMM).
 template <class T>
 void fold_slice(Index D, const T* q, Index queries, const T* k, const T* v, Index keys,
                 const Visibility& visible, T scale, T* max, T* sum, T* out, T* scores,
-                const Progress& progress) {
+                bool inline_rows, const Progress& progress) {
   for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
     const Index rows = std::min(tile_queries, queries - i0);
     for (Index j0 = 0; j0 < keys; j0 += tile_keys) {
@@ -91,7 +125,7 @@ void fold_slice(Index D, const T* q, Index queries, const T* k, const T* v, Inde
       const Tile<T> s = tile(scores, rows, cols);
       KokkosBlas::gemm("N", "T", scale, tile(q + i0 * D, rows, D), tile(k + j0 * D, cols, D), T(0),
                        s);
-      online_softmax_rows(s, visible, i0, j0, max + i0, sum + i0, out + i0 * D, D);
+      online_softmax_rows(s, visible, i0, j0, max + i0, sum + i0, out + i0 * D, D, inline_rows);
       KokkosBlas::gemm("N", "N", T(1), tile<const T>(scores, rows, cols), tile(v + j0 * D, cols, D),
                        T(1), tile(out + i0 * D, rows, D));
       progress();
@@ -105,7 +139,8 @@ void fold_slice(Index D, const T* q, Index queries, const T* k, const T* v, Inde
 template <class T>
 void backward_slice(Index D, const T* q, const T* dout, const T* lse, const T* delta, Index queries,
                     const T* k, const T* v, Index keys, const Visibility& visible, T scale, T* dq,
-                    T* dk, T* dv, T* scores, T* dscores, const Progress& progress) {
+                    T* dk, T* dv, T* scores, T* dscores, bool inline_rows,
+                    const Progress& progress) {
   for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
     const Index rows = std::min(tile_queries, queries - i0);
     const auto q_tile = tile(q + i0 * D, rows, D), dout_tile = tile(dout + i0 * D, rows, D);
@@ -115,16 +150,50 @@ void backward_slice(Index D, const T* q, const T* dout, const T* lse, const T* d
       const auto k_tile = tile(k + j0 * D, cols, D), v_tile = tile(v + j0 * D, cols, D);
       const Tile<T> p = tile(scores, rows, cols), ds = tile(dscores, rows, cols);
       KokkosBlas::gemm("N", "T", scale, q_tile, k_tile, T(0), p);
-      softmax_probabilities(p, visible, i0, j0, lse + i0);
+      softmax_probabilities(p, visible, i0, j0, lse + i0, inline_rows);
       if (dv) KokkosBlas::gemm("T", "N", T(1), p, dout_tile, T(1), tile(dv + j0 * D, cols, D));
       if (dq || dk) {
         KokkosBlas::gemm("N", "T", T(1), dout_tile, v_tile, T(0), ds);
-        score_gradients(ds, p, delta + i0);
+        for_each_row("flash_attention::score_gradients", rows, inline_rows,
+                     ScoreGradientRow<T>{ds, p, delta + i0});
         if (dq) KokkosBlas::gemm("N", "N", scale, ds, k_tile, T(1), tile(dq + i0 * D, rows, D));
         if (dk) KokkosBlas::gemm("T", "N", scale, ds, q_tile, T(1), tile(dk + j0 * D, cols, D));
       }
       progress();
     }
+  }
+}
+
+/// Host threads that compute separate slices at once, each with its own score tiles, where
+/// the kernels run on the host (1 on a GPU, whose kernels spread each tile instead).
+int slice_lanes() {
+  return host::kernels_run_on_host ? host::host_threads() : 1;
+}
+
+/// Calls slice(s, scores, dscores, inline_rows) for every slice s of a block. With several
+/// host threads (and head_dim > 1: KokkosBlas turns a one-column GEMM into a GEMV that
+/// dispatches a kernel, which may not run inside another) the slices go out `lanes` at a
+/// time, one per thread with its own score tiles, GEMMs and rows all on that thread; progress
+/// runs on the calling thread between rounds. Otherwise one slice at a time with the tile's
+/// rows spread over the execution space, and progress between tiles. Either way a slice is
+/// computed in the same order with the same operations: the same bits.
+template <class T, class Slice>
+void for_each_slice(const Heads& a, T* scores, T* dscores, const Progress& progress,
+                    const Slice& slice) {
+  const Index slices = a.slices();
+  const int lanes = a.head_dim > 1 ? static_cast<int>(std::min<Index>(slice_lanes(), slices)) : 1;
+  if (lanes == 1) {
+    for (Index s = 0; s < slices; ++s) slice(s, scores, dscores, false, progress);
+    return;
+  }
+  for (Index first = 0; first < slices; first += lanes) {
+    const Index round = std::min<Index>(lanes, slices - first);
+    host::split_over_threads(static_cast<int>(round), round, [&](int t, Index b, Index e) {
+      for (Index s = first + b; s < first + e; ++s)
+        slice(s, scores + t * score_tile, dscores ? dscores + t * score_tile : nullptr, true,
+              no_progress);
+    });
+    progress();
   }
 }
 
@@ -213,10 +282,13 @@ void fold_block(const Heads& a, const T* q, Index queries, const T* kv, Index ke
                 const Progress& progress) {
   const Index D = a.head_dim;
   const T* v = kv + a.block(keys);
-  for (Index s = 0; s < a.slices(); ++s)
-    fold_slice(D, q + s * queries * D, queries, kv + s * keys * D, v + s * keys * D, keys, visible,
-               scale, state.max.data() + s * queries, state.sum() + s * queries,
-               state.out() + s * queries * D, scores, progress);
+  for_each_slice(a, scores, static_cast<T*>(nullptr), progress,
+                 [&](Index s, T* tile_scores, T*, bool inline_rows, const Progress& between) {
+                   fold_slice(D, q + s * queries * D, queries, kv + s * keys * D, v + s * keys * D,
+                              keys, visible, scale, state.max.data() + s * queries,
+                              state.sum() + s * queries, state.out() + s * queries * D, tile_scores,
+                              inline_rows, between);
+                 });
 }
 
 template <class T>
@@ -268,11 +340,20 @@ void backward_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* 
                     const Progress& progress) {
   const Index D = a.head_dim, Lq = g.queries;
   const T* v = kv + a.block(keys);
-  for (Index s = 0; s < a.slices(); ++s)
-    backward_slice(D, g.q.data() + s * Lq * D, g.dout.data() + s * Lq * D, g.lse.data() + s * Lq,
-                   g.delta.data() + s * Lq, Lq, kv + s * keys * D, v + s * keys * D, keys, visible,
-                   scale, dq ? dq + s * Lq * D : nullptr, dkv ? dkv + s * keys * D : nullptr,
-                   dkv ? dkv + a.block(keys) + s * keys * D : nullptr, scores, dscores, progress);
+  for_each_slice(
+      a, scores, dscores, progress,
+      [&](Index s, T* tile_scores, T* tile_dscores, bool inline_rows, const Progress& between) {
+        backward_slice(D, g.q.data() + s * Lq * D, g.dout.data() + s * Lq * D,
+                       g.lse.data() + s * Lq, g.delta.data() + s * Lq, Lq, kv + s * keys * D,
+                       v + s * keys * D, keys, visible, scale, dq ? dq + s * Lq * D : nullptr,
+                       dkv ? dkv + s * keys * D : nullptr,
+                       dkv ? dkv + a.block(keys) + s * keys * D : nullptr, tile_scores,
+                       tile_dscores, inline_rows, between);
+      });
+}
+
+Index score_buffer_size() {
+  return slice_lanes() * score_tile;
 }
 
 template <class T>

@@ -281,7 +281,7 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
                               T scale) {
   const Index L = ring.tokens[ring.rank];
   OnlineSoftmax<T> state(a.slices() * L, a.head_dim);
-  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_tile);
+  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
   BlockRing<T> blocks(comm, ring, a, kv);
   const Progress progress = [&] { blocks.progress(); };
   for (int step = 0; step < ring.size; ++step) {
@@ -308,8 +308,9 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
                                  const QueryGradients<T>& g, T* dq, AttentionBuffer<T> kv,
                                  bool need_dkv, bool causal, T scale) {
   const Index block_max = 2 * a.block(ring.max_tokens);
-  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_tile);
-  AttentionBuffer<T> dscores = attention_buffer<T>("attention.dscores", kernels::score_tile);
+  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+  AttentionBuffer<T> dscores =
+      attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
   AttentionBuffer<T> grads[2], incoming;  // computed on (alternating), received accumulators
   const int buffers = !need_dkv ? 0 : ring.size == 1 ? 1 : 2;
   const MemoryCategory travelling =
@@ -435,7 +436,8 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
   {
     const AttentionBuffer<T> qp = packed_copy(q.data(), a, queries);
     const AttentionBuffer<T> kv = packed_kv(k.value(), v.value(), a);
-    AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_tile);
+    AttentionBuffer<T> scores =
+        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
     kernels::fold_block(a, qp.data(), queries, kv.data(), keys, Visibility{}, scale, state,
                         scores.data(), no_progress);
   }
@@ -465,8 +467,10 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
     const AttentionBuffer<T> dkv =
         gradient_buffer<T>(inputs[1]->requires_grad || inputs[2]->requires_grad, 2 * a.block(keys));
-    AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_tile);
-    AttentionBuffer<T> dscores = attention_buffer<T>("attention.dscores", kernels::score_tile);
+    AttentionBuffer<T> scores =
+        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+    AttentionBuffer<T> dscores =
+        attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
     kernels::backward_block(a, g, data_or_null(dq), kv.data(), data_or_null(dkv), keys,
                             Visibility{}, scale, scores.data(), dscores.data(), no_progress);
     // dQ sums over the keys of every rank: this rank's share, added over comm by backward().
@@ -498,7 +502,8 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
   {
     const AttentionBuffer<T> qp = packed_copy(qf, a);
     const AttentionBuffer<T> kv = packed_kv(k.data(), v.data(), a, keys);
-    AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_tile);
+    AttentionBuffer<T> scores =
+        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
     kernels::fold_block(a, qp.data(), queries, kv.data(), keys, Visibility{}, scale, state,
                         scores.data(), no_progress);
   }
@@ -520,8 +525,10 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
     const AttentionBuffer<T> dkv =
         gradient_buffer<T>(inputs[1]->requires_grad || inputs[2]->requires_grad, 2 * a.block(keys));
-    AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_tile);
-    AttentionBuffer<T> dscores = attention_buffer<T>("attention.dscores", kernels::score_tile);
+    AttentionBuffer<T> scores =
+        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+    AttentionBuffer<T> dscores =
+        attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
     kernels::backward_block(a, g, data_or_null(dq), kv.data(), data_or_null(dkv), keys,
                             Visibility{}, scale, scores.data(), dscores.data(), no_progress);
     if (inputs[0]->requires_grad) unpack(dq.data(), inputs[0]->grad_field(), a, true);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu_features.hpp"
+#include "host_threads.hpp"
 #include "shardtensor/core/error.hpp"
 
 // The plane path's vector kernels (float on the host, AVX-512 CPUs: conv_avx512.hpp).
@@ -23,25 +24,6 @@ namespace shardtensor::kernels::host {
 namespace {
 
 namespace vector_kernels = conv_avx512;
-
-/// Threads the vector kernels split their work over: the host backend's (1 on Serial).
-inline int vector_threads() {
-  return static_cast<int>(Kokkos::DefaultHostExecutionSpace().concurrency());
-}
-
-/// Runs work(t, first, last) on each of `threads` host threads for its contiguous share
-/// [first, last) of `items` (a static split: the same items go to the same thread every run,
-/// so sums kept per thread add up in the same order every time).
-template <class Work>
-void split_over_threads(int threads, Index items, const Work& work) {
-  const auto share = [&](int t) { work(t, items * t / threads, items * (t + 1) / threads); };
-  if (threads == 1) return share(0);
-  Kokkos::parallel_for(
-      "Conv::vector_kernels",
-      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Schedule<Kokkos::Static>>(
-          0, threads),
-      [&](const int t) { share(t); });
-}
 
 /// Source channels per pass over a tile: a pass reads channels x kx planes. With kx = 3,
 /// 8 channels (about 24 pages, which the TLB holds); all 32 channels in one pass (96 pages
@@ -205,7 +187,7 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
       tap_offsets(r, PlaneSource(r, src, rings, band_copies));
   const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
-  const int threads = vector_threads();
+  const int threads = host_threads();
   // One source per thread, made here: no View is copied inside the threads.
   std::vector<PlaneSource> sources;
   for (int t = 0; t < threads; ++t)
@@ -275,7 +257,7 @@ inline std::size_t vector_correlate_values(const Correlation& r, bool band_copie
       (r.out_per_group + vector_kernels::tile_rows - 1) / vector_kernels::tile_rows;
   return static_cast<std::size_t>(blocks * vector_kernels::tile_rows * r.k[0] * r.src_per_group *
                                   r.k[1] * r.k[2]) +
-         PlaneSource::ring_values(r, band_copies) * vector_threads();
+         PlaneSource::ring_values(r, band_copies) * host_threads();
 }
 inline Index padded_taps(const Correlation& r) {
   const Index taps = r.column_rows(), per_tile = vector_kernels::gradient_taps;
@@ -293,7 +275,7 @@ inline std::size_t weight_gradient_thread_values(const Correlation& r) {
   return values + values % 2;
 }
 inline std::size_t vector_weight_gradient_values(const Correlation& r) {
-  return weight_gradient_thread_values(r) * vector_threads();
+  return weight_gradient_thread_values(r) * host_threads();
 }
 
 }  // namespace
@@ -312,7 +294,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   std::vector<std::ptrdiff_t> offsets = tap_offsets(r, PlaneSource(r, xp, nullptr));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
-  const int threads = vector_threads();
+  const int threads = host_threads();
   const std::size_t per_thread = weight_gradient_thread_values(r);
   // Thread t's totals: [thread t's share][transposed band | float sums | double totals].
   std::vector<PlaneSource> sources(threads, PlaneSource(r, xp, nullptr));  // in place: no ring

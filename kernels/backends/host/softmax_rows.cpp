@@ -45,9 +45,13 @@ __attribute__((target("avx512f"))) float exp_row_avx512(float* x, Index n, float
 SHARDTENSOR_AVX512_END
 #endif
 
-/// Runs row(i) for i < rows on the host threads.
+/// Runs row(i) for i < rows on the host threads, or (inline_rows) on the calling thread.
 template <class Row>
-void for_each_row(Index rows, const Row& row) {
+void for_each_row(Index rows, bool inline_rows, const Row& row) {
+  if (inline_rows) {
+    for (Index i = 0; i < rows; ++i) row(i);
+    return;
+  }
   Kokkos::parallel_for("flash_attention::rows_avx512",
                        Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows), row);
 }
@@ -55,11 +59,11 @@ void for_each_row(Index rows, const Row& row) {
 }  // namespace
 
 bool online_softmax_rows(const Tile<float>& s, const Visibility& visible, Index i0, Index j0,
-                         float* max, float* sum, float* out, Index head_dim) {
+                         float* max, float* sum, float* out, Index head_dim, bool inline_rows) {
 #ifdef SHARDTENSOR_HOST_AVX512
   if (!avx512_kernels_run_here()) return false;
   const Index cols = s.extent(1);
-  for_each_row(s.extent(0), [&](const Index i) {
+  for_each_row(s.extent(0), inline_rows, [&](const Index i) {
     float* row = &s(i, 0);
     const Index n = visible.count(i0 + i, j0, cols);
     for (Index j = n; j < cols; ++j) row[j] = 0;  // masked keys get P = 0
@@ -74,17 +78,18 @@ bool online_softmax_rows(const Tile<float>& s, const Visibility& visible, Index 
   });
   return true;
 #else
-  (void)s, (void)visible, (void)i0, (void)j0, (void)max, (void)sum, (void)out, (void)head_dim;
+  (void)s, (void)visible, (void)i0, (void)j0, (void)max, (void)sum, (void)out, (void)head_dim,
+      (void)inline_rows;
   return false;
 #endif
 }
 
 bool softmax_probabilities(const Tile<float>& p, const Visibility& visible, Index i0, Index j0,
-                           const float* lse) {
+                           const float* lse, bool inline_rows) {
 #ifdef SHARDTENSOR_HOST_AVX512
   if (!avx512_kernels_run_here()) return false;
   const Index cols = p.extent(1);
-  for_each_row(p.extent(0), [&](const Index i) {
+  for_each_row(p.extent(0), inline_rows, [&](const Index i) {
     float* row = &p(i, 0);
     const Index n = visible.count(i0 + i, j0, cols);
     exp_row_avx512(row, n, lse[i]);
@@ -92,7 +97,7 @@ bool softmax_probabilities(const Tile<float>& p, const Visibility& visible, Inde
   });
   return true;
 #else
-  (void)p, (void)visible, (void)i0, (void)j0, (void)lse;
+  (void)p, (void)visible, (void)i0, (void)j0, (void)lse, (void)inline_rows;
   return false;
 #endif
 }

@@ -12,6 +12,9 @@
 //
 // Every row kernel writes only its own query row (max, sum, output row, score row) and each
 // packing work item its own token: no scatter, the same bits on every run and thread count.
+// On host threads the slices of a block run concurrently, one per thread (its GEMMs and rows
+// on that thread; slices write disjoint memory); on a GPU one slice after another, each
+// tile's rows spread over the device.
 // The host backend (kernels/backends/host/softmax_rows.cpp) runs the softmax rows with
 // AVX-512 exponentials for float where the CPU has them.
 
@@ -36,10 +39,13 @@ AttentionBuffer<T> attention_buffer(const char* label, Index size,
 
 /// Queries x keys of one score tile: the tile (and dS in backward) stays a few hundred KiB
 /// whatever the token count, and the GEMMs on it are large enough to run near sgemm speed.
-/// Callers give fold_block and backward_block buffers of score_tile values.
 constexpr Index tile_queries = 256;
 constexpr Index tile_keys = 512;
 constexpr Index score_tile = tile_queries * tile_keys;
+
+/// Values of the score buffers that callers give fold_block (one) and backward_block (two):
+/// a score tile per slice computed at once (on the host, one slice per thread).
+Index score_buffer_size();
 
 /// Row-major rows x cols matrix at a buffer's memory (no copy).
 template <class T>
