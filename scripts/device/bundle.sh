@@ -45,18 +45,34 @@ find "$stage/build" "$stage/sys" -type f \( -perm -u+x -o -name '*.so*' \) -prin
     [ -e "$stage/lib/$name" ] || cp -L "$path" "$stage/lib/$name"
   done
 
+# The CPU results test_backend_layers compares the GPU's with: the Serial build's
+# ($REFERENCE, default build/backend_layers.h5, written by its test run), when there.
+reference="${REFERENCE:-$root/build/backend_layers.h5}"
+if [ -f "$reference" ]; then
+  mkdir -p "$stage/build" && cp "$reference" "$stage/build/cpu_backend_layers.h5"
+  echo "bundle: test_backend_layers will compare with $reference"
+else
+  echo "bundle: no $reference (run the Serial tests first): test_backend_layers compares runs only"
+fi
+
 # The ctest entries: name, working directory and command, with this machine's paths
 # replaced by placeholders run.sh fills in (@BUILD@: the unpacked build, @SOURCE@: the
 # checkout there).
 ctest --test-dir "$build" --show-only=json-v1 > "$stage/tests.json"
-/usr/bin/python3 - "$stage/tests.json" "$build" "$root" > "$stage/tests.tsv" <<'PY'
-import json, sys
+/usr/bin/python3 - "$stage/tests.json" "$build" "$root" "$stage/build/cpu_backend_layers.h5" \
+  > "$stage/tests.tsv" <<'PY'
+import json, os, sys
 tests, build, source = json.load(open(sys.argv[1]))["tests"], sys.argv[2], sys.argv[3]
+cpu_reference = os.path.exists(sys.argv[4])
 def local(text):
     return text.replace(build, "@BUILD@").replace(source, "@SOURCE@").replace("/usr/bin/mpiexec", "mpiexec")
+def with_reference(e):
+    if cpu_reference and e == "SHARDTENSOR_BACKEND_REFERENCE=":
+        return "SHARDTENSOR_BACKEND_REFERENCE=@BUILD@/cpu_backend_layers.h5"
+    return e
 for t in tests:
     props = {p["name"]: p["value"] for p in t.get("properties", [])}
-    env = [e for e in props.get("ENVIRONMENT", []) if not e.startswith("OMPI_")]
+    env = [with_reference(e) for e in props.get("ENVIRONMENT", []) if not e.startswith("OMPI_")]
     print("\t".join([t["name"], local(props.get("WORKING_DIRECTORY", build)),
                      local(" ".join(env)), local(" ".join(t["command"]))]))
 PY
