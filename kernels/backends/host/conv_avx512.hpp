@@ -92,6 +92,50 @@ __attribute__((target("avx512f"))) inline void correlate_tile(
   }
 }
 
+/// dst[p * dst_stride + i] = rows[i][p] for 16 rows of 16 values: a 16 x 16 transpose in
+/// registers (pairs of rows interleaved, then quadruples, then 128-bit lanes).
+__attribute__((target("avx512f"))) inline void transpose_16x16(const float* const* rows, float* dst,
+                                                               std::ptrdiff_t dst_stride) {
+  // The zero-masked forms with every lane kept: the same instructions, without the
+  // _mm512_undefined_ps() that trips GCC 12's -Wuninitialized (bug 105593) where inlined.
+  constexpr __mmask16 all = 0xffff;
+  __m512 r[16], t[16];
+  SHARDTENSOR_CONV_UNROLL
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows[i]);
+  // t[2i], t[2i + 1], 128-bit lane L: rows 2i, 2i + 1 at columns 4L, 4L + 1 and 4L + 2, 4L + 3.
+  SHARDTENSOR_CONV_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(all, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * i], r[2 * i + 1]);
+  }
+  // r[4i + k], lane L: rows 4i .. 4i + 3 at column 4L + k.
+  SHARDTENSOR_CONV_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // Column 4L + k: lane L of r[k], r[4 + k], r[8 + k], r[12 + k].
+  SHARDTENSOR_CONV_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    const __m512 low_a = _mm512_maskz_shuffle_f32x4(all, r[k], r[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 high_a = _mm512_maskz_shuffle_f32x4(all, r[k], r[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 low_b =
+        _mm512_maskz_shuffle_f32x4(all, r[8 + k], r[12 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 high_b =
+        _mm512_maskz_shuffle_f32x4(all, r[8 + k], r[12 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_storeu_ps(dst + k * dst_stride,
+                     _mm512_maskz_shuffle_f32x4(all, low_a, low_b, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_ps(dst + (4 + k) * dst_stride,
+                     _mm512_maskz_shuffle_f32x4(all, low_a, low_b, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_ps(dst + (8 + k) * dst_stride,
+                     _mm512_maskz_shuffle_f32x4(all, high_a, high_b, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_ps(dst + (12 + k) * dst_stride,
+                     _mm512_maskz_shuffle_f32x4(all, high_a, high_b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+}
+
 /// Taps per weight-gradient tile (each broadcast per cell) and output-channel vectors.
 constexpr int gradient_taps = 12;
 constexpr int gradient_vectors = 2;

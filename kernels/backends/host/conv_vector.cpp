@@ -91,16 +91,23 @@ class PlaneSource {
     const Index slot = slot_of(sx, r_.slots());
     float* copy = ring_ + slot * r_.src_per_group * channel_stride_;
     if (slot_plane_[slot] == sx) return copy;
+    // Row by row: the source's cells [z0, z1) of the row (contiguous), zeros around them.
     const Index rows = std::min(rows_, read_extent(r_, 1) - first_row_);
+    const Index width = read_extent(r_, 2);
+    const Index z0 = std::clamp<Index>(-r_.offset[2], 0, width);
+    const Index z1 = std::clamp<Index>(r_.src[2] - r_.offset[2], z0, width);
     for (Index j = 0; j < r_.src_per_group; ++j)
       for (Index y = 0; y < rows; ++y) {
         const Index sy = r_.offset[1] + first_row_ + y;
         float* row = copy + j * channel_stride_ + y * row_stride_;
-        for (Index z = 0; z < read_extent(r_, 2); ++z) {
-          const Index sz = r_.offset[2] + z;
-          const bool inside = sy >= 0 && sy < r_.src[1] && sz >= 0 && sz < r_.src[2];
-          row[z] = inside ? src_(n_, c0 + j, sx, sy, sz) : 0.0f;
+        if (sy < 0 || sy >= r_.src[1] || z0 == z1) {
+          std::fill(row, row + width, 0.0f);
+          continue;
         }
+        const float* source_row = &src_(n_, c0 + j, sx, sy, r_.offset[2] + z0);
+        std::fill(row, row + z0, 0.0f);
+        std::copy(source_row, source_row + (z1 - z0), row + z0);
+        std::fill(row + z1, row + width, 0.0f);
       }
     slot_plane_[slot] = sx;
     return copy;
@@ -324,7 +331,25 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
         // again, so they stay zero until the band size (so the layout) changes.
         const Index written = cells == zeroed_cells ? r.out_per_group : outs;
         zeroed_cells = cells;
-        for (Index o = 0; o < written; ++o) {
+        Index o = 0;
+        for (; o + vector_kernels::lanes <= r.out_per_group; o += vector_kernels::lanes) {
+          // 16 channels at once: 16 x 16 blocks transposed in registers.
+          const float* rows[vector_kernels::lanes];
+          for (Index i = 0; i < vector_kernels::lanes; ++i)
+            rows[i] = &gy(n, group * r.out_per_group + o + i, x, y0, 0);
+          float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
+                          o % gradient_channels;
+          Index p = 0;
+          for (; p + vector_kernels::lanes <= cells; p += vector_kernels::lanes) {
+            vector_kernels::transpose_16x16(rows, column + p * gradient_channels,
+                                            gradient_channels);
+            for (auto& row : rows) row += vector_kernels::lanes;
+          }
+          for (; p < cells; ++p)
+            for (Index i = 0; i < vector_kernels::lanes; ++i)
+              column[p * gradient_channels + i] = *rows[i]++;
+        }
+        for (; o < written; ++o) {
           float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
                           o % gradient_channels;
           const float* row =
