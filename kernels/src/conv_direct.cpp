@@ -10,12 +10,13 @@
 namespace shardtensor::kernels {
 
 template <class T>
-void conv_direct_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
-                         const ReplicatedView<T>& bias, const FieldView<T>& y) {
+void conv_direct_forward(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& xp,
+                         const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+                         const FieldView<T>& y) {
   const bool has_bias = bias.extent(0) > 0;
   const Index total = g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2];
   Kokkos::parallel_for(
-      "Conv::forward", total, KOKKOS_LAMBDA(const Index flat) {
+      "Conv::forward", kernel_range(space, total), KOKKOS_LAMBDA(const Index flat) {
         const CellIndex cell = unflatten(flat, g.out_channels, g.out[0], g.out[1], g.out[2]);
         const Index n = cell.n, co = cell.c, ox = cell.x, oy = cell.y, oz = cell.z;
         const Index group = co / g.out_per_group;
@@ -35,12 +36,13 @@ void conv_direct_forward(const ConvShape& g, const FieldView<T>& xp, const Repli
 }
 
 template <class T>
-void conv_direct_backward_data(const ConvShape& g, const FieldView<T>& gy,
-                               const ReplicatedView<T>& w, const FieldView<T>& gxp) {
+void conv_direct_backward_data(const ExecutionSpace& space, const ConvShape& g,
+                               const FieldView<T>& gy, const ReplicatedView<T>& w,
+                               const FieldView<T>& gxp) {
   const Index px = gxp.extent(2), py = gxp.extent(3), pz = gxp.extent(4);
   const Index total = g.batch * g.in_channels * px * py * pz;
   Kokkos::parallel_for(
-      "Conv::backward_data", total, KOKKOS_LAMBDA(const Index flat) {
+      "Conv::backward_data", kernel_range(space, total), KOKKOS_LAMBDA(const Index flat) {
         const CellIndex cell = unflatten(flat, g.in_channels, px, py, pz);
         const Index n = cell.n, ci = cell.c, ix = cell.x, iy = cell.y, iz = cell.z;
         const Index group = ci / g.in_per_group, cig = ci % g.in_per_group;
@@ -66,11 +68,13 @@ void conv_direct_backward_data(const ConvShape& g, const FieldView<T>& gy,
 }
 
 template <class T>
-void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
+void conv_backward_parameters(const ExecutionSpace& space, const ConvShape& g,
+                              const FieldView<T>& gy, const FieldView<T>& xp,
                               const ReplicatedView<T>& gw, const ReplicatedView<T>& gb) {
   if (gw.extent(0) > 0) {
     Kokkos::parallel_for(
-        "Conv::backward_weight", static_cast<Index>(gw.extent(0)), KOKKOS_LAMBDA(const Index flat) {
+        "Conv::backward_weight", kernel_range(space, static_cast<Index>(gw.extent(0))),
+        KOKKOS_LAMBDA(const Index flat) {
           const CellIndex cell = unflatten(flat, g.in_per_group, g.k[0], g.k[1], g.k[2]);
           const Index co = cell.n, cig = cell.c, a = cell.x, b = cell.y, c = cell.z;
           const Index ci = (co / g.out_per_group) * g.in_per_group + cig;
@@ -87,7 +91,7 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
   }
   if (gb.extent(0) > 0) {
     Kokkos::parallel_for(
-        "Conv::backward_bias", g.out_channels, KOKKOS_LAMBDA(const Index co) {
+        "Conv::backward_bias", kernel_range(space, g.out_channels), KOKKOS_LAMBDA(const Index co) {
           double sum = 0;  // many terms: accumulate in double
           for (Index n = 0; n < g.batch; ++n)
             for (Index ox = 0; ox < g.out[0]; ++ox)
@@ -98,15 +102,16 @@ void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const 
   }
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                        \
-  template void conv_direct_forward(const ConvShape&, const FieldView<T>&,                \
-                                    const ReplicatedView<T>&, const ReplicatedView<T>&,   \
-                                    const FieldView<T>&);                                 \
-  template void conv_direct_backward_data(const ConvShape&, const FieldView<T>&,          \
-                                          const ReplicatedView<T>&, const FieldView<T>&); \
-  template void conv_backward_parameters(const ConvShape&, const FieldView<T>&,           \
-                                         const FieldView<T>&, const ReplicatedView<T>&,   \
-                                         const ReplicatedView<T>&);
+#define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template void conv_direct_forward(const ExecutionSpace&, const ConvShape&, const FieldView<T>&, \
+                                    const ReplicatedView<T>&, const ReplicatedView<T>&,           \
+                                    const FieldView<T>&);                                         \
+  template void conv_direct_backward_data(const ExecutionSpace&, const ConvShape&,                \
+                                          const FieldView<T>&, const ReplicatedView<T>&,          \
+                                          const FieldView<T>&);                                   \
+  template void conv_backward_parameters(const ExecutionSpace&, const ConvShape&,                 \
+                                         const FieldView<T>&, const FieldView<T>&,                \
+                                         const ReplicatedView<T>&, const ReplicatedView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

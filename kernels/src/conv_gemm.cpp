@@ -1,5 +1,5 @@
-#include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
+#include "blas.hpp"  // private to kernels/src
 
 #include "shardtensor/kernels/conv.hpp"
 #include "shardtensor/kernels/window_index.hpp"
@@ -24,11 +24,12 @@ struct Chunk {
 
 /// columns(r, p) = padded input under tap r of output p, for the chunk's outputs of group g.
 template <class T>
-void im2col(const ConvShape& g, const FieldView<T>& xp, Index n, Index group, const Chunk& chunk,
-            const UnmanagedMatrix<T>& columns) {
+void im2col(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& xp, Index n,
+            Index group, const Chunk& chunk, const UnmanagedMatrix<T>& columns) {
   const Index taps = g.k[0] * g.k[1] * g.k[2];
   Kokkos::parallel_for(
-      "Conv::im2col", g.in_per_group * taps * chunk.rows(), KOKKOS_LAMBDA(const Index flat) {
+      "Conv::im2col", kernel_range(space, g.in_per_group * taps * chunk.rows()),
+      KOKKOS_LAMBDA(const Index flat) {
         const Index z_row = flat % chunk.rows();  // within the chunk
         const Index ox = (chunk.first + z_row) / g.out[1], oy = (chunk.first + z_row) % g.out[1];
         const Index row = flat / chunk.rows();  // (cig, a, b, c)
@@ -67,14 +68,15 @@ KOKKOS_INLINE_FUNCTION Index tap_output(Index i, Index base, Index tap, Index st
 /// Adds the column gradients of one chunk into the padded input gradient (gather form:
 /// each padded cell sums the taps of the chunk's outputs that read it; race-free).
 template <bool unit_stride, class T>
-void col2im(const ConvShape& g, const UnmanagedMatrix<T>& columns, Index n, Index group,
-            const Chunk& chunk, const FieldView<T>& gxp) {
+void col2im(const ExecutionSpace& space, const ConvShape& g, const UnmanagedMatrix<T>& columns,
+            Index n, Index group, const Chunk& chunk, const FieldView<T>& gxp) {
   // Input x-planes that the chunk's windows reach.
   const Index ix0 = g.base[0] + (chunk.first / g.out[1]) * g.s[0];
   const Index ix1 = g.base[0] + ((chunk.last - 1) / g.out[1]) * g.s[0] + (g.k[0] - 1) * g.d[0] + 1;
   const Index py = gxp.extent(3), pz = gxp.extent(4);
   Kokkos::parallel_for(
-      "Conv::col2im", g.in_per_group * (ix1 - ix0) * py, KOKKOS_LAMBDA(const Index flat) {
+      "Conv::col2im", kernel_range(space, g.in_per_group * (ix1 - ix0) * py),
+      KOKKOS_LAMBDA(const Index flat) {
         const Index iy = flat % py;
         const Index ix = ix0 + (flat / py) % (ix1 - ix0);
         const Index cig = flat / (py * (ix1 - ix0));
@@ -110,12 +112,13 @@ void col2im(const ConvShape& g, const UnmanagedMatrix<T>& columns, Index n, Inde
 /// Copies a chunk of one group's output channels between the field and a (channels x cells)
 /// matrix, adding `bias` on the way in (forward) when given.
 template <class T>
-void copy_chunk(const ConvShape& g, const FieldView<T>& field, Index n, Index group,
-                const Chunk& chunk, const UnmanagedMatrix<T>& matrix, bool to_field,
+void copy_chunk(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& field, Index n,
+                Index group, const Chunk& chunk, const UnmanagedMatrix<T>& matrix, bool to_field,
                 const ReplicatedView<T>& bias) {
   const bool has_bias = bias.extent(0) > 0;
   Kokkos::parallel_for(
-      "Conv::copy_chunk", g.out_per_group * chunk.rows(), KOKKOS_LAMBDA(const Index flat) {
+      "Conv::copy_chunk", kernel_range(space, g.out_per_group * chunk.rows()),
+      KOKKOS_LAMBDA(const Index flat) {
         const Index z_row = flat % chunk.rows();
         const Index ox = (chunk.first + z_row) / g.out[1], oy = (chunk.first + z_row) % g.out[1];
         const Index co = group * g.out_per_group + flat / chunk.rows();
@@ -164,9 +167,10 @@ inline Box chunk_reads(const ConvShape& g, const Chunk& chunk) {
 }  // namespace
 
 template <class T>
-void conv_gemm_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
-                       const ReplicatedView<T>& bias, const FieldView<T>& y,
-                       ConvWorkspace<T>& workspace, const ChunkFilter& filter) {
+void conv_gemm_forward(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& xp,
+                       const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+                       const FieldView<T>& y, ConvWorkspace<T>& workspace,
+                       const ChunkFilter& filter) {
   const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
   const Index chunk_rows = rows_per_chunk(g, sizeof(T), workspace.budget_bytes);
   T* buffer =
@@ -181,17 +185,18 @@ void conv_gemm_forward(const ConvShape& g, const FieldView<T>& xp, const Replica
         const Index cells = chunk.rows() * g.out[2];
         const UnmanagedMatrix<T> columns(buffer, taps, cells);
         const UnmanagedMatrix<T> out(buffer + taps * cells, g.out_per_group, cells);
-        im2col(g, xp, n, group, chunk, columns);
-        KokkosBlas::gemm("N", "N", T(1), weights, columns, T(0), out);
-        copy_chunk(g, y, n, group, chunk, out, /*to_field=*/true, bias);
+        im2col(space, g, xp, n, group, chunk, columns);
+        gemm(space, "N", "N", T(1), weights, columns, T(0), out);
+        copy_chunk(space, g, y, n, group, chunk, out, /*to_field=*/true, bias);
       }
     }
 }
 
 template <class T>
-void conv_gemm_backward(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
-                        const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
-                        const FieldView<T>& gxp, ConvWorkspace<T>& workspace) {
+void conv_gemm_backward(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& gy,
+                        const FieldView<T>& xp, const ReplicatedView<T>& w,
+                        const ReplicatedView<T>& gw, const FieldView<T>& gxp,
+                        ConvWorkspace<T>& workspace) {
   const Index taps = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
   const Index chunk_rows = rows_per_chunk(g, sizeof(T), workspace.budget_bytes);
   T* buffer =
@@ -206,29 +211,29 @@ void conv_gemm_backward(const ConvShape& g, const FieldView<T>& gy, const FieldV
         const Index cells = chunk.rows() * g.out[2];
         const UnmanagedMatrix<T> columns(buffer, taps, cells);
         const UnmanagedMatrix<T> grad_out(buffer + taps * cells, g.out_per_group, cells);
-        copy_chunk(g, gy, n, group, chunk, grad_out, /*to_field=*/false, no_bias);
+        copy_chunk(space, g, gy, n, group, chunk, grad_out, /*to_field=*/false, no_bias);
         if (gw.extent(0) > 0) {
-          im2col(g, xp, n, group, chunk, columns);
-          KokkosBlas::gemm("N", "T", T(1), grad_out, columns, T(1), weight_matrix(g, gw, group));
+          im2col(space, g, xp, n, group, chunk, columns);
+          gemm(space, "N", "T", T(1), grad_out, columns, T(1), weight_matrix(g, gw, group));
         }
         if (gxp.span() > 0) {
-          KokkosBlas::gemm("T", "N", T(1), weights, grad_out, T(0), columns);
+          gemm(space, "T", "N", T(1), weights, grad_out, T(0), columns);
           if (g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1)
-            col2im<true>(g, columns, n, group, chunk, gxp);
+            col2im<true>(space, g, columns, n, group, chunk, gxp);
           else
-            col2im<false>(g, columns, n, group, chunk, gxp);
+            col2im<false>(space, g, columns, n, group, chunk, gxp);
         }
       }
     }
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
-  template void conv_gemm_forward(const ConvShape&, const FieldView<T>&, const ReplicatedView<T>&, \
-                                  const ReplicatedView<T>&, const FieldView<T>&,                   \
-                                  ConvWorkspace<T>&, const ChunkFilter&);                          \
-  template void conv_gemm_backward(const ConvShape&, const FieldView<T>&, const FieldView<T>&,     \
-                                   const ReplicatedView<T>&, const ReplicatedView<T>&,             \
-                                   const FieldView<T>&, ConvWorkspace<T>&);
+#define SHARDTENSOR_INSTANTIATE(T)                                                              \
+  template void conv_gemm_forward(const ExecutionSpace&, const ConvShape&, const FieldView<T>&, \
+                                  const ReplicatedView<T>&, const ReplicatedView<T>&,           \
+                                  const FieldView<T>&, ConvWorkspace<T>&, const ChunkFilter&);  \
+  template void conv_gemm_backward(                                                             \
+      const ExecutionSpace&, const ConvShape&, const FieldView<T>&, const FieldView<T>&,        \
+      const ReplicatedView<T>&, const ReplicatedView<T>&, const FieldView<T>&, ConvWorkspace<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

@@ -1,8 +1,8 @@
-#include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <limits>
 #include <type_traits>
 #include <vector>
+#include "blas.hpp"  // private to kernels/src
 
 #include "host/conv_vector.hpp"  // kernels/backends: the backends are private to kernels
 #include "shardtensor/core/cell_index.hpp"
@@ -29,12 +29,13 @@ namespace {
 /// tap): packed[r][o][(s, j, b, c)] = weight of x tap a for the slot s = r + a * d (mod slots),
 /// zero for slots no tap reads.
 template <class T>
-void pack_weights(const Correlation& r, const ConvShape& g, const ReplicatedView<T>& w, Index group,
-                  bool transposed, T* packed) {
+void pack_weights(const ExecutionSpace& space, const Correlation& r, const ConvShape& g,
+                  const ReplicatedView<T>& w, Index group, bool transposed, T* packed) {
   const Index outs = r.out_per_group, srcs = r.src_per_group, slots = r.slots();
   const Index kx = g.k[0], ky = g.k[1], kz = g.k[2], dx = g.d[0];
   Kokkos::parallel_for(
-      "Conv::pack_weights", slots * outs * slots * srcs * ky * kz, KOKKOS_LAMBDA(const Index flat) {
+      "Conv::pack_weights", kernel_range(space, slots * outs * slots * srcs * ky * kz),
+      KOKKOS_LAMBDA(const Index flat) {
         const Index taps = srcs * ky * kz, j_b_c = flat % taps;
         const CellIndex cell = unflatten(flat / taps, outs, slots, 1, 1);  // (r, o, s)
         const Index rotation = cell.n, o = cell.c, s = cell.x;
@@ -49,11 +50,13 @@ void pack_weights(const Correlation& r, const ConvShape& g, const ReplicatedView
 /// columns[(j, b, c), (y - y0) * out_z + z] = src(n, group's channel j, x, offset_y + y + b d_y,
 /// offset_z + z + c d_z) for output rows y in [y0, y1) of source plane x (zero outside src).
 template <class T>
-void plane_im2col(const Correlation& r, const FieldView<T>& src, Index n, Index group, Index x,
-                  Index y0, Index y1, const UnmanagedMatrix<T>& columns) {
+void plane_im2col(const ExecutionSpace& space, const Correlation& r, const FieldView<T>& src,
+                  Index n, Index group, Index x, Index y0, Index y1,
+                  const UnmanagedMatrix<T>& columns) {
   const Index rows = y1 - y0;
   Kokkos::parallel_for(
-      "Conv::plane_im2col", r.column_rows() * rows, KOKKOS_LAMBDA(const Index flat) {
+      "Conv::plane_im2col", kernel_range(space, r.column_rows() * rows),
+      KOKKOS_LAMBDA(const Index flat) {
         const Index oy = y0 + flat % rows;
         const Index row = flat / rows;  // (j, b, c)
         const Index c = row % r.k[2], b = (row / r.k[2]) % r.k[1], j = row / (r.k[2] * r.k[1]);
@@ -97,8 +100,8 @@ inline Index plane_chunk_rows(const Correlation& r, std::size_t budget) {
 /// (k - 1) d, the one of tap a in slot rotation + a d (mod slots); planes outside src are
 /// zero. Each source plane is expanded once per chunk of rows.
 template <class T, class Keep, class Plane>
-void for_each_plane(const Correlation& r, const FieldView<T>& src, T* ring, Index chunk_rows,
-                    const Keep& keep, const Plane& plane) {
+void for_each_plane(const ExecutionSpace& space, const Correlation& r, const FieldView<T>& src,
+                    T* ring, Index chunk_rows, const Keep& keep, const Plane& plane) {
   const Index slots = r.slots();
   std::vector<Index> slot_plane(slots);
   for (Index n = 0; n < Index(src.extent(0)); ++n)
@@ -113,7 +116,7 @@ void for_each_plane(const Correlation& r, const FieldView<T>& src, T* ring, Inde
             if (slot_plane[slot] == sx) continue;
             const UnmanagedMatrix<T> columns(ring + slot * r.column_rows() * cells, r.column_rows(),
                                              cells);
-            plane_im2col(r, src, n, group, sx, y0, y1, columns);
+            plane_im2col(space, r, src, n, group, sx, y0, y1, columns);
             slot_plane[slot] = sx;
           }
           plane(n, group, x, y0, y1, slot_of(r.offset[0] + x, slots),
@@ -127,9 +130,10 @@ void for_each_plane(const Correlation& r, const FieldView<T>& src, T* ring, Inde
 /// `transposed` flipped weights). One GEMM per output plane (and chunk of rows), written
 /// straight into the field. `keep(x, y0, y1)` selects output chunks.
 template <class T, class Keep>
-void plane_correlate(const Correlation& r, const ConvShape& g, const FieldView<T>& src,
-                     const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
-                     const FieldView<T>& out, T* workspace, Index chunk_rows, const Keep& keep) {
+void plane_correlate(const ExecutionSpace& space, const Correlation& r, const ConvShape& g,
+                     const FieldView<T>& src, const ReplicatedView<T>& w, bool transposed,
+                     const ReplicatedView<T>& bias, const FieldView<T>& out, T* workspace,
+                     Index chunk_rows, const Keep& keep) {
   const Index width = r.slots() * r.column_rows();  // GEMM depth
   T* const packed = workspace;                      // weights per rotation, then the ring
   T* const ring = workspace + r.slots() * r.out_per_group * width;
@@ -137,37 +141,37 @@ void plane_correlate(const Correlation& r, const ConvShape& g, const FieldView<T
   Index packed_group = -1;
   const auto plane = [&](Index n, Index group, Index x, Index y0, Index y1, Index rotation,
                          const UnmanagedMatrix<T>& columns) {
-    if (packed_group != group) pack_weights(r, g, w, group, transposed, packed);
+    if (packed_group != group) pack_weights(space, r, g, w, group, transposed, packed);
     packed_group = group;
     const UnmanagedMatrix<T> weights(packed + rotation * r.out_per_group * width, r.out_per_group,
                                      width);
     const UnmanagedMatrix<T> result =
         plane_rows(out, n, group * r.out_per_group, r.out_per_group, x, y0, y1);
-    KokkosBlas::gemm("N", "N", T(1), weights, columns, T(0), result);
+    gemm(space, "N", "N", T(1), weights, columns, T(0), result);
     if (!has_bias) return;
     const Index cells = result.extent(1), c0 = group * r.out_per_group;
     Kokkos::parallel_for(
-        "Conv::plane_bias", r.out_per_group, KOKKOS_LAMBDA(const Index o) {
+        "Conv::plane_bias", kernel_range(space, r.out_per_group), KOKKOS_LAMBDA(const Index o) {
           for (Index p = 0; p < cells; ++p) result(o, p) += bias(c0 + o);
         });
   };
-  for_each_plane(r, src, ring, chunk_rows, keep, plane);
+  for_each_plane(space, r, src, ring, chunk_rows, keep, plane);
 }
 
 /// gw += this rank's weight gradient: per output plane, dW[rotation] += dY plane rows .
 /// columns^T, accumulated per group and rotation in packed buffers, then added into gw's
 /// (co, ci, a, b, c) order.
 template <class T>
-void plane_weight_gradient(const Correlation& r, const ConvShape& g, const FieldView<T>& xp,
-                           const FieldView<T>& gy, const ReplicatedView<T>& gw, T* workspace,
-                           Index chunk_rows) {
+void plane_weight_gradient(const ExecutionSpace& space, const Correlation& r, const ConvShape& g,
+                           const FieldView<T>& xp, const FieldView<T>& gy,
+                           const ReplicatedView<T>& gw, T* workspace, Index chunk_rows) {
   const Index slots = r.slots(), width = slots * r.column_rows();
   const Index packed_size = slots * r.out_per_group * width;
   T* const packed = workspace;  // this group's dW per rotation, then the ring
   T* const ring = workspace + packed_size;
   const Kokkos::View<T*, DefaultMemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> all(
       packed, packed_size);
-  Kokkos::deep_copy(all, T(0));
+  Kokkos::deep_copy(space, all, T(0));
   // Every rotation holds a part of each weight's gradient (x tap a of rotation r sits in slot
   // r + a d): each weight gathers its parts over the rotations in a fixed order (a scatter
   // from the packed buffers would have `slots` iterations adding into one weight).
@@ -175,7 +179,8 @@ void plane_weight_gradient(const Correlation& r, const ConvShape& g, const Field
     const Index kx = g.k[0], dx = g.d[0];
     const Index outs = r.out_per_group, taps = r.column_rows();
     Kokkos::parallel_for(
-        "Conv::plane_weight_gradient", outs * kx * taps, KOKKOS_LAMBDA(const Index flat) {
+        "Conv::plane_weight_gradient", kernel_range(space, outs * kx * taps),
+        KOKKOS_LAMBDA(const Index flat) {
           const Index j_b_c = flat % taps, a = (flat / taps) % kx, o = flat / (taps * kx);
           T sum = 0;
           for (Index rotation = 0; rotation < slots; ++rotation)
@@ -184,7 +189,7 @@ void plane_weight_gradient(const Correlation& r, const ConvShape& g, const Field
           const Index j = j_b_c / (g.k[1] * g.k[2]), b = (j_b_c / g.k[2]) % g.k[1];
           gw(g.weight_index(group * outs + o, j, a, b, j_b_c % g.k[2])) += sum;
         });
-    Kokkos::deep_copy(all, T(0));
+    Kokkos::deep_copy(space, all, T(0));
   };
   Index current_group = 0;
   const auto keep_all = [](Index, Index, Index) { return true; };
@@ -194,11 +199,11 @@ void plane_weight_gradient(const Correlation& r, const ConvShape& g, const Field
     current_group = group;
     const UnmanagedMatrix<T> weights(packed + rotation * r.out_per_group * width, r.out_per_group,
                                      width);
-    KokkosBlas::gemm("N", "T", T(1),
-                     plane_rows(gy, n, group * r.out_per_group, r.out_per_group, x, y0, y1),
-                     columns, T(1), weights);
+    gemm(space, "N", "T", T(1),
+         plane_rows(gy, n, group * r.out_per_group, r.out_per_group, x, y0, y1), columns, T(1),
+         weights);
   };
-  for_each_plane(r, xp, ring, chunk_rows, keep_all, plane);
+  for_each_plane(space, r, xp, ring, chunk_rows, keep_all, plane);
   add_packed(current_group);
 }
 
@@ -255,24 +260,25 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
 }
 
 template <class T>
-void correlate_planes(const PlanePlan& plan, const Correlation& r, Index rows, const ConvShape& g,
-                      const FieldView<T>& src, const ReplicatedView<T>& w, bool transposed,
-                      const ReplicatedView<T>& bias, const FieldView<T>& out, T* workspace,
-                      const PlaneFilter& keep) {
+void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const Correlation& r,
+                      Index rows, const ConvShape& g, const FieldView<T>& src,
+                      const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
+                      const FieldView<T>& out, T* workspace, const PlaneFilter& keep) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
                                          plan.band_copies, keep);
-  plane_correlate(r, g, src, w, transposed, bias, out, workspace, rows, keep);
+  plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }
 
 template <class T>
-void weight_gradient_planes(const PlanePlan& plan, const ConvShape& g, const FieldView<T>& xp,
-                            const FieldView<T>& gy, const ReplicatedView<T>& gw, T* workspace) {
+void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, const ConvShape& g,
+                            const FieldView<T>& xp, const FieldView<T>& gy,
+                            const ReplicatedView<T>& gw, T* workspace) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace);
-  plane_weight_gradient(plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
+  plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 
 template <class T>
@@ -282,13 +288,14 @@ bool conv_vector_kernels_available() {
          host::conv_vector_available();
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                              \
-  template void correlate_planes(const PlanePlan&, const Correlation&, Index, const ConvShape&, \
-                                 const FieldView<T>&, const ReplicatedView<T>&, bool,           \
-                                 const ReplicatedView<T>&, const FieldView<T>&, T*,             \
-                                 const PlaneFilter&);                                           \
-  template void weight_gradient_planes(const PlanePlan&, const ConvShape&, const FieldView<T>&, \
-                                       const FieldView<T>&, const ReplicatedView<T>&, T*);      \
+#define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template void correlate_planes(const ExecutionSpace&, const PlanePlan&, const Correlation&,     \
+                                 Index, const ConvShape&, const FieldView<T>&,                    \
+                                 const ReplicatedView<T>&, bool, const ReplicatedView<T>&,        \
+                                 const FieldView<T>&, T*, const PlaneFilter&);                    \
+  template void weight_gradient_planes(const ExecutionSpace&, const PlanePlan&, const ConvShape&, \
+                                       const FieldView<T>&, const FieldView<T>&,                  \
+                                       const ReplicatedView<T>&, T*);                             \
   template bool conv_vector_kernels_available<T>();
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)

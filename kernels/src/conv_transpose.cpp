@@ -5,13 +5,13 @@
 namespace shardtensor::kernels {
 
 template <class T>
-void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
-                            const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
-                            const FieldView<T>& y) {
+void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
+                            const FieldView<T>& xp, const ReplicatedView<T>& w,
+                            const ReplicatedView<T>& bias, const FieldView<T>& y) {
   const bool has_bias = bias.extent(0) > 0;
   const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
   Kokkos::parallel_for(
-      "ConvTranspose::forward", rows, KOKKOS_LAMBDA(const Index row) {
+      "ConvTranspose::forward", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
         const CellIndex r = unflatten(row, g.out_channels, g.out[0], g.out[1], 1);
         const Index n = r.n, co = r.c, ox = r.x, oy = r.y;
         const Index group = co / g.out_per_group, cog = co % g.out_per_group;
@@ -39,11 +39,12 @@ void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
 }
 
 template <class T>
-void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T>& gy,
-                                  const ReplicatedView<T>& w, const FieldView<T>& gxp) {
+void conv_transpose_backward_data(const ExecutionSpace& space, const ConvTransposeShape& g,
+                                  const FieldView<T>& gy, const ReplicatedView<T>& w,
+                                  const FieldView<T>& gxp) {
   const Index rows = g.batch * g.in_channels * g.padded[0] * g.padded[1];
   Kokkos::parallel_for(
-      "ConvTranspose::backward_data", rows, KOKKOS_LAMBDA(const Index row) {
+      "ConvTranspose::backward_data", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
         const CellIndex r = unflatten(row, g.in_channels, g.padded[0], g.padded[1], 1);
         const Index n = r.n, ci = r.c, ix = r.x, iy = r.y;
         const Index group = ci / g.in_per_group;
@@ -69,12 +70,12 @@ void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T
 }
 
 template <class T>
-void conv_transpose_backward_parameters(const ConvTransposeShape& g, const FieldView<T>& gy,
-                                        const FieldView<T>& xp, const ReplicatedView<T>& gw,
-                                        const ReplicatedView<T>& gb) {
+void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvTransposeShape& g,
+                                        const FieldView<T>& gy, const FieldView<T>& xp,
+                                        const ReplicatedView<T>& gw, const ReplicatedView<T>& gb) {
   if (gw.extent(0) > 0) {
     Kokkos::parallel_for(
-        "ConvTranspose::backward_weight", static_cast<Index>(gw.extent(0)),
+        "ConvTranspose::backward_weight", kernel_range(space, static_cast<Index>(gw.extent(0))),
         KOKKOS_LAMBDA(const Index flat) {
           const CellIndex cell = unflatten(flat, g.out_per_group, g.k[0], g.k[1], g.k[2]);
           const Index ci = cell.n, cog = cell.c, a = cell.x, b = cell.y, c = cell.z;
@@ -99,7 +100,8 @@ void conv_transpose_backward_parameters(const ConvTransposeShape& g, const Field
   }
   if (gb.extent(0) > 0) {
     Kokkos::parallel_for(
-        "ConvTranspose::backward_bias", g.out_channels, KOKKOS_LAMBDA(const Index co) {
+        "ConvTranspose::backward_bias", kernel_range(space, g.out_channels),
+        KOKKOS_LAMBDA(const Index co) {
           double sum = 0;  // many terms: accumulate in double
           for (Index n = 0; n < g.batch; ++n)
             for (Index ox = 0; ox < g.out[0]; ++ox)
@@ -110,15 +112,16 @@ void conv_transpose_backward_parameters(const ConvTransposeShape& g, const Field
   }
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
-  template void conv_transpose_forward(const ConvTransposeShape&, const FieldView<T>&,             \
-                                       const ReplicatedView<T>&, const ReplicatedView<T>&,         \
-                                       const FieldView<T>&);                                       \
-  template void conv_transpose_backward_data(const ConvTransposeShape&, const FieldView<T>&,       \
-                                             const ReplicatedView<T>&, const FieldView<T>&);       \
-  template void conv_transpose_backward_parameters(const ConvTransposeShape&, const FieldView<T>&, \
-                                                   const FieldView<T>&, const ReplicatedView<T>&,  \
-                                                   const ReplicatedView<T>&);
+#define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template void conv_transpose_forward(const ExecutionSpace&, const ConvTransposeShape&,          \
+                                       const FieldView<T>&, const ReplicatedView<T>&,             \
+                                       const ReplicatedView<T>&, const FieldView<T>&);            \
+  template void conv_transpose_backward_data(const ExecutionSpace&, const ConvTransposeShape&,    \
+                                             const FieldView<T>&, const ReplicatedView<T>&,       \
+                                             const FieldView<T>&);                                \
+  template void conv_transpose_backward_parameters(                                               \
+      const ExecutionSpace&, const ConvTransposeShape&, const FieldView<T>&, const FieldView<T>&, \
+      const ReplicatedView<T>&, const ReplicatedView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

@@ -1,9 +1,9 @@
 #include "shardtensor/kernels/flash_attention.hpp"
 
-#include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <string>
 #include <type_traits>
+#include "blas.hpp"  // private to kernels/src
 
 #include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
 #include "host/softmax_rows.hpp"
@@ -28,12 +28,13 @@ Tile<T> tile(T* data, Index rows, Index cols) {
 
 /// Runs row(i) for i < rows: a Kokkos kernel, or a loop on this thread.
 template <class Row>
-void for_each_row(const char* label, Index rows, bool inline_rows, const Row& row) {
+void for_each_row(const ExecutionSpace& space, const char* label, Index rows, bool inline_rows,
+                  const Row& row) {
   if (inline_rows) {
     for (Index i = 0; i < rows; ++i) row(i);
     return;
   }
-  Kokkos::parallel_for(label, rows, row);
+  Kokkos::parallel_for(label, kernel_range(space, rows), row);
 }
 
 /// The online-softmax update of tile s's rows (local query rows i0 + i, keys j0 + j): masked
@@ -65,11 +66,11 @@ struct OnlineSoftmaxRow {
 };
 
 template <class T>
-void online_softmax_rows(const Tile<T>& s, const Visibility& visible, Index i0, Index j0, T* max,
-                         T* sum, T* out, Index D, bool inline_rows) {
+void online_softmax_rows(const ExecutionSpace& space, const Tile<T>& s, const Visibility& visible,
+                         Index i0, Index j0, T* max, T* sum, T* out, Index D, bool inline_rows) {
   if constexpr (std::is_same<T, float>::value)
     if (host::online_softmax_rows(s, visible, i0, j0, max, sum, out, D, inline_rows)) return;
-  for_each_row("flash_attention::online_softmax", s.extent(0), inline_rows,
+  for_each_row(space, "flash_attention::online_softmax", s.extent(0), inline_rows,
                OnlineSoftmaxRow<T>{s, visible, i0, j0, D, max, sum, out});
 }
 
@@ -88,11 +89,11 @@ struct ProbabilityRow {
 };
 
 template <class T>
-void softmax_probabilities(const Tile<T>& p, const Visibility& visible, Index i0, Index j0,
-                           const T* lse, bool inline_rows) {
+void softmax_probabilities(const ExecutionSpace& space, const Tile<T>& p, const Visibility& visible,
+                           Index i0, Index j0, const T* lse, bool inline_rows) {
   if constexpr (std::is_same<T, float>::value)
     if (host::softmax_probabilities(p, visible, i0, j0, lse, inline_rows)) return;
-  for_each_row("flash_attention::probabilities", p.extent(0), inline_rows,
+  for_each_row(space, "flash_attention::probabilities", p.extent(0), inline_rows,
                ProbabilityRow<T>{p, visible, i0, j0, lse});
 }
 
@@ -114,20 +115,20 @@ struct ScoreGradientRow {
 /// Folds keys/values k, v (keys x D) into the softmax state of queries q (queries x D) of
 /// one slice: per tile, S = scale Q K^T (GEMM), the online update of each row, O += P V (GEMM).
 template <class T>
-void fold_slice(Index D, const T* q, Index queries, const T* k, const T* v, Index keys,
-                const Visibility& visible, T scale, T* max, T* sum, T* out, T* scores,
-                bool inline_rows, const Progress& progress) {
+void fold_slice(const ExecutionSpace& space, Index D, const T* q, Index queries, const T* k,
+                const T* v, Index keys, const Visibility& visible, T scale, T* max, T* sum, T* out,
+                T* scores, bool inline_rows, const Progress& progress) {
   for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
     const Index rows = std::min(tile_queries, queries - i0);
     for (Index j0 = 0; j0 < keys; j0 += tile_keys) {
       const Index cols = std::min(tile_keys, keys - j0);
       if (visible.count(i0 + rows - 1, j0, cols) == 0) continue;  // all in the future
       const Tile<T> s = tile(scores, rows, cols);
-      KokkosBlas::gemm("N", "T", scale, tile(q + i0 * D, rows, D), tile(k + j0 * D, cols, D), T(0),
-                       s);
-      online_softmax_rows(s, visible, i0, j0, max + i0, sum + i0, out + i0 * D, D, inline_rows);
-      KokkosBlas::gemm("N", "N", T(1), tile<const T>(scores, rows, cols), tile(v + j0 * D, cols, D),
-                       T(1), tile(out + i0 * D, rows, D));
+      gemm(space, "N", "T", scale, tile(q + i0 * D, rows, D), tile(k + j0 * D, cols, D), T(0), s);
+      online_softmax_rows(space, s, visible, i0, j0, max + i0, sum + i0, out + i0 * D, D,
+                          inline_rows);
+      gemm(space, "N", "N", T(1), tile<const T>(scores, rows, cols), tile(v + j0 * D, cols, D),
+           T(1), tile(out + i0 * D, rows, D));
       progress();
     }
   }
@@ -137,10 +138,10 @@ void fold_slice(Index D, const T* q, Index queries, const T* k, const T* v, Inde
 /// dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q (GEMMs). dq, or dk and dv,
 /// may be null (not needed).
 template <class T>
-void backward_slice(Index D, const T* q, const T* dout, const T* lse, const T* delta, Index queries,
-                    const T* k, const T* v, Index keys, const Visibility& visible, T scale, T* dq,
-                    T* dk, T* dv, T* scores, T* dscores, bool inline_rows,
-                    const Progress& progress) {
+void backward_slice(const ExecutionSpace& space, Index D, const T* q, const T* dout, const T* lse,
+                    const T* delta, Index queries, const T* k, const T* v, Index keys,
+                    const Visibility& visible, T scale, T* dq, T* dk, T* dv, T* scores, T* dscores,
+                    bool inline_rows, const Progress& progress) {
   for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
     const Index rows = std::min(tile_queries, queries - i0);
     const auto q_tile = tile(q + i0 * D, rows, D), dout_tile = tile(dout + i0 * D, rows, D);
@@ -149,15 +150,15 @@ void backward_slice(Index D, const T* q, const T* dout, const T* lse, const T* d
       if (visible.count(i0 + rows - 1, j0, cols) == 0) continue;
       const auto k_tile = tile(k + j0 * D, cols, D), v_tile = tile(v + j0 * D, cols, D);
       const Tile<T> p = tile(scores, rows, cols), ds = tile(dscores, rows, cols);
-      KokkosBlas::gemm("N", "T", scale, q_tile, k_tile, T(0), p);
-      softmax_probabilities(p, visible, i0, j0, lse + i0, inline_rows);
-      if (dv) KokkosBlas::gemm("T", "N", T(1), p, dout_tile, T(1), tile(dv + j0 * D, cols, D));
+      gemm(space, "N", "T", scale, q_tile, k_tile, T(0), p);
+      softmax_probabilities(space, p, visible, i0, j0, lse + i0, inline_rows);
+      if (dv) gemm(space, "T", "N", T(1), p, dout_tile, T(1), tile(dv + j0 * D, cols, D));
       if (dq || dk) {
-        KokkosBlas::gemm("N", "T", T(1), dout_tile, v_tile, T(0), ds);
-        for_each_row("flash_attention::score_gradients", rows, inline_rows,
+        gemm(space, "N", "T", T(1), dout_tile, v_tile, T(0), ds);
+        for_each_row(space, "flash_attention::score_gradients", rows, inline_rows,
                      ScoreGradientRow<T>{ds, p, delta + i0});
-        if (dq) KokkosBlas::gemm("N", "N", scale, ds, k_tile, T(1), tile(dq + i0 * D, rows, D));
-        if (dk) KokkosBlas::gemm("T", "N", scale, ds, q_tile, T(1), tile(dk + j0 * D, cols, D));
+        if (dq) gemm(space, "N", "N", scale, ds, k_tile, T(1), tile(dq + i0 * D, rows, D));
+        if (dk) gemm(space, "T", "N", scale, ds, q_tile, T(1), tile(dk + j0 * D, cols, D));
       }
       progress();
     }
@@ -208,12 +209,12 @@ struct TokenBox {
 /// Calls move(field value, packed row of head h) for every batch entry, owned cell and head of
 /// a field: one work item per (batch entry, token), its channels in a loop.
 template <class T, class Move>
-void for_each_field_token(const char* label, const FieldView<T>& field, const Box& owned,
-                          const Heads& a, T* packed, const Move& move) {
+void for_each_field_token(const ExecutionSpace& space, const char* label, const FieldView<T>& field,
+                          const Box& owned, const Heads& a, T* packed, const Move& move) {
   const TokenBox b(owned);
   const Index L = b.tokens(), H = a.heads, D = a.head_dim;
   Kokkos::parallel_for(
-      label, a.batch * L, KOKKOS_LAMBDA(const Index flat) {
+      label, kernel_range(space, a.batch * L), KOKKOS_LAMBDA(const Index flat) {
         const CellIndex c = unflatten(flat, 1, b.extent[0], b.extent[1], b.extent[2]);
         const Index x = b.lower[0] + c.x, y = b.lower[1] + c.y, z = b.lower[2] + c.z;
         const Index t = flat - c.n * L;
@@ -226,11 +227,12 @@ void for_each_field_token(const char* label, const FieldView<T>& field, const Bo
 
 /// The same over a replicated {batch, tokens, channels} tensor.
 template <class T, class Move>
-void for_each_replicated_token(const char* label, const ReplicatedView<T>& r, Index tokens,
-                               const Heads& a, T* packed, const Move& move) {
+void for_each_replicated_token(const ExecutionSpace& space, const char* label,
+                               const ReplicatedView<T>& r, Index tokens, const Heads& a, T* packed,
+                               const Move& move) {
   const Index H = a.heads, D = a.head_dim, C = a.channels();
   Kokkos::parallel_for(
-      label, a.batch * tokens, KOKKOS_LAMBDA(const Index flat) {
+      label, kernel_range(space, a.batch * tokens), KOKKOS_LAMBDA(const Index flat) {
         const Index n = flat / tokens, t = flat - n * tokens;
         for (Index h = 0; h < H; ++h) {
           T* row = packed + ((n * H + h) * tokens + t) * D;
@@ -267,51 +269,52 @@ AttentionBuffer<T> attention_buffer(const char* label, Index size, MemoryCategor
 }
 
 template <class T>
-OnlineSoftmax<T>::OnlineSoftmax(Index rows, Index head_dim)
+OnlineSoftmax<T>::OnlineSoftmax(const ExecutionSpace& space, Index rows, Index head_dim)
     : rows(rows),
       head_dim(head_dim),
       max(attention_buffer<T>("attention.lse", rows, current_memory_category())),
       totals(attention_buffer<T>("attention.totals", rows * (1 + head_dim),
                                  MemoryCategory::workspaces, /*zero=*/true)) {
-  Kokkos::deep_copy(max, -math::infinity<T>());
+  Kokkos::deep_copy(space, max, -math::infinity<T>());
 }
 
 template <class T>
-void fold_block(const Heads& a, const T* q, Index queries, const T* kv, Index keys,
-                const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
+void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
+                Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
                 const Progress& progress) {
   const Index D = a.head_dim;
   const T* v = kv + a.block(keys);
   for_each_slice(a, scores, static_cast<T*>(nullptr), progress,
                  [&](Index s, T* tile_scores, T*, bool inline_rows, const Progress& between) {
-                   fold_slice(D, q + s * queries * D, queries, kv + s * keys * D, v + s * keys * D,
-                              keys, visible, scale, state.max.data() + s * queries,
-                              state.sum() + s * queries, state.out() + s * queries * D, tile_scores,
-                              inline_rows, between);
+                   fold_slice(space, D, q + s * queries * D, queries, kv + s * keys * D,
+                              v + s * keys * D, keys, visible, scale,
+                              state.max.data() + s * queries, state.sum() + s * queries,
+                              state.out() + s * queries * D, tile_scores, inline_rows, between);
                  });
 }
 
 template <class T>
-void finish(OnlineSoftmax<T>& state) {
+void finish(const ExecutionSpace& space, OnlineSoftmax<T>& state) {
   const Index D = state.head_dim;
   const auto max = state.max;
   T* sum = state.sum();
   T* out = state.out();
   Kokkos::parallel_for(
-      "flash_attention::finish", state.rows, KOKKOS_LAMBDA(const Index row) {
+      "flash_attention::finish", kernel_range(space, state.rows), KOKKOS_LAMBDA(const Index row) {
         for (Index d = 0; d < D; ++d) out[row * D + d] /= sum[row];
         max(row) += math::log(sum[row]);
       });
 }
 
 template <class T>
-void rescale_to(OnlineSoftmax<T>& state, const AttentionBuffer<T>& global_max) {
+void rescale_to(const ExecutionSpace& space, OnlineSoftmax<T>& state,
+                const AttentionBuffer<T>& global_max) {
   const Index D = state.head_dim;
   const auto max = state.max;
   T* sum = state.sum();
   T* out = state.out();
   Kokkos::parallel_for(
-      "flash_attention::rescale", state.rows, KOKKOS_LAMBDA(const Index row) {
+      "flash_attention::rescale", kernel_range(space, state.rows), KOKKOS_LAMBDA(const Index row) {
         const T correction = math::exp(max(row) - global_max(row));
         sum[row] *= correction;
         for (Index d = 0; d < D; ++d) out[row * D + d] *= correction;
@@ -320,13 +323,13 @@ void rescale_to(OnlineSoftmax<T>& state, const AttentionBuffer<T>& global_max) {
 }
 
 template <class T>
-QueryGradients<T> query_gradients(AttentionBuffer<T> q, AttentionBuffer<T> dout,
-                                  const AttentionBuffer<T>& out, AttentionBuffer<T> lse,
-                                  Index queries, Index head_dim) {
+QueryGradients<T> query_gradients(const ExecutionSpace& space, AttentionBuffer<T> q,
+                                  AttentionBuffer<T> dout, const AttentionBuffer<T>& out,
+                                  AttentionBuffer<T> lse, Index queries, Index head_dim) {
   const Index rows = lse.extent(0), D = head_dim;
   AttentionBuffer<T> delta = attention_buffer<T>("attention.delta", rows);
   Kokkos::parallel_for(
-      "flash_attention::delta", rows, KOKKOS_LAMBDA(const Index row) {
+      "flash_attention::delta", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
         T s = 0;
         for (Index d = 0; d < D; ++d) s += dout(row * D + d) * out(row * D + d);
         delta(row) = s;
@@ -335,15 +338,15 @@ QueryGradients<T> query_gradients(AttentionBuffer<T> q, AttentionBuffer<T> dout,
 }
 
 template <class T>
-void backward_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* kv, T* dkv,
-                    Index keys, const Visibility& visible, T scale, T* scores, T* dscores,
-                    const Progress& progress) {
+void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
+                    const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
+                    T* dscores, const Progress& progress) {
   const Index D = a.head_dim, Lq = g.queries;
   const T* v = kv + a.block(keys);
   for_each_slice(
       a, scores, dscores, progress,
       [&](Index s, T* tile_scores, T* tile_dscores, bool inline_rows, const Progress& between) {
-        backward_slice(D, g.q.data() + s * Lq * D, g.dout.data() + s * Lq * D,
+        backward_slice(space, D, g.q.data() + s * Lq * D, g.dout.data() + s * Lq * D,
                        g.lse.data() + s * Lq, g.delta.data() + s * Lq, Lq, kv + s * keys * D,
                        v + s * keys * D, keys, visible, scale, dq ? dq + s * Lq * D : nullptr,
                        dkv ? dkv + s * keys * D : nullptr,
@@ -357,51 +360,60 @@ Index score_buffer_size() {
 }
 
 template <class T>
-void add_into(T* y, const T* x, Index n) {
+void add_into(const ExecutionSpace& space, T* y, const T* x, Index n) {
   Kokkos::parallel_for(
-      "flash_attention::add", n, KOKKOS_LAMBDA(const Index i) { y[i] += x[i]; });
+      "flash_attention::add", kernel_range(space, n),
+      KOKKOS_LAMBDA(const Index i) { y[i] += x[i]; });
 }
 
 template <class T>
-void pack_tokens(const FieldView<T>& field, const Box& owned, const Heads& a, T* out) {
-  for_each_field_token("flash_attention::pack", field, owned, a, out, Pack{});
+void pack_tokens(const ExecutionSpace& space, const FieldView<T>& field, const Box& owned,
+                 const Heads& a, T* out) {
+  for_each_field_token(space, "flash_attention::pack", field, owned, a, out, Pack{});
 }
 
 template <class T>
-void unpack_tokens(const T* in, const FieldView<T>& field, const Box& owned, const Heads& a,
-                   bool add) {
-  for_each_field_token("flash_attention::unpack", field, owned, a, const_cast<T*>(in), Unpack{add});
+void unpack_tokens(const ExecutionSpace& space, const T* in, const FieldView<T>& field,
+                   const Box& owned, const Heads& a, bool add) {
+  for_each_field_token(space, "flash_attention::unpack", field, owned, a, const_cast<T*>(in),
+                       Unpack{add});
 }
 
 template <class T>
-void pack_tokens(const ReplicatedView<T>& r, Index tokens, const Heads& a, T* out) {
-  for_each_replicated_token("flash_attention::pack", r, tokens, a, out, Pack{});
+void pack_tokens(const ExecutionSpace& space, const ReplicatedView<T>& r, Index tokens,
+                 const Heads& a, T* out) {
+  for_each_replicated_token(space, "flash_attention::pack", r, tokens, a, out, Pack{});
 }
 
 template <class T>
-void unpack_tokens(const T* in, const ReplicatedView<T>& r, Index tokens, const Heads& a,
-                   bool add) {
-  for_each_replicated_token("flash_attention::unpack", r, tokens, a, const_cast<T*>(in),
+void unpack_tokens(const ExecutionSpace& space, const T* in, const ReplicatedView<T>& r,
+                   Index tokens, const Heads& a, bool add) {
+  for_each_replicated_token(space, "flash_attention::unpack", r, tokens, a, const_cast<T*>(in),
                             Unpack{add});
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
-  template AttentionBuffer<T> attention_buffer(const char*, Index, MemoryCategory, bool);          \
-  template struct OnlineSoftmax<T>;                                                                \
-  template void fold_block(const Heads&, const T*, Index, const T*, Index, const Visibility&, T,   \
-                           OnlineSoftmax<T>&, T*, const Progress&);                                \
-  template void finish(OnlineSoftmax<T>&);                                                         \
-  template void rescale_to(OnlineSoftmax<T>&, const AttentionBuffer<T>&);                          \
-  template QueryGradients<T> query_gradients(AttentionBuffer<T>, AttentionBuffer<T>,               \
-                                             const AttentionBuffer<T>&, AttentionBuffer<T>, Index, \
-                                             Index);                                               \
-  template void backward_block(const Heads&, const QueryGradients<T>&, T*, const T*, T*, Index,    \
-                               const Visibility&, T, T*, T*, const Progress&);                     \
-  template void add_into(T*, const T*, Index);                                                     \
-  template void pack_tokens(const FieldView<T>&, const Box&, const Heads&, T*);                    \
-  template void unpack_tokens(const T*, const FieldView<T>&, const Box&, const Heads&, bool);      \
-  template void pack_tokens(const ReplicatedView<T>&, Index, const Heads&, T*);                    \
-  template void unpack_tokens(const T*, const ReplicatedView<T>&, Index, const Heads&, bool);
+#define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template AttentionBuffer<T> attention_buffer(const char*, Index, MemoryCategory, bool);         \
+  template struct OnlineSoftmax<T>;                                                               \
+  template void fold_block(const ExecutionSpace&, const Heads&, const T*, Index, const T*, Index, \
+                           const Visibility&, T, OnlineSoftmax<T>&, T*, const Progress&);         \
+  template void finish(const ExecutionSpace&, OnlineSoftmax<T>&);                                 \
+  template void rescale_to(const ExecutionSpace&, OnlineSoftmax<T>&, const AttentionBuffer<T>&);  \
+  template QueryGradients<T> query_gradients(const ExecutionSpace&, AttentionBuffer<T>,           \
+                                             AttentionBuffer<T>, const AttentionBuffer<T>&,       \
+                                             AttentionBuffer<T>, Index, Index);                   \
+  template void backward_block(const ExecutionSpace&, const Heads&, const QueryGradients<T>&, T*, \
+                               const T*, T*, Index, const Visibility&, T, T*, T*,                 \
+                               const Progress&);                                                  \
+  template void add_into(const ExecutionSpace&, T*, const T*, Index);                             \
+  template void pack_tokens(const ExecutionSpace&, const FieldView<T>&, const Box&, const Heads&, \
+                            T*);                                                                  \
+  template void unpack_tokens(const ExecutionSpace&, const T*, const FieldView<T>&, const Box&,   \
+                              const Heads&, bool);                                                \
+  template void pack_tokens(const ExecutionSpace&, const ReplicatedView<T>&, Index, const Heads&, \
+                            T*);                                                                  \
+  template void unpack_tokens(const ExecutionSpace&, const T*, const ReplicatedView<T>&, Index,   \
+                              const Heads&, bool);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

@@ -59,16 +59,16 @@ KOKKOS_INLINE_FUNCTION CellHead cell_head(Index flat, const BoxIndex& box, Index
 }  // namespace
 
 template <class T>
-void pack_rows(const FieldView<T>& src, const Box& box, Index src_c0, Index count,
-               const PackedRows<T>& dst, const SpatialIndex& grid, const SpatialIndex& shift,
-               Index dst_c0) {
+void pack_rows(const ExecutionSpace& space, const FieldView<T>& src, const Box& box, Index src_c0,
+               Index count, const PackedRows<T>& dst, const SpatialIndex& grid,
+               const SpatialIndex& shift, Index dst_c0) {
   const BoxIndex b(box);
   const Index g1 = grid[1], g2 = grid[2], cells = grid[0] * grid[1] * grid[2];
   const Index s0 = shift[0], s1 = shift[1], s2 = shift[2];
   // One work item per cell (its channels in a loop): one index decomposition per cell, and
   // the row written contiguously.
   Kokkos::parallel_for(
-      "neighborhood_attention::pack", Index(src.extent(0)) * b.size(),
+      "neighborhood_attention::pack", kernel_range(space, Index(src.extent(0)) * b.size()),
       KOKKOS_LAMBDA(const Index flat) {
         const CellIndex i = unflatten(flat, 1, b.extent[0], b.extent[1], b.extent[2]);
         const Index x = b.lower[0] + i.x, y = b.lower[1] + i.y, z = b.lower[2] + i.z;
@@ -78,16 +78,16 @@ void pack_rows(const FieldView<T>& src, const Box& box, Index src_c0, Index coun
 }
 
 template <class T>
-void unpack_rows(const PackedRows<T>& src, const SpatialIndex& grid, const SpatialIndex& shift,
-                 Index src_c0, Index count, const FieldView<T>& dst, const Box& box, Index dst_c0,
-                 bool add) {
+void unpack_rows(const ExecutionSpace& space, const PackedRows<T>& src, const SpatialIndex& grid,
+                 const SpatialIndex& shift, Index src_c0, Index count, const FieldView<T>& dst,
+                 const Box& box, Index dst_c0, bool add) {
   const BoxIndex b(box);
   const Index g1 = grid[1], g2 = grid[2], cells = grid[0] * grid[1] * grid[2];
   const Index s0 = shift[0], s1 = shift[1], s2 = shift[2];
   // One work item per cell (its channels in a loop); walking the field's lines instead (one
   // channel at a time, the field written contiguously) measured slower here.
   Kokkos::parallel_for(
-      "neighborhood_attention::unpack", Index(dst.extent(0)) * b.size(),
+      "neighborhood_attention::unpack", kernel_range(space, Index(dst.extent(0)) * b.size()),
       KOKKOS_LAMBDA(const Index flat) {
         const CellIndex i = unflatten(flat, 1, b.extent[0], b.extent[1], b.extent[2]);
         const Index x = b.lower[0] + i.x, y = b.lower[1] + i.y, z = b.lower[2] + i.z;
@@ -101,15 +101,16 @@ void unpack_rows(const PackedRows<T>& src, const SpatialIndex& grid, const Spati
 }
 
 template <class T>
-void neighborhood_forward(const NeighborhoodGrid& g, const Box& queries, const PackedRows<T>& q,
-                          const PackedRows<T>& kv, const PackedRows<T>& out,
-                          const PackedRows<T>& lse) {
+void neighborhood_forward(const ExecutionSpace& space, const NeighborhoodGrid& g,
+                          const Box& queries, const PackedRows<T>& q, const PackedRows<T>& kv,
+                          const PackedRows<T>& out, const PackedRows<T>& lse) {
   const BoxIndex b(queries);
   if (b.size() == 0) return;
   const Index C = g.channels, D = g.head_dim, H = g.heads;
   const T inverse_sqrt_d = T(1) / math::sqrt(T(D));
   Kokkos::parallel_for(
-      "neighborhood_attention::forward", g.batch * b.size() * H, KOKKOS_LAMBDA(const Index flat) {
+      "neighborhood_attention::forward", kernel_range(space, g.batch * b.size() * H),
+      KOKKOS_LAMBDA(const Index flat) {
         const CellHead c = cell_head(flat, b, H);
         const Index row = c.n * g.cells() + (c.x * g.local[1] + c.y) * g.local[2] + c.z;
         const T* qh = &q(row, c.h * D);
@@ -146,26 +147,28 @@ void neighborhood_forward(const NeighborhoodGrid& g, const Box& queries, const P
 }
 
 template <class T>
-void neighborhood_delta(const NeighborhoodGrid& g, const PackedRows<T>& dout,
-                        const PackedRows<T>& out, const PackedRows<T>& delta) {
+void neighborhood_delta(const ExecutionSpace& space, const NeighborhoodGrid& g,
+                        const PackedRows<T>& dout, const PackedRows<T>& out,
+                        const PackedRows<T>& delta) {
   const Index D = g.head_dim, H = g.heads;
   Kokkos::parallel_for(
-      "neighborhood_attention::delta", g.batch * g.cells() * H, KOKKOS_LAMBDA(const Index flat) {
+      "neighborhood_attention::delta", kernel_range(space, g.batch * g.cells() * H),
+      KOKKOS_LAMBDA(const Index flat) {
         const Index row = flat / H, h = flat % H;
         delta(row, h) = dot(&dout(row, h * D), &out(row, h * D), D);
       });
 }
 
 template <class T>
-void neighborhood_backward_queries(const NeighborhoodGrid& g, const PackedRows<T>& q,
-                                   const PackedRows<T>& kv, const PackedRows<T>& dout,
-                                   const PackedRows<T>& lse, const PackedRows<T>& delta,
-                                   const PackedRows<T>& dq) {
+void neighborhood_backward_queries(const ExecutionSpace& space, const NeighborhoodGrid& g,
+                                   const PackedRows<T>& q, const PackedRows<T>& kv,
+                                   const PackedRows<T>& dout, const PackedRows<T>& lse,
+                                   const PackedRows<T>& delta, const PackedRows<T>& dq) {
   const BoxIndex b(Box{{0, 0, 0}, {g.local[0], g.local[1], g.local[2]}});
   const Index C = g.channels, D = g.head_dim, H = g.heads;
   const T inverse_sqrt_d = T(1) / math::sqrt(T(D));
   Kokkos::parallel_for(
-      "neighborhood_attention::backward_queries", g.batch * b.size() * H,
+      "neighborhood_attention::backward_queries", kernel_range(space, g.batch * b.size() * H),
       KOKKOS_LAMBDA(const Index flat) {
         const CellHead c = cell_head(flat, b, H);
         const Index row = c.n * g.cells() + (c.x * g.local[1] + c.y) * g.local[2] + c.z;
@@ -192,16 +195,16 @@ void neighborhood_backward_queries(const NeighborhoodGrid& g, const PackedRows<T
 }
 
 template <class T>
-void neighborhood_backward_keys(const NeighborhoodGrid& g, const Box& keys, const PackedRows<T>& q,
-                                const PackedRows<T>& kv, const PackedRows<T>& dout,
-                                const PackedRows<T>& lse, const PackedRows<T>& delta,
-                                const PackedRows<T>& dkv) {
+void neighborhood_backward_keys(const ExecutionSpace& space, const NeighborhoodGrid& g,
+                                const Box& keys, const PackedRows<T>& q, const PackedRows<T>& kv,
+                                const PackedRows<T>& dout, const PackedRows<T>& lse,
+                                const PackedRows<T>& delta, const PackedRows<T>& dkv) {
   const BoxIndex b(keys);
   if (b.size() == 0) return;
   const Index C = g.channels, D = g.head_dim, H = g.heads;
   const T inverse_sqrt_d = T(1) / math::sqrt(T(D));
   Kokkos::parallel_for(
-      "neighborhood_attention::backward_keys", g.batch * b.size() * H,
+      "neighborhood_attention::backward_keys", kernel_range(space, g.batch * b.size() * H),
       KOKKOS_LAMBDA(const Index flat) {
         const CellHead c = cell_head(flat, b, H);  // (c.x, c.y, c.z): the key's padded cell
         const Index key = c.n * g.padded_cells() + (c.x * g.padded[1] + c.y) * g.padded[2] + c.z;
@@ -235,21 +238,24 @@ void neighborhood_backward_keys(const NeighborhoodGrid& g, const Box& keys, cons
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                 \
-  template void pack_rows(const FieldView<T>&, const Box&, Index, Index, const PackedRows<T>&,     \
-                          const SpatialIndex&, const SpatialIndex&, Index);                        \
-  template void unpack_rows(const PackedRows<T>&, const SpatialIndex&, const SpatialIndex&, Index, \
-                            Index, const FieldView<T>&, const Box&, Index, bool);                  \
-  template void neighborhood_forward(const NeighborhoodGrid&, const Box&, const PackedRows<T>&,    \
+  template void pack_rows(const ExecutionSpace&, const FieldView<T>&, const Box&, Index, Index,    \
+                          const PackedRows<T>&, const SpatialIndex&, const SpatialIndex&, Index);  \
+  template void unpack_rows(const ExecutionSpace&, const PackedRows<T>&, const SpatialIndex&,      \
+                            const SpatialIndex&, Index, Index, const FieldView<T>&, const Box&,    \
+                            Index, bool);                                                          \
+  template void neighborhood_forward(const ExecutionSpace&, const NeighborhoodGrid&, const Box&,   \
                                      const PackedRows<T>&, const PackedRows<T>&,                   \
-                                     const PackedRows<T>&);                                        \
-  template void neighborhood_delta(const NeighborhoodGrid&, const PackedRows<T>&,                  \
-                                   const PackedRows<T>&, const PackedRows<T>&);                    \
+                                     const PackedRows<T>&, const PackedRows<T>&);                  \
+  template void neighborhood_delta(const ExecutionSpace&, const NeighborhoodGrid&,                 \
+                                   const PackedRows<T>&, const PackedRows<T>&,                     \
+                                   const PackedRows<T>&);                                          \
   template void neighborhood_backward_queries(                                                     \
-      const NeighborhoodGrid&, const PackedRows<T>&, const PackedRows<T>&, const PackedRows<T>&,   \
-      const PackedRows<T>&, const PackedRows<T>&, const PackedRows<T>&);                           \
-  template void neighborhood_backward_keys(                                                        \
-      const NeighborhoodGrid&, const Box&, const PackedRows<T>&, const PackedRows<T>&,             \
-      const PackedRows<T>&, const PackedRows<T>&, const PackedRows<T>&, const PackedRows<T>&);
+      const ExecutionSpace&, const NeighborhoodGrid&, const PackedRows<T>&, const PackedRows<T>&,  \
+      const PackedRows<T>&, const PackedRows<T>&, const PackedRows<T>&, const PackedRows<T>&);     \
+  template void neighborhood_backward_keys(const ExecutionSpace&, const NeighborhoodGrid&,         \
+                                           const Box&, const PackedRows<T>&, const PackedRows<T>&, \
+                                           const PackedRows<T>&, const PackedRows<T>&,             \
+                                           const PackedRows<T>&, const PackedRows<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

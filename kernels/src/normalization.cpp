@@ -10,14 +10,15 @@ namespace {
 /// per block, its threads over the (x, y) rows, vector lanes along z (no index division per
 /// cell).
 template <class Cells, class F>
-std::vector<double> sums_per_block(const char* label, const Cells& like, F f) {
+std::vector<double> sums_per_block(const ExecutionSpace& space, const char* label,
+                                   const Cells& like, F f) {
   const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
   const Index ey = like.extent(3), ez = like.extent(4);
   const Index rows = Index(like.extent(2)) * ey;
   BlockDoubles out(std::string(label), blocks);
-  using Policy = Kokkos::TeamPolicy<>;
+  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
   Kokkos::parallel_for(
-      label, Policy(static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
+      label, Policy(space, static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
       KOKKOS_LAMBDA(const Policy::member_type& team) {
         const Index b = team.league_rank();
         const Index n = b / channels, c = b % channels;
@@ -35,37 +36,43 @@ std::vector<double> sums_per_block(const char* label, const Cells& like, F f) {
             s);
         Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
       });
+  space.fence();
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
   return std::vector<double>(host.data(), host.data() + blocks);
 }
 
 /// Every owned cell of every block, as (block, x, y, z).
 template <class Cells>
-Kokkos::MDRangePolicy<Kokkos::Rank<4>> cells_of(const Cells& x) {
-  return Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
-      {0, 0, 0, 0}, {Index(x.extent(0) * x.extent(1)), Index(x.extent(2)), Index(x.extent(3)),
-                     Index(x.extent(4))});
+Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<4>> cells_of(const ExecutionSpace& space,
+                                                                const Cells& x) {
+  return Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<4>>(
+      space, {0, 0, 0, 0},
+      {Index(x.extent(0) * x.extent(1)), Index(x.extent(2)), Index(x.extent(3)),
+       Index(x.extent(4))});
 }
 
 }  // namespace
 
 template <class T>
-std::vector<double> block_sums(const OwnedCells<const T>& x) {
+std::vector<double> block_sums(const ExecutionSpace& space, const OwnedCells<const T>& x) {
   return sums_per_block(
-      "normalization_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+      space, "normalization_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         return static_cast<double>(x(n, c, i, j, k));
       });
 }
 
 template <class T>
-std::vector<double> block_deviation_sums(const OwnedCells<const T>& x, const BlockDoubles& mean) {
+std::vector<double> block_deviation_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
+                                         const BlockDoubles& mean) {
   const Index channels = x.extent(1);
   std::vector<double> sums = sums_per_block(
-      "normalization_deviation_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+      space, "normalization_deviation_sum", x,
+      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         return static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
       });
   const std::vector<double> squares = sums_per_block(
-      "normalization_square_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+      space, "normalization_square_sum", x,
+      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         const double d = static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
         return d * d;
       });
@@ -74,12 +81,13 @@ std::vector<double> block_deviation_sums(const OwnedCells<const T>& x, const Blo
 }
 
 template <class T>
-void normalize_forward(const OwnedCells<const T>& x, const BlockDoubles& mean,
-                       const BlockDoubles& rstd, const BlockDoubles& scale,
-                       const BlockDoubles& shift, const OwnedCells<T>& y) {
+void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x,
+                       const BlockDoubles& mean, const BlockDoubles& rstd,
+                       const BlockDoubles& scale, const BlockDoubles& shift,
+                       const OwnedCells<T>& y) {
   const Index channels = x.extent(1);
   Kokkos::parallel_for(
-      "normalization_forward", cells_of(x),
+      "normalization_forward", cells_of(space, x),
       KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
         const Index n = b / channels, c = b % channels;
         const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
@@ -88,16 +96,18 @@ void normalize_forward(const OwnedCells<const T>& x, const BlockDoubles& mean,
 }
 
 template <class T>
-std::vector<double> normalize_gradient_sums(const OwnedCells<const T>& dy,
+std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
+                                            const OwnedCells<const T>& dy,
                                             const OwnedCells<const T>& x, const BlockDoubles& mean,
                                             const BlockDoubles& rstd) {
   const Index channels = x.extent(1);
   std::vector<double> sums = sums_per_block(
-      "normalization_backward_dy", dy, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+      space, "normalization_backward_dy", dy,
+      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         return static_cast<double>(dy(n, c, i, j, k));
       });
   const std::vector<double> dy_xhat = sums_per_block(
-      "normalization_backward_dy_xhat", dy,
+      space, "normalization_backward_dy_xhat", dy,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         const Index b = n * channels + c;
         const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
@@ -108,12 +118,13 @@ std::vector<double> normalize_gradient_sums(const OwnedCells<const T>& dy,
 }
 
 template <class T>
-void normalize_backward(const OwnedCells<const T>& dy, const OwnedCells<const T>& x,
-                        const BlockDoubles& mean, const BlockDoubles& rstd, const BlockDoubles& c1,
-                        const BlockDoubles& c2, const BlockDoubles& c3, const OwnedCells<T>& dx) {
+void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& dy,
+                        const OwnedCells<const T>& x, const BlockDoubles& mean,
+                        const BlockDoubles& rstd, const BlockDoubles& c1, const BlockDoubles& c2,
+                        const BlockDoubles& c3, const OwnedCells<T>& dx) {
   const Index channels = x.extent(1);
   Kokkos::parallel_for(
-      "normalization_backward", cells_of(x),
+      "normalization_backward", cells_of(space, x),
       KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
         const Index n = b / channels, c = b % channels;
         const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
@@ -123,19 +134,19 @@ void normalize_backward(const OwnedCells<const T>& dy, const OwnedCells<const T>
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                \
-  template std::vector<double> block_sums(const OwnedCells<const T>&);                            \
-  template std::vector<double> block_deviation_sums(const OwnedCells<const T>&,                   \
-                                                    const BlockDoubles&);                         \
-  template void normalize_forward(const OwnedCells<const T>&, const BlockDoubles&,                \
+  template std::vector<double> block_sums(const ExecutionSpace&, const OwnedCells<const T>&);     \
+  template std::vector<double> block_deviation_sums(                                              \
+      const ExecutionSpace&, const OwnedCells<const T>&, const BlockDoubles&);                    \
+  template void normalize_forward(const ExecutionSpace&, const OwnedCells<const T>&,              \
                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
-                                  const OwnedCells<T>&);                                          \
-  template std::vector<double> normalize_gradient_sums(const OwnedCells<const T>&,                \
-                                                       const OwnedCells<const T>&,                \
-                                                       const BlockDoubles&, const BlockDoubles&); \
-  template void normalize_backward(const OwnedCells<const T>&, const OwnedCells<const T>&,        \
+                                  const BlockDoubles&, const OwnedCells<T>&);                     \
+  template std::vector<double> normalize_gradient_sums(                                           \
+      const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,              \
+      const BlockDoubles&, const BlockDoubles&);                                                  \
+  template void normalize_backward(const ExecutionSpace&, const OwnedCells<const T>&,             \
+                                   const OwnedCells<const T>&, const BlockDoubles&,               \
                                    const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, \
-                                   const BlockDoubles&, const BlockDoubles&,                      \
-                                   const OwnedCells<T>&);
+                                   const BlockDoubles&, const OwnedCells<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

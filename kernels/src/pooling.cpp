@@ -7,11 +7,11 @@
 namespace shardtensor::kernels {
 
 template <class T>
-void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, const FieldView<T>& y,
-                  const PoolArgmax& argmax) {
+void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
+                  const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax) {
   const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
   for_each_cell_by_lines(
-      "Pool::forward", y.extent(0), g.channels, extents,
+      space, "Pool::forward", y.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
         const Index x0 = g.base[0] + ox * g.s[0], y0 = g.base[1] + oy * g.s[1],
                     z0 = g.base[2] + oz * g.s[2];
@@ -41,8 +41,8 @@ void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, con
 }
 
 template <class T>
-void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
-                   const PoolArgmax& argmax, const FieldView<T>& gxp) {
+void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
+                   const FieldView<T>& gy, const PoolArgmax& argmax, const FieldView<T>& gxp) {
   bool disjoint = true;  // every padded cell lies in at most one window
   for (int d = 0; d < 3; ++d) disjoint = disjoint && g.s[d] >= (g.k[d] - 1) * g.d[d] + 1;
   if (kind == PoolKind::max && disjoint) {
@@ -50,7 +50,7 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
     // gather below gives the same values, but tests every (cell, tap) pair with divisions.
     const Index rows = static_cast<Index>(gy.extent(0)) * g.channels * g.out[0] * g.out[1];
     Kokkos::parallel_for(
-        "Pool::backward_scatter", rows, KOKKOS_LAMBDA(const Index row) {
+        "Pool::backward_scatter", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
           const CellIndex r = unflatten(row, g.channels, g.out[0], g.out[1], 1);
           T* const cells = &gxp(r.n, r.c, 0, 0, 0);  // indexed by padded_flat
           for (Index oz = 0; oz < g.out[2]; ++oz)
@@ -68,7 +68,7 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "Pool::windows"),
         g.padded[0] + g.padded[1] + g.padded[2]);
     Kokkos::parallel_for(
-        "Pool::windows", window.extent(0), KOKKOS_LAMBDA(const Index e) {
+        "Pool::windows", kernel_range(space, window.extent(0)), KOKKOS_LAMBDA(const Index e) {
           const int a = e < first[1] ? 0 : e < first[2] ? 1 : 2;
           const Index t = e - first[a] - g.base[a];
           const Index o = t >= 0 ? t / g.s[a] : -1, tap = t - o * g.s[a];
@@ -76,7 +76,7 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
           window(e) = inside ? o : -1;
         });
     for_each_cell_by_lines(
-        "Pool::backward_average", gxp.extent(0), g.channels, extents,
+        space, "Pool::backward_average", gxp.extent(0), g.channels, extents,
         KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy,
                       const Index iz) {
           const Index ox = window(first[0] + ix), oy = window(first[1] + iy),
@@ -88,7 +88,7 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
     return;
   }
   for_each_cell_by_lines(
-      "Pool::backward", gxp.extent(0), g.channels, extents,
+      space, "Pool::backward", gxp.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
         const Index self = g.padded_flat(ix, iy, iz);
         T sum = 0;
@@ -113,11 +113,11 @@ void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
       });
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
-  template void pool_forward(const PoolShape&, PoolKind, const FieldView<T>&, const FieldView<T>&, \
-                             const PoolArgmax&);                                                   \
-  template void pool_backward(const PoolShape&, PoolKind, const FieldView<T>&, const PoolArgmax&,  \
-                              const FieldView<T>&);
+#define SHARDTENSOR_INSTANTIATE(T)                                                         \
+  template void pool_forward(const ExecutionSpace&, const PoolShape&, PoolKind,            \
+                             const FieldView<T>&, const FieldView<T>&, const PoolArgmax&); \
+  template void pool_backward(const ExecutionSpace&, const PoolShape&, PoolKind,           \
+                              const FieldView<T>&, const PoolArgmax&, const FieldView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

@@ -17,22 +17,22 @@ struct LinearTable {
   Kokkos::View<T*, DefaultMemorySpace> weight;
   Index first[3];
 
-  explicit LinearTable(const UpsampleShape& g)
+  LinearTable(const ExecutionSpace& space, const UpsampleShape& g)
       : lower(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.lower"),
               g.out[0] + g.out[1] + g.out[2]),
         weight(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.weight"),
                g.out[0] + g.out[1] + g.out[2]),
         first{0, g.out[0], g.out[0] + g.out[1]} {
-    fill(g);
+    fill(space, g);
   }
 
   // Apart from the constructor: CUDA's device lambdas cannot live in one.
-  void fill(const UpsampleShape& g) const {
+  void fill(const ExecutionSpace& space, const UpsampleShape& g) const {
     const auto l = lower;
     const auto w = weight;
     const Index second = first[1], third = first[2];
     Kokkos::parallel_for(
-        "Upsample::table", l.extent(0), KOKKOS_LAMBDA(const Index i) {
+        "Upsample::table", kernel_range(space, l.extent(0)), KOKKOS_LAMBDA(const Index i) {
           const int axis = i < second ? 0 : i < third ? 1 : 2;
           g.linear_source(axis, i - (axis == 0 ? 0 : axis == 1 ? second : third), l(i), w(i));
         });
@@ -57,15 +57,15 @@ KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
 }  // namespace
 
 template <class T>
-void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& x,
-                      const FieldView<T>& y) {
-  const LinearTable<T> table(g);
+void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+                      const FieldView<T>& x, const FieldView<T>& y) {
+  const LinearTable<T> table(space, g);
   const auto lower = table.lower;
   const auto weight = table.weight;
   const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
   const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
   for_each_cell_by_lines(
-      "Upsample::forward", y.extent(0), g.channels, extents,
+      space, "Upsample::forward", y.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
         if (mode == UpsampleMode::nearest) {
           const Index o[3] = {ox, oy, oz};
@@ -99,9 +99,9 @@ void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView
 /// input index, a table holds the outputs with a nonzero weight (a contiguous range: a few
 /// of the 3 x scale candidates) and their weights, so a cell visits only those.
 template <class T>
-void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& gy,
-                       const FieldView<T>& gx) {
-  const LinearTable<T> table(g);
+void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+                       const FieldView<T>& gy, const FieldView<T>& gx) {
+  const LinearTable<T> table(space, g);
   const auto lower_of = table.lower;
   const auto weight_of = table.weight;
   const Index first_entry[3] = {table.first[0], table.first[1], table.first[2]};
@@ -117,7 +117,7 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
   const Kokkos::View<T*, DefaultMemorySpace> weights(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.weights"), entries * room);
   Kokkos::parallel_for(
-      "Upsample::ranges", entries, KOKKOS_LAMBDA(const Index e) {
+      "Upsample::ranges", kernel_range(space, entries), KOKKOS_LAMBDA(const Index e) {
         const int a = e < in_first[1] ? 0 : e < in_first[2] ? 1 : 2;
         const Index i = e - in_first[a];
         const Index global = i - g.ghost[a] + g.in_offset[a];
@@ -137,7 +137,7 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
       });
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
   for_each_cell_by_lines(
-      "Upsample::backward", gx.extent(0), g.channels, extents,
+      space, "Upsample::backward", gx.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
         const Index ex = in_first[0] + ix, ey = in_first[1] + iy, ez = in_first[2] + iz;
         // Everything the loops read, in locals: the compiler cannot keep View reads out of
@@ -162,11 +162,11 @@ void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldVie
       });
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                         \
-  template void upsample_forward(const UpsampleShape&, UpsampleMode, const FieldView<T>&,  \
-                                 const FieldView<T>&);                                     \
-  template void upsample_backward(const UpsampleShape&, UpsampleMode, const FieldView<T>&, \
-                                  const FieldView<T>&);
+#define SHARDTENSOR_INSTANTIATE(T)                                                           \
+  template void upsample_forward(const ExecutionSpace&, const UpsampleShape&, UpsampleMode,  \
+                                 const FieldView<T>&, const FieldView<T>&);                  \
+  template void upsample_backward(const ExecutionSpace&, const UpsampleShape&, UpsampleMode, \
+                                  const FieldView<T>&, const FieldView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

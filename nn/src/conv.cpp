@@ -159,15 +159,16 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
           : PlanePlan{};
   const auto forward_gemm = [&](const ChunkFilter& filter) {
     if (!planes.applies()) {
-      kernels::conv_gemm_forward(shape, xp, weight_.data(), bias, yv, *workspace, filter);
+      kernels::conv_gemm_forward(ExecutionSpace(), shape, xp, weight_.data(), bias, yv, *workspace,
+                                 filter);
       return;
     }
     const auto keep = [&](Index ox, Index y0, Index y1) {
       return filter(kernels::plane_reads(shape, ox, y0, y1));
     };
-    kernels::correlate_planes<T>(planes, planes.forward, planes.forward_rows, shape, xp,
-                                 weight_.data(), false, bias, yv, workspace->reserve(planes.values),
-                                 keep);
+    kernels::correlate_planes<T>(ExecutionSpace(), planes, planes.forward, planes.forward_rows,
+                                 shape, xp, weight_.data(), false, bias, yv,
+                                 workspace->reserve(planes.values), keep);
   };
   if (algorithm == ConvAlgorithm::gemm && halo_overlap() && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
@@ -182,7 +183,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     if (algorithm == ConvAlgorithm::gemm)
       forward_gemm(ChunkFilter{});
     else
-      kernels::conv_direct_forward(shape, xp, weight_.data(), bias, yv);
+      kernels::conv_direct_forward(ExecutionSpace(), shape, xp, weight_.data(), bias, yv);
   }
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
@@ -207,14 +208,16 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
         // padded cell. The padded input is dead by then (backward runs once per forward), so
         // its buffer takes the padded gradient: no allocation, no zero fill.
         T* scratch = workspace->reserve(planes.values);
-        if (gw.extent(0) > 0) kernels::weight_gradient_planes(planes, shape, xp, gy, gw, scratch);
-        kernels::conv_backward_parameters(shape, gy, xp, ReplicatedView<T>(), gb);  // bias only
+        if (gw.extent(0) > 0)
+          kernels::weight_gradient_planes(ExecutionSpace(), planes, shape, xp, gy, gw, scratch);
+        kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
+                                          gb);  // bias only
         if (x_node->requires_grad) {
           grad_padded = padded;
           const auto keep_all = [](Index, Index, Index) { return true; };
-          kernels::correlate_planes<T>(planes, planes.data, planes.data_rows, shape, gy,
-                                       w_node->data, true, ReplicatedView<T>(), xp, scratch,
-                                       keep_all);
+          kernels::correlate_planes<T>(ExecutionSpace(), planes, planes.data, planes.data_rows,
+                                       shape, gy, w_node->data, true, ReplicatedView<T>(), xp,
+                                       scratch, keep_all);
         }
       } else {
         if (x_node->requires_grad)
@@ -222,12 +225,14 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                                        padded.channels(), padded.ghosts(), name_ + ".padded_grad");
         const FieldView<T> gxp = rotation.apply(grad_padded.view());
         if (algorithm == ConvAlgorithm::gemm) {
-          kernels::conv_gemm_backward(shape, gy, xp, w_node->data, gw, gxp, *workspace);
-          kernels::conv_backward_parameters(shape, gy, xp, ReplicatedView<T>(), gb);  // bias only
+          kernels::conv_gemm_backward(ExecutionSpace(), shape, gy, xp, w_node->data, gw, gxp,
+                                      *workspace);
+          kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
+                                            gb);  // bias only
         } else {
-          kernels::conv_backward_parameters(shape, gy, xp, gw, gb);
+          kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, gw, gb);
           if (x_node->requires_grad)
-            kernels::conv_direct_backward_data(shape, gy, w_node->data, gxp);
+            kernels::conv_direct_backward_data(ExecutionSpace(), shape, gy, w_node->data, gxp);
         }
       }
       if (x_node->requires_grad) halo->backward(grad_padded, x_node->grad_field());

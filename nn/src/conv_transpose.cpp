@@ -194,7 +194,7 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     shape.padded[d] = padded.allocated_extent(d);
   }
   const ReplicatedView<T> no_bias;
-  kernels::conv_transpose_forward(shape, padded.view(), weight_.data(),
+  kernels::conv_transpose_forward(ExecutionSpace(), shape, padded.view(), weight_.data(),
                                   bias_.defined() ? bias_.data() : no_bias, y.view());
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
@@ -213,11 +213,13 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
-      kernels::conv_transpose_backward_parameters(shape, gy, padded.view(), gw, gb);
+      kernels::conv_transpose_backward_parameters(ExecutionSpace(), shape, gy, padded.view(), gw,
+                                                  gb);
       if (x_node->requires_grad) {
         ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
                                    padded.channels(), padded.ghosts(), name + ".padded_grad");
-        kernels::conv_transpose_backward_data(shape, gy, w_node->data, grad_padded.view());
+        kernels::conv_transpose_backward_data(ExecutionSpace(), shape, gy, w_node->data,
+                                              grad_padded.view());
         halo->backward(grad_padded, x_node->grad_field());  // shared: may outlive the layer
       }
     };

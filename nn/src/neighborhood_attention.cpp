@@ -305,27 +305,34 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
     const SpatialIndex below = negated(f.ghosts());
     return SpatialIndex{below[0] + to_padded[0], below[1] + to_padded[1], below[2] + to_padded[2]};
   };
-  pack_rows(kf.view(), kf.interior_box(), 0, C, saved->kv, g->padded, field_to_padded(kf), 0);
-  pack_rows(vf.view(), vf.interior_box(), 0, C, saved->kv, g->padded, field_to_padded(vf), C);
+  pack_rows(ExecutionSpace(), kf.view(), kf.interior_box(), 0, C, saved->kv, g->padded,
+            field_to_padded(kf), 0);
+  pack_rows(ExecutionSpace(), vf.view(), vf.interior_box(), 0, C, saved->kv, g->padded,
+            field_to_padded(vf), C);
   ShardTensor<T> padded(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention kv");
-  unpack_rows(saved->kv, g->padded, none, 0, 2 * C, padded.view(), padded_interior, 0, false);
+  unpack_rows(ExecutionSpace(), saved->kv, g->padded, none, 0, 2 * C, padded.view(),
+              padded_interior, 0, false);
   const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
   plan->start(padded);
 
   // While the messages travel: pack Q, compute the early queries.
-  pack_rows(qf.view(), qf.interior_box(), 0, C, saved->q, g->local, negated(qf.ghosts()), 0);
-  kernels::neighborhood_forward(g->grid, g->early, saved->q, saved->kv, saved->out, saved->lse);
+  pack_rows(ExecutionSpace(), qf.view(), qf.interior_box(), 0, C, saved->q, g->local,
+            negated(qf.ghosts()), 0);
+  kernels::neighborhood_forward(ExecutionSpace(), g->grid, g->early, saved->q, saved->kv,
+                                saved->out, saved->lse);
   plan->finish(padded);
 
   // Ghost K/V into the packed rows, then the queries near the shard's faces.
   for (const Box& b : box_minus(whole(g->padded), padded_interior))
-    pack_rows(padded.view(), b, 0, 2 * C, saved->kv, g->padded, none, 0);
+    pack_rows(ExecutionSpace(), padded.view(), b, 0, 2 * C, saved->kv, g->padded, none, 0);
   for (const Box& b : box_minus(owned_box, g->early))
-    kernels::neighborhood_forward(g->grid, b, saved->q, saved->kv, saved->out, saved->lse);
+    kernels::neighborhood_forward(ExecutionSpace(), g->grid, b, saved->q, saved->kv, saved->out,
+                                  saved->lse);
 
   auto node = make_result_node<T>("neighborhood_attention", {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(dec, rank, N, C, {}, "neighborhood_attention");
-  unpack_rows(saved->out, g->local, none, 0, C, node->field.view(), owned_box, 0, false);
+  unpack_rows(ExecutionSpace(), saved->out, g->local, none, 0, C, node->field.view(), owned_box, 0,
+              false);
   if (!node->requires_grad) return Variable<T>(node);
 
   node->backward = [g, plan, saved, owned_box, padded_interior, dec, rank,
@@ -339,8 +346,9 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
     };
     const PackedRows<T> dout = scratch("neighborhood dout", N * g->cells(), C);
     const PackedRows<T> delta = scratch("neighborhood delta", N * g->cells(), H);
-    pack_rows(grad.view(), grad.interior_box(), 0, C, dout, g->local, negated(grad.ghosts()), 0);
-    kernels::neighborhood_delta(g->grid, dout, saved->out, delta);
+    pack_rows(ExecutionSpace(), grad.view(), grad.interior_box(), 0, C, dout, g->local,
+              negated(grad.ghosts()), 0);
+    kernels::neighborhood_delta(ExecutionSpace(), g->grid, dout, saved->out, delta);
     const bool need_kv = self.inputs[1]->requires_grad || self.inputs[2]->requires_grad;
 
     // The ghost keys' gradients first: they go back to their owners while the queries' and
@@ -351,33 +359,36 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
       dkv = scratch("neighborhood dkv", N * g->grid.padded_cells(), 2 * C);
       padded_grad = ShardTensor<T>(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention dkv");
       for (const Box& b : box_minus(whole(g->padded), padded_interior)) {
-        kernels::neighborhood_backward_keys(g->grid, b, saved->q, saved->kv, dout, saved->lse,
-                                            delta, dkv);
-        unpack_rows(dkv, g->padded, none, 0, 2 * C, padded_grad.view(), b, 0, false);
+        kernels::neighborhood_backward_keys(ExecutionSpace(), g->grid, b, saved->q, saved->kv, dout,
+                                            saved->lse, delta, dkv);
+        unpack_rows(ExecutionSpace(), dkv, g->padded, none, 0, 2 * C, padded_grad.view(), b, 0,
+                    false);
       }
       plan->reverse_start(padded_grad);
     }
     if (self.inputs[0]->requires_grad) {
       const PackedRows<T> dq = scratch("neighborhood dq", N * g->cells(), C);
-      kernels::neighborhood_backward_queries(g->grid, saved->q, saved->kv, dout, saved->lse, delta,
-                                             dq);
+      kernels::neighborhood_backward_queries(ExecutionSpace(), g->grid, saved->q, saved->kv, dout,
+                                             saved->lse, delta, dq);
       const ShardTensor<T>& target = self.inputs[0]->grad_field();
-      unpack_rows(dq, g->local, negated(target.ghosts()), 0, C, target.view(),
+      unpack_rows(ExecutionSpace(), dq, g->local, negated(target.ghosts()), 0, C, target.view(),
                   target.interior_box(), 0, true);
     }
     if (!need_kv) return;
-    kernels::neighborhood_backward_keys(g->grid, padded_interior, saved->q, saved->kv, dout,
-                                        saved->lse, delta, dkv);
+    kernels::neighborhood_backward_keys(ExecutionSpace(), g->grid, padded_interior, saved->q,
+                                        saved->kv, dout, saved->lse, delta, dkv);
     plan->reverse_finish(padded_grad);
     // Owned dK/dV: the neighbours' contributions (now in padded_grad) plus this rank's own,
     // gathered into the packed rows, then added into the inputs' gradients.
-    unpack_rows(dkv, g->padded, none, 0, 2 * C, padded_grad.view(), padded_interior, 0, true);
-    pack_rows(padded_grad.view(), padded_interior, 0, 2 * C, dkv, g->padded, none, 0);
+    unpack_rows(ExecutionSpace(), dkv, g->padded, none, 0, 2 * C, padded_grad.view(),
+                padded_interior, 0, true);
+    pack_rows(ExecutionSpace(), padded_grad.view(), padded_interior, 0, 2 * C, dkv, g->padded, none,
+              0);
     for (int i = 1; i <= 2; ++i) {
       if (!self.inputs[i]->requires_grad) continue;
       const ShardTensor<T>& target = self.inputs[i]->grad_field();
-      unpack_rows(dkv, g->padded, field_to_padded(target), (i - 1) * C, C, target.view(),
-                  target.interior_box(), 0, true);
+      unpack_rows(ExecutionSpace(), dkv, g->padded, field_to_padded(target), (i - 1) * C, C,
+                  target.view(), target.interior_box(), 0, true);
     }
   };
   return Variable<T>(node);

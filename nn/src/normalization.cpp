@@ -90,7 +90,7 @@ Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
   s.count = double(layout.blocks_per_stat()) * double(x.decomposition().global_cells());
   const Index blocks = layout.blocks(), stats = layout.stats();
   const kernels::OwnedCells<const T> xi = x.interior();
-  HostDoubles sums = kernels::block_sums(xi);
+  HostDoubles sums = kernels::block_sums(ExecutionSpace(), xi);
   sum_over_ranks(comm, sums);
   HostDoubles first_mean(stats, 0.0);
   for (Index b = 0; b < blocks; ++b) first_mean[layout.stat_of_block(b)] += sums[b];
@@ -98,7 +98,7 @@ Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
   HostDoubles block_mean(blocks);
   for (Index b = 0; b < blocks; ++b) block_mean[b] = first_mean[layout.stat_of_block(b)];
   const DeviceDoubles mean = to_device(block_mean, "normalization_block_mean");
-  HostDoubles deviations = kernels::block_deviation_sums(xi, mean);
+  HostDoubles deviations = kernels::block_deviation_sums(ExecutionSpace(), xi, mean);
   sum_over_ranks(comm, deviations);
   HostDoubles d_sum(stats, 0.0), d2_sum(stats, 0.0);
   for (Index b = 0; b < blocks; ++b) {
@@ -139,7 +139,8 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
   ShardTensor<T> y(x.decomposition(), x.rank(), x.batch(), x.channels(), x.ghosts(),
                    name + ".output");
   const kernels::OwnedCells<const T> xi = x.interior();
-  kernels::normalize_forward(xi, mean, rstd, scale, shift, kernels::OwnedCells<T>(y.interior()));
+  kernels::normalize_forward(ExecutionSpace(), xi, mean, rstd, scale, shift,
+                             kernels::OwnedCells<T>(y.interior()));
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node()};
   if (weight.defined()) inputs.push_back(weight.node());
@@ -154,7 +155,8 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     node->backward = [=](impl::Node<T>& self) {
       const kernels::OwnedCells<const T> gy = self.grad_field().interior();
       // This rank's sums of dy and dy * xhat per block.
-      const HostDoubles sums = kernels::normalize_gradient_sums(gy, xi, mean, rstd);
+      const HostDoubles sums =
+          kernels::normalize_gradient_sums(ExecutionSpace(), gy, xi, mean, rstd);
       const HostDoubles dy_sums(sums.begin(), sums.begin() + blocks);
       const HostDoubles dyx_sums(sums.begin() + blocks, sums.end());
       if (w_node && w_node->requires_grad)
@@ -189,7 +191,7 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       const DeviceDoubles a1 = to_device(c1, "normalization_c1");
       const DeviceDoubles a2 = to_device(c2, "normalization_c2");
       const DeviceDoubles a3 = to_device(c3, "normalization_c3");
-      kernels::normalize_backward(gy, xi, mean, rstd, a1, a2, a3,
+      kernels::normalize_backward(ExecutionSpace(), gy, xi, mean, rstd, a1, a2, a3,
                                   kernels::OwnedCells<T>(x_node->grad_field().interior()));
     };
   }

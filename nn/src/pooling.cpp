@@ -76,7 +76,7 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     shape.first_global[d] = y.global_box().lower[d] * geometry_.stride[d] - geometry_.padding[d];
     shape.global[d] = x.decomposition().global_extent(d);
   }
-  kernels::pool_forward(shape, options_.kind, padded.view(), y.view(), argmax);
+  kernels::pool_forward(ExecutionSpace(), shape, options_.kind, padded.view(), y.view(), argmax);
 
   auto node = make_result_node<T>(name_, {input.node()});
   node->field = y;
@@ -88,7 +88,8 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     node->backward = [=](impl::Node<T>& self) {
       ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
                                  padded.channels(), padded.ghosts(), label);
-      kernels::pool_backward(shape, kind, self.grad_field().view(), argmax, grad_padded.view());
+      kernels::pool_backward(ExecutionSpace(), shape, kind, self.grad_field().view(), argmax,
+                             grad_padded.view());
       halo->backward(grad_padded, x_node->grad_field());
     };
   }

@@ -54,13 +54,13 @@ Index tokens_of(const ShardTensor<T>& f) {
 template <class T>
 AttentionBuffer<T> packed_copy(const ShardTensor<T>& f, const Heads& a) {
   AttentionBuffer<T> out = attention_buffer<T>("attention.packed", a.block(tokens_of(f)));
-  kernels::pack_tokens(f.view(), f.interior_box(), a, out.data());
+  kernels::pack_tokens(ExecutionSpace(), f.view(), f.interior_box(), a, out.data());
   return out;
 }
 template <class T>
 AttentionBuffer<T> packed_copy(const ReplicatedView<T>& r, const Heads& a, Index tokens) {
   AttentionBuffer<T> out = attention_buffer<T>("attention.packed", a.block(tokens));
-  kernels::pack_tokens(r, tokens, a, out.data());
+  kernels::pack_tokens(ExecutionSpace(), r, tokens, a, out.data());
   return out;
 }
 
@@ -69,8 +69,8 @@ template <class T>
 AttentionBuffer<T> packed_kv(const ShardTensor<T>& k, const ShardTensor<T>& v, const Heads& a) {
   const Index E = a.block(tokens_of(k));
   AttentionBuffer<T> kv = attention_buffer<T>("attention.kv", 2 * E);
-  kernels::pack_tokens(k.view(), k.interior_box(), a, kv.data());
-  kernels::pack_tokens(v.view(), v.interior_box(), a, kv.data() + E);
+  kernels::pack_tokens(ExecutionSpace(), k.view(), k.interior_box(), a, kv.data());
+  kernels::pack_tokens(ExecutionSpace(), v.view(), v.interior_box(), a, kv.data() + E);
   return kv;
 }
 template <class T>
@@ -78,19 +78,19 @@ AttentionBuffer<T> packed_kv(const ReplicatedView<T>& k, const ReplicatedView<T>
                              Index tokens) {
   const Index E = a.block(tokens);
   AttentionBuffer<T> kv = attention_buffer<T>("attention.kv", 2 * E);
-  kernels::pack_tokens(k, tokens, a, kv.data());
-  kernels::pack_tokens(v, tokens, a, kv.data() + E);
+  kernels::pack_tokens(ExecutionSpace(), k, tokens, a, kv.data());
+  kernels::pack_tokens(ExecutionSpace(), v, tokens, a, kv.data() + E);
   return kv;
 }
 
 /// Writes (or, with `add`, adds) a packed block into the owned cells of a field.
 template <class T>
 void unpack(const T* packed, const ShardTensor<T>& f, const Heads& a, bool add) {
-  kernels::unpack_tokens(packed, f.view(), f.interior_box(), a, add);
+  kernels::unpack_tokens(ExecutionSpace(), packed, f.view(), f.interior_box(), a, add);
 }
 template <class T>
 void unpack(const T* packed, const ReplicatedView<T>& r, const Heads& a, Index tokens, bool add) {
-  kernels::unpack_tokens(packed, r, tokens, a, add);
+  kernels::unpack_tokens(ExecutionSpace(), packed, r, tokens, a, add);
 }
 
 /// Zero-filled buffer of a block's gradient, or an empty one when not needed.
@@ -280,7 +280,7 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
                               const AttentionBuffer<T>& q, AttentionBuffer<T> kv, bool causal,
                               T scale) {
   const Index L = ring.tokens[ring.rank];
-  OnlineSoftmax<T> state(a.slices() * L, a.head_dim);
+  OnlineSoftmax<T> state(ExecutionSpace(), a.slices() * L, a.head_dim);
   AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
   BlockRing<T> blocks(comm, ring, a, kv);
   const Progress progress = [&] { blocks.progress(); };
@@ -288,11 +288,11 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
     const int src = ring.source(step);
     const T* block = blocks.start(step);
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
-    kernels::fold_block(a, q.data(), L, block, ring.tokens[src], visible, scale, state,
-                        scores.data(), progress);
+    kernels::fold_block(ExecutionSpace(), a, q.data(), L, block, ring.tokens[src], visible, scale,
+                        state, scores.data(), progress);
     blocks.finish();
   }
-  kernels::finish(state);
+  kernels::finish(ExecutionSpace(), state);
   return state;
 }
 
@@ -337,12 +337,12 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
       zero(mine, count);
     }
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
-    kernels::backward_block(a, g, dq, block, mine, ring.tokens[src], visible, scale, scores.data(),
-                            dscores.data(), progress);
+    kernels::backward_block(ExecutionSpace(), a, g, dq, block, mine, ring.tokens[src], visible,
+                            scale, scores.data(), dscores.data(), progress);
     if (mine && ring.size > 1) {
       if (step > 0) {  // what the ranks before added to this block
         grad_in.wait();
-        kernels::add_into(mine, incoming.data(), count);
+        kernels::add_into(ExecutionSpace(), mine, incoming.data(), count);
       }
       grad_in = post_receive(comm, incoming.data(), 2 * a.block(ring.tokens[ring.source(step + 1)]),
                              ring.prev(), grad_tag(comm));
@@ -400,7 +400,7 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
     const Index L = ring.tokens[ring.rank], E = a.block(L);
     const auto& inputs = self.inputs;
     const QueryGradients<T> g = kernels::query_gradients(
-        packed_copy(inputs[0]->field, a), packed_copy(self.grad_field(), a),
+        ExecutionSpace(), packed_copy(inputs[0]->field, a), packed_copy(self.grad_field(), a),
         packed_copy(self.field, a), lse, L, a.head_dim);
     const AttentionBuffer<T> kv = packed_kv(inputs[1]->field, inputs[2]->field, a);
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, E);
@@ -432,22 +432,22 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
 
   // Each rank folds its own keys, then the partial softmaxes combine: rescale to the global
   // max of each row, add sums and outputs (log-sum-exp combine).
-  OnlineSoftmax<T> state(a.slices() * queries, a.head_dim);
+  OnlineSoftmax<T> state(ExecutionSpace(), a.slices() * queries, a.head_dim);
   {
     const AttentionBuffer<T> qp = packed_copy(q.data(), a, queries);
     const AttentionBuffer<T> kv = packed_kv(k.value(), v.value(), a);
     AttentionBuffer<T> scores =
         attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-    kernels::fold_block(a, qp.data(), queries, kv.data(), keys, Visibility{}, scale, state,
-                        scores.data(), no_progress);
+    kernels::fold_block(ExecutionSpace(), a, qp.data(), queries, kv.data(), keys, Visibility{},
+                        scale, state, scores.data(), no_progress);
   }
   AttentionBuffer<T> global_max =  // becomes the saved log-sum-exp
       attention_buffer<T>("attention.lse", state.rows, current_memory_category());
   Kokkos::deep_copy(global_max, state.max);
   allreduce(comm, global_max, ReduceOp::max);
-  kernels::rescale_to(state, global_max);
+  kernels::rescale_to(ExecutionSpace(), state, global_max);
   allreduce(comm, state.totals, ReduceOp::sum);
-  kernels::finish(state);
+  kernels::finish(ExecutionSpace(), state);
 
   auto node = make_result_node<T>(where, {q.node(), k.node(), v.node()});
   node->is_field = false;
@@ -460,9 +460,10 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
   const AttentionBuffer<T> lse = state.max;
   node->backward = [comm, a, queries, keys, scale, lse](impl::Node<T>& self) {
     const auto& inputs = self.inputs;
-    const QueryGradients<T> g = kernels::query_gradients(
-        packed_copy(inputs[0]->data, a, queries), packed_copy(self.grad_data(), a, queries),
-        packed_copy(self.data, a, queries), lse, queries, a.head_dim);
+    const QueryGradients<T> g =
+        kernels::query_gradients(ExecutionSpace(), packed_copy(inputs[0]->data, a, queries),
+                                 packed_copy(self.grad_data(), a, queries),
+                                 packed_copy(self.data, a, queries), lse, queries, a.head_dim);
     const AttentionBuffer<T> kv = packed_kv(inputs[1]->field, inputs[2]->field, a);
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
     const AttentionBuffer<T> dkv =
@@ -471,8 +472,8 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
         attention_buffer<T>("attention.scores", kernels::score_buffer_size());
     AttentionBuffer<T> dscores =
         attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
-    kernels::backward_block(a, g, data_or_null(dq), kv.data(), data_or_null(dkv), keys,
-                            Visibility{}, scale, scores.data(), dscores.data(), no_progress);
+    kernels::backward_block(ExecutionSpace(), a, g, data_or_null(dq), kv.data(), data_or_null(dkv),
+                            keys, Visibility{}, scale, scores.data(), dscores.data(), no_progress);
     // dQ sums over the keys of every rank: this rank's share, added over comm by backward().
     if (inputs[0]->requires_grad)
       unpack(dq.data(), inputs[0]->grad_partial(comm), a, queries, true);
@@ -498,16 +499,16 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
   const ShardTensor<T>& qf = q.value();
   const Index queries = tokens_of(qf), keys = k.shape()[1];
 
-  OnlineSoftmax<T> state(a.slices() * queries, a.head_dim);
+  OnlineSoftmax<T> state(ExecutionSpace(), a.slices() * queries, a.head_dim);
   {
     const AttentionBuffer<T> qp = packed_copy(qf, a);
     const AttentionBuffer<T> kv = packed_kv(k.data(), v.data(), a, keys);
     AttentionBuffer<T> scores =
         attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-    kernels::fold_block(a, qp.data(), queries, kv.data(), keys, Visibility{}, scale, state,
-                        scores.data(), no_progress);
+    kernels::fold_block(ExecutionSpace(), a, qp.data(), queries, kv.data(), keys, Visibility{},
+                        scale, state, scores.data(), no_progress);
   }
-  kernels::finish(state);
+  kernels::finish(ExecutionSpace(), state);
 
   auto node = make_result_node<T>(where, {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(qf.decomposition(), qf.rank(), qf.batch(),
@@ -519,7 +520,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
   node->backward = [comm, a, queries, keys, scale, lse](impl::Node<T>& self) {
     const auto& inputs = self.inputs;
     const QueryGradients<T> g = kernels::query_gradients(
-        packed_copy(inputs[0]->field, a), packed_copy(self.grad_field(), a),
+        ExecutionSpace(), packed_copy(inputs[0]->field, a), packed_copy(self.grad_field(), a),
         packed_copy(self.field, a), lse, queries, a.head_dim);
     const AttentionBuffer<T> kv = packed_kv(inputs[1]->data, inputs[2]->data, a, keys);
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
@@ -529,8 +530,8 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
         attention_buffer<T>("attention.scores", kernels::score_buffer_size());
     AttentionBuffer<T> dscores =
         attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
-    kernels::backward_block(a, g, data_or_null(dq), kv.data(), data_or_null(dkv), keys,
-                            Visibility{}, scale, scores.data(), dscores.data(), no_progress);
+    kernels::backward_block(ExecutionSpace(), a, g, data_or_null(dq), kv.data(), data_or_null(dkv),
+                            keys, Visibility{}, scale, scores.data(), dscores.data(), no_progress);
     if (inputs[0]->requires_grad) unpack(dq.data(), inputs[0]->grad_field(), a, true);
     // dK, dV sum over the queries of every rank: this rank's share, added over comm.
     if (inputs[1]->requires_grad) unpack(dkv.data(), inputs[1]->grad_partial(comm), a, keys, true);

@@ -54,7 +54,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     shape.in[d] = source.allocated_extent(d);
     shape.ghost[d] = source.ghosts().lower[d];
   }
-  kernels::upsample_forward(shape, mode_, source.view(), y.view());
+  kernels::upsample_forward(ExecutionSpace(), shape, mode_, source.view(), y.view());
 
   auto node = make_result_node<T>(name_, {input.node()});
   node->field = y;
@@ -65,13 +65,14 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     const std::string label = name_ + ".source_grad";
     node->backward = [=](impl::Node<T>& self) {
       if (mode == UpsampleMode::nearest) {
-        kernels::upsample_backward(shape, mode, self.grad_field().view(),
+        kernels::upsample_backward(ExecutionSpace(), shape, mode, self.grad_field().view(),
                                    x_node->grad_field().view());
         return;
       }
       ShardTensor<T> grad_source(source.decomposition(), source.rank(), source.batch(),
                                  source.channels(), source.ghosts(), label);
-      kernels::upsample_backward(shape, mode, self.grad_field().view(), grad_source.view());
+      kernels::upsample_backward(ExecutionSpace(), shape, mode, self.grad_field().view(),
+                                 grad_source.view());
       halo->backward(grad_source, x_node->grad_field());
     };
   }

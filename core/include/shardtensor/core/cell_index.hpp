@@ -4,6 +4,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/types.hpp"
 
 namespace shardtensor {
@@ -52,15 +53,15 @@ struct Lines {
 };
 
 /// Calls cell(n, c, x, y, z) for every cell of a (batch, channels, extents...) index space, in
-/// parallel over its Lines and in order along each line.
+/// parallel over its Lines on `space` and in order along each line.
 template <class CellOp>
-void for_each_cell_by_lines(const char* label, Index batch, Index channels,
-                            const Index (&extents)[3], const CellOp& cell) {
+void for_each_cell_by_lines(const ExecutionSpace& space, const char* label, Index batch,
+                            Index channels, const Index (&extents)[3], const CellOp& cell) {
   const Lines lines(batch, channels, extents);
   const Index length = lines.length;  // locals: loop bounds the compiler can keep in registers
   const int axis = lines.axis;
   Kokkos::parallel_for(
-      label, lines.count, KOKKOS_LAMBDA(const Index line) {
+      label, kernel_range(space, lines.count), KOKKOS_LAMBDA(const Index line) {
         const CellIndex start = lines.start(line);
         Index at[3] = {start.x, start.y, start.z};
         for (Index i = 0; i < length; ++i) {

@@ -33,7 +33,6 @@ using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
 #endif
 
-
 /// min and max for kernels (std::min is host-only on a GPU; Kokkos' own moved namespaces).
 template <class T>
 KOKKOS_INLINE_FUNCTION constexpr T min(T a, T b) {

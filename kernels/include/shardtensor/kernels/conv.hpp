@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shardtensor/core/box.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -58,19 +59,22 @@ using UnmanagedMatrix = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpac
 // ---- direct ----------------------------------------------------------------------------
 
 template <class T>
-void conv_direct_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
-                         const ReplicatedView<T>& bias, const FieldView<T>& y);
+void conv_direct_forward(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& xp,
+                         const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+                         const FieldView<T>& y);
 
 /// Gradient of the padded input: each cell gathers from the outputs whose windows cover it.
 template <class T>
-void conv_direct_backward_data(const ConvShape& g, const FieldView<T>& gy,
-                               const ReplicatedView<T>& w, const FieldView<T>& gxp);
+void conv_direct_backward_data(const ExecutionSpace& space, const ConvShape& g,
+                               const FieldView<T>& gy, const ReplicatedView<T>& w,
+                               const FieldView<T>& gxp);
 
 /// This rank's partial sums of the weight and bias gradients (over its own outputs), in
 /// double: they add up every output cell, and float sums in different orders on different
 /// decompositions would differ by more than float precision. Either view may be empty.
 template <class T>
-void conv_backward_parameters(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
+void conv_backward_parameters(const ExecutionSpace& space, const ConvShape& g,
+                              const FieldView<T>& gy, const FieldView<T>& xp,
                               const ReplicatedView<T>& gw, const ReplicatedView<T>& gb);
 
 // ---- im2col + GEMM ------------------------------------------------------------------------
@@ -89,16 +93,18 @@ struct ChunkFilter {
 };
 
 template <class T>
-void conv_gemm_forward(const ConvShape& g, const FieldView<T>& xp, const ReplicatedView<T>& w,
-                       const ReplicatedView<T>& bias, const FieldView<T>& y,
-                       ConvWorkspace<T>& workspace, const ChunkFilter& filter = {});
+void conv_gemm_forward(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& xp,
+                       const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+                       const FieldView<T>& y, ConvWorkspace<T>& workspace,
+                       const ChunkFilter& filter = {});
 
 /// Weight gradient (into `gw`, this rank's partial sum; may be empty) and padded input
 /// gradient (into `gxp`, zero on entry; may be empty).
 template <class T>
-void conv_gemm_backward(const ConvShape& g, const FieldView<T>& gy, const FieldView<T>& xp,
-                        const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
-                        const FieldView<T>& gxp, ConvWorkspace<T>& workspace);
+void conv_gemm_backward(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& gy,
+                        const FieldView<T>& xp, const ReplicatedView<T>& w,
+                        const ReplicatedView<T>& gw, const FieldView<T>& gxp,
+                        ConvWorkspace<T>& workspace);
 
 // ---- planes -------------------------------------------------------------------------------
 
@@ -170,14 +176,15 @@ using PlaneFilter = std::function<bool(Index x, Index y0, Index y1)>;
 /// the correlation of src with w (flipped and transposed if `transposed`) plus bias when
 /// given, every kept cell of out written. `workspace` holds plan.values values.
 template <class T>
-void correlate_planes(const PlanePlan& plan, const Correlation& r, Index rows, const ConvShape& g,
-                      const FieldView<T>& src, const ReplicatedView<T>& w, bool transposed,
-                      const ReplicatedView<T>& bias, const FieldView<T>& out, T* workspace,
-                      const PlaneFilter& keep);
+void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const Correlation& r,
+                      Index rows, const ConvShape& g, const FieldView<T>& src,
+                      const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
+                      const FieldView<T>& out, T* workspace, const PlaneFilter& keep);
 
 /// The plane path's weight gradient: gw += this rank's partial sum.
 template <class T>
-void weight_gradient_planes(const PlanePlan& plan, const ConvShape& g, const FieldView<T>& xp,
-                            const FieldView<T>& gy, const ReplicatedView<T>& gw, T* workspace);
+void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, const ConvShape& g,
+                            const FieldView<T>& xp, const FieldView<T>& gy,
+                            const ReplicatedView<T>& gw, T* workspace);
 
 }  // namespace shardtensor::kernels

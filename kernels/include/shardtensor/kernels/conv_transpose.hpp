@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor::kernels {
@@ -71,22 +72,23 @@ struct ConvTransposeShape {
 /// y = bias + sum over taps (a, b, c) and input channels of w * x, by output z row: a tap c
 /// adds an input row to every s-th output of the row.
 template <class T>
-void conv_transpose_forward(const ConvTransposeShape& g, const FieldView<T>& xp,
-                            const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
-                            const FieldView<T>& y);
+void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
+                            const FieldView<T>& xp, const ReplicatedView<T>& w,
+                            const ReplicatedView<T>& bias, const FieldView<T>& y);
 
 /// Gradient of the padded input (`gxp`, zero on entry): each padded row gathers from the
 /// owned outputs it feeds.
 template <class T>
-void conv_transpose_backward_data(const ConvTransposeShape& g, const FieldView<T>& gy,
-                                  const ReplicatedView<T>& w, const FieldView<T>& gxp);
+void conv_transpose_backward_data(const ExecutionSpace& space, const ConvTransposeShape& g,
+                                  const FieldView<T>& gy, const ReplicatedView<T>& w,
+                                  const FieldView<T>& gxp);
 
 /// This rank's partial sums of the weight and bias gradients (over its own outputs), in
 /// double: they add up every output cell, and float sums in different orders on different
 /// decompositions would differ by more than float precision.
 template <class T>
-void conv_transpose_backward_parameters(const ConvTransposeShape& g, const FieldView<T>& gy,
-                                        const FieldView<T>& xp, const ReplicatedView<T>& gw,
-                                        const ReplicatedView<T>& gb);
+void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvTransposeShape& g,
+                                        const FieldView<T>& gy, const FieldView<T>& xp,
+                                        const ReplicatedView<T>& gw, const ReplicatedView<T>& gb);
 
 }  // namespace shardtensor::kernels

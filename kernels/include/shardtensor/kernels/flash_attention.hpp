@@ -22,6 +22,7 @@
 #include <functional>
 
 #include "shardtensor/core/box.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -79,8 +80,9 @@ template <class T>
 struct OnlineSoftmax {
   Index rows, head_dim;
   AttentionBuffer<T> max, totals;  // rows; rows (sums) + rows x head_dim (outputs)
-  /// max (the log-sum-exp saved for backward) is charged to the caller's category.
-  OnlineSoftmax(Index rows, Index head_dim);
+  /// max (the log-sum-exp saved for backward) is charged to the caller's category; its -inf
+  /// fill runs on `space`.
+  OnlineSoftmax(const ExecutionSpace& space, Index rows, Index head_dim);
   T* sum() const { return totals.data(); }
   T* out() const { return totals.data() + rows; }
 };
@@ -91,19 +93,20 @@ using Progress = std::function<void()>;
 /// Folds one K/V block (`keys` tokens, K then V) into the softmax state of `queries` packed
 /// queries: per slice and tile, S = scale Q K^T, the online update of each row, O += P V.
 template <class T>
-void fold_block(const Heads& a, const T* q, Index queries, const T* kv, Index keys,
-                const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
+void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
+                Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
                 const Progress& progress);
 
 /// Normalises the outputs (out /= sum) and turns max into the log-sum-exp max + log(sum).
 template <class T>
-void finish(OnlineSoftmax<T>& state);
+void finish(const ExecutionSpace& space, OnlineSoftmax<T>& state);
 
 /// Rescales a partial state to the rows' global maxima (sum and output times
 /// exp(max - global_max)) and takes them as its max: the log-sum-exp combine of the partial
 /// states of several ranks, before their sums and outputs are added.
 template <class T>
-void rescale_to(OnlineSoftmax<T>& state, const AttentionBuffer<T>& global_max);
+void rescale_to(const ExecutionSpace& space, OnlineSoftmax<T>& state,
+                const AttentionBuffer<T>& global_max);
 
 /// What backward needs of the local queries, packed: Q, dO, lse and delta = rowsum(dO * O).
 template <class T>
@@ -114,36 +117,39 @@ struct QueryGradients {
 
 /// QueryGradients of `queries` packed queries q with output out and output gradient dout.
 template <class T>
-QueryGradients<T> query_gradients(AttentionBuffer<T> q, AttentionBuffer<T> dout,
-                                  const AttentionBuffer<T>& out, AttentionBuffer<T> lse,
-                                  Index queries, Index head_dim);
+QueryGradients<T> query_gradients(const ExecutionSpace& space, AttentionBuffer<T> q,
+                                  AttentionBuffer<T> dout, const AttentionBuffer<T>& out,
+                                  AttentionBuffer<T> lse, Index queries, Index head_dim);
 
 /// Backward of one K/V block `kv` against the local queries: per slice and tile, P = exp(S -
 /// lse) recomputed, dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q.
 /// Adds into dq and the block's dK/dV (`dkv`, dK then dV); either may be null (not needed).
 template <class T>
-void backward_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* kv, T* dkv,
-                    Index keys, const Visibility& visible, T scale, T* scores, T* dscores,
-                    const Progress& progress);
+void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
+                    const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
+                    T* dscores, const Progress& progress);
 
 /// y[i] += x[i] for i < n (buffers of the default space).
 template <class T>
-void add_into(T* y, const T* x, Index n);
+void add_into(const ExecutionSpace& space, T* y, const T* x, Index n);
 
 /// The tokens of a field: its owned cells (`owned`, local indices), in C order. Packs them
 /// into `out` (a.block(tokens) values).
 template <class T>
-void pack_tokens(const FieldView<T>& field, const Box& owned, const Heads& a, T* out);
+void pack_tokens(const ExecutionSpace& space, const FieldView<T>& field, const Box& owned,
+                 const Heads& a, T* out);
 
 /// Writes (or, with `add`, adds) a packed block into the owned cells of a field.
 template <class T>
-void unpack_tokens(const T* in, const FieldView<T>& field, const Box& owned, const Heads& a,
-                   bool add);
+void unpack_tokens(const ExecutionSpace& space, const T* in, const FieldView<T>& field,
+                   const Box& owned, const Heads& a, bool add);
 
 /// The same for a replicated {batch, tokens, channels} tensor (channels of a token contiguous).
 template <class T>
-void pack_tokens(const ReplicatedView<T>& r, Index tokens, const Heads& a, T* out);
+void pack_tokens(const ExecutionSpace& space, const ReplicatedView<T>& r, Index tokens,
+                 const Heads& a, T* out);
 template <class T>
-void unpack_tokens(const T* in, const ReplicatedView<T>& r, Index tokens, const Heads& a, bool add);
+void unpack_tokens(const ExecutionSpace& space, const T* in, const ReplicatedView<T>& r,
+                   Index tokens, const Heads& a, bool add);
 
 }  // namespace shardtensor::kernels

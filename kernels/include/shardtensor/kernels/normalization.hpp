@@ -8,6 +8,7 @@
 #include <Kokkos_Core.hpp>
 #include <vector>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor::kernels {
@@ -22,29 +23,33 @@ using BlockDoubles = Kokkos::View<double*, DefaultMemorySpace>;
 
 /// Per block, the sum of x over the owned cells.
 template <class T>
-std::vector<double> block_sums(const OwnedCells<const T>& x);
+std::vector<double> block_sums(const ExecutionSpace& space, const OwnedCells<const T>& x);
 
 /// Per block, the sum of d = x - mean(block), then (appended, another `blocks` values) the
 /// sum of d^2.
 template <class T>
-std::vector<double> block_deviation_sums(const OwnedCells<const T>& x, const BlockDoubles& mean);
+std::vector<double> block_deviation_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
+                                         const BlockDoubles& mean);
 
 /// y = (x - mean(b)) rstd(b) scale(c) + shift(c) for the cells of block b = (n, c).
 template <class T>
-void normalize_forward(const OwnedCells<const T>& x, const BlockDoubles& mean,
-                       const BlockDoubles& rstd, const BlockDoubles& scale,
-                       const BlockDoubles& shift, const OwnedCells<T>& y);
+void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x,
+                       const BlockDoubles& mean, const BlockDoubles& rstd,
+                       const BlockDoubles& scale, const BlockDoubles& shift,
+                       const OwnedCells<T>& y);
 
 /// Per block, the sum of dy, then (appended) the sum of dy * xhat, xhat = (x - mean) rstd.
 template <class T>
-std::vector<double> normalize_gradient_sums(const OwnedCells<const T>& dy,
+std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
+                                            const OwnedCells<const T>& dy,
                                             const OwnedCells<const T>& x, const BlockDoubles& mean,
                                             const BlockDoubles& rstd);
 
 /// dx += c1(b) dy - c2(b) - c3(b) xhat for the cells of block b.
 template <class T>
-void normalize_backward(const OwnedCells<const T>& dy, const OwnedCells<const T>& x,
-                        const BlockDoubles& mean, const BlockDoubles& rstd, const BlockDoubles& c1,
-                        const BlockDoubles& c2, const BlockDoubles& c3, const OwnedCells<T>& dx);
+void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& dy,
+                        const OwnedCells<const T>& x, const BlockDoubles& mean,
+                        const BlockDoubles& rstd, const BlockDoubles& c1, const BlockDoubles& c2,
+                        const BlockDoubles& c3, const OwnedCells<T>& dx);
 
 }  // namespace shardtensor::kernels

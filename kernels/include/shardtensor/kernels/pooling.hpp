@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
@@ -51,13 +52,13 @@ struct PoolShape {
 /// y = pooling of the padded input xp over the windows of g; argmax (max pooling) records
 /// where each maximum was (the first one, as in PyTorch).
 template <class T>
-void pool_forward(const PoolShape& g, PoolKind kind, const FieldView<T>& xp, const FieldView<T>& y,
-                  const PoolArgmax& argmax);
+void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
+                  const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax);
 
 /// Gradient of the padded input gxp (zero on entry) from the output gradient gy.
 template <class T>
-void pool_backward(const PoolShape& g, PoolKind kind, const FieldView<T>& gy,
-                   const PoolArgmax& argmax, const FieldView<T>& gxp);
+void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
+                   const FieldView<T>& gy, const PoolArgmax& argmax, const FieldView<T>& gxp);
 
 }  // namespace kernels
 }  // namespace shardtensor

@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -39,13 +40,13 @@ struct UpsampleShape {
 
 /// y = x upsampled by g (x: the input buffer, owned cells plus ghosts).
 template <class T>
-void upsample_forward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& x,
-                      const FieldView<T>& y);
+void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+                      const FieldView<T>& x, const FieldView<T>& y);
 
 /// gx += the input-buffer gradient of output gradient gy.
 template <class T>
-void upsample_backward(const UpsampleShape& g, UpsampleMode mode, const FieldView<T>& gy,
-                       const FieldView<T>& gx);
+void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+                       const FieldView<T>& gy, const FieldView<T>& gx);
 
 }  // namespace kernels
 }  // namespace shardtensor

@@ -1,0 +1,24 @@
+#pragma once
+// The execution space instance that every kernel takes first (those of kernels/, and core's
+// cell loops; as ArborX's algorithms do). A kernel dispatches all its work on that instance:
+// layers pass the default one (`ExecutionSpace()`); work that should run beside other work
+// gets an instance of its own (on a GPU, a stream). Kernels do not fence: a caller that reads
+// their results on the host, or on another instance, fences `space` first.
+
+#include <Kokkos_Core.hpp>
+
+#include "shardtensor/core/types.hpp"
+
+namespace shardtensor {
+
+/// The execution space of the kernels: the one whose memory (DefaultMemorySpace) fields and
+/// parameters live in.
+using ExecutionSpace = Kokkos::DefaultExecutionSpace;
+
+/// The indices [0, n) on `space`.
+inline Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>> kernel_range(
+    const ExecutionSpace& space, Index n) {
+  return Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>>(space, 0, n);
+}
+
+}  // namespace shardtensor
