@@ -63,6 +63,35 @@ void require_no_ghosts(const Variable<T>& v, const char* where) {
                       "'" << v.name() << "' carries ghost cells (" << v.value().ghosts() << ")");
 }
 
+// The per-cell values of the sums below are functors, not lambdas: a CUDA __host__ __device__
+// lambda made in a header template and handed to another template (per_sample_sums) is the
+// pattern whose host-side wrapper nvcc left a null pointer in (see core/box_copy.hpp).
+template <class T>
+struct ValueOf {  // x
+  const T* x;
+  KOKKOS_INLINE_FUNCTION double operator()(Index i) const { return double(x[i]); }
+};
+template <class T>
+struct SquareOf {  // x^2
+  const T* x;
+  KOKKOS_INLINE_FUNCTION double operator()(Index i) const { return double(x[i]) * double(x[i]); }
+};
+template <class T>
+struct SquaredDifference {  // (a - b)^2
+  const T *a, *b;
+  KOKKOS_INLINE_FUNCTION double operator()(Index i) const {
+    const double d = double(a[i]) - double(b[i]);
+    return d * d;
+  }
+};
+template <class T>
+struct AbsoluteDifference {  // |a - b|
+  const T *a, *b;
+  KOKKOS_INLINE_FUNCTION double operator()(Index i) const {
+    return math::fabs(double(a[i]) - double(b[i]));
+  }
+};
+
 /// Sum over all ranks of a local per-sample reduction: out[n] = sum over (c, cells) of f(i).
 template <class T, class F>
 std::vector<double> per_sample_sums(const Communicator& comm, const ShardTensor<T>& like, F f) {
@@ -95,8 +124,8 @@ template <class T>
 Variable<T> sum(const Communicator& comm, const Variable<T>& input) {
   impl::require_no_ghosts(input, "sum");
   const auto x = input.value().view();
-  const std::vector<double> s = impl::per_sample_sums(
-      comm, input.value(), KOKKOS_LAMBDA(Index i) { return double(x.data()[i]); });
+  const std::vector<double> s =
+      impl::per_sample_sums(comm, input.value(), impl::ValueOf<T>{x.data()});
   double total = 0;
   for (double v : s) total += v;
   auto node = impl::scalar_node<T>("sum", total, {input.node()});
@@ -119,8 +148,7 @@ Variable<T> mean(const Communicator& comm, const Variable<T>& input) {
   const ShardTensor<T>& x = input.value();
   const double count = double(x.batch()) * x.channels() * x.decomposition().global_cells();
   const auto xv = x.view();
-  const std::vector<double> s = impl::per_sample_sums(
-      comm, x, KOKKOS_LAMBDA(Index i) { return double(xv.data()[i]); });
+  const std::vector<double> s = impl::per_sample_sums(comm, x, impl::ValueOf<T>{xv.data()});
   double total = 0;
   for (double v : s) total += v;
   auto node = impl::scalar_node<T>("mean", total / count, {input.node()});
@@ -145,11 +173,8 @@ Variable<T> mse_loss(const Communicator& comm, const Variable<T>& output,
   const ShardTensor<T>& p = prediction.value();
   const double count = double(p.batch()) * p.channels() * p.decomposition().global_cells();
   const auto pv = p.view(), tv = target.value().view();
-  const std::vector<double> s = impl::per_sample_sums(
-      comm, p, KOKKOS_LAMBDA(Index i) {
-        const double d = double(pv.data()[i]) - double(tv.data()[i]);
-        return d * d;
-      });
+  const std::vector<double> s =
+      impl::per_sample_sums(comm, p, impl::SquaredDifference<T>{pv.data(), tv.data()});
   double total = 0;
   for (double v : s) total += v;
   auto node = impl::scalar_node<T>("mse_loss", total / count, {prediction.node(), target.node()});
@@ -180,9 +205,8 @@ Variable<T> l1_loss(const Communicator& comm, const Variable<T>& output,
   const ShardTensor<T>& p = prediction.value();
   const double count = double(p.batch()) * p.channels() * p.decomposition().global_cells();
   const auto pv = p.view(), tv = target.value().view();
-  const std::vector<double> s = impl::per_sample_sums(
-      comm, p,
-      KOKKOS_LAMBDA(Index i) { return math::fabs(double(pv.data()[i]) - double(tv.data()[i])); });
+  const std::vector<double> s =
+      impl::per_sample_sums(comm, p, impl::AbsoluteDifference<T>{pv.data(), tv.data()});
   double total = 0;
   for (double v : s) total += v;
   auto node = impl::scalar_node<T>("l1_loss", total / count, {prediction.node(), target.node()});
@@ -214,13 +238,9 @@ Variable<T> relative_l2_loss(const Communicator& comm, const Variable<T>& output
   impl::require_no_ghosts(prediction, "relative_l2_loss");
   const ShardTensor<T>& p = prediction.value();
   const auto pv = p.view(), tv = target.value().view();
-  const std::vector<double> error = impl::per_sample_sums(
-      comm, p, KOKKOS_LAMBDA(Index i) {
-        const double d = double(pv.data()[i]) - double(tv.data()[i]);
-        return d * d;
-      });
-  const std::vector<double> norm = impl::per_sample_sums(
-      comm, p, KOKKOS_LAMBDA(Index i) { return double(tv.data()[i]) * double(tv.data()[i]); });
+  const std::vector<double> error =
+      impl::per_sample_sums(comm, p, impl::SquaredDifference<T>{pv.data(), tv.data()});
+  const std::vector<double> norm = impl::per_sample_sums(comm, p, impl::SquareOf<T>{tv.data()});
   const Index batch = p.batch();
   double value = 0;
   for (Index n = 0; n < batch; ++n) {

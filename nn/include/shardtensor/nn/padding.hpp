@@ -80,6 +80,32 @@ void for_each_padding_line(const ShardTensor<T>& t, int dim, bool upper, int wid
       });
 }
 
+/// The cell operations of fill_boundary_padding and its adjoint: functors, not lambdas (the
+/// nvcc pattern core/box_copy.hpp describes: a header template's lambda handed to another
+/// template).
+template <class View>
+struct CopyPaddingSource {  // cell = source cell (constant past the global edge)
+  View v;
+  int dim;
+  typename View::non_const_value_type constant;
+  KOKKOS_INLINE_FUNCTION void operator()(Index n, Index c, const Index* cell,
+                                         const Index* source) const {
+    v(n, c, cell[0], cell[1], cell[2]) =
+        source[dim] < 0 ? constant : v(n, c, source[0], source[1], source[2]);
+  }
+};
+template <class View>
+struct ReturnPaddingGradient {  // source cell += cell; cell = 0
+  View v;
+  int dim;
+  KOKKOS_INLINE_FUNCTION void operator()(Index n, Index c, const Index* cell,
+                                         const Index* source) const {
+    auto& g = v(n, c, cell[0], cell[1], cell[2]);
+    if (source[dim] >= 0) v(n, c, source[0], source[1], source[2]) += g;
+    g = 0;
+  }
+};
+
 }  // namespace impl
 
 /// Which padding widths (lower, upper per axis) a shard at an open global boundary fills.
@@ -107,10 +133,7 @@ void fill_boundary_padding(const ShardTensor<T>& t, const BoundaryPadding& paddi
       if (!at_boundary || width == 0) continue;
       impl::for_each_padding_line(
           t, dim, upper, width, mode,
-          KOKKOS_LAMBDA(Index n, Index c, const Index* cell, const Index* source) {
-            v(n, c, cell[0], cell[1], cell[2]) =
-                source[dim] < 0 ? constant : v(n, c, source[0], source[1], source[2]);
-          });
+          impl::CopyPaddingSource<typename ShardTensor<T>::view_type>{v, dim, constant});
     }
   }
 }
@@ -131,11 +154,7 @@ void unfill_boundary_padding(const ShardTensor<T>& grad, const BoundaryPadding& 
       if (!at_boundary || width == 0) continue;
       impl::for_each_padding_line(
           grad, dim, upper, width, mode,
-          KOKKOS_LAMBDA(Index n, Index c, const Index* cell, const Index* source) {
-            T& g = v(n, c, cell[0], cell[1], cell[2]);
-            if (source[dim] >= 0) v(n, c, source[0], source[1], source[2]) += g;
-            g = T(0);
-          });
+          impl::ReturnPaddingGradient<typename ShardTensor<T>::view_type>{v, dim});
     }
   }
 }
