@@ -103,6 +103,18 @@ LineFft<T>::LineFft(FftKind kind, int axis, Index length, Index planes,
   std::vector<Loop> loops{{planes, in_sample, out_sample}};
   for (int a = 0; a < max_spatial_dims; ++a)
     if (a != axis && in_extents[a] > 1) loops.push_back({in_extents[a], in_axis[a], out_axis[a]});
+  // Loops that continue each other (the outer's step is the inner's whole run, in both
+  // arrays) are one loop: lines along the innermost axis (the real-to-complex axis) are then
+  // a single batch, whatever the field's extents.
+  for (std::size_t i = loops.size() - 1; i > 0; --i) {
+    const Loop& outer = loops[i - 1];
+    const Loop& inner = loops[i];
+    if (outer.in_distance == inner.count * inner.in_distance &&
+        outer.out_distance == inner.count * inner.out_distance) {
+      loops[i - 1] = {outer.count * inner.count, inner.in_distance, inner.out_distance};
+      loops.erase(loops.begin() + long(i));
+    }
+  }
   // The longest loop is cuFFT's batch.
   const auto batch_at = std::max_element(
       loops.begin(), loops.end(), [](const Loop& a, const Loop& b) { return a.count < b.count; });
@@ -117,6 +129,18 @@ LineFft<T>::LineFft(FftKind kind, int axis, Index length, Index planes,
   plan->sign = kind == FftKind::backward ? CUFFT_INVERSE : CUFFT_FORWARD;
   plan->in_bytes = real_in ? sizeof(T) : 2 * sizeof(T);
   plan->out_bytes = real_out ? sizeof(T) : 2 * sizeof(T);
+  // cuFFT refuses (CUFFT_INVALID_VALUE) real arrays whose pointer is not aligned to a complex
+  // value: a host loop may not start a launch at an odd real offset. Say so instead.
+  const std::size_t complex_bytes = 2 * sizeof(T);
+  for (const Loop& loop : loops)
+    SHARDTENSOR_REQUIRE(
+        loop.count == 1 || ((loop.in_distance * plan->in_bytes) % complex_bytes == 0 &&
+                            (loop.out_distance * plan->out_bytes) % complex_bytes == 0),
+        "LineFft",
+        "cuFFT needs every transform's real data aligned to a complex value; lines along axis "
+            << axis << " of extents (" << in_extents[0] << ", " << in_extents[1] << ", "
+            << in_extents[2] << ") start at odd offsets " << loop.in_distance << " / "
+            << loop.out_distance);
   plan->host_loops = std::move(loops);
   plan->in = const_cast<void*>(in);
   plan->out = const_cast<void*>(out);
