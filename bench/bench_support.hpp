@@ -13,7 +13,8 @@
 #include <cstring>
 #include <ctime>
 #include <string>
-#include <type_traits>
+
+#include "shardtensor/core/execution.hpp"
 
 namespace shardtensor::bench {
 
@@ -64,9 +65,7 @@ inline double sgemm_gflops(int m, int k, int n, int reps) {
 /// host threads where the kernels run on the host (OpenMP: OMP_NUM_THREADS each), one per
 /// rank on a GPU (the rate is then per GPU).
 inline int cores_of(int ranks) {
-  const bool on_host =
-      std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value;
-  return ranks * (on_host ? Kokkos::DefaultHostExecutionSpace().concurrency() : 1);
+  return ranks * (kernels_run_on_host ? Kokkos::DefaultHostExecutionSpace().concurrency() : 1);
 }
 
 /// OPENBLAS_CORETYPE as set (it changes sgemm ~2x: SkylakeX for the AVX-512 kernels), or "".

@@ -283,9 +283,7 @@ void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, 
 
 template <class T>
 bool conv_vector_kernels_available() {
-  return std::is_same<T, float>::value &&
-         std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value &&
-         host::conv_vector_available();
+  return std::is_same<T, float>::value && kernels_run_on_host && host::conv_vector_available();
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                \

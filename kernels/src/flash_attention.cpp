@@ -168,7 +168,7 @@ void backward_slice(const ExecutionSpace& space, Index D, const T* q, const T* d
 /// Host threads that compute separate slices at once, each with its own score tiles, where
 /// the kernels run on the host (1 on a GPU, whose kernels spread each tile instead).
 int slice_lanes() {
-  return host::kernels_run_on_host ? host::host_threads() : 1;
+  return kernels_run_on_host ? host::host_threads() : 1;
 }
 
 /// Calls slice(s, scores, dscores, inline_rows) for every slice s of a block. With several

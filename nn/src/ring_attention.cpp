@@ -116,6 +116,28 @@ void zero(T* data, Index n) {
 
 const Progress no_progress = [] {};
 
+/// Folds one whole K/V block (no ring: the replicated ops) into `state`, with its own score
+/// tiles.
+template <class T>
+void fold_whole_block(const Heads& a, const T* q, Index queries, const T* kv, Index keys, T scale,
+                      OnlineSoftmax<T>& state) {
+  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+  kernels::fold_block(ExecutionSpace(), a, q, queries, kv, keys, Visibility{}, scale, state,
+                      scores.data(), no_progress);
+}
+
+/// Backward of one whole K/V block against the queries of g (no ring), with its own score
+/// tiles; dq or dkv may be null.
+template <class T>
+void backward_whole_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* kv, T* dkv,
+                          Index keys, T scale) {
+  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+  AttentionBuffer<T> dscores =
+      attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
+  kernels::backward_block(ExecutionSpace(), a, g, dq, kv, dkv, keys, Visibility{}, scale,
+                          scores.data(), dscores.data(), no_progress);
+}
+
 // ---------------------------------------------------------------------------------------
 // Checks shared by the three ops
 
@@ -436,10 +458,7 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
   {
     const AttentionBuffer<T> qp = packed_copy(q.data(), a, queries);
     const AttentionBuffer<T> kv = packed_kv(k.value(), v.value(), a);
-    AttentionBuffer<T> scores =
-        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-    kernels::fold_block(ExecutionSpace(), a, qp.data(), queries, kv.data(), keys, Visibility{},
-                        scale, state, scores.data(), no_progress);
+    fold_whole_block(a, qp.data(), queries, kv.data(), keys, scale, state);
   }
   AttentionBuffer<T> global_max =  // becomes the saved log-sum-exp
       attention_buffer<T>("attention.lse", state.rows, current_memory_category());
@@ -468,12 +487,7 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
     const AttentionBuffer<T> dkv =
         gradient_buffer<T>(inputs[1]->requires_grad || inputs[2]->requires_grad, 2 * a.block(keys));
-    AttentionBuffer<T> scores =
-        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-    AttentionBuffer<T> dscores =
-        attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
-    kernels::backward_block(ExecutionSpace(), a, g, data_or_null(dq), kv.data(), data_or_null(dkv),
-                            keys, Visibility{}, scale, scores.data(), dscores.data(), no_progress);
+    backward_whole_block(a, g, data_or_null(dq), kv.data(), data_or_null(dkv), keys, scale);
     // dQ sums over the keys of every rank: this rank's share, added over comm by backward().
     if (inputs[0]->requires_grad)
       unpack(dq.data(), inputs[0]->grad_partial(comm), a, queries, true);
@@ -503,10 +517,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
   {
     const AttentionBuffer<T> qp = packed_copy(qf, a);
     const AttentionBuffer<T> kv = packed_kv(k.data(), v.data(), a, keys);
-    AttentionBuffer<T> scores =
-        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-    kernels::fold_block(ExecutionSpace(), a, qp.data(), queries, kv.data(), keys, Visibility{},
-                        scale, state, scores.data(), no_progress);
+    fold_whole_block(a, qp.data(), queries, kv.data(), keys, scale, state);
   }
   kernels::finish(ExecutionSpace(), state);
 
@@ -526,12 +537,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
     const AttentionBuffer<T> dkv =
         gradient_buffer<T>(inputs[1]->requires_grad || inputs[2]->requires_grad, 2 * a.block(keys));
-    AttentionBuffer<T> scores =
-        attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-    AttentionBuffer<T> dscores =
-        attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
-    kernels::backward_block(ExecutionSpace(), a, g, data_or_null(dq), kv.data(), data_or_null(dkv),
-                            keys, Visibility{}, scale, scores.data(), dscores.data(), no_progress);
+    backward_whole_block(a, g, data_or_null(dq), kv.data(), data_or_null(dkv), keys, scale);
     if (inputs[0]->requires_grad) unpack(dq.data(), inputs[0]->grad_field(), a, true);
     // dK, dV sum over the queries of every rank: this rank's share, added over comm.
     if (inputs[1]->requires_grad) unpack(dkv.data(), inputs[1]->grad_partial(comm), a, keys, true);

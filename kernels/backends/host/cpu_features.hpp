@@ -18,8 +18,7 @@
 #define SHARDTENSOR_HOST_AVX512 1
 #include <immintrin.h>
 
-#include <Kokkos_Core.hpp>
-#include <type_traits>
+#include "shardtensor/core/execution.hpp"
 
 #define SHARDTENSOR_AVX512_BEGIN                                                       \
   _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
@@ -36,8 +35,7 @@ inline bool avx512_available() {
 
 /// True where the AVX-512 kernels run on this CPU and on the default execution space's Views.
 inline bool avx512_kernels_run_here() {
-  return std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value &&
-         avx512_available();
+  return kernels_run_on_host && avx512_available();
 }
 
 }  // namespace shardtensor::kernels::host

@@ -5,9 +5,8 @@
 // rows, an attention slice with its GEMMs) rather than one cell of a Kokkos kernel.
 
 #include <Kokkos_Core.hpp>
-#include <type_traits>
 
-#include "shardtensor/core/shard_tensor.hpp"
+#include "shardtensor/core/execution.hpp"
 
 namespace shardtensor::kernels::host {
 
@@ -15,10 +14,6 @@ namespace shardtensor::kernels::host {
 inline int host_threads() {
   return static_cast<int>(Kokkos::DefaultHostExecutionSpace().concurrency());
 }
-
-/// True where the Kokkos kernels run on the host, so host loops may read their Views.
-constexpr bool kernels_run_on_host =
-    std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value;
 
 /// Runs work(t, first, last) on each of `threads` host threads for its contiguous share
 /// [first, last) of `items` (a static split). The work may not dispatch Kokkos kernels: a

@@ -6,6 +6,7 @@
 // their results on the host, or on another instance, fences `space` first.
 
 #include <Kokkos_Core.hpp>
+#include <type_traits>
 
 #include "shardtensor/core/types.hpp"
 
@@ -14,6 +15,11 @@ namespace shardtensor {
 /// The execution space of the kernels: the one whose memory (DefaultMemorySpace) fields and
 /// parameters live in.
 using ExecutionSpace = Kokkos::DefaultExecutionSpace;
+
+/// True where the kernels run on the host (Serial, OpenMP): host code may then read their
+/// Views and split work over the host threads itself.
+constexpr bool kernels_run_on_host =
+    std::is_same<ExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value;
 
 /// The indices [0, n) on `space`.
 inline Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>> kernel_range(
