@@ -71,6 +71,11 @@ void print_info(const Communicator& world) {
               KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
               Kokkos::DefaultExecutionSpace::name());
   std::printf("  MPI       %s, %d rank(s)\n", mpi.c_str(), world.size());
+  std::printf("  comm      parallel.backend: mpi%s; device_aware_mpi: %s\n",
+              nccl_available() ? " or nccl" : " (this build has no NCCL)",
+              !host_reads_default_memory
+                  ? (mpi_reads_device_memory() ? "possible" : "not possible with this MPI")
+                  : "no effect (host memory)");
   std::printf("  HDF5      %u.%u.%u, parallel: %s\n", major, minor, release,
               parallel_hdf5 ? "yes" : "no");
   std::printf("  BLAS      %s\n", blas.c_str());

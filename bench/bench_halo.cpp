@@ -45,6 +45,7 @@
 
 #include "shardtensor/comm.hpp"
 #include "shardtensor/core.hpp"
+#include "shardtensor/core/execution.hpp"
 
 using namespace shardtensor;
 
@@ -350,12 +351,14 @@ WidthResult run_width(const Options& o, const Decomposition& d, const Communicat
     variants[fresh_t].op = [&] { baseline.exchange(true); };
     variants[fill_t].op = [&] { baseline.fill(); };
     variants[pack_t].op = [&] {
-      for (const Message& m : messages) pack_box(field.view(), m.send_box, packed, m.send_offset);
+      for (const Message& m : messages)
+        pack_box(ExecutionSpace(), field.view(), m.send_box, packed, m.send_offset);
       Kokkos::fence();
     };
     variants[unpack_t].op = [&] {
       for (const Message& m : messages)
-        unpack_box(unpacked, field.view(), m.recv_box, UnpackMode::assign, m.recv_offset);
+        unpack_box(ExecutionSpace(), unpacked, field.view(), m.recv_box, UnpackMode::assign,
+                   m.recv_offset);
       Kokkos::fence();
     };
     run_interleaved(variants, int(o.warmup), int(o.iters), int(o.reps), 0.025);

@@ -1,7 +1,9 @@
 // Collectives on Views against serial results computed from every rank's known inputs.
 
 #include <catch2/catch.hpp>
+#include <numeric>
 
+#include "shardtensor/comm/point_to_point.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;
@@ -125,6 +127,137 @@ TEST_CASE("ring_shift passes blocks around the ring", "[collectives]") {
     std::swap(a, b);
   }
   for (int i = 0; i < 3; ++i) CHECK(a(i) == contribution(comm.rank(), i));
+}
+
+TEST_CASE("collectives of device-memory Views agree on every communication backend",
+          "[collectives]") {
+  // The Views of the kernels (DefaultMemorySpace): on a GPU each backend moves them its own
+  // way (staged, device pointers, NCCL); the values must be the serial answers on all.
+  using Buffer = Kokkos::View<double*, DefaultMemorySpace>;
+  auto filled = [](const std::string& label, std::size_t n, auto value) {
+    Buffer b(label, n);
+    auto h = Kokkos::create_mirror_view(b);
+    for (std::size_t i = 0; i < n; ++i) h(i) = value(i);
+    Kokkos::deep_copy(b, h);
+    return b;
+  };
+  auto on_host = [](const Buffer& b) {
+    return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  };
+  for (const CommOptions& options : test::comm_backends()) {
+    INFO(test::describe(options));
+    const Communicator comm = Communicator().with_options(options);
+    const int p = comm.size(), me = comm.rank();
+    const std::size_t n = 29;
+
+    const Buffer sum = filled("sum", n, [&](std::size_t i) { return contribution(me, i); });
+    allreduce(comm, sum);
+    const Buffer top = filled("max", n, [&](std::size_t i) { return contribution(me, i); });
+    allreduce(comm, top, ReduceOp::max);
+    const auto hs = on_host(sum), ht = on_host(top);
+    for (std::size_t i = 0; i < n; ++i) {
+      double s = 0, m = contribution(0, i);
+      for (int r = 0; r < p; ++r) s += contribution(r, i), m = std::max(m, contribution(r, i));
+      CHECK(hs(i) == Approx(s).epsilon(1e-14));
+      CHECK(ht(i) == m);
+    }
+
+    // allgatherv and alltoallv with blocks of every rank's own size (r + 1 values).
+    std::vector<std::size_t> counts;
+    for (int r = 0; r < p; ++r) counts.push_back(std::size_t(r + 1));
+    const Buffer mine = filled("mine", me + 1, [&](std::size_t i) { return contribution(me, i); });
+    const Buffer all("all", p * (p + 1) / 2);
+    allgatherv(comm, mine, all, counts);
+    const auto ha = on_host(all);
+    for (int r = 0, k = 0; r < p; ++r)
+      for (int i = 0; i <= r; ++i) CHECK(ha(k++) == contribution(r, i));
+
+    std::vector<std::size_t> send_counts, recv_counts;  // me sends r + me + 1 values to r
+    for (int r = 0; r < p; ++r) send_counts.push_back(std::size_t(r + me + 1));
+    for (int r = 0; r < p; ++r) recv_counts.push_back(std::size_t(me + r + 1));
+    std::vector<double> outgoing;
+    for (int r = 0; r < p; ++r)
+      for (std::size_t i = 0; i < send_counts[r]; ++i) outgoing.push_back(1000.0 * me + 10 * r + i);
+    const Buffer out = filled("out", outgoing.size(), [&](std::size_t i) { return outgoing[i]; });
+    const Buffer in("in", std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t(0)));
+    alltoallv(comm, out, send_counts, in, recv_counts);
+    const auto hi = on_host(in);
+    for (int s = 0, k = 0; s < p; ++s)
+      for (std::size_t i = 0; i < recv_counts[s]; ++i) CHECK(hi(k++) == 1000.0 * s + 10 * me + i);
+
+    // reduce_scatter with equal blocks (NCCL's own) and with unequal ones.
+    for (const bool equal : {true, false}) {
+      std::vector<std::size_t> blocks;
+      for (int r = 0; r < p; ++r) blocks.push_back(equal ? 3 : std::size_t(r + 2));
+      const std::size_t total = std::accumulate(blocks.begin(), blocks.end(), std::size_t(0));
+      const Buffer values =
+          filled("values", total, [&](std::size_t i) { return contribution(me, 100 + i); });
+      const Buffer block("block", blocks[me]);
+      reduce_scatter(comm, values, block, blocks);
+      const auto hb = on_host(block);
+      const std::size_t first =
+          std::accumulate(blocks.begin(), blocks.begin() + me, std::size_t(0));
+      for (std::size_t i = 0; i < blocks[me]; ++i) {
+        double s = 0;
+        for (int r = 0; r < p; ++r) s += contribution(r, 100 + first + i);
+        CHECK(hb(i) == Approx(s).epsilon(1e-14));
+      }
+    }
+
+    const Buffer from = filled("from", 5, [&](std::size_t i) { return 100.0 * me + i; });
+    const Buffer to("to", 5);
+    ring_shift(comm, from, to);
+    const auto hr = on_host(to);
+    for (std::size_t i = 0; i < 5; ++i) CHECK(hr(i) == 100.0 * ((me + p - 1) % p) + i);
+  }
+}
+
+TEST_CASE("post_exchange runs two rings at once, blocks of every rank's own size",
+          "[collectives]") {
+  // As ring attention does: blocks travel one way, accumulators another, both in flight while
+  // the ranks compute; rank r's block has r + 2 values, so every message has its own length.
+  for (const CommOptions& options : test::comm_backends()) {
+    INFO(test::describe(options));
+    const Communicator comm = Communicator().with_options(options);
+    const int p = comm.size(), me = comm.rank();
+    const int next = (me + 1) % p, prev = (me + p - 1) % p;
+    auto size_of = [](int r) { return Index(r + 2); };
+    using Buffer = Kokkos::View<double*, DefaultMemorySpace>;
+    Buffer blocks[2] = {Buffer("a", p + 2), Buffer("b", p + 2)};
+    Buffer sums[2] = {Buffer("c", p + 2), Buffer("d", p + 2)};
+    auto host = Kokkos::create_mirror_view(blocks[0]);
+    for (Index i = 0; i < size_of(me); ++i) host(i) = contribution(me, i);
+    Kokkos::deep_copy(blocks[0], host);
+    Kokkos::deep_copy(sums[0], host);
+    const int tag = comm.operation_tags("test.post_exchange", 2);
+    for (int step = 0; step + 1 < p; ++step) {
+      const int source = (me - step + p) % p, incoming = (source + p - 1) % p;
+      PendingExchange block =
+          post_exchange(comm, static_cast<const double*>(blocks[step % 2].data()), size_of(source),
+                        next, blocks[(step + 1) % 2].data(), size_of(incoming), prev, tag);
+      PendingExchange sum =
+          post_exchange(comm, static_cast<const double*>(sums[step % 2].data()), size_of(source),
+                        next, sums[(step + 1) % 2].data(), size_of(incoming), prev, tag + 1);
+      block.test();
+      block.wait();
+      sum.wait();
+      // Each rank adds its own contribution into the travelling sum it just received.
+      auto s = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums[(step + 1) % 2]);
+      for (Index i = 0; i < size_of(incoming); ++i) s(i) += contribution(me, i);
+      Kokkos::deep_copy(sums[(step + 1) % 2], s);
+    }
+    // After p - 1 steps each rank holds the block of rank me + 1 and its sum over all ranks.
+    const int last = (me + 1) % p;
+    const int at = (p - 1) % 2;
+    const auto block = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), blocks[at]);
+    const auto sum = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums[at]);
+    for (Index i = 0; i < size_of(last); ++i) {
+      CHECK(block(i) == contribution(last, i));
+      double expected = contribution(last, i);
+      for (int step = 0; step + 1 < p; ++step) expected += contribution((last + step + 1) % p, i);
+      CHECK(sum(i) == Approx(expected).epsilon(1e-14));
+    }
+  }
 }
 
 TEST_CASE("collectives reject Views that do not match their counts", "[collectives][errors]") {

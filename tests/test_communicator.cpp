@@ -70,3 +70,32 @@ TEST_CASE("a rank mesh splits ranks into data groups of domain-parallel ranks", 
     CHECK_THAT(message, Catch::Matchers::Contains("groups do not divide"));
   }
 }
+
+TEST_CASE("communication options: backends by name, inherited by derived communicators",
+          "[communicator]") {
+  CHECK(comm_backend_named("mpi", "test") == CommBackend::mpi);
+  CHECK_THAT(
+      test::error_message_of([] { comm_backend_named("gloo", "test"); }),
+      Catch::Matchers::Contains("test: unknown communication backend 'gloo' (choose mpi or nccl)"));
+  const CommOptions nccl{CommBackend::nccl, false};
+  if (!nccl_available()) {  // refused on every rank, before anything collective
+    const std::string message =
+        test::error_message_of([&] { const Communicator c(MPI_COMM_WORLD, nccl); });
+    CHECK_THAT(message, Catch::Matchers::Contains(
+                            "Communicator: backend 'nccl' needs a CUDA build with NCCL"));
+    CHECK(test::ranks_with_error(message) == test::world_size());
+  }
+
+  const Communicator plain;
+  CHECK(plain.options().backend == CommBackend::mpi);
+  CHECK_FALSE(plain.options().device_aware_mpi);
+  CHECK(plain.nccl() == nullptr);
+  const Communicator aware = plain.with_options({CommBackend::mpi, true});
+  CHECK(aware.options().device_aware_mpi);
+  CHECK(aware.get() != plain.get());  // a duplicate of its own
+  CHECK(aware.reordered(-aware.rank()).options().device_aware_mpi);
+  const RankMesh mesh = aware.mesh(1);
+  for (const Communicator* c : {&mesh.world, &mesh.domain, &mesh.data})
+    CHECK(c->options().device_aware_mpi);
+  CHECK_FALSE(plain.mesh(1).domain.options().device_aware_mpi);
+}

@@ -26,8 +26,8 @@ std::vector<Index> extents_for(const std::vector<int>& grid, int min_cells) {
 /// past an open boundary).
 template <class T>
 long long wrong_cells_after_exchange(const Decomposition& d, const GhostWidths& ghosts,
-                                     bool split_phase) {
-  const Communicator comm;
+                                     bool split_phase, const CommOptions& options = {}) {
+  const Communicator comm = Communicator().with_options(options);
   const Index batch = 2, channels = 3;
   ShardTensor<T> field(d, comm.rank(), batch, channels, ghosts);
   auto expected_value = [&](Index n, Index c, SpatialIndex g) {
@@ -114,55 +114,74 @@ TEMPLATE_TEST_CASE("halo exchange with asymmetric widths and explicit uneven spl
   }
 }
 
+TEMPLATE_TEST_CASE("every communication backend fills the ghosts", "[halo]", float, double) {
+  // On a GPU: staged through host buffers, device pointers to MPI, NCCL (one group on the
+  // plan's stream); on the CPU the first two are the same path.
+  for (const CommOptions& options : test::comm_backends()) {
+    for (const std::vector<int>& grid : test::process_grids(test::world_size(), 3)) {
+      for (const std::vector<bool>& periodic : periodic_variants(3)) {
+        const Decomposition d(extents_for(grid, 3), grid, periodic);
+        GhostWidths ghosts = GhostWidths::uniform(2, 3);
+        ghosts.upper[1] = 1;
+        INFO(test::describe(options) << ", " << describe(d, ghosts));
+        CHECK(wrong_cells_after_exchange<TestType>(d, ghosts, true, options) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]") {
   const int nranks = test::world_size();
-  const Communicator comm;
-  int case_index = 0;
-  for (int ndims = 1; ndims <= 3; ++ndims) {
-    for (const std::vector<int>& grid : test::process_grids(nranks, ndims)) {
-      for (const std::vector<bool>& periodic : periodic_variants(ndims)) {
-        ++case_index;
-        const Decomposition d(extents_for(grid, 3), grid, periodic);
-        GhostWidths ghosts = GhostWidths::uniform(2, ndims);
-        ghosts.lower[0] = 1;  // asymmetric on the first axis
-        ghosts.upper[0] = 3;
-        INFO(describe(d, ghosts));
-        const Index channels = 2;
-        ShardTensor<double> x(d, comm.rank(), 1, channels, ghosts);
-        ShardTensor<double> y(d, comm.rank(), 1, channels, ghosts);
-        // x: random owned values, zero ghosts (H acts on owned cells); y: random everywhere.
-        test::fill(x, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
-          return test::is_ghost(x, local)
-                     ? 0.0
-                     : hashed_uniform(case_index, test::global_linear_index(d, channels, n, c, g));
-        });
-        test::fill(y, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex&) {
-          const std::uint64_t id = ((comm.rank() * 8 + n) * channels + c) * 1000003ull +
-                                   (local[0] * 1009 + local[1]) * 1013 + local[2];
-          return hashed_uniform(1000 + case_index, id);
-        });
-        HaloExchange<double> halo(comm, x);
-        auto local_dot = [](const ShardTensor<double>& a, const ShardTensor<double>& b) {
-          double s = 0;
-          const auto av = a.view(), bv = b.view();
-          Kokkos::parallel_reduce(
-              "dot", av.span(),
-              KOKKOS_LAMBDA(const std::size_t i, double& acc) {
-                acc += av.data()[i] * bv.data()[i];
-              },
-              s);
-          return s;
-        };
-        ShardTensor<double> hx(d, comm.rank(), 1, channels, ghosts);
-        Kokkos::deep_copy(hx.view(), x.view());
-        halo.exchange(hx);
-        const double lhs = test::sum_over_ranks(local_dot(hx, y));
-        ShardTensor<double> hty(d, comm.rank(), 1, channels, ghosts);
-        Kokkos::deep_copy(hty.view(), y.view());
-        halo.reverse_accumulate(hty);
-        const double rhs = test::sum_over_ranks(local_dot(x, hty));
-        INFO("<Hx, y> = " << lhs << ", <x, H^T y> = " << rhs);
-        CHECK(std::abs(lhs - rhs) <= 1e-12 * std::max(1.0, std::abs(lhs)));
+  for (const CommOptions& options : test::comm_backends()) {
+    const Communicator comm = Communicator().with_options(options);
+    INFO(test::describe(options));
+    int case_index = 0;
+    for (int ndims = 1; ndims <= 3; ++ndims) {
+      for (const std::vector<int>& grid : test::process_grids(nranks, ndims)) {
+        for (const std::vector<bool>& periodic : periodic_variants(ndims)) {
+          ++case_index;
+          const Decomposition d(extents_for(grid, 3), grid, periodic);
+          GhostWidths ghosts = GhostWidths::uniform(2, ndims);
+          ghosts.lower[0] = 1;  // asymmetric on the first axis
+          ghosts.upper[0] = 3;
+          INFO(describe(d, ghosts));
+          const Index channels = 2;
+          ShardTensor<double> x(d, comm.rank(), 1, channels, ghosts);
+          ShardTensor<double> y(d, comm.rank(), 1, channels, ghosts);
+          // x: random owned values, zero ghosts (H acts on owned cells); y: random everywhere.
+          test::fill(x, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
+            return test::is_ghost(x, local) ? 0.0
+                                            : hashed_uniform(case_index, test::global_linear_index(
+                                                                             d, channels, n, c, g));
+          });
+          test::fill(y, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex&) {
+            const std::uint64_t id = ((comm.rank() * 8 + n) * channels + c) * 1000003ull +
+                                     (local[0] * 1009 + local[1]) * 1013 + local[2];
+            return hashed_uniform(1000 + case_index, id);
+          });
+          HaloExchange<double> halo(comm, x);
+          auto local_dot = [](const ShardTensor<double>& a, const ShardTensor<double>& b) {
+            double s = 0;
+            const auto av = a.view(), bv = b.view();
+            Kokkos::parallel_reduce(
+                "dot", av.span(),
+                KOKKOS_LAMBDA(const std::size_t i, double& acc) {
+                  acc += av.data()[i] * bv.data()[i];
+                },
+                s);
+            return s;
+          };
+          ShardTensor<double> hx(d, comm.rank(), 1, channels, ghosts);
+          Kokkos::deep_copy(hx.view(), x.view());
+          halo.exchange(hx);
+          const double lhs = test::sum_over_ranks(local_dot(hx, y));
+          ShardTensor<double> hty(d, comm.rank(), 1, channels, ghosts);
+          Kokkos::deep_copy(hty.view(), y.view());
+          halo.reverse_accumulate(hty);
+          const double rhs = test::sum_over_ranks(local_dot(x, hty));
+          INFO("<Hx, y> = " << lhs << ", <x, H^T y> = " << rhs);
+          CHECK(std::abs(lhs - rhs) <= 1e-12 * std::max(1.0, std::abs(lhs)));
+        }
       }
     }
   }

@@ -18,8 +18,7 @@ namespace {
 
 /// Whether the model's kernels read host memory (not on a GPU): only then can the Session
 /// read the solver's arrays in place.
-constexpr bool model_reads_host_memory =
-    Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible;
+constexpr bool model_reads_host_memory = host_reads_default_memory;
 
 const std::vector<Index> global_extent{10, 12, 6};
 

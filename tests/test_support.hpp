@@ -116,6 +116,34 @@ inline int ranks_with_error(const std::string& message) {
   return n;
 }
 
+/// The ways this build moves device memory, each one to test: MPI (staged through host
+/// buffers on a GPU); MPI handed device pointers, where the MPI can take them; NCCL, where
+/// built and every rank of the node has a GPU of its own (NCCL refuses to share one).
+inline std::vector<CommOptions> comm_backends() {
+  std::vector<CommOptions> backends{CommOptions{}};
+  if (mpi_reads_device_memory()) backends.push_back({CommBackend::mpi, true});
+  if (nccl_available()) {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int ranks_here = 1;
+    MPI_Comm_size(node, &ranks_here);
+    MPI_Comm_free(&node);
+    int gpus = 0;
+#if KOKKOS_VERSION >= 40000
+    gpus = Kokkos::num_devices();
+#endif
+    int own_gpu = ranks_here <= gpus;
+    MPI_Allreduce(MPI_IN_PLACE, &own_gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (own_gpu) backends.push_back({CommBackend::nccl, false});
+  }
+  return backends;
+}
+
+inline std::string describe(const CommOptions& options) {
+  return std::string(to_string(options.backend)) +
+         (options.backend == CommBackend::mpi && options.device_aware_mpi ? " (device-aware)" : "");
+}
+
 /// A fresh directory under /tmp for one test (rank 0 names it, every rank uses it), removed
 /// at the end.
 class TempDir {

@@ -104,6 +104,25 @@ TEST_CASE("config errors name the key, the value and the line", "[config]") {
   CHECK_THAT(m3, Catch::Contains("'lbfgs'"));
   CHECK_THAT(m3, Catch::Contains("sgd, adam, adamw"));
 
+  const std::string gloo = "data: {path: a.h5}\nmodel: {type: unet}\nparallel: {backend: gloo}\n";
+  CHECK_THAT(test::error_message_of([&] { RunConfig::parse(gloo, "run.yaml"); }),
+             Catch::Contains("run.yaml: parallel.backend (line 3): unknown value 'gloo'; "
+                             "accepted: mpi, nccl"));
+  const std::string nccl = "data: {path: a.h5}\nmodel: {type: unet}\nparallel: {backend: nccl}\n";
+  if (nccl_available())
+    CHECK(RunConfig::parse(nccl).parallel.comm.backend == CommBackend::nccl);
+  else
+    CHECK_THAT(test::error_message_of([&] { RunConfig::parse(nccl, "run.yaml"); }),
+               Catch::Contains("run.yaml: parallel.backend (line 3): 'nccl' needs a CUDA build "
+                               "with NCCL; this build has none (use mpi)"));
+  const RunConfig aware = RunConfig::parse(
+      "data: {path: a.h5}\nmodel: {type: unet}\nparallel: {backend: mpi, device_aware_mpi: "
+      "true}\n");
+  CHECK(aware.parallel.comm.backend == CommBackend::mpi);
+  CHECK(aware.parallel.comm.device_aware_mpi);
+  CHECK_FALSE(
+      RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.device_aware_mpi);
+
   const std::string missing = "model: {type: unet}\n";
   CHECK_THAT(test::error_message_of([&] { RunConfig::parse(missing); }),
              Catch::Contains("data.path (line 1): missing required key"));

@@ -5,17 +5,26 @@
 #include <algorithm>
 #include <sstream>
 
+#include "shardtensor/comm/impl/nccl_transport.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_Query_cuda_support
+#endif
 
 namespace shardtensor {
 
 struct Communicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
+  CommOptions options;
+  std::shared_ptr<impl::nccl::Group> nccl;  // made at the first device-memory operation
   int next_tag = Communicator::first_plan_tag;
   std::map<std::string, int> operation_tags;  // first tag of each operation's reservation
   ~Handle() {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    nccl.reset();  // before its MPI communicator, which it does not use after creation
     if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
 };
@@ -26,26 +35,75 @@ void check_mpi_initialized(const char* where) {
   MPI_Initialized(&initialized);
   SHARDTENSOR_REQUIRE(initialized, where, "MPI_Init has not been called");
 }
+
+void check_device_aware_mpi(const CommOptions& options) {
+  const bool hands_mpi_device_memory =
+      options.backend == CommBackend::mpi && options.device_aware_mpi;
+  SHARDTENSOR_REQUIRE(!hands_mpi_device_memory || mpi_reads_device_memory(), "Communicator",
+                      "device_aware_mpi is set, but this MPI cannot read GPU memory "
+                      "(MPIX_Query_cuda_support() is 0): set it false to stage messages "
+                      "through host buffers, or use a CUDA-aware MPI");
+}
 }  // namespace
 
-Communicator::Communicator(MPI_Comm comm) {
+Communicator::Communicator(MPI_Comm comm, const CommOptions& options) {
   check_mpi_initialized("Communicator");
   SHARDTENSOR_REQUIRE(comm != MPI_COMM_NULL, "Communicator", "MPI_COMM_NULL given");
+  comm_backend_named(to_string(options.backend), "Communicator");  // refuses nccl if not built
+  check_device_aware_mpi(options);
   handle_ = std::make_shared<Handle>();
+  handle_->options = options;
   MPI_Comm_dup(comm, &handle_->comm);
   MPI_Comm_rank(handle_->comm, &rank_);
   MPI_Comm_size(handle_->comm, &size_);
 }
 
-Communicator::Communicator(adopt_tag, MPI_Comm comm) {
+Communicator::Communicator(adopt_tag, MPI_Comm comm, const CommOptions& options) {
   handle_ = std::make_shared<Handle>();
   handle_->comm = comm;
+  handle_->options = options;
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
 }
 
+Communicator Communicator::with_options(const CommOptions& options) const {
+  return Communicator(get(), options);
+}
+
 MPI_Comm Communicator::get() const {
   return handle_->comm;
+}
+
+const CommOptions& Communicator::options() const {
+  return handle_->options;
+}
+
+impl::nccl::Group* Communicator::nccl() const {
+  if (handle_->options.backend != CommBackend::nccl) return nullptr;
+  if (!handle_->nccl) handle_->nccl = impl::nccl::create_group(get());
+  return handle_->nccl.get();
+}
+
+bool mpi_reads_device_memory() {
+  if (host_reads_default_memory) return true;
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return true;
+#endif
+}
+
+const char* to_string(CommBackend backend) {
+  return backend == CommBackend::nccl ? "nccl" : "mpi";
+}
+
+CommBackend comm_backend_named(const std::string& name, const std::string& where) {
+  SHARDTENSOR_REQUIRE(name == "mpi" || name == "nccl", where,
+                      "unknown communication backend '" << name << "' (choose mpi or nccl)");
+  SHARDTENSOR_REQUIRE(name == "mpi" || nccl_available(), where,
+                      "backend 'nccl' needs a CUDA build with NCCL; this build has none "
+                      "(use mpi)");
+  return name == "nccl" ? CommBackend::nccl : CommBackend::mpi;
 }
 
 int Communicator::reserve_tags(int count) const {
@@ -124,7 +182,7 @@ std::vector<long long> Communicator::allgather(const std::vector<long long>& min
 Communicator Communicator::reordered(int key) const {
   MPI_Comm ordered = MPI_COMM_NULL;
   MPI_Comm_split(get(), 0, key, &ordered);
-  Communicator result(ordered);  // a duplicate of it
+  Communicator result(ordered, options());  // a duplicate of it
   MPI_Comm_free(&ordered);
   return result;
 }
@@ -198,8 +256,9 @@ RankMesh Communicator::mesh(int data_groups) const {
   int keep_domain[2] = {0, 1};
   MPI_Cart_sub(cart, keep_data, &data_comm);
   MPI_Cart_sub(cart, keep_domain, &domain_comm);
-  RankMesh mesh{Communicator(adopt_tag{}, cart), Communicator(adopt_tag{}, domain_comm),
-                Communicator(adopt_tag{}, data_comm), 0};
+  RankMesh mesh{Communicator(adopt_tag{}, cart, options()),
+                Communicator(adopt_tag{}, domain_comm, options()),
+                Communicator(adopt_tag{}, data_comm, options()), 0};
   mesh.data_group = mesh.data.rank();
   return mesh;
 }

@@ -1,5 +1,8 @@
 #include "shardtensor/comm/halo_exchange.hpp"
 
+#include <algorithm>
+
+#include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/comm/impl/mpi_type.hpp"
@@ -99,6 +102,7 @@ MPI_Datatype subarray_type(const FieldView<T>& layout, const Box& box) {
 template <class T>
 HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& like)
     : comm_(comm),
+      space_(independent_instance()),
       decomposition_(like.decomposition()),
       ghosts_(like.ghosts()),
       batch_(like.batch()),
@@ -149,8 +153,13 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
   MemoryCategoryScope memory(MemoryCategory::comm_buffers);
   send_buffer_ = Buffer("halo_send", send_total);
   recv_buffer_ = Buffer("halo_recv", recv_total);
-  send_host_ = Kokkos::create_mirror_view(send_buffer_);
-  recv_host_ = Kokkos::create_mirror_view(recv_buffer_);
+  nccl_ = impl::on_nccl<Buffer>(comm_);
+  if (!receives_in_place && !nccl_ && !comm_.options().device_aware_mpi) {
+    send_staging_ = HostBuffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "halo_send_staging"),
+                               send_total);
+    recv_staging_ = HostBuffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "halo_recv_staging"),
+                               recv_total);
+  }
   ghost_types_.assign(messages_.size(), MPI_DATATYPE_NULL);
   if (receives_in_place)
     for (std::size_t i = 0; i < messages_.size(); ++i)
@@ -166,8 +175,12 @@ HaloExchange<T>::~HaloExchange() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  // A plan destroyed mid-exchange (e.g. while an exception unwinds) must not leave MPI
-  // writing into freed buffers.
+  // A plan destroyed mid-exchange (e.g. while an exception unwinds) must not leave MPI or
+  // NCCL writing into freed buffers.
+  try {
+    nccl_transfers_.wait();
+  } catch (...) {  // a failed transfer is reported where it is waited for, not here
+  }
   for (MPI_Request& r : recv_requests_)
     if (r != MPI_REQUEST_NULL) {
       MPI_Cancel(&r);
@@ -213,6 +226,7 @@ void HaloExchange<T>::check_field(const ShardTensor<T>& field, Phase expected,
 
 template <class T>
 void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field) {
+  ExecutionSpace().fence();  // the kernels that wrote the field, before the plan's own instance
   in_flight_ = field.view().data();
   recv_requests_.clear();
   send_requests_.clear();
@@ -230,16 +244,44 @@ void HaloExchange<T>::post_receive(T* data, std::size_t count, MPI_Datatype type
 }
 
 template <class T>
-void HaloExchange<T>::post_send(const Buffer& buffer, const HostBuffer& host, std::size_t offset,
+void HaloExchange<T>::post_send(const Buffer& buffer, const HostBuffer& staging, std::size_t offset,
                                 std::size_t count, int neighbor, int tag) {
-  Kokkos::fence();  // the packing kernel is done: send while the next message packs
-  if (host.data() != buffer.data()) {
+  space_.fence();  // the packing kernel is done: send while the next message packs
+  if (staging.data()) {
     const Kokkos::pair<std::size_t, std::size_t> range(offset, offset + count);
-    Kokkos::deep_copy(Kokkos::subview(host, range), Kokkos::subview(buffer, range));
+    Kokkos::deep_copy(space_, Kokkos::subview(staging, range), Kokkos::subview(buffer, range));
+    space_.fence();
   }
   send_requests_.emplace_back();
-  MPI_Isend(host.data() + offset, static_cast<int>(count), impl::mpi_type<T>(), neighbor, tag,
-            comm_.get(), &send_requests_.back());
+  MPI_Isend(mpi_memory(buffer, staging) + offset, static_cast<int>(count), impl::mpi_type<T>(),
+            neighbor, tag, comm_.get(), &send_requests_.back());
+}
+
+template <class T>
+void HaloExchange<T>::start_nccl(const Buffer& out, bool reverse, const Buffer& in) {
+  // Transfers between two ranks match in the order they are listed. A rank sends towards d in
+  // the plan's order (directions ascending); the neighbour receives that message as its
+  // message towards -d, so receives are listed in the opposite order (opposite directions
+  // ascending) and the two lists agree on every pair of ranks.
+  std::vector<impl::nccl::Send> sends;
+  std::vector<impl::nccl::Receive> receives;
+  for (const Message& m : messages_) {
+    if (m.self_partner >= 0) continue;
+    const std::size_t offset = reverse ? m.recv_offset : m.send_offset;
+    const std::size_t count = reverse ? m.recv_count : m.send_count;
+    if (count > 0) sends.push_back({m.neighbor, out.data() + offset, count});
+  }
+  for (std::size_t i = messages_.size(); i-- > 0;) {
+    const Message& m = messages_[i];
+    if (m.self_partner >= 0) continue;
+    const std::size_t offset = reverse ? m.send_offset : m.recv_offset;
+    const std::size_t count = reverse ? m.send_count : m.recv_count;
+    if (count == 0) continue;
+    receives.push_back({m.neighbor, in.data() + offset, count});
+    recv_message_.push_back(static_cast<int>(i));
+  }
+  nccl_transfers_ =
+      impl::nccl::exchange(*comm_.nccl(), sends, receives, impl::nccl::element_type<T>());
 }
 
 template <class T>
@@ -247,6 +289,17 @@ void HaloExchange<T>::start(const ShardTensor<T>& field) {
   CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::start");
   begin_phase(Phase::forward, field);
+  if (nccl_) {
+    for (const Message& m : messages_) {
+      if (m.send_count == 0) continue;
+      if (m.self_partner >= 0)
+        copy_box(space_, field.view(), m.send_box, messages_[m.self_partner].recv_box);
+      else
+        pack_box(space_, field.view(), m.send_box, send_buffer_, m.send_offset);
+    }
+    start_nccl(send_buffer_, /*reverse=*/false, recv_buffer_);
+    return;
+  }
   for (std::size_t i = 0; i < messages_.size(); ++i) {
     const Message& m = messages_[i];
     if (m.recv_count == 0 || m.self_partner >= 0) continue;
@@ -254,17 +307,17 @@ void HaloExchange<T>::start(const ShardTensor<T>& field) {
     if (receives_in_place)
       post_receive(field.view().data(), 1, ghost_types_[i], m.neighbor, tag, int(i));
     else
-      post_receive(recv_host_.data() + m.recv_offset, m.recv_count, impl::mpi_type<T>(), m.neighbor,
-                   tag, int(i));
+      post_receive(mpi_memory(recv_buffer_, recv_staging_) + m.recv_offset, m.recv_count,
+                   impl::mpi_type<T>(), m.neighbor, tag, int(i));
   }
   for (const Message& m : messages_) {
     if (m.send_count == 0) continue;
     if (m.self_partner >= 0) {  // to itself (periodic on one rank): owned cells to ghosts
-      copy_box(field.view(), m.send_box, messages_[m.self_partner].recv_box);
+      copy_box(space_, field.view(), m.send_box, messages_[m.self_partner].recv_box);
       continue;
     }
-    pack_box(field.view(), m.send_box, send_buffer_, m.send_offset);
-    post_send(send_buffer_, send_host_, m.send_offset, m.send_count, m.neighbor,
+    pack_box(space_, field.view(), m.send_box, send_buffer_, m.send_offset);
+    post_send(send_buffer_, send_staging_, m.send_offset, m.send_count, m.neighbor,
               forward_tag(m.direction));
   }
 }
@@ -283,24 +336,38 @@ void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
   begin_phase(Phase::reverse, field);
   // Roles swap: ghosts go out of the receive buffer, owned cells' contributions come back
   // into the send buffer.
+  if (nccl_) {
+    for (const Message& m : messages_) {
+      if (m.recv_count == 0) continue;
+      if (m.self_partner >= 0)
+        copy_box(space_, field.view(), m.recv_box, messages_[m.self_partner].send_box,
+                 UnpackMode::add);
+      else
+        pack_box(space_, field.view(), m.recv_box, recv_buffer_, m.recv_offset);
+    }
+    start_nccl(recv_buffer_, /*reverse=*/true, send_buffer_);
+    for (const Message& m : messages_) fill_box(space_, field.view(), m.recv_box, T(0));
+    return;
+  }
   for (std::size_t i = 0; i < messages_.size(); ++i) {
     const Message& m = messages_[i];
     if (m.send_count == 0 || m.self_partner >= 0) continue;
-    post_receive(send_host_.data() + m.send_offset, m.send_count, impl::mpi_type<T>(), m.neighbor,
-                 reverse_tag(opposite(m.direction)), int(i));
+    post_receive(mpi_memory(send_buffer_, send_staging_) + m.send_offset, m.send_count,
+                 impl::mpi_type<T>(), m.neighbor, reverse_tag(opposite(m.direction)), int(i));
   }
   for (const Message& m : messages_) {
     if (m.recv_count == 0) continue;
     if (m.self_partner >= 0) {  // to itself: its ghosts added into the owned cells they copy
-      copy_box(field.view(), m.recv_box, messages_[m.self_partner].send_box, UnpackMode::add);
+      copy_box(space_, field.view(), m.recv_box, messages_[m.self_partner].send_box,
+               UnpackMode::add);
       continue;
     }
-    pack_box(field.view(), m.recv_box, recv_buffer_, m.recv_offset);
-    post_send(recv_buffer_, recv_host_, m.recv_offset, m.recv_count, m.neighbor,
+    pack_box(space_, field.view(), m.recv_box, recv_buffer_, m.recv_offset);
+    post_send(recv_buffer_, recv_staging_, m.recv_offset, m.recv_count, m.neighbor,
               reverse_tag(m.direction));
   }
   // The ghost values now live in the buffer; in the adjoint they are consumed.
-  for (const Message& m : messages_) fill_box(field.view(), m.recv_box, T(0));
+  for (const Message& m : messages_) fill_box(space_, field.view(), m.recv_box, T(0));
 }
 
 template <class T>
@@ -316,33 +383,37 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
   // In reverse several messages may add into the same owned cell (a corner gets face, edge
   // and corner contributions): they are added in the plan's fixed order, never in arrival
   // order, so the float sums are the same in every run. Forward messages fill disjoint
-  // ghost boxes and are unpacked as they arrive.
-  const bool fixed_order = in_place || reverse;
-  if (fixed_order) {
+  // ghost boxes and are unpacked as they arrive (over MPI; NCCL's group completes at once).
+  const bool fixed_order = in_place || reverse || nccl_;
+  if (nccl_) {
+    nccl_transfers_.wait();
+    std::sort(recv_message_.begin(), recv_message_.end());
+  } else if (fixed_order) {
     MPI_Waitall(static_cast<int>(recv_requests_.size()), recv_requests_.data(),
                 MPI_STATUSES_IGNORE);
   }
-  for (std::size_t done = 0; !in_place && done < recv_requests_.size(); ++done) {
+  for (std::size_t done = 0; !in_place && done < recv_message_.size(); ++done) {
     int index = static_cast<int>(done);
     if (!fixed_order)
       MPI_Waitany(static_cast<int>(recv_requests_.size()), recv_requests_.data(), &index,
                   MPI_STATUS_IGNORE);
     const Message& m = messages_[recv_message_[index]];
     const Buffer& buffer = reverse ? send_buffer_ : recv_buffer_;
-    const HostBuffer& host = reverse ? send_host_ : recv_host_;
+    const HostBuffer& staging = reverse ? send_staging_ : recv_staging_;
     const std::size_t offset = reverse ? m.send_offset : m.recv_offset;
     const std::size_t count = reverse ? m.send_count : m.recv_count;
-    if (host.data() != buffer.data()) {
+    if (staging.data()) {
       const Kokkos::pair<std::size_t, std::size_t> range(offset, offset + count);
-      Kokkos::deep_copy(Kokkos::subview(buffer, range), Kokkos::subview(host, range));
+      Kokkos::deep_copy(space_, Kokkos::subview(buffer, range), Kokkos::subview(staging, range));
     }
-    unpack_box(buffer, field.view(), reverse ? m.send_box : m.recv_box,
+    unpack_box(space_, buffer, field.view(), reverse ? m.send_box : m.recv_box,
                reverse ? UnpackMode::add : UnpackMode::assign, offset);
   }
-  Kokkos::fence();
+  space_.fence();  // the unpacked ghosts, before the kernels of the default instance read them
   MPI_Waitall(static_cast<int>(send_requests_.size()), send_requests_.data(), MPI_STATUSES_IGNORE);
   recv_requests_.clear();
   send_requests_.clear();
+  recv_message_.clear();
   phase_ = Phase::idle;
 }
 

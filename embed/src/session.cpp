@@ -126,8 +126,8 @@ class Engine {
  public:
   Engine(const Communicator& comm, const SolverGrid& grid, const RunConfig& config,
          const SessionOptions& options)
-      : comm_(comm),
-        mesh_(comm.mesh(1)),
+      : comm_(comm.with_options(config.parallel.comm)),
+        mesh_(comm_.mesh(1)),
         decomposition_(grid.decomposition),
         config_(config),
         options_(options),
@@ -138,7 +138,7 @@ class Engine {
     {
       const auto limit = parameter_limit(comm, config, true);  // a session may train
       model_ = models::build_model<T>(
-          config.model, comm,
+          config.model, comm_,
           {decomposition_.ndims(), options.input_channels, options.output_channels, extents});
     }
     optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
@@ -272,7 +272,7 @@ class Engine {
                              Staging& staging, CallReport& report) {
     const Index channels = Index(arrays.size()), ghost = options_.arrays.ghost_width;
     std::string reason;
-    if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible)
+    if (!host_reads_default_memory)
       reason = "the model computes on a GPU: the solver's host arrays are copied to it";
     else if (!std::is_same<S, T>::value)
       reason = "the arrays hold " +

@@ -267,32 +267,23 @@ class BlockRing {
   /// The block of ring step `step` (owned by ring.source(step)); starts the next transfer.
   const T* start(int step) {
     T* current = buffers_[step % 2].data();
-    if (step + 1 < ring_.size) {
-      in_ = post_receive(comm_, buffers_[(step + 1) % 2].data(),
-                         2 * a_.block(ring_.tokens[ring_.source(step + 1)]), ring_.prev(),
-                         kv_tag(comm_));
-      Kokkos::fence();  // MPI reads what the kernels wrote
-      out_ = post_send(comm_, current, 2 * a_.block(ring_.tokens[ring_.source(step)]), ring_.next(),
-                       kv_tag(comm_));
-    }
+    if (step + 1 < ring_.size)
+      transfer_ = post_exchange(
+          comm_, static_cast<const T*>(current), 2 * a_.block(ring_.tokens[ring_.source(step)]),
+          ring_.next(), buffers_[(step + 1) % 2].data(),
+          2 * a_.block(ring_.tokens[ring_.source(step + 1)]), ring_.prev(), kv_tag(comm_));
     return current;
   }
-  void progress() {
-    in_.test();
-    out_.test();
-  }
+  void progress() { transfer_.test(); }
   /// Waits for the step's transfers.
-  void finish() {
-    in_.wait();
-    out_.wait();
-  }
+  void finish() { transfer_.wait(); }
 
  private:
   Communicator comm_;
   const Ring& ring_;
   Heads a_;
   AttentionBuffer<T> buffers_[2];
-  PendingMessage in_, out_;
+  PendingExchange transfer_;
 };
 
 /// Forward of ring attention on packed q and the own K/V block (used up as a ring buffer):
@@ -341,13 +332,14 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
     grads[i] = attention_buffer<T>("attention.dkv", block_max, travelling);
   if (need_dkv && ring.size > 1)
     incoming = attention_buffer<T>("attention.dkv_ring", block_max, MemoryCategory::comm_buffers);
-  PendingMessage grad_in, grad_out[2];
+  // Step s sends this step's dK/dV (grads[s % 2]) on and receives the previous rank's into
+  // `incoming`; it is waited for at step s + 1, before `incoming` is added and reposted.
+  PendingExchange grad_ring[2];
   BlockRing<T> blocks(comm, ring, a, kv);
   const Progress progress = [&] {
     blocks.progress();
-    grad_in.test();
-    grad_out[0].test();
-    grad_out[1].test();
+    grad_ring[0].test();
+    grad_ring[1].test();
   };
   for (int step = 0; step < ring.size; ++step) {
     const int src = ring.source(step);
@@ -355,7 +347,7 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
     const T* block = blocks.start(step);
     T* mine = need_dkv ? grads[step % 2].data() : nullptr;
     if (mine) {
-      grad_out[step % 2].wait();  // sent two steps ago
+      grad_ring[step % 2].wait();  // sent two steps ago
       zero(mine, count);
     }
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
@@ -363,21 +355,20 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
                             scale, scores.data(), dscores.data(), progress);
     if (mine && ring.size > 1) {
       if (step > 0) {  // what the ranks before added to this block
-        grad_in.wait();
+        grad_ring[(step + 1) % 2].wait();
         kernels::add_into(ExecutionSpace(), mine, incoming.data(), count);
       }
-      grad_in = post_receive(comm, incoming.data(), 2 * a.block(ring.tokens[ring.source(step + 1)]),
-                             ring.prev(), grad_tag(comm));
-      Kokkos::fence();  // MPI reads what the kernels wrote
-      grad_out[step % 2] = post_send(comm, mine, count, ring.next(), grad_tag(comm));
+      grad_ring[step % 2] = post_exchange(
+          comm, static_cast<const T*>(mine), count, ring.next(), incoming.data(),
+          2 * a.block(ring.tokens[ring.source(step + 1)]), ring.prev(), grad_tag(comm));
     }
     blocks.finish();
   }
   if (!need_dkv) return {};
   if (ring.size == 1) return grads[0];
-  grad_in.wait();  // the own block's total, back from the last rank it visited
-  grad_out[0].wait();
-  grad_out[1].wait();
+  // The own block's total, back from the last rank it visited.
+  grad_ring[0].wait();
+  grad_ring[1].wait();
   return incoming;
 }
 

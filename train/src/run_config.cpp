@@ -34,8 +34,13 @@ DataConfig read_data(const ConfigNode& node, bool path_required) {
 }
 
 ParallelConfig read_parallel(const ConfigNode& node) {
-  node.allow_only({"data_groups", "grid"});
+  node.allow_only({"data_groups", "grid", "backend", "device_aware_mpi"});
   ParallelConfig p;
+  const std::string backend = node.choice("backend", "mpi", {"mpi", "nccl"});
+  node["backend"].check(backend != "nccl" || nccl_available(),
+                        "'nccl' needs a CUDA build with NCCL; this build has none (use mpi)");
+  p.comm.backend = comm_backend_named(backend, "parallel.backend");
+  p.comm.device_aware_mpi = node.get("device_aware_mpi", p.comm.device_aware_mpi);
   p.data_groups = node.get("data_groups", p.data_groups);
   node["data_groups"].check(p.data_groups >= 1,
                             "must be at least 1, got " + node["data_groups"].text());
@@ -112,9 +117,9 @@ MemoryConfig read_memory(const ConfigNode& node) {
   node.allow_only({"budget_mib"});
   MemoryConfig m;
   m.budget_mib = node.get("budget_mib", m.budget_mib);
-  node["budget_mib"].check(std::isfinite(m.budget_mib) && m.budget_mib >= 0,
-                           "must be a number of MiB >= 0 (0: no budget), got " +
-                               node["budget_mib"].text());
+  node["budget_mib"].check(
+      std::isfinite(m.budget_mib) && m.budget_mib >= 0,
+      "must be a number of MiB >= 0 (0: no budget), got " + node["budget_mib"].text());
   return m;
 }
 

@@ -197,7 +197,8 @@ template <class T>
 Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::File& file,
                 const std::string& input, const std::string& target, bool target_required,
                 Index out_channels = 0) {
-  RankMesh mesh = make_mesh(world, config.parallel.data_groups);
+  // The domain and data-parallel communicators move device memory as parallel.backend says.
+  RankMesh mesh = make_mesh(world.with_options(config.parallel.comm), config.parallel.data_groups);
   FieldData data = inspect(file, input, target, target_required);
   if (out_channels > 0) {
     SHARDTENSOR_REQUIRE(!data.has_target || data.target_channels == out_channels, "infer",

@@ -1,8 +1,14 @@
 #pragma once
 // Collectives on contiguous Kokkos Views: allreduce, allgather(v), reduce-scatter,
 // all-to-all(v) and ring shift. Counts are in elements of the View's scalar type.
+//
+// Host memory goes through MPI in place. Device memory goes as the communicator's options say
+// (comm_options.hpp): NCCL (allreduce, allgather and equal-block reduce-scatter natively, the
+// rest as grouped sends and receives), or MPI, handed the device pointers (device-aware MPI)
+// or staged through host buffers.
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -10,11 +16,11 @@
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/comm/impl/mpi_type.hpp"
+#include "shardtensor/comm/impl/nccl_transport.hpp"
+#include "shardtensor/comm/reduce_op.hpp"
 #include "shardtensor/core/error.hpp"
 
 namespace shardtensor {
-
-enum class ReduceOp { sum, max, min };
 
 namespace impl {
 
@@ -43,21 +49,58 @@ void check_contiguous(const View& view, const char* where) {
                       "View '" << view.label() << "' is not contiguous");
 }
 
-/// MPI reads and writes host memory (no GPU-aware MPI yet): these give a host View of the
-/// same data, the View itself when it is host-accessible (no copy), else a host mirror.
 template <class View>
-auto host_copy_of(const View& view) {
-  Kokkos::fence();
-  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+constexpr bool in_host_memory =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible;
+
+/// Whether `comm` moves this View's values with NCCL: device memory on the nccl backend.
+template <class View>
+bool on_nccl(const Communicator& comm) {
+  return !in_host_memory<View> && comm.options().backend == CommBackend::nccl;
+}
+
+/// The memory MPI reads (a send) or writes (a receive) for a contiguous View: the View's own
+/// where MPI can take it (host memory, or device memory with device-aware MPI), else a host
+/// staging copy. Kernels that wrote the View have finished once it is made.
+template <class View>
+class MpiBuffer {
+ public:
+  using T = typename View::non_const_value_type;
+  /// `send`: MPI reads the View's values (a staging copy is filled); else MPI writes them.
+  MpiBuffer(const Communicator& comm, const View& view, bool send) : view_(view) {
+    Kokkos::fence();
+    if (in_host_memory<View> || comm.options().device_aware_mpi) {
+      data_ = const_cast<T*>(view.data());
+      return;
+    }
+    staging_ = Kokkos::View<T*, Kokkos::HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "mpi_staging"), view.span());
+    if (send) Kokkos::deep_copy(staging_, flat());
+    data_ = staging_.data();
+  }
+  T* data() const { return data_; }
+  /// After a receive: a staging copy's values into the View.
+  void copy_back() const {
+    if (staging_.data()) Kokkos::deep_copy(flat(), staging_);
+  }
+
+ private:
+  auto flat() const {
+    return Kokkos::View<T*, typename View::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+        const_cast<T*>(view_.data()), view_.span());
+  }
+  View view_;
+  Kokkos::View<T*, Kokkos::HostSpace> staging_;
+  T* data_ = nullptr;
+};
+
+template <class View>
+MpiBuffer<View> mpi_send_buffer(const Communicator& comm, const View& view) {
+  return MpiBuffer<View>(comm, view, true);
 }
 template <class View>
-auto host_buffer_for(const View& view) {
-  return Kokkos::create_mirror_view(Kokkos::HostSpace(), view);
-}
-/// Copies MPI's result back to the device View when host_buffer_for made a mirror.
-template <class View, class HostView>
-void copy_back(const View& view, const HostView& host) {
-  if (host.data() != view.data()) Kokkos::deep_copy(view, host);
+MpiBuffer<View> mpi_receive_buffer(const Communicator& comm, const View& view) {
+  return MpiBuffer<View>(comm, view, false);
 }
 
 /// Counts must name one block per rank.
@@ -85,6 +128,24 @@ inline std::size_t sum(const std::vector<std::size_t>& counts) {
   return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
 }
 
+/// Device memory over NCCL: block r of `send` (send_counts[r] elements, in rank order) to rank
+/// r and recv_counts[s] elements from rank s into `recv` (in rank order), as one group.
+template <class T>
+void nccl_alltoallv(const Communicator& comm, const T* send,
+                    const std::vector<std::size_t>& send_counts, T* recv,
+                    const std::vector<std::size_t>& recv_counts) {
+  std::vector<nccl::Send> sends;
+  std::vector<nccl::Receive> receives;
+  std::size_t sent = 0, received = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    sends.push_back({r, send + sent, send_counts[r]});
+    receives.push_back({r, recv + received, recv_counts[r]});
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  nccl::exchange(*comm.nccl(), sends, receives, nccl::element_type<T>()).wait();
+}
+
 }  // namespace impl
 
 /// In-place reduction over all ranks of `comm`.
@@ -92,10 +153,14 @@ template <class View>
 void allreduce(const Communicator& comm, const View& data, ReduceOp op = ReduceOp::sum) {
   CommTimerScope timer(CommKind::collective);
   impl::check_contiguous(data, "allreduce");
-  const auto host = impl::host_copy_of(data);
-  MPI_Allreduce(MPI_IN_PLACE, host.data(), impl::mpi_count(data.span(), "allreduce"),
-                impl::mpi_type<typename View::value_type>(), impl::mpi_op(op), comm.get());
-  impl::copy_back(data, host);
+  using T = typename View::value_type;
+  if (impl::on_nccl<View>(comm))
+    return impl::nccl::allreduce(*comm.nccl(), data.data(), data.span(),
+                                 impl::nccl::element_type<T>(), op);
+  const auto buffer = impl::mpi_send_buffer(comm, data);
+  MPI_Allreduce(MPI_IN_PLACE, buffer.data(), impl::mpi_count(data.span(), "allreduce"),
+                impl::mpi_type<T>(), impl::mpi_op(op), comm.get());
+  buffer.copy_back();
 }
 
 /// recv = concatenation of every rank's `send` in rank order (recv.span() = size * send.span()).
@@ -107,13 +172,16 @@ void allgather(const Communicator& comm, const SendView& send, const RecvView& r
   SHARDTENSOR_REQUIRE(recv.span() == send.span() * comm.size(), "allgather",
                       "receive View holds " << recv.span() << " elements, need " << comm.size()
                                             << " x " << send.span());
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  using T = typename SendView::value_type;
-  MPI_Allgather(host_send.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
-                host_recv.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
+  using T = typename SendView::non_const_value_type;
+  if (impl::on_nccl<RecvView>(comm))
+    return impl::nccl::allgather(*comm.nccl(), send.data(), recv.data(), send.span(),
+                                 impl::nccl::element_type<T>());
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
+  MPI_Allgather(mpi_send.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
+                mpi_recv.data(), impl::mpi_count(send.span(), "allgather"), impl::mpi_type<T>(),
                 comm.get());
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
 }
 
 /// recv = concatenation of every rank's `send`, rank r contributing counts[r] elements.
@@ -131,13 +199,25 @@ void allgatherv(const Communicator& comm, const SendView& send, const RecvView& 
   SHARDTENSOR_REQUIRE(
       recv.span() == impl::sum(counts), where,
       "receive View holds " << recv.span() << " elements, counts sum to " << impl::sum(counts));
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  using T = typename SendView::value_type;
+  using T = typename SendView::non_const_value_type;
+  if (impl::on_nccl<RecvView>(comm)) {  // the own block to every rank
+    std::vector<impl::nccl::Send> sends;
+    std::vector<impl::nccl::Receive> receives;
+    std::size_t offset = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      sends.push_back({r, send.data(), send.span()});
+      receives.push_back({r, recv.data() + offset, counts[r]});
+      offset += counts[r];
+    }
+    impl::nccl::exchange(*comm.nccl(), sends, receives, impl::nccl::element_type<T>()).wait();
+    return;
+  }
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
   const std::vector<int> displs = impl::displacements(c);
-  MPI_Allgatherv(host_send.data(), c[comm.rank()], impl::mpi_type<T>(), host_recv.data(), c.data(),
+  MPI_Allgatherv(mpi_send.data(), c[comm.rank()], impl::mpi_type<T>(), mpi_recv.data(), c.data(),
                  displs.data(), impl::mpi_type<T>(), comm.get());
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
 }
 
 /// Element-wise reduction of every rank's `send` (sum of counts elements), after which
@@ -156,12 +236,30 @@ void reduce_scatter(const Communicator& comm, const SendView& send, const RecvVi
   SHARDTENSOR_REQUIRE(recv.span() == counts[comm.rank()], where,
                       "rank " << comm.rank() << " receive View holds " << recv.span()
                               << " elements, counts says " << counts[comm.rank()]);
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  using T = typename SendView::value_type;
-  MPI_Reduce_scatter(host_send.data(), host_recv.data(), c.data(), impl::mpi_type<T>(),
+  using T = typename SendView::non_const_value_type;
+  if (impl::on_nccl<RecvView>(comm)) {
+    const auto type = impl::nccl::element_type<T>();
+    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t n) { return n == counts[0]; }))
+      return impl::nccl::reduce_scatter(*comm.nccl(), send.data(), recv.data(), counts[0], type,
+                                        op);
+    // Unequal blocks (NCCL has no reduce-scatter-v): reduce everything, keep the own block.
+    using Memory = typename RecvView::memory_space;
+    using Flat = Kokkos::View<T*, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    Kokkos::View<T*, Memory> all(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(where)), send.span());
+    Kokkos::deep_copy(all, Flat(const_cast<T*>(send.data()), send.span()));
+    impl::nccl::allreduce(*comm.nccl(), all.data(), all.span(), type, op);
+    const std::size_t first =
+        std::accumulate(counts.begin(), counts.begin() + comm.rank(), std::size_t{0});
+    Kokkos::deep_copy(Flat(recv.data(), recv.span()),
+                      Kokkos::subview(all, std::make_pair(first, first + recv.span())));
+    return;
+  }
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
+  MPI_Reduce_scatter(mpi_send.data(), mpi_recv.data(), c.data(), impl::mpi_type<T>(),
                      impl::mpi_op(op), comm.get());
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
 }
 
 /// Block r of `send` goes to rank r; block s of `recv` comes from rank s. Equal blocks.
@@ -175,13 +273,17 @@ void alltoall(const Communicator& comm, const SendView& send, const RecvView& re
                       "send (" << send.span() << ") and receive (" << recv.span()
                                << ") Views must hold the same multiple of " << comm.size()
                                << " elements");
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  using T = typename SendView::value_type;
+  using T = typename SendView::non_const_value_type;
+  if (impl::on_nccl<RecvView>(comm)) {
+    const std::vector<std::size_t> blocks(comm.size(), send.span() / comm.size());
+    return impl::nccl_alltoallv(comm, send.data(), blocks, recv.data(), blocks);
+  }
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
   const int block = impl::mpi_count(send.span() / comm.size(), where);
-  MPI_Alltoall(host_send.data(), block, impl::mpi_type<T>(), host_recv.data(), block,
+  MPI_Alltoall(mpi_send.data(), block, impl::mpi_type<T>(), mpi_recv.data(), block,
                impl::mpi_type<T>(), comm.get());
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
 }
 
 /// send_counts[r] elements of `send` (in rank order) go to rank r; recv_counts[s] elements
@@ -200,14 +302,16 @@ void alltoallv(const Communicator& comm, const SendView& send,
       send.span() >= impl::sum(send_counts) && recv.span() >= impl::sum(recv_counts), where,
       "Views hold " << send.span() << " / " << recv.span() << " elements, counts need "
                     << impl::sum(send_counts) << " / " << impl::sum(recv_counts));
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  using T = typename SendView::value_type;
+  using T = typename SendView::non_const_value_type;
+  if (impl::on_nccl<RecvView>(comm))
+    return impl::nccl_alltoallv(comm, send.data(), send_counts, recv.data(), recv_counts);
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
   const std::vector<int> sd = impl::displacements(sc);
   const std::vector<int> rd = impl::displacements(rc);
-  MPI_Alltoallv(host_send.data(), sc.data(), sd.data(), impl::mpi_type<T>(), host_recv.data(),
+  MPI_Alltoallv(mpi_send.data(), sc.data(), sd.data(), impl::mpi_type<T>(), mpi_recv.data(),
                 rc.data(), rd.data(), impl::mpi_type<T>(), comm.get());
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
 }
 
 /// Sends `send` to rank (rank + shift) mod size and receives into `recv` from
@@ -221,16 +325,22 @@ void ring_shift(const Communicator& comm, const SendView& send, const RecvView& 
   impl::check_contiguous(recv, where);
   SHARDTENSOR_REQUIRE(send.span() == recv.span(), where,
                       "send holds " << send.span() << " elements, receive " << recv.span());
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  using T = typename SendView::value_type;
+  using T = typename SendView::non_const_value_type;
   const int p = comm.size();
   const int to = ((comm.rank() + shift) % p + p) % p;
   const int from = ((comm.rank() - shift) % p + p) % p;
   const int count = impl::mpi_count(send.span(), where);
-  MPI_Sendrecv(host_send.data(), count, impl::mpi_type<T>(), to, 0, host_recv.data(), count,
+  if (impl::on_nccl<RecvView>(comm)) {
+    impl::nccl::exchange(*comm.nccl(), {{to, send.data(), send.span()}},
+                         {{from, recv.data(), recv.span()}}, impl::nccl::element_type<T>())
+        .wait();
+    return;
+  }
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
+  MPI_Sendrecv(mpi_send.data(), count, impl::mpi_type<T>(), to, 0, mpi_recv.data(), count,
                impl::mpi_type<T>(), from, 0, comm.get(), MPI_STATUS_IGNORE);
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
 }
 
 }  // namespace shardtensor

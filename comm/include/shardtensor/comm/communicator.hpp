@@ -8,19 +8,33 @@
 #include <string>
 #include <vector>
 
+#include "shardtensor/comm/comm_options.hpp"
+
 namespace shardtensor {
 
 struct RankMesh;
+namespace impl::nccl {
+struct Group;
+}
 
 /// A duplicate of an MPI communicator, so that ShardTensor's messages never match a
 /// solver's own. Copies share the duplicate; the last copy frees it (unless MPI has
-/// already been finalized).
+/// already been finalized). Its options say how device memory moves (comm_options.hpp); the
+/// communicators derived from it (reordered, mesh) inherit them.
 class Communicator {
  public:
   /// Duplicates `comm` (collective over `comm`).
-  explicit Communicator(MPI_Comm comm = MPI_COMM_WORLD);
+  explicit Communicator(MPI_Comm comm = MPI_COMM_WORLD, const CommOptions& options = {});
+
+  /// A duplicate of this communicator that moves device memory as `options` say. Collective.
+  Communicator with_options(const CommOptions& options) const;
 
   MPI_Comm get() const;
+  const CommOptions& options() const;
+  /// The NCCL communicator of the same ranks; null unless the backend is nccl. Made at the
+  /// first call, which is collective: every rank asks at the same operation (all operations
+  /// that move device memory are called by every rank of the communicator).
+  impl::nccl::Group* nccl() const;
   /// Identifies the duplicate (shared by copies) while any copy lives: a key for caches of
   /// plans, which hold a copy and so keep the id from being reused.
   std::uintptr_t id() const { return reinterpret_cast<std::uintptr_t>(handle_.get()); }
@@ -74,7 +88,7 @@ class Communicator {
 
  private:
   struct adopt_tag {};
-  Communicator(adopt_tag, MPI_Comm comm);
+  Communicator(adopt_tag, MPI_Comm comm, const CommOptions& options);
   struct Handle;
   std::shared_ptr<Handle> handle_;
   int rank_ = 0;

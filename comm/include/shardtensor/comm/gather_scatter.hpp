@@ -8,6 +8,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
@@ -29,7 +30,7 @@ Kokkos::View<T*, DefaultMemorySpace> pack_owned(const ShardTensor<T>& tensor) {
   Kokkos::View<T*, DefaultMemorySpace> buffer(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "pack_owned"),
       tensor.global_box().size() * tensor.batch() * tensor.channels());
-  pack_box(tensor.view(), tensor.interior_box(), buffer);
+  pack_box(ExecutionSpace(), tensor.view(), tensor.interior_box(), buffer);
   Kokkos::fence();
   return buffer;
 }
@@ -41,7 +42,7 @@ void unpack_all_ranks(const BufferView& buffer, const Decomposition& decompositi
   std::size_t offset = 0;
   for (int r = 0; r < decomposition.nranks(); ++r) {
     const Box box = decomposition.box(r);
-    unpack_box(buffer, global, box, UnpackMode::assign, offset);
+    unpack_box(ExecutionSpace(), buffer, global, box, UnpackMode::assign, offset);
     offset += static_cast<std::size_t>(box.size() * global.extent(0) * global.extent(1));
   }
   Kokkos::fence();
@@ -76,11 +77,11 @@ FieldView<T> gather_to_root(const Communicator& comm, const ShardTensor<T>& tens
     recv = Kokkos::View<T*, DefaultMemorySpace>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "gather_recv"), global.span());
   }
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  MPI_Gatherv(host_send.data(), counts[comm.rank()], impl::mpi_type<T>(), host_recv.data(),
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
+  MPI_Gatherv(mpi_send.data(), counts[comm.rank()], impl::mpi_type<T>(), mpi_recv.data(),
               counts.data(), displs.data(), impl::mpi_type<T>(), root, comm.get());
-  impl::copy_back(recv, host_recv);
+  mpi_recv.copy_back();
   if (comm.rank() == root) impl::unpack_all_ranks<T>(recv, tensor.decomposition(), global);
   return global;
 }
@@ -145,19 +146,19 @@ ShardTensor<T> scatter_from_root(const Communicator& comm, const FieldView<T>& g
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "scatter_send"), global.span());
     std::size_t offset = 0;
     for (int r = 0; r < decomposition.nranks(); ++r) {
-      pack_box(global, decomposition.box(r), send, offset);
+      pack_box(ExecutionSpace(), global, decomposition.box(r), send, offset);
       offset += counts[r];
     }
     Kokkos::fence();
   }
   Kokkos::View<T*, DefaultMemorySpace> recv(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "scatter_recv"), counts[comm.rank()]);
-  const auto host_send = impl::host_copy_of(send);
-  const auto host_recv = impl::host_buffer_for(recv);
-  MPI_Scatterv(host_send.data(), counts.data(), displs.data(), impl::mpi_type<T>(),
-               host_recv.data(), counts[comm.rank()], impl::mpi_type<T>(), root, comm.get());
-  impl::copy_back(recv, host_recv);
-  unpack_box(recv, tensor.view(), tensor.interior_box());
+  const auto mpi_send = impl::mpi_send_buffer(comm, send);
+  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
+  MPI_Scatterv(mpi_send.data(), counts.data(), displs.data(), impl::mpi_type<T>(), mpi_recv.data(),
+               counts[comm.rank()], impl::mpi_type<T>(), root, comm.get());
+  mpi_recv.copy_back();
+  unpack_box(ExecutionSpace(), recv, tensor.view(), tensor.interior_box());
   Kokkos::fence();
   return tensor;
 }

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/impl/nccl_transport.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
@@ -31,8 +33,11 @@ namespace shardtensor {
 ///
 /// How data moves: outgoing boxes are packed by Kokkos kernels into one send buffer. In host
 /// memory, MPI receives straight into the ghost cells through a subarray datatype (no unpack
-/// pass); in device memory, messages are staged through host buffers and unpacked by
-/// kernels. A message to the rank itself (a periodic axis with one process) is a local copy.
+/// pass). In device memory, received messages are unpacked by kernels, and the transfers go as
+/// the communicator's options say (comm_options.hpp): MPI through host staging buffers, MPI on
+/// the device buffers (device-aware MPI), or NCCL, all messages as one group of sends and
+/// receives on the communicator's own stream, so interior kernels run while they travel. A
+/// message to the rank itself (a periodic axis with one process) is a local copy.
 template <class T>
 class HaloExchange {
  public:
@@ -82,29 +87,38 @@ class HaloExchange {
   using Buffer = Kokkos::View<T*, DefaultMemorySpace>;
   using HostBuffer = typename Buffer::HostMirror;
   /// Host memory: MPI can receive straight into the field.
-  static constexpr bool receives_in_place =
-      Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible;
+  static constexpr bool receives_in_place = host_reads_default_memory;
   enum class Phase { idle, forward, reverse };
 
   void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
   void begin_phase(Phase phase, const ShardTensor<T>& field);
   void post_receive(T* data, std::size_t count, MPI_Datatype type, int neighbor, int tag,
                     int message);
-  void post_send(const Buffer& buffer, const HostBuffer& host, std::size_t offset,
+  void post_send(const Buffer& buffer, const HostBuffer& staging, std::size_t offset,
                  std::size_t count, int neighbor, int tag);
+  /// NCCL: every message of a phase as one group; receives into `in`, sends out of `out`.
+  void start_nccl(const Buffer& out, bool reverse, const Buffer& in);
   void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
+  /// Where MPI reads or writes a buffer's values: its host staging copy, if it has one.
+  T* mpi_memory(const Buffer& buffer, const HostBuffer& staging) const {
+    return staging.data() ? staging.data() : buffer.data();
+  }
   int forward_tag(const Direction& d) const;
   int reverse_tag(const Direction& d) const;
 
   Communicator comm_;
-  int tag_base_ = 0;  // this plan's block of message tags (Communicator::reserve_tags)
+  ExecutionSpace space_;  // packs, unpacks and staging copies: a stream of its own on a GPU
+  int tag_base_ = 0;      // this plan's block of message tags (Communicator::reserve_tags)
   // Layout every exchanged field must have.
   Decomposition decomposition_;
   GhostWidths ghosts_;
   Index batch_, channels_;
   std::vector<Message> messages_;
   Buffer send_buffer_, recv_buffer_;
-  HostBuffer send_host_, recv_host_;       // the buffers themselves in host memory, else mirrors
+  // Host copies of the buffers for MPI, where MPI cannot take device memory; else empty.
+  HostBuffer send_staging_, recv_staging_;
+  bool nccl_ = false;                      // device memory over NCCL
+  impl::nccl::Completion nccl_transfers_;  // the NCCL group in flight
   std::vector<MPI_Datatype> ghost_types_;  // per message: its ghost box in the field (host)
   std::vector<MPI_Request> recv_requests_, send_requests_;
   std::vector<int> recv_message_;  // message index of each receive request

@@ -1,14 +1,17 @@
 #pragma once
-// Non-blocking point-to-point messages between two ranks of a Communicator, for operations
-// that pipeline their own transfers with compute (ring attention's blocks travelling around
-// the ranks). Tags come from the communicator (Communicator::operation_tags), so these
-// messages never match a halo exchange's. Waiting counts as communication time
-// (CommKind::collective) in the comm timers.
+// Non-blocking point-to-point transfers between ranks of a Communicator, for operations that
+// pipeline their own transfers with compute (ring attention's blocks travelling around the
+// ranks). Tags come from the communicator (Communicator::operation_tags), so these messages
+// never match a halo exchange's. Waiting counts as communication time (CommKind::collective)
+// in the comm timers.
 //
-//   PendingMessage in = post_receive(comm, buffer, count, from, tag);
-//   PendingMessage out = post_send(comm, block, count, to, tag);
-//   ... compute, calling in.test() now and then to let MPI progress ...
-//   in.wait(); out.wait();
+//   PendingExchange step = post_exchange(comm, block, count, next, buffer, count_in, prev, tag);
+//   ... compute, calling step.test() now and then to let the transfers progress ...
+//   step.wait();
+//
+// An exchange is one send and one receive posted together, the unit every backend can run
+// without deadlock: MPI posts the receive and the send (PendingMessage each); NCCL runs both
+// as one group on the communicator's stream (its sends and receives must be grouped).
 
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
@@ -17,18 +20,19 @@
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/comm/impl/mpi_type.hpp"
+#include "shardtensor/comm/impl/nccl_transport.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 #include "shardtensor/core/types.hpp"
 
 namespace shardtensor {
 
-/// One message in flight. wait() before touching its buffer; a message still in flight when
-/// destroyed is waited for (its buffer must outlive it).
+/// One MPI message in flight. wait() before touching its buffer; a message still in flight
+/// when destroyed is waited for (its buffer must outlive it).
 ///
-/// Buffers are in the default memory space. Where the host cannot read that (a GPU build), the
-/// message is staged: a send copies its block to a host buffer first, a receive lands in a host
-/// buffer and is copied to the caller's memory when it completes (wait(), or a test() that
-/// finds it done). MPI never sees device memory.
+/// Buffers are in the default memory space. Where that is device memory and MPI is not
+/// device-aware (CommOptions), the message is staged: a send copies its block to a host buffer
+/// first, a receive lands in a host buffer and is copied to the caller's memory when it
+/// completes (wait(), or a test() that finds it done).
 class PendingMessage {
  public:
   PendingMessage() = default;
@@ -60,12 +64,15 @@ class PendingMessage {
     return done != 0;
   }
 
-  /// Whether messages of this build go through host buffers.
-  static constexpr bool staged =
-      !Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible;
+  /// Whether messages over `comm` go through host buffers.
+  static bool staged(const Communicator& comm) {
+    return !host_reads_default_memory && !comm.options().device_aware_mpi;
+  }
 
  private:
   using Bytes = Kokkos::View<unsigned char*, Kokkos::HostSpace>;
+  using DeviceBytes =
+      Kokkos::View<unsigned char*, DefaultMemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   template <class T>
   friend PendingMessage post_send(const Communicator&, const T*, Index, int, int);
   template <class T>
@@ -81,12 +88,9 @@ class PendingMessage {
   }
   /// A completed staged receive: its bytes to the caller's memory.
   void unstage() {
-    if (destination_) {
-      using DeviceBytes =
-          Kokkos::View<unsigned char*, DefaultMemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    if (destination_)
       Kokkos::deep_copy(DeviceBytes(static_cast<unsigned char*>(destination_), staging_.extent(0)),
                         staging_);
-    }
     staging_ = Bytes();
     destination_ = nullptr;
   }
@@ -97,19 +101,18 @@ class PendingMessage {
 };
 
 /// Starts sending `count` values at `data` (default memory space; written by kernels that have
-/// finished) to rank `to` with `tag`.
+/// finished) to rank `to` with `tag`, over MPI.
 template <class T>
 PendingMessage post_send(const Communicator& comm, const T* data, Index count, int to, int tag) {
   PendingMessage m;
   const int n = impl::mpi_count(static_cast<std::size_t>(count), "post_send");
   const void* from = data;
-  if constexpr (PendingMessage::staged) {
-    using DeviceBytes = Kokkos::View<const unsigned char*, DefaultMemorySpace,
-                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  if (PendingMessage::staged(comm)) {
     m.staging_ = PendingMessage::Bytes(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "post_send.staging"), count * sizeof(T));
-    Kokkos::deep_copy(m.staging_,
-                      DeviceBytes(reinterpret_cast<const unsigned char*>(data), count * sizeof(T)));
+    Kokkos::deep_copy(
+        m.staging_, PendingMessage::DeviceBytes(
+                        reinterpret_cast<unsigned char*>(const_cast<T*>(data)), count * sizeof(T)));
     from = m.staging_.data();
   }
   MPI_Isend(from, n, impl::mpi_type<T>(), to, tag, comm.get(), &m.request_);
@@ -117,13 +120,13 @@ PendingMessage post_send(const Communicator& comm, const T* data, Index count, i
 }
 
 /// Starts receiving `count` values into `data` (default memory space) from rank `from` with
-/// `tag`; the values are there once the message is complete.
+/// `tag`, over MPI; the values are there once the message is complete.
 template <class T>
 PendingMessage post_receive(const Communicator& comm, T* data, Index count, int from, int tag) {
   PendingMessage m;
   const int n = impl::mpi_count(static_cast<std::size_t>(count), "post_receive");
   void* into = data;
-  if constexpr (PendingMessage::staged) {
+  if (PendingMessage::staged(comm)) {
     m.staging_ = PendingMessage::Bytes(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "post_receive.staging"), count * sizeof(T));
     m.destination_ = data;
@@ -131,6 +134,64 @@ PendingMessage post_receive(const Communicator& comm, T* data, Index count, int 
   }
   MPI_Irecv(into, n, impl::mpi_type<T>(), from, tag, comm.get(), &m.request_);
   return m;
+}
+
+/// A send and a receive in flight together (post_exchange). Waited for when destroyed.
+class PendingExchange {
+ public:
+  PendingExchange() = default;
+  PendingExchange(PendingExchange&&) noexcept = default;
+  PendingExchange& operator=(PendingExchange&& other) noexcept {
+    if (this != &other) {
+      wait();
+      receive_ = std::move(other.receive_);
+      send_ = std::move(other.send_);
+      nccl_ = std::move(other.nccl_);
+    }
+    return *this;
+  }
+  ~PendingExchange() { wait(); }
+
+  /// Blocks until both transfers are complete.
+  void wait() {
+    receive_.wait();
+    send_.wait();
+    if (nccl_.test()) return;
+    CommTimerScope timer(CommKind::collective);
+    nccl_.wait();
+  }
+  /// Lets the transfers progress without blocking; true when both are complete.
+  bool test() {
+    const bool received = receive_.test(), sent = send_.test();
+    return nccl_.test() && received && sent;
+  }
+
+ private:
+  template <class T>
+  friend PendingExchange post_exchange(const Communicator&, const T*, Index, int, T*, Index, int,
+                                       int);
+  PendingMessage receive_, send_;  // MPI
+  impl::nccl::Completion nccl_;    // NCCL
+};
+
+/// Starts sending `send_count` values at `send` to rank `to` and receiving `receive_count`
+/// values into `receive` from rank `from` (buffers of the default memory space; kernels that
+/// wrote `send` are fenced first). Every rank of a ring calls it in the same step; `tag` (MPI)
+/// tells this operation's messages from others.
+template <class T>
+PendingExchange post_exchange(const Communicator& comm, const T* send, Index send_count, int to,
+                              T* receive, Index receive_count, int from, int tag) {
+  PendingExchange x;
+  if (impl::on_nccl<Kokkos::View<T*, DefaultMemorySpace>>(comm)) {
+    x.nccl_ = impl::nccl::exchange(*comm.nccl(), {{to, send, static_cast<std::size_t>(send_count)}},
+                                   {{from, receive, static_cast<std::size_t>(receive_count)}},
+                                   impl::nccl::element_type<T>());
+    return x;
+  }
+  x.receive_ = post_receive(comm, receive, receive_count, from, tag);
+  Kokkos::fence();  // MPI reads what the kernels wrote
+  x.send_ = post_send(comm, send, send_count, to, tag);
+  return x;
 }
 
 }  // namespace shardtensor

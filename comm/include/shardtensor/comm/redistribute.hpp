@@ -6,6 +6,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -50,13 +51,14 @@ ShardTensor<T> redistribute(const Communicator& comm, const ShardTensor<T>& from
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "redistribute_recv"), impl::sum(recv_counts));
   std::size_t offset = 0;
   for (int r = 0; r < p; ++r) {
-    pack_box(from.view(), from.to_local(send_boxes[r]), send, offset);
+    pack_box(ExecutionSpace(), from.view(), from.to_local(send_boxes[r]), send, offset);
     offset += send_counts[r];
   }
   alltoallv(comm, send, send_counts, recv, recv_counts);
   offset = 0;
   for (int r = 0; r < p; ++r) {
-    unpack_box(recv, result.view(), result.to_local(recv_boxes[r]), UnpackMode::assign, offset);
+    unpack_box(ExecutionSpace(), recv, result.view(), result.to_local(recv_boxes[r]),
+               UnpackMode::assign, offset);
     offset += recv_counts[r];
   }
   Kokkos::fence();

@@ -1,6 +1,8 @@
 #pragma once
 // Copies between a box of a field View and a contiguous buffer: the pack and unpack
-// kernels behind halo exchange, gather, scatter and redistribution.
+// kernels behind halo exchange, gather, scatter and redistribution. Like every kernel they
+// take first the execution space instance they run on (core/execution.hpp), which must be
+// able to read the View's memory; they do not fence it.
 
 #include <Kokkos_Core.hpp>
 #include <cstddef>
@@ -20,8 +22,11 @@ namespace impl {
 /// along the box's innermost axis longer than one cell (z for a thick box; y for an x face of
 /// a 2-D field, whose z lines are single cells), in order along each line: one index
 /// decomposition per line, and every launch does a line's worth of work per item.
-template <class FieldView, class CellOp>
-void for_each_box_cell(const char* label, const FieldView& field, const Box& box, CellOp cell_op) {
+template <class Space, class FieldView, class CellOp>
+void for_each_box_cell(const Space& space, const char* label, const FieldView& field,
+                       const Box& box, CellOp cell_op) {
+  static_assert(Kokkos::SpaceAccessibility<Space, typename FieldView::memory_space>::accessible,
+                "box copies run on an execution space that can read the field's memory");
   if (box.empty()) return;
   const Index nc = field.extent(1);
   const Index e[3] = {box.extent[0], box.extent[1], box.extent[2]};
@@ -32,8 +37,7 @@ void for_each_box_cell(const char* label, const FieldView& field, const Box& box
                        : lines.axis == 1 ? e[2]
                                          : e[1] * e[2];  // i along a line
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<typename FieldView::execution_space>(0, lines.count),
-      KOKKOS_LAMBDA(const Index line) {
+      label, Kokkos::RangePolicy<Space>(space, 0, lines.count), KOKKOS_LAMBDA(const Index line) {
         const CellIndex c = lines.start(line);
         auto* cell = &field(c.n, c.c, lower[0] + c.x, lower[1] + c.y, lower[2] + c.z);
         const Index first = (((c.n * nc + c.c) * e[0] + c.x) * e[1] + c.y) * e[2] + c.z;
@@ -81,48 +85,50 @@ struct Fill {  // cell = value
 
 /// Copies field(n, c, box) for every batch n and channel c into `buffer` starting at
 /// `offset`, in C order (n, c, x, y, z). `box` is in the View's local indices.
-template <class FieldView, class BufferView>
-void pack_box(const FieldView& field, const Box& box, const BufferView& buffer,
+template <class Space, class FieldView, class BufferView>
+void pack_box(const Space& space, const FieldView& field, const Box& box, const BufferView& buffer,
               std::size_t offset = 0) {
   using T = typename FieldView::non_const_value_type;
-  impl::for_each_box_cell("shardtensor::pack_box", field, box,
+  impl::for_each_box_cell(space, "shardtensor::pack_box", field, box,
                           impl::StoreInto<T>{buffer.data() + offset});
 }
 
 /// Inverse of pack_box: writes (or adds) the buffer into field(n, c, box).
-template <class FieldView, class BufferView>
-void unpack_box(const BufferView& buffer, const FieldView& field, const Box& box,
-                UnpackMode mode = UnpackMode::assign, std::size_t offset = 0) {
+template <class Space, class FieldView, class BufferView>
+void unpack_box(const Space& space, const BufferView& buffer, const FieldView& field,
+                const Box& box, UnpackMode mode = UnpackMode::assign, std::size_t offset = 0) {
   using T = typename FieldView::non_const_value_type;
   const T* in = buffer.data() + offset;
   if (mode == UnpackMode::add)
-    impl::for_each_box_cell("shardtensor::unpack_box_add", field, box, impl::AddFrom<T>{in});
+    impl::for_each_box_cell(space, "shardtensor::unpack_box_add", field, box, impl::AddFrom<T>{in});
   else
-    impl::for_each_box_cell("shardtensor::unpack_box", field, box, impl::AssignFrom<T>{in});
+    impl::for_each_box_cell(space, "shardtensor::unpack_box", field, box, impl::AssignFrom<T>{in});
 }
 
 /// field(n, c, to) = (or +=) field(n, c, from) cell by cell, for two boxes of the same extents
 /// in one field: a message a rank sends to itself (periodic ghosts on one rank), without a
 /// buffer in between. The boxes must not overlap.
-template <class FieldView>
-void copy_box(const FieldView& field, const Box& from, const Box& to,
+template <class Space, class FieldView>
+void copy_box(const Space& space, const FieldView& field, const Box& from, const Box& to,
               UnpackMode mode = UnpackMode::assign) {
   const std::ptrdiff_t shift = (from.lower[0] - to.lower[0]) * field.stride(2) +
                                (from.lower[1] - to.lower[1]) * field.stride(3) +
                                (from.lower[2] - to.lower[2]);
   using T = typename FieldView::non_const_value_type;
   if (mode == UnpackMode::add)
-    impl::for_each_box_cell("shardtensor::copy_box_add", field, to,
+    impl::for_each_box_cell(space, "shardtensor::copy_box_add", field, to,
                             impl::CopyShifted<T, true>{shift});
   else
-    impl::for_each_box_cell("shardtensor::copy_box", field, to, impl::CopyShifted<T, false>{shift});
+    impl::for_each_box_cell(space, "shardtensor::copy_box", field, to,
+                            impl::CopyShifted<T, false>{shift});
 }
 
 /// Sets field(n, c, box) to `value` for every batch and channel.
-template <class FieldView>
-void fill_box(const FieldView& field, const Box& box, typename FieldView::value_type value) {
+template <class Space, class FieldView>
+void fill_box(const Space& space, const FieldView& field, const Box& box,
+              typename FieldView::value_type value) {
   using T = typename FieldView::non_const_value_type;
-  impl::for_each_box_cell("shardtensor::fill_box", field, box, impl::Fill<T>{value});
+  impl::for_each_box_cell(space, "shardtensor::fill_box", field, box, impl::Fill<T>{value});
 }
 
 }  // namespace shardtensor

@@ -21,6 +21,17 @@ using ExecutionSpace = Kokkos::DefaultExecutionSpace;
 constexpr bool kernels_run_on_host =
     std::is_same<ExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value;
 
+/// An instance whose work may run beside the default instance's: on a GPU a stream of its
+/// own (the halo exchange packs and unpacks there while interior kernels run). Host backends
+/// give the default instance: their kernels run one after another anyway.
+inline ExecutionSpace independent_instance() {
+#if KOKKOS_VERSION >= 40000
+  if constexpr (!kernels_run_on_host)
+    return Kokkos::Experimental::partition_space(ExecutionSpace(), 1)[0];
+#endif
+  return ExecutionSpace();
+}
+
 /// The indices [0, n) on `space`.
 inline Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>> kernel_range(
     const ExecutionSpace& space, Index n) {

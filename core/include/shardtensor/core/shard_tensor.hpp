@@ -13,6 +13,10 @@ namespace shardtensor {
 
 /// Memory space of every ShardTensor (the default execution space's).
 using DefaultMemorySpace = Kokkos::DefaultExecutionSpace::memory_space;
+/// True where host code (and MPI) can read and write the default memory space in place: the
+/// CPU backends. Where false (a GPU build), host access goes through copies.
+constexpr bool host_reads_default_memory =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMemorySpace>::accessible;
 
 /// Five-axis field View (batch, channel, x, y, z), C order: z varies fastest, as in
 /// PyTorch's NCDHW tensors and HDF5 datasets. 1-D and 2-D fields have y/z extents of 1.

@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "shardtensor/comm/comm_options.hpp"
+#include "shardtensor/config/config_node.hpp"
 #include "shardtensor/core/types.hpp"
 #include "shardtensor/optim/lr_schedule.hpp"
 #include "shardtensor/optim/optimizer.hpp"
-#include "shardtensor/config/config_node.hpp"
 
 namespace shardtensor {
 
@@ -31,6 +32,7 @@ struct DataConfig {
 struct ParallelConfig {
   int data_groups = 1;    ///< ranks = data_groups x domain ranks
   std::vector<int> grid;  ///< domain process grid; empty: chosen automatically
+  CommOptions comm;       ///< backend (mpi, nccl) and device_aware_mpi: how device memory moves
 };
 
 struct TrainingConfig {

@@ -11,6 +11,7 @@
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/core/box_copy.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -71,7 +72,7 @@ class BoxTranspose {
              const SpatialIndex& dst_shift) const {
     std::size_t offset = 0;
     for (std::size_t r = 0; r < send_boxes_.size(); ++r) {
-      pack_box(src, send_boxes_[r].shifted(src_shift), send_, offset);
+      pack_box(ExecutionSpace(), src, send_boxes_[r].shifted(src_shift), send_, offset);
       offset += send_counts_[r] / scalars_per_value;
     }
     // MPI sees the (possibly complex) buffers as arrays of real scalars.
@@ -81,7 +82,8 @@ class BoxTranspose {
               recv_counts_);
     offset = 0;
     for (std::size_t r = 0; r < recv_boxes_.size(); ++r) {
-      unpack_box(recv_, dst, recv_boxes_[r].shifted(dst_shift), UnpackMode::assign, offset);
+      unpack_box(ExecutionSpace(), recv_, dst, recv_boxes_[r].shifted(dst_shift),
+                 UnpackMode::assign, offset);
       offset += recv_counts_[r] / scalars_per_value;
     }
     Kokkos::fence();
