@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "equivalence.hpp"
+#include "shardtensor/kernels/flash_attention.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;
@@ -369,6 +370,144 @@ void check_finite_differences(Op op, const Variable<double>& q, const Variable<d
 }
 
 }  // namespace
+
+namespace {
+
+template <class T>
+kernels::AttentionBuffer<T> device_copy(const std::vector<double>& values, const char* label) {
+  kernels::AttentionBuffer<T> b(std::string(label), values.size());
+  auto h = Kokkos::create_mirror_view(b);
+  for (std::size_t i = 0; i < values.size(); ++i) h(i) = T(values[i]);
+  Kokkos::deep_copy(b, h);
+  return b;
+}
+
+template <class T>
+std::vector<double> host_values(const kernels::AttentionBuffer<T>& b) {
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  return std::vector<double>(h.data(), h.data() + h.span());
+}
+
+/// Largest |a - b| over the largest |b|.
+double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / std::max(scale, 1e-300);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("attention kernels: the GEMM tiles and the fused tiles match plain attention",
+                   "[attention]", float, double) {
+  // Kernel level, on packed blocks: fold_block / backward_block (GEMM tiles on the host, the
+  // fused kernels on a GPU) and the fused kernels called directly, against plain attention in
+  // double. Sizes leave partial tiles of both kinds; causal cases offset queries and keys.
+  using T = TestType;
+  const double tolerance = std::is_same<T, float>::value ? 1e-5 : 1e-12;
+  const ExecutionSpace space;
+  for (const Index D : {Index(3), Index(8)}) {
+    for (const bool causal : {false, true}) {
+      const kernels::Heads a{2, 2, D};
+      const Index queries = 45, keys = 70;
+      const kernels::Visibility visible{causal, 50, 10};  // queries at 50.., keys at 10..
+      const T scale = T(1 / std::sqrt(double(D)));
+      std::vector<double> q(a.block(queries)), kv(2 * a.block(keys)), dout(a.block(queries));
+      for (std::size_t i = 0; i < q.size(); ++i) q[i] = 2 * hashed_uniform(1, i) - 1;
+      for (std::size_t i = 0; i < kv.size(); ++i) kv[i] = 2 * hashed_uniform(2, i) - 1;
+      for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = 2 * hashed_uniform(3, i) - 1;
+
+      // Plain attention in double, slice by slice.
+      const Index S = a.slices();
+      std::vector<double> out(q.size()), lse(S * queries), dq(q.size(), 0), dkv(kv.size(), 0);
+      for (Index s = 0; s < S; ++s) {
+        const double* qs = &q[s * queries * D];
+        const double* ks = &kv[s * keys * D];
+        const double* vs = &kv[a.block(keys) + s * keys * D];
+        for (Index i = 0; i < queries; ++i) {
+          const Index n = visible.count(i, 0, keys);
+          std::vector<double> p(n);
+          double m = -INFINITY, total = 0;
+          for (Index j = 0; j < n; ++j) {
+            double dot = 0;
+            for (Index d = 0; d < D; ++d) dot += qs[i * D + d] * ks[j * D + d];
+            m = std::max(m, p[j] = double(scale) * dot);
+          }
+          for (Index j = 0; j < n; ++j) total += (p[j] = std::exp(p[j] - m));
+          lse[s * queries + i] = m + std::log(total);
+          double* o = &out[(s * queries + i) * D];
+          const double* g = &dout[(s * queries + i) * D];
+          for (Index j = 0; j < n; ++j)
+            for (Index d = 0; d < D; ++d) o[d] += p[j] / total * vs[j * D + d];
+          double delta = 0;
+          for (Index d = 0; d < D; ++d) delta += g[d] * o[d];
+          for (Index j = 0; j < n; ++j) {
+            const double pj = p[j] / total;
+            double dp = 0;
+            for (Index d = 0; d < D; ++d) dp += g[d] * vs[j * D + d];
+            const double ds = pj * (dp - delta);
+            for (Index d = 0; d < D; ++d) {
+              dq[(s * queries + i) * D + d] += double(scale) * ds * ks[j * D + d];
+              dkv[(s * keys + j) * D + d] += double(scale) * ds * qs[i * D + d];
+              dkv[a.block(keys) + (s * keys + j) * D + d] += pj * g[d];
+            }
+          }
+        }
+      }
+
+      for (const bool fused : {false, true}) {
+        INFO("head_dim " << D << (causal ? ", causal" : "") << (fused ? ", fused" : ""));
+        const auto qb = device_copy<T>(q, "q"), kvb = device_copy<T>(kv, "kv");
+        kernels::OnlineSoftmax<T> state(space, S * queries, D);
+        auto scores = kernels::attention_buffer<T>("scores", kernels::score_buffer_size());
+        auto dscores = kernels::attention_buffer<T>("dscores", kernels::score_buffer_size());
+        // Two K/V blocks folded one after the other, as a ring does: the first 30 keys, the rest.
+        for (const Index first : {Index(0), Index(30)}) {
+          const Index count = first == 0 ? 30 : keys - 30;
+          std::vector<double> block(2 * a.block(count));
+          for (Index s = 0; s < S; ++s)
+            for (Index j = 0; j < count; ++j)
+              for (Index d = 0; d < D; ++d) {
+                block[(s * count + j) * D + d] = kv[(s * keys + first + j) * D + d];
+                block[a.block(count) + (s * count + j) * D + d] =
+                    kv[a.block(keys) + (s * keys + first + j) * D + d];
+              }
+          const auto bb = device_copy<T>(block, "block");
+          const kernels::Visibility v{causal, visible.query_offset, visible.key_offset + first};
+          if (fused)
+            kernels::fold_block_fused(space, a, qb.data(), queries, bb.data(), count, v, scale,
+                                      state);
+          else
+            kernels::fold_block(space, a, qb.data(), queries, bb.data(), count, v, scale, state,
+                                scores.data(), [] {});
+        }
+        kernels::finish(space, state);
+        const auto out_b = kernels::attention_buffer<T>("out", a.block(queries));
+        Kokkos::deep_copy(
+            out_b,
+            Kokkos::subview(state.totals, std::make_pair(S * queries, S * queries * (1 + D))));
+        CHECK(relative_error(host_values(out_b), out) < tolerance);
+        CHECK(relative_error(host_values(state.max), lse) < tolerance);
+
+        const auto g = kernels::query_gradients(space, qb, device_copy<T>(dout, "dout"), out_b,
+                                                state.max, queries, D);
+        auto dqb = kernels::attention_buffer<T>("dq", q.size(), MemoryCategory::workspaces, true);
+        auto dkvb =
+            kernels::attention_buffer<T>("dkv", kv.size(), MemoryCategory::workspaces, true);
+        if (fused)
+          kernels::backward_block_fused(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys,
+                                        visible, scale);
+        else
+          kernels::backward_block(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys, visible,
+                                  scale, scores.data(), dscores.data(), [] {});
+        CHECK(relative_error(host_values(dqb), dq) < 10 * tolerance);
+        CHECK(relative_error(host_values(dkvb), dkv) < 10 * tolerance);
+      }
+    }
+  }
+}
 
 TEST_CASE("attention: finite-difference gradients in double", "[attention]") {
   const int P = test::world_size();

@@ -282,6 +282,11 @@ template <class T>
 void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
                 Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
                 const Progress& progress) {
+  if constexpr (attention_runs_fused) {
+    fold_block_fused(space, a, q, queries, kv, keys, visible, scale, state);
+    progress();  // while the kernel runs
+    return;
+  }
   const Index D = a.head_dim;
   const T* v = kv + a.block(keys);
   for_each_slice(a, scores, static_cast<T*>(nullptr), progress,
@@ -341,6 +346,11 @@ template <class T>
 void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
                     T* dscores, const Progress& progress) {
+  if constexpr (attention_runs_fused) {
+    backward_block_fused(space, a, g, dq, kv, dkv, keys, visible, scale);
+    progress();
+    return;
+  }
   const Index D = a.head_dim, Lq = g.queries;
   const T* v = kv + a.block(keys);
   for_each_slice(
@@ -356,6 +366,7 @@ void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGrad
 }
 
 Index score_buffer_size() {
+  if (attention_runs_fused) return 0;
   return slice_lanes() * score_tile;
 }
 

@@ -129,6 +129,29 @@ void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGrad
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
                     T* dscores, const Progress& progress);
 
+/// Query and key rows of the fused kernels' tiles: a team's Q (or K/V) tile and its score tile
+/// fit a GPU block's shared memory for head_dim up to 64 in float.
+constexpr Index fused_tile_queries = 32;
+constexpr Index fused_tile_keys = 32;
+
+/// fold_block and backward_block as fused tiled kernels (flash_attention_fused.cpp), what they
+/// run on a GPU: one team per (slice, tile of queries), its Q tile and each K/V tile in team
+/// scratch (shared memory), scores, the online softmax and P V in the same kernel; backward as
+/// two kernels, dQ per query tile and dK/dV per key tile, each recomputing P, so that every
+/// value has one writer (no atomics). No score buffers. On the host the GEMM tiles above are
+/// faster (sgemm-speed products); the two agree to rounding (test_ring_attention).
+template <class T>
+void fold_block_fused(const ExecutionSpace& space, const Heads& a, const T* q, Index queries,
+                      const T* kv, Index keys, const Visibility& visible, T scale,
+                      OnlineSoftmax<T>& state);
+template <class T>
+void backward_block_fused(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g,
+                          T* dq, const T* kv, T* dkv, Index keys, const Visibility& visible,
+                          T scale);
+
+/// Whether fold_block and backward_block run the fused kernels: where kernels run on a GPU.
+constexpr bool attention_runs_fused = !kernels_run_on_host;
+
 /// y[i] += x[i] for i < n (buffers of the default space).
 template <class T>
 void add_into(const ExecutionSpace& space, T* y, const T* x, Index n);
