@@ -154,7 +154,7 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
   send_buffer_ = Buffer("halo_send", send_total);
   recv_buffer_ = Buffer("halo_recv", recv_total);
   nccl_ = impl::on_nccl<Buffer>(comm_);
-  if (!receives_in_place && !nccl_ && !comm_.options().device_aware_mpi) {
+  if (!nccl_ && impl::mpi_stages<DefaultMemorySpace>(comm_)) {
     send_staging_ = HostBuffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "halo_send_staging"),
                                send_total);
     recv_staging_ = HostBuffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "halo_recv_staging"),

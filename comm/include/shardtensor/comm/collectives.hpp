@@ -59,6 +59,14 @@ bool on_nccl(const Communicator& comm) {
   return !in_host_memory<View> && comm.options().backend == CommBackend::nccl;
 }
 
+/// Whether MPI messages of `Memory` over `comm` go through host staging buffers: device memory
+/// that MPI may not be handed (device_aware_mpi off). The one rule of every staging decision.
+template <class Memory>
+bool mpi_stages(const Communicator& comm) {
+  return !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible &&
+         !comm.options().device_aware_mpi;
+}
+
 /// The memory MPI reads (a send) or writes (a receive) for a contiguous View: the View's own
 /// where MPI can take it (host memory, or device memory with device-aware MPI), else a host
 /// staging copy. Kernels that wrote the View have finished once it is made.
@@ -69,7 +77,7 @@ class MpiBuffer {
   /// `send`: MPI reads the View's values (a staging copy is filled); else MPI writes them.
   MpiBuffer(const Communicator& comm, const View& view, bool send) : view_(view) {
     Kokkos::fence();
-    if (in_host_memory<View> || comm.options().device_aware_mpi) {
+    if (!mpi_stages<typename View::memory_space>(comm)) {
       data_ = const_cast<T*>(view.data());
       return;
     }

@@ -66,7 +66,7 @@ class PendingMessage {
 
   /// Whether messages over `comm` go through host buffers.
   static bool staged(const Communicator& comm) {
-    return !host_reads_default_memory && !comm.options().device_aware_mpi;
+    return impl::mpi_stages<DefaultMemorySpace>(comm);
   }
 
  private:
