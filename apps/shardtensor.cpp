@@ -26,6 +26,7 @@
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/data/heat_equation.hpp"
 #include "shardtensor/io/output_paths.hpp"
+#include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/trainer.hpp"
@@ -76,6 +77,9 @@ void print_info(const Communicator& world) {
               !host_reads_default_memory
                   ? (mpi_reads_device_memory() ? "possible" : "not possible with this MPI")
                   : "no effect (host memory)");
+  std::printf("  conv      %s\n", kernels::conv_library_available()
+                                      ? "cuDNN (training.tf32 lets float use TF32)"
+                                      : "portable Kokkos kernels (no convolution library)");
   std::printf("  HDF5      %u.%u.%u, parallel: %s\n", major, minor, release,
               parallel_hdf5 ? "yes" : "no");
   std::printf("  BLAS      %s\n", blas.c_str());

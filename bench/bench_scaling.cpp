@@ -12,6 +12,8 @@
 //            --warmup K (1)  --iters K (5 timed training steps)
 //            --infer-iters K (= iters; timed inference steps, after one untimed)
 //            --overlap on|off (on: Conv overlaps its halo exchange with interior compute)
+//            --tf32 on|off (default: the config's training.tf32; float convolutions through
+//                           cuDNN may use TF32 tensor cores)
 //            --budget-mib M (per-rank budget on tracked memory, overrides the config's;
 //                            over it, the run reports "fits":false instead of failing)
 //
@@ -47,6 +49,7 @@
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
+#include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/models.hpp"
 #include "shardtensor/nn/halo_overlap.hpp"
 #include "shardtensor/train/run_config.hpp"
@@ -230,18 +233,21 @@ int main(int argc, char** argv) {
           std::stoi(option(argc, argv, "--infer-iters", std::to_string(s.iters).c_str()));
       const std::string overlap = option(argc, argv, "--overlap", "on");
       const std::string budget = option(argc, argv, "--budget-mib", "");
+      const std::string tf32 = option(argc, argv, "--tf32", "");
       SHARDTENSOR_REQUIRE(!s.config_path.empty() && s.extents.size() >= 1 &&
                               s.extents.size() <= 3 && s.channels_in >= 1 && s.channels_out >= 1 &&
                               s.batch >= 1 && s.warmup >= 0 && s.iters >= 1 && s.infer_iters >= 0 &&
-                              (overlap == "on" || overlap == "off"),
+                              (overlap == "on" || overlap == "off") &&
+                              (tf32.empty() || tf32 == "on" || tf32 == "off"),
                           "bench_scaling",
                           "bad options (--config is required; --size N or AxBxC with 1-3 dims; "
-                          "--iters >= 1; --overlap on|off)");
+                          "--iters >= 1; --overlap on|off; --tf32 on|off)");
       const RunConfig config = RunConfig::load(s.config_path, {}, RunConfig::DataUse::arrays);
       s.budget_mib = budget.empty() ? config.memory.budget_mib : std::stod(budget);
       s.overlap = overlap == "on";
 
       set_halo_overlap(s.overlap);
+      kernels::set_conv_tf32(tf32.empty() ? config.training.tf32 : tf32 == "on");
       enable_comm_timers();
       enable_memory_tracking();  // before anything is allocated: parameters count too
       if (s.budget_mib > 0) set_memory_budget(std::uint64_t(std::ceil(s.budget_mib * 1048576)));
@@ -317,7 +323,7 @@ int main(int argc, char** argv) {
             "{\"bench\":\"scaling\",\"model\":\"%s\",\"config\":\"%s\",\"precision\":\"%s\","
             "\"ranks\":%d,\"grid\":\"%s\",\"global\":[%s],\"cells\":%lld,\"cells_per_rank\":%lld,"
             "\"batch\":%lld,\"channels_in\":%lld,\"channels_out\":%lld,\"parameters\":%lld,"
-            "\"overlap\":\"%s\",\"warmup\":%d,\"iters\":%d,\"infer_iters\":%d,"
+            "\"overlap\":\"%s\",\"tf32\":%s,\"warmup\":%d,\"iters\":%d,\"infer_iters\":%d,"
             "\"train_step_s\":%s,\"train_step_cpu_s\":%s,\"infer_step_s\":%s,"
             "\"infer_step_cpu_s\":%s,\"train_halo_fraction\":%s,"
             "\"train_collective_fraction\":%s,\"infer_halo_fraction\":%s,"
@@ -327,8 +333,9 @@ int main(int argc, char** argv) {
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
-            (long long)s.channels_out, (long long)r.parameters, overlap.c_str(), s.warmup, s.iters,
-            s.infer_iters, json_number(r.fits ? train_s : NAN).c_str(),
+            (long long)s.channels_out, (long long)r.parameters, overlap.c_str(),
+            kernels::conv_tf32() ? "true" : "false", s.warmup, s.iters, s.infer_iters,
+            json_number(r.fits ? train_s : NAN).c_str(),
             json_number(r.fits ? train_cpu_s : NAN).c_str(),
             json_number(r.fits ? infer_s : NAN).c_str(),
             json_number(r.fits ? infer_cpu_s : NAN).c_str(),

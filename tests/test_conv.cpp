@@ -1,10 +1,14 @@
 // Conv: sharded == single rank (outputs, input and parameter gradients) for 1-D/2-D/3-D
 // kernels with strides, dilations, every padding mode and groups, on several process grids
-// and uneven splits; finite-difference gradients in double; bad input.
+// and uneven splits; every kernel family (direct, GEMM, vector kernels, the convolution
+// library where the build has one) against the direct loop; finite-difference gradients in
+// double; bad input.
 
 #include <catch2/catch.hpp>
+#include <random>
 
 #include "equivalence.hpp"
+#include "shardtensor/kernels/conv_library.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;
@@ -135,10 +139,13 @@ TEMPLATE_TEST_CASE("the GEMM path and vector kernels equal the direct loop, also
     const auto decompositions =
         test::test_decompositions(c.extents, comm.size(), periodic, min_cells(c.options));
     if (decompositions.empty()) continue;
-    ConvOptions direct = c.options, chunked = c.options, gemm_only = c.options,
-                banded = c.options;
+    ConvOptions direct = c.options, chunked = c.options, gemm_only = c.options, banded = c.options,
+                portable = c.options;
     direct.algorithm = ConvAlgorithm::direct;
-    chunked.workspace_bytes = 1;  // one z row of outputs per chunk
+    // Where the build has a convolution library, c.options runs it; the others run the
+    // portable kernels.
+    for (ConvOptions* o : {&chunked, &gemm_only, &banded, &portable}) o->library_kernels = false;
+    chunked.workspace_bytes = 1;       // one z row of outputs per chunk
     gemm_only.vector_kernels = false;  // the GEMM path also where the vector kernels apply
     banded.workspace_bytes = band_copies_workspace;  // vector kernels, band copies (2-D)
     const auto run = [&](const ConvOptions& o) {
@@ -146,7 +153,8 @@ TEMPLATE_TEST_CASE("the GEMM path and vector kernels equal the direct loop, also
                                         c.options.in_channels, test::weighted_sum<TestType>);
     };
     const auto reference = run(direct);
-    for (const auto& fast : {run(c.options), run(chunked), run(gemm_only), run(banded)}) {
+    for (const auto& fast :
+         {run(c.options), run(chunked), run(gemm_only), run(banded), run(portable)}) {
       CHECK(test::relative_error(fast.output.value().view(), reference.output.value().view()) <=
             tolerance);
       CHECK(test::relative_error(fast.input.grad().view(), reference.input.grad().view()) <=
@@ -155,6 +163,83 @@ TEMPLATE_TEST_CASE("the GEMM path and vector kernels equal the direct loop, also
       for (std::size_t i = 0; i < p.size(); ++i)
         CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) <= tolerance);
     }
+  }
+}
+
+namespace {
+
+template <class View>
+void fill_random(const View& v, std::uint64_t seed) {
+  const auto host = Kokkos::create_mirror_view(v);
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<double> uniform(-1, 1);
+  for (std::size_t i = 0; i < host.span(); ++i)
+    host.data()[i] = static_cast<typename View::value_type>(uniform(engine));
+  Kokkos::deep_copy(v, host);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "the convolution library's three directions equal the direct loop on a box of "
+    "the padded buffer",
+    "[conv][library]", float, double) {
+  using T = TestType;
+  using kernels::ConvShape;
+  const double tolerance = std::is_same<T, float>::value ? 1e-5 : 1e-12;
+  struct Case {
+    const char* name;
+    ConvShape g;
+    Index padded[3];  // larger than the windows' box on every side that has room
+  };
+  // ConvShape: batch, in, out, in / groups, out / groups, kernel, stride, dilation, base, out.
+  const Case cases[] = {
+      {"3-D k3, windows at an offset",
+       {2, 4, 6, 4, 6, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 2, 0}, {5, 6, 7}},
+       {9, 11, 10}},
+      {"3-D k3x2x3, 2 groups, strides 2x1x2, dilation 2 along z",
+       {1, 4, 6, 2, 3, {3, 2, 3}, {2, 1, 2}, {1, 1, 2}, {2, 0, 1}, {4, 5, 3}},
+       {12, 7, 11}},
+      {"a rotated 2-D field (1, x, y), k1x3x3",
+       {2, 3, 5, 3, 5, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 1, 1}, {1, 12, 9}},
+       {1, 14, 12}},
+  };
+  const ExecutionSpace space;
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const ConvShape& g = c.g;
+    const kernels::ConvLibraryPlan<T> plan(g, c.padded, std::size_t(64) << 20);
+    // Host builds have no library; a CUDA build with cuDNN takes every one of these shapes.
+    CHECK(plan.applies() == kernels::conv_library_available());
+    if (!plan.applies()) continue;
+    const FieldView<T> xp("xp", g.batch, g.in_channels, c.padded[0], c.padded[1], c.padded[2]);
+    const FieldView<T> gy("gy", g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]);
+    const ReplicatedView<T> w("w", g.out_channels * g.in_per_group * g.k[0] * g.k[1] * g.k[2]);
+    const ReplicatedView<T> bias("bias", g.out_channels);
+    fill_random(xp, 1), fill_random(gy, 2), fill_random(w, 3), fill_random(bias, 4);
+    kernels::ConvWorkspace<T> workspace;
+
+    const FieldView<T> y("y", g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]);
+    const FieldView<T> y_direct("y_direct", g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]);
+    REQUIRE(plan.forward(space, xp, w, bias, y, workspace));
+    kernels::conv_direct_forward(space, g, xp, w, bias, y_direct);
+    CHECK(test::relative_error(y, y_direct) <= tolerance);
+
+    // The cells no window reads keep their zeros; the direct loop writes zeros there.
+    const FieldView<T> gxp("gxp", g.batch, g.in_channels, c.padded[0], c.padded[1], c.padded[2]);
+    const FieldView<T> gxp_direct("gxp_direct", g.batch, g.in_channels, c.padded[0], c.padded[1],
+                                  c.padded[2]);
+    REQUIRE(plan.backward_data(space, gy, w, gxp, workspace));
+    kernels::conv_direct_backward_data(space, g, gy, w, gxp_direct);
+    CHECK(test::relative_error(gxp, gxp_direct) <= tolerance);
+
+    // The weight gradient adds to what is there.
+    const ReplicatedView<T> gw("gw", w.extent(0)), gw_direct("gw_direct", w.extent(0));
+    fill_random(gw, 5);
+    Kokkos::deep_copy(gw_direct, gw);
+    REQUIRE(plan.backward_weight(space, gy, xp, gw, workspace));
+    kernels::conv_backward_parameters(space, g, gy, xp, gw_direct, ReplicatedView<T>());
+    CHECK(test::relative_error(gw, gw_direct) <= tolerance);
   }
 }
 

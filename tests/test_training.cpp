@@ -123,6 +123,15 @@ TEST_CASE("config errors name the key, the value and the line", "[config]") {
   CHECK_FALSE(
       RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.device_aware_mpi);
 
+  CHECK(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\ntraining: {tf32: true}\n")
+            .training.tf32);
+  CHECK_FALSE(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").training.tf32);
+  const std::string m4 = test::error_message_of([&] {
+    RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\ntraining: {tf32: sometimes}\n");
+  });
+  CHECK_THAT(m4, Catch::Contains("training.tf32"));
+  CHECK_THAT(m4, Catch::Contains("sometimes"));
+
   const std::string missing = "model: {type: unet}\n";
   CHECK_THAT(test::error_message_of([&] { RunConfig::parse(missing); }),
              Catch::Contains("data.path (line 1): missing required key"));

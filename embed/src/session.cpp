@@ -9,6 +9,7 @@
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/kernels/conv_library.hpp"  // set_conv_tf32
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/models/summary.hpp"
 #include "shardtensor/optim/lr_schedule.hpp"
@@ -421,6 +422,7 @@ class Session::Impl {
     const RunConfig& config = *loaded;
     comm_.require_same_text(config.text, where, "the resolved config");
     precision_ = config.training.precision;
+    kernels::set_conv_tf32(config.training.tf32);
     budget_ = std::make_unique<ScopedMemoryBudget>(config.memory.budget_mib);
     if (precision_ == "double")
       double_ = std::make_unique<Engine<double>>(comm_, grid, config, options);

@@ -1,6 +1,7 @@
 #include "shardtensor/nn/conv.hpp"
 
 #include "shardtensor/kernels/conv.hpp"
+#include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/nn/halo_overlap.hpp"
 #include "shardtensor/nn/impl/conv_parameters.hpp"
 #include "shardtensor/nn/impl/per_dim_option.hpp"
@@ -9,8 +10,8 @@
 #include <sstream>
 
 // The module: options, parameters, the halo exchange and its overlap, the choice of kernel
-// family (kernels/conv.hpp) and the backward closure. The kernels run on the rotated view
-// below.
+// family (kernels/conv.hpp, kernels/conv_library.hpp) and the backward closure. The kernels run on
+// the rotated view below.
 
 namespace shardtensor {
 
@@ -151,8 +152,14 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const std::shared_ptr<kernels::ConvWorkspace<T>> workspace = workspace_;
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : no_bias;
   const Index padded_extent[3] = {Index(xp.extent(2)), Index(xp.extent(3)), Index(xp.extent(4))};
+  // The fast path: the backend's library (cuDNN) where the build has one, else the plane
+  // path where it applies, else im2col + GEMM.
+  const kernels::ConvLibraryPlan<T> library =
+      algorithm == ConvAlgorithm::gemm && options_.library_kernels
+          ? kernels::ConvLibraryPlan<T>(shape, padded_extent, options_.library_workspace_bytes)
+          : kernels::ConvLibraryPlan<T>();
   const PlanePlan planes =
-      algorithm == ConvAlgorithm::gemm
+      algorithm == ConvAlgorithm::gemm && !library.applies()
           ? kernels::plan_planes(
                 shape, padded_extent, sizeof(T), workspace->budget_bytes,
                 options_.vector_kernels && kernels::conv_vector_kernels_available<T>())
@@ -170,7 +177,13 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                                  shape, xp, weight_.data(), false, bias, yv,
                                  workspace->reserve(planes.values), keep);
   };
-  if (algorithm == ConvAlgorithm::gemm && halo_overlap() && halo_->padding_ready_after_start()) {
+  if (library.applies()) {
+    // One library call for every output, after the exchange: no overlap split.
+    halo_->finish(padded);
+    if (!library.forward(ExecutionSpace(), xp, weight_.data(), bias, yv, *workspace))
+      forward_gemm(ChunkFilter{});
+  } else if (algorithm == ConvAlgorithm::gemm && halo_overlap() &&
+             halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
     for (const Box& box : halo_->exchanged_boxes(padded))
       interior.boxes.push_back(rotation.apply(box));
@@ -225,8 +238,17 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                                        padded.channels(), padded.ghosts(), name_ + ".padded_grad");
         const FieldView<T> gxp = rotation.apply(grad_padded.view());
         if (algorithm == ConvAlgorithm::gemm) {
-          kernels::conv_gemm_backward(ExecutionSpace(), shape, gy, xp, w_node->data, gw, gxp,
-                                      *workspace);
+          // The library's directions where it has algorithms, the portable GEMM for the rest.
+          const bool data_done =
+              gxp.extent(0) == 0 ||
+              library.backward_data(ExecutionSpace(), gy, w_node->data, gxp, *workspace);
+          const bool weight_done =
+              gw.extent(0) == 0 ||
+              library.backward_weight(ExecutionSpace(), gy, xp, gw, *workspace);
+          if (!data_done || !weight_done)
+            kernels::conv_gemm_backward(ExecutionSpace(), shape, gy, xp, w_node->data,
+                                        weight_done ? ReplicatedView<T>() : gw,
+                                        data_done ? FieldView<T>() : gxp, *workspace);
           kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
                                             gb);  // bias only
         } else {

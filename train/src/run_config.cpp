@@ -88,7 +88,7 @@ ScheduleOptions read_schedule(const ConfigNode& node, double base_lr) {
 
 TrainingConfig read_training(const ConfigNode& node) {
   node.allow_only({"epochs", "batch_size", "loss", "clip_grad_norm", "validate_every",
-                   "checkpoint_every", "keep_checkpoints", "precision", "seed"});
+                   "checkpoint_every", "keep_checkpoints", "precision", "tf32", "seed"});
   TrainingConfig t;
   t.epochs = node.get("epochs", t.epochs);
   t.batch_size = node.get("batch_size", t.batch_size);
@@ -98,6 +98,7 @@ TrainingConfig read_training(const ConfigNode& node) {
   t.checkpoint_every = node.get("checkpoint_every", t.checkpoint_every);
   t.keep_checkpoints = node.get("keep_checkpoints", t.keep_checkpoints);
   t.precision = node.choice("precision", t.precision, {"float", "double"});
+  t.tf32 = node.get("tf32", t.tf32);
   t.seed = node.get("seed", t.seed);
   node["epochs"].check(t.epochs >= 0, "must not be negative, got " + node["epochs"].text());
   node["batch_size"].check(t.batch_size >= 1,

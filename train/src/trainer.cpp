@@ -25,6 +25,7 @@
 #include "shardtensor/io/file.hpp"
 #include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/io/xdmf.hpp"
+#include "shardtensor/kernels/conv_library.hpp"  // set_conv_tf32
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
 #include "shardtensor/train/batch_reader.hpp"
@@ -749,6 +750,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
 }  // namespace
 
 TrainResult train(const Communicator& world, const RunConfig& config, const TrainOptions& options) {
+  kernels::set_conv_tf32(config.training.tf32);
   return config.training.precision == "double" ? train_as<double>(world, config, options)
                                                : train_as<float>(world, config, options);
 }
@@ -760,6 +762,7 @@ InferResult infer(const Communicator& world, const RunConfig& config, const Infe
   io::require_outputs_apart(
       world, "infer", {{"--output", options.output_path}, {"XDMF sidecar of --output", sidecar}},
       {{"--input", options.input_path}, {"--checkpoint", options.checkpoint}});
+  kernels::set_conv_tf32(config.training.tf32);
   return config.training.precision == "double" ? infer_as<double>(world, config, options)
                                                : infer_as<float>(world, config, options);
 }

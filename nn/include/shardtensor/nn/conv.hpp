@@ -14,8 +14,9 @@
 
 namespace shardtensor {
 
-/// How Conv computes: blocked im2col + GEMM (KokkosBlas::gemm, fast) or a direct loop
-/// (the reference the fast path is tested against).
+/// How Conv computes: the fast path (cuDNN in a GPU build that has it; else blocked im2col +
+/// GEMM through KokkosBlas::gemm, or the host's vector kernels) or a direct loop (the
+/// reference the fast path is tested against).
 enum class ConvAlgorithm { gemm, direct };
 
 struct ConvOptions {
@@ -37,6 +38,12 @@ struct ConvOptions {
   /// GEMM path, float, host (Serial) and an AVX-512 CPU: register-blocked convolution kernels
   /// instead of im2col + KokkosBlas::gemm for unit strides. false: always KokkosBlas::gemm.
   bool vector_kernels = true;
+  /// GEMM path in a build with a convolution library (cuDNN in CUDA builds,
+  /// kernels/conv_library.hpp): the library's convolutions where it has an algorithm for the
+  /// shape, the portable kernels otherwise. false: always the portable kernels.
+  bool library_kernels = true;
+  /// Bound on the library's workspace (its algorithms are chosen among those that fit).
+  std::size_t library_workspace_bytes = std::size_t(256) << 20;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;

@@ -44,6 +44,7 @@ struct TrainingConfig {
   int checkpoint_every = 1;         ///< epochs
   int keep_checkpoints = 3;         ///< the last K checkpoint files are kept
   std::string precision = "float";  ///< float or double
+  bool tf32 = false;                ///< float convolutions on a GPU may use TF32 tensor cores
   std::uint64_t seed = 1;           ///< shuffling (model seeds are under `model`)
 };
 

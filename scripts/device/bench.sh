@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU benchmarks of docs/performance.md (GPU section), on a GPU machine, from the bundle
+# that scripts/device/bundle.sh made: each ShardTensor benchmark and its PyTorch peer on the
+# same GPU, fp32 with TF32 off and on, one JSON line each, into $OUT/bench.jsonl (and the full
+# output into $OUT/bench.log). Run it after scripts/device/run.sh (which unpacks the bundle),
+# or alone: then it unpacks the bundle first, running no test.
+#
+#   scripts/device/bench.sh [conv,unet,capacity,vit,attention]   (default: all, in this order)
+#
+#   conv       bench_conv 32 -> 32, k3, 128^3, forward + backward (median of 7 after 3) and
+#              tools/pytorch_gpu_conv.py
+#   unet       bench_scaling on bench/scaling_unet3d.yaml at 128^3, training step and
+#              inference (median of 7 after 3) and tools/pytorch_gpu_unet.py
+#   capacity   the same U-Net at growing cubes until one does not fit in 90 % of the GPU's
+#              memory (bench_scaling --budget-mib), and PyTorch at the same sizes
+#   vit        bench_scaling on examples/02_train_config/heat2d_vit.yaml at 1024^2
+#   attention  bench_attention at 65536 tokens
+#
+# Each command runs with a time limit (LIMIT_S, 300 s); a run that fails or times out is
+# logged and the next one starts.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+out="${OUT:-$root/device-out}"
+limit="${LIMIT_S:-300}"
+parts=",${1:-conv,unet,capacity,vit,attention},"
+unpacked=/tmp/shardtensor-device
+mkdir -p "$out"
+[ -f "$unpacked/env.sh" ] || bash "$root/scripts/device/run.sh" '^$' 1 > /dev/null
+# shellcheck disable=SC1091
+source "$unpacked/env.sh"
+bin="$unpacked/build/bench"
+log="$out/bench.log" jsonl="$out/bench.jsonl"
+
+# One command: its output to the log, its JSON lines (lines that start with '{') to jsonl.
+run() {
+  echo "\$ $*" >> "$log"
+  timeout -k 5 "$limit" "$@" > "$unpacked/bench.out" 2>&1 < /dev/null
+  local rc=$?
+  cat "$unpacked/bench.out" >> "$log"
+  grep '^{' "$unpacked/bench.out" >> "$jsonl"
+  [ $rc -eq 0 ] || echo "exit $rc: $*" | tee -a "$log"
+  return 0
+}
+
+memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+echo "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)" | tee -a "$log"
+unet=(--config "$root/bench/scaling_unet3d.yaml" --channels-in 2 --channels-out 1)
+
+if [[ $parts == *,conv,* ]]; then
+  for tf32 in off on; do
+    run mpiexec -n 1 "$bin/bench_conv" --size 128 --channels 32 --warmup 3 --iters 7 --tf32 $tf32
+  done
+  run python3 "$root/tools/pytorch_gpu_conv.py" --size 128 --channels 32
+fi
+if [[ $parts == *,unet,* ]]; then
+  for tf32 in off on; do
+    run mpiexec -n 1 "$bin/bench_scaling" "${unet[@]}" --warmup 3 --iters 7 --size 128 --tf32 $tf32
+  done
+  run python3 "$root/tools/pytorch_gpu_unet.py" --size 128
+fi
+if [[ $parts == *,capacity,* ]]; then
+  budget=$((memory_mib * 9 / 10))
+  for size in 192 256 320 384 448 512; do
+    run mpiexec -n 1 "$bin/bench_scaling" "${unet[@]}" --warmup 1 --iters 3 --size $size \
+      --budget-mib $budget
+    grep -q '"fits":true' "$unpacked/bench.out" || break
+  done
+  run python3 "$root/tools/pytorch_gpu_unet.py" --size 192,256,320,384,448,512 --warmup 1 --iters 3
+fi
+if [[ $parts == *,vit,* ]]; then
+  for tf32 in off on; do
+    run mpiexec -n 1 "$bin/bench_scaling" --config "$root/examples/02_train_config/heat2d_vit.yaml" \
+      --dims 2 --size 1024 --warmup 3 --iters 7 --tf32 $tf32
+  done
+fi
+if [[ $parts == *,attention,* ]]; then
+  run mpiexec -n 1 "$bin/bench_attention" --tokens 65536 --iters 5 --warmup 1
+fi
+echo "bench: $(wc -l < "$jsonl") JSON lines in $jsonl"
