@@ -19,6 +19,7 @@
 #ifdef SHARDTENSOR_HAVE_CUDNN
 #include <cudnn.h>
 
+#include <algorithm>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -116,7 +117,7 @@ std::size_t values_for(std::size_t bytes) {
   return (bytes + sizeof(T) - 1) / sizeof(T);
 }
 
-/// Scratch for cudnnFind: the workspace bound, freed after the choice.
+/// Scratch for cudnnFind, freed after the choice.
 using FindScratch = Kokkos::View<char*, DefaultMemorySpace>;
 
 FindScratch find_scratch(std::size_t bytes) {
@@ -149,20 +150,28 @@ struct ConvLibraryPlan<T>::Plan {
     if (convolution) cudnnDestroyConvolutionDescriptor(convolution);
   }
 
-  /// Makes `choice` on its first call: `find(requested, &returned, results, scratch)` times
-  /// cuDNN's algorithms for one direction (cudnnFind...AlgorithmEx), `max_count` says how many
-  /// results it may return.
-  template <class Perf, class Algorithm, class MaxCount, class Find>
-  void choose(Choice<Algorithm>& choice, MaxCount max_count, Find find, const char* call) {
+  /// Makes `choice` on its first call, among one direction's `algorithms` (its
+  /// ..._ALGO_COUNT): `find(requested, &returned, results, scratch, scratch_bytes)` times them
+  /// (cudnnFind...AlgorithmEx), with scratch for the largest workspace that one of them within
+  /// the bound asks for (`workspace_size(algorithm, &bytes)`), not the bound itself.
+  template <class Perf, class Algorithm, class WorkspaceSize, class Find>
+  void choose(Choice<Algorithm>& choice, int algorithms, WorkspaceSize workspace_size, Find find,
+              const char* call) {
     std::lock_guard<std::mutex> lock(choosing);
     if (choice.chosen) return;
-    int count = 0;
-    check(max_count(&count), call);
-    std::vector<Perf> results(count);
-    const FindScratch scratch = find_scratch(workspace_limit);
-    const cudnnStatus_t status = find(count, &count, results.data(), scratch.data());
-    choice =
-        fastest<Algorithm>(results, timed_results(status, count, call), workspace_limit, fma_only);
+    std::size_t needed = 0;
+    for (int a = 0; a < algorithms; ++a) {
+      std::size_t bytes = 0;
+      if (workspace_size(static_cast<Algorithm>(a), &bytes) == CUDNN_STATUS_SUCCESS &&
+          bytes <= workspace_limit)
+        needed = std::max(needed, bytes);
+    }
+    std::vector<Perf> results(algorithms);
+    const FindScratch scratch = find_scratch(needed);
+    int returned = 0;
+    const cudnnStatus_t status =
+        find(algorithms, &returned, results.data(), scratch.data(), needed);
+    choice = fastest<Algorithm>(results, timed_results(status, returned, call), needed, fma_only);
   }
 
   template <class Algorithm>
@@ -290,12 +299,16 @@ bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>
   const cudnnHandle_t handle = handle_on(space);
   const T* input = xp.data() + p.input_offset;
   p.template choose<cudnnConvolutionFwdAlgoPerf_t>(
-      p.forward,
-      [&](int* count) { return cudnnGetConvolutionForwardAlgorithmMaxCount(handle, count); },
-      [&](int requested, int* returned, cudnnConvolutionFwdAlgoPerf_t* results, void* scratch) {
-        return cudnnFindConvolutionForwardAlgorithmEx(
-            handle, p.input, input, p.weight, w.data(), p.convolution, p.output, y.data(),
-            requested, returned, results, scratch, p.workspace_limit);
+      p.forward, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+      [&](cudnnConvolutionFwdAlgo_t algorithm, std::size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(handle, p.input, p.weight, p.convolution,
+                                                       p.output, algorithm, bytes);
+      },
+      [&](int requested, int* returned, cudnnConvolutionFwdAlgoPerf_t* results, void* scratch,
+          std::size_t scratch_bytes) {
+        return cudnnFindConvolutionForwardAlgorithmEx(handle, p.input, input, p.weight, w.data(),
+                                                      p.convolution, p.output, y.data(), requested,
+                                                      returned, results, scratch, scratch_bytes);
       },
       "cudnnFindConvolutionForwardAlgorithmEx");
   if (!p.forward.found) return false;
@@ -321,12 +334,16 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
   const cudnnHandle_t handle = handle_on(space);
   T* input_gradient = gxp.data() + p.input_offset;
   p.template choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-      p.data,
-      [&](int* count) { return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, count); },
-      [&](int requested, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results, void* scratch) {
+      p.data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+      [&](cudnnConvolutionBwdDataAlgo_t algorithm, std::size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            handle, p.weight, p.output, p.convolution, p.input, algorithm, bytes);
+      },
+      [&](int requested, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results, void* scratch,
+          std::size_t scratch_bytes) {
         return cudnnFindConvolutionBackwardDataAlgorithmEx(
             handle, p.weight, w.data(), p.output, gy.data(), p.convolution, p.input, input_gradient,
-            requested, returned, results, scratch, p.workspace_limit);
+            requested, returned, results, scratch, scratch_bytes);
       },
       "cudnnFindConvolutionBackwardDataAlgorithmEx");
   if (!p.data.found) return false;
@@ -349,17 +366,20 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
   const cudnnHandle_t handle = handle_on(space);
   const T* input = xp.data() + p.input_offset;
   p.template choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-      p.weight_gradient,
-      [&](int* count) { return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, count); },
-      [&](int requested, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* results,
-          void* scratch) {
+      p.weight_gradient, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+      [&](cudnnConvolutionBwdFilterAlgo_t algorithm, std::size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            handle, p.input, p.output, p.convolution, p.weight, algorithm, bytes);
+      },
+      [&](int requested, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* results, void* scratch,
+          std::size_t scratch_bytes) {
         // Timing writes the output: into a scratch weight, since gw accumulates.
         const ReplicatedView<T> timed(
             Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("cudnn_find_weight")),
             p.weight_values);
         return cudnnFindConvolutionBackwardFilterAlgorithmEx(
             handle, p.input, input, p.output, gy.data(), p.convolution, p.weight, timed.data(),
-            requested, returned, results, scratch, p.workspace_limit);
+            requested, returned, results, scratch, scratch_bytes);
       },
       "cudnnFindConvolutionBackwardFilterAlgorithmEx");
   if (!p.weight_gradient.found) return false;
