@@ -9,7 +9,8 @@
 // rank's outputs), so cuDNN pads nothing itself. For each shape the algorithms are chosen
 // once, on a direction's first run, by timing them on the run's own buffers
 // (cudnnFind...AlgorithmEx), keeping only deterministic ones: two runs of a step give the
-// same bits. Float keeps FMA math unless TF32 is allowed (set_conv_tf32).
+// same bits. Float keeps FMA math and algorithms that sum the products themselves (no FFT or
+// Winograd transforms) unless TF32 is allowed (set_conv_tf32).
 
 #include "shardtensor/kernels/conv_library.hpp"
 
@@ -90,17 +91,35 @@ struct Choice {
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 };
 
-/// The fastest of cuDNN's timed results (sorted fastest first) that ran, is deterministic,
-/// fits the workspace bound and, for float without TF32, used FMA math only.
+/// Whether an algorithm sums the products themselves, rather than transforming the operands
+/// (FFT, Winograd), whose float rounding grows with the transform: float without TF32 keeps
+/// to these, so its results stay within 1e-5 of the CPU's.
+bool sums_products(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool sums_products(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool sums_products(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+/// The fastest of cuDNN's timed results (sorted fastest first) that ran, is deterministic and
+/// fits the workspace bound; for float without TF32 (`float_accuracy`), one with FMA math
+/// that sums the products itself.
 template <class Algorithm, class Perf>
 Choice<Algorithm> fastest(const std::vector<Perf>& results, int returned, std::size_t limit,
-                          bool fma_only) {
+                          bool float_accuracy) {
   Choice<Algorithm> choice;
   choice.chosen = true;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = results[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
-        p.memory > limit || (fma_only && p.mathType != CUDNN_FMA_MATH))
+        p.memory > limit ||
+        (float_accuracy && (p.mathType != CUDNN_FMA_MATH || !sums_products(p.algo))))
       continue;
     choice.found = true;
     choice.algorithm = p.algo;
@@ -136,8 +155,8 @@ struct ConvLibraryPlan<T>::Plan {
   Index input_offset = 0;  // values from the padded buffer's start to the first window's
   Index weight_values = 0;
   std::size_t workspace_limit = 0;
-  bool fma_only = false;  // float without TF32
-  std::mutex choosing;    // the choices are made on first use, by whichever layer runs first
+  bool float_accuracy = false;  // float without TF32: FMA math, no transform algorithms
+  std::mutex choosing;          // the choices are made on first use, by whichever layer runs first
   Choice<cudnnConvolutionFwdAlgo_t> forward;
   Choice<cudnnConvolutionBwdDataAlgo_t> data;
   Choice<cudnnConvolutionBwdFilterAlgo_t> weight_gradient;
@@ -171,7 +190,8 @@ struct ConvLibraryPlan<T>::Plan {
     int returned = 0;
     const cudnnStatus_t status =
         find(algorithms, &returned, results.data(), scratch.data(), needed);
-    choice = fastest<Algorithm>(results, timed_results(status, returned, call), needed, fma_only);
+    choice =
+        fastest<Algorithm>(results, timed_results(status, returned, call), needed, float_accuracy);
   }
 
   template <class Algorithm>
@@ -278,9 +298,9 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
           "cudnnSetConvolutionNdDescriptor");
     check(cudnnSetConvolutionGroupCount(plan->convolution, int(g.in_channels / g.in_per_group)),
           "cudnnSetConvolutionGroupCount");
-    plan->fma_only = std::is_same_v<T, float> && !tf32;
+    plan->float_accuracy = std::is_same_v<T, float> && !tf32;
     check(cudnnSetConvolutionMathType(plan->convolution,
-                                      plan->fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
+                                      plan->float_accuracy ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
           "cudnnSetConvolutionMathType");
     plan->input_offset = (g.base[0] * padded[1] + g.base[1]) * padded[2] + g.base[2];
     plan->weight_values = g.out_channels * g.in_per_group * g.k[0] * g.k[1] * g.k[2];
