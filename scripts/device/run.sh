@@ -11,7 +11,8 @@
 #
 # runs the entries whose name matches REGEX (default: all) and not EXCLUDE (default: none),
 # each stopped after TIMEOUT_S seconds (default 300); with DEADLINE=S in the environment, no
-# entry starts S seconds or more after the first (the rest are listed as SKIPPED).
+# entry starts S seconds or more after the first (the rest are listed as SKIPPED); with JOBS=N,
+# N programs' entries run at a time.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 filter="${1:-.}"
@@ -50,6 +51,8 @@ export PATH="$unpacked/path:$PATH"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_mca_base_component_show_load_errors=0
 export OMPI_MCA_btl_vader_single_copy_mechanism=none  # no CMA in containers
+# Ranks of programs run side by side (JOBS) share the cores: a waiting rank yields its core.
+[ "${JOBS:-1}" -gt 1 ] && export OMPI_MCA_mpi_yield_when_idle=1
 # The same settings for commands run after this script (benchmarks): source it.
 export -p | grep -E ' (LD_LIBRARY_PATH|PATH|OMPI_[A-Za-z_]*|OPAL_[A-Z_]*|PMIX_[A-Za-z_]*|HWLOC_[A-Z_]*)=' > "$unpacked/env.sh"
 
@@ -58,28 +61,59 @@ export -p | grep -E ' (LD_LIBRARY_PATH|PATH|OMPI_[A-Za-z_]*|OPAL_[A-Z_]*|PMIX_[A
   ldd "$unpacked"/build/bin/* "$unpacked"/build/tests/* 2>/dev/null | grep 'not found' | sort -u
 } | tee -a "$out/summary.txt"
 deadline="${DEADLINE:-0}"
+jobs="${JOBS:-1}"
 began=$(date +%s)
-passed=0 failed=0
-while IFS=$'\t' read -r name workdir env command; do
-  [[ "$name" =~ $filter ]] || continue
-  [ -n "$exclude" ] && [[ "$name" =~ $exclude ]] && continue
+mkdir -p "$unpacked/logs"
+
+# One entry: its verdict line to the summary, its output to logs/NAME.log.
+run_entry() {
+  local name="$1" workdir="$2" env="$3" command="$4"
   if [ "$deadline" -gt 0 ] && [ $(($(date +%s) - began)) -ge "$deadline" ]; then
     printf '%-40s SKIPPED (deadline)\n' "$name" | tee -a "$out/summary.txt"
-    continue
+    return
   fi
   workdir="${workdir//@BUILD@/$unpacked/build}"; workdir="${workdir//@SOURCE@/$root}"
   command="${command//@BUILD@/$unpacked/build}"; command="${command//@SOURCE@/$root}"
   env="${env//@BUILD@/$unpacked/build}"; env="${env//@SOURCE@/$root}"
   mkdir -p "$workdir"
+  local start rc elapsed seconds verdict
   start=$(date +%s%N)
-  (cd "$workdir" && env $env timeout -k 5 "$limit" bash -c "$command") > "$unpacked/entry.log" 2>&1 < /dev/null
+  (cd "$workdir" && env $env timeout -k 5 "$limit" bash -c "$command") > "$unpacked/logs/$name.out" 2>&1 < /dev/null
   rc=$?
   elapsed=$((($(date +%s%N) - start) / 100000000))
   seconds="$((elapsed / 10)).$((elapsed % 10))"
-  if [ $rc -eq 0 ]; then verdict=PASS; passed=$((passed + 1))
-  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then verdict=TIMEOUT; failed=$((failed + 1))
-  else verdict="FAIL($rc)"; failed=$((failed + 1)); fi
+  if [ $rc -eq 0 ]; then verdict=PASS
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then verdict=TIMEOUT
+  else verdict="FAIL($rc)"; fi
   printf '%-40s %-10s %6s s\n' "$name" "$verdict" "$seconds" | tee -a "$out/summary.txt"
-  { echo "=== $name: $verdict ($seconds s): $command"; tail -80 "$unpacked/entry.log"; } >> "$out/log.txt"
+  { echo "=== $name: $verdict ($seconds s): $command"; tail -80 "$unpacked/logs/$name.out"; } > "$unpacked/logs/$name.log"
+}
+
+# The entries of one program at several rank counts (NAME_np1, NAME_np2, ...) share a working
+# directory and output files: they run one after another, in one group; with JOBS=N, N groups
+# run at a time (each rank has its own CUDA context; the GPU and the cores are shared).
+declare -A group_of
+groups=()
+names=()
+while IFS=$'\t' read -r name workdir env command; do
+  [[ "$name" =~ $filter ]] || continue
+  [ -n "$exclude" ] && [[ "$name" =~ $exclude ]] && continue
+  key="${name%_np[0-9]*}"
+  [ -n "${group_of[$key]+x}" ] || groups+=("$key")
+  group_of[$key]+="$name"$'\t'"$workdir"$'\t'"$env"$'\t'"$command"$'\n'
+  names+=("$name")
 done < "$unpacked/tests.tsv"
-echo "passed $passed, failed $failed" | tee -a "$out/summary.txt"
+for key in "${groups[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  (while IFS=$'\t' read -r name workdir env command; do
+     [ -n "$name" ] || continue
+     run_entry "$name" "$workdir" "$env" "$command"
+   done <<< "${group_of[$key]}") &
+done
+wait
+for name in "${names[@]}"; do
+  [ -f "$unpacked/logs/$name.log" ] && cat "$unpacked/logs/$name.log" >> "$out/log.txt"
+done
+passed=$(grep -c ' PASS ' "$out/summary.txt")
+failed=$(grep -cE ' (FAIL|TIMEOUT)' "$out/summary.txt")
+echo "passed $passed, failed $failed ($(($(date +%s) - began)) s)" | tee -a "$out/summary.txt"
