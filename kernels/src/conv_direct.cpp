@@ -1,7 +1,7 @@
 #include "shardtensor/kernels/conv.hpp"
 
 #include "shardtensor/core/cell_index.hpp"
-#include "shardtensor/kernels/run_sum.hpp"
+#include "shardtensor/kernels/channel_sums.hpp"
 #include "shardtensor/kernels/window_index.hpp"
 
 // The direct loops: one thread per output (forward), padded input cell (data gradient) or
@@ -89,17 +89,7 @@ void conv_backward_parameters(const ExecutionSpace& space, const ConvShape& g,
           gw(flat) += static_cast<T>(sum);
         });
   }
-  if (gb.extent(0) > 0) {
-    Kokkos::parallel_for(
-        "Conv::backward_bias", kernel_range(space, g.out_channels), KOKKOS_LAMBDA(const Index co) {
-          double sum = 0;  // many terms: accumulate in double
-          for (Index n = 0; n < g.batch; ++n)
-            for (Index ox = 0; ox < g.out[0]; ++ox)
-              for (Index oy = 0; oy < g.out[1]; ++oy)
-                sum += impl::run_sum(&gy(n, co, ox, oy, 0), g.out[2]);
-          gb(co) += static_cast<T>(sum);
-        });
-  }
+  if (gb.extent(0) > 0) add_channel_sums(space, "Conv::backward_bias", gy, g.batch, g.out, gb);
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                \

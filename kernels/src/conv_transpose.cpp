@@ -1,6 +1,7 @@
 #include "shardtensor/kernels/conv_transpose.hpp"
 
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/kernels/channel_sums.hpp"
 
 namespace shardtensor::kernels {
 
@@ -98,18 +99,8 @@ void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvT
           gw(flat) += static_cast<T>(sum);
         });
   }
-  if (gb.extent(0) > 0) {
-    Kokkos::parallel_for(
-        "ConvTranspose::backward_bias", kernel_range(space, g.out_channels),
-        KOKKOS_LAMBDA(const Index co) {
-          double sum = 0;  // many terms: accumulate in double
-          for (Index n = 0; n < g.batch; ++n)
-            for (Index ox = 0; ox < g.out[0]; ++ox)
-              for (Index oy = 0; oy < g.out[1]; ++oy)
-                for (Index oz = 0; oz < g.out[2]; ++oz) sum += gy(n, co, ox, oy, oz);
-          gb(co) += static_cast<T>(sum);
-        });
-  }
+  if (gb.extent(0) > 0)
+    add_channel_sums(space, "ConvTranspose::backward_bias", gy, g.batch, g.out, gb);
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                \

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
@@ -30,7 +31,10 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
   std::vector<Index> offsets;
   Index offset = 0;
   // A sample's channels [offset, offset + c) of y are one contiguous block of c fields: copy
-  // (and in the backward, add) channel by channel, each a contiguous run of cells.
+  // (and in the backward, add) channel by channel, each a contiguous run of cells: one team
+  // per channel, its threads along the run (a plain loop on a host, coalesced on a GPU).
+  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  using Member = typename Policy::member_type;
   const Index cells = static_cast<Index>(first.view().span()) / (first.batch() * first.channels());
   const auto yv = y.view();
   for (const Variable<T>& v : inputs) {
@@ -38,11 +42,13 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
     const auto xv = v.value().view();
     const Index at = offset;
     Kokkos::parallel_for(
-        "concat", first.batch() * c, KOKKOS_LAMBDA(const Index nc) {
-          const Index n = nc / c, k = nc % c;
+        "concat", Policy(static_cast<int>(first.batch() * c), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const Member& team) {
+          const Index nc = team.league_rank(), n = nc / c, k = nc % c;
           const T* from = xv.data() + nc * cells;
           T* to = yv.data() + (n * channels + at + k) * cells;
-          for (Index i = 0; i < cells; ++i) to[i] = from[i];
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, cells),
+                               [&](const Index i) { to[i] = from[i]; });
         });
     nodes.push_back(v.node());
     offsets.push_back(offset);
@@ -52,17 +58,21 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
   node->field = y;
   if (node->requires_grad) {
     node->backward = [nodes, offsets, channels, cells](impl::Node<T>& self) {
+      using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+      using Member = typename Policy::member_type;
       const auto gy = self.grad_field().view();
       for (std::size_t k = 0; k < nodes.size(); ++k) {
         if (!nodes[k]->requires_grad) continue;
         const auto gx = nodes[k]->grad_field().view();
         const Index c = gx.extent(1), at = offsets[k];
         Kokkos::parallel_for(
-            "concat_backward", Index(gx.extent(0)) * c, KOKKOS_LAMBDA(const Index nc) {
-              const Index n = nc / c, j = nc % c;
+            "concat_backward", Policy(static_cast<int>(gx.extent(0) * c), Kokkos::AUTO),
+            KOKKOS_LAMBDA(const Member& team) {
+              const Index nc = team.league_rank(), n = nc / c, j = nc % c;
               const T* from = gy.data() + (n * channels + at + j) * cells;
               T* to = gx.data() + nc * cells;
-              for (Index i = 0; i < cells; ++i) to[i] += from[i];
+              Kokkos::parallel_for(Kokkos::TeamVectorRange(team, cells),
+                                   [&](const Index i) { to[i] += from[i]; });
             });
       }
     };
