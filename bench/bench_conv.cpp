@@ -223,6 +223,8 @@ int main(int argc, char** argv) {
               step_peak, step_activations, step_workspaces, step_comm_buffers, step_inputs);
         std::printf("  check against direct loops  %10.2g relative error (%s)\n", check_error,
                     status == 0 ? "ok" : "FAILED");
+        for (const std::string& line : kernels::conv_library_report())
+          std::printf("  library: %s\n", line.c_str());
         std::printf(
             "{\"bench\":\"conv%dd\",\"ranks\":%d,\"grid\":\"%s\",\"size\":%ld,\"batch\":%d,"
             "\"channels\":%d,"

@@ -5,9 +5,12 @@
 // cuDNN's convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter, which
 // cuDNN 9 keeps beside its graph API) on the layouts the kernels already use: fields
 // (batch, channel, x, y, z) in C order are NCDHW, weights (out, in / groups, kx, ky, kz) are
-// its NCDHW filters. The input is a strided box of the padded buffer (the windows of this
-// rank's outputs), so cuDNN pads nothing itself. For each shape the algorithms are chosen
-// once, on a direction's first run, by timing them on the run's own buffers
+// its NCDHW filters. The input is the box of the padded buffer that this rank's windows read,
+// so cuDNN pads nothing itself. cuDNN's engines want fully packed tensors at aligned
+// addresses (seen on an H100: none takes the data gradient of a strided box, and the fast
+// ones refuse a misaligned start): where the box is all of the buffer, cuDNN reads and writes
+// the buffer in place; otherwise through a packed copy of the box. For each shape the algorithms
+// are chosen once, on a direction's first run, by timing them on the run's own buffers
 // (cudnnFind...AlgorithmEx), keeping only deterministic ones: two runs of a step give the
 // same bits. Float keeps FMA math and algorithms that sum the products themselves (no FFT or
 // Winograd transforms) unless TF32 is allowed (set_conv_tf32).
@@ -27,6 +30,10 @@
 #include <string>
 #include <vector>
 
+#include <cstdint>
+#include <sstream>
+
+#include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/error.hpp"
 #endif
 
@@ -117,9 +124,10 @@ Choice<Algorithm> fastest(const std::vector<Perf>& results, int returned, std::s
   choice.chosen = true;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = results[i];
+    const bool tensor_cores =
+        p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
-        p.memory > limit ||
-        (float_accuracy && (p.mathType != CUDNN_FMA_MATH || !sums_products(p.algo))))
+        p.memory > limit || (float_accuracy && (tensor_cores || !sums_products(p.algo))))
       continue;
     choice.found = true;
     choice.algorithm = p.algo;
@@ -145,6 +153,28 @@ FindScratch find_scratch(std::size_t bytes) {
                      bytes);
 }
 
+/// A packed copy of the windows' box, for a call (see the top of the file).
+template <class T>
+using PackedBox = Kokkos::View<T*, DefaultMemorySpace>;
+
+template <class T>
+PackedBox<T> packed_box(Index values) {
+  MemoryCategoryScope memory(MemoryCategory::workspaces);
+  return PackedBox<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("cudnn_box")),
+                      values);
+}
+
+/// How a choice reads in conv_library_report: the algorithm's number in its direction's enum.
+template <class Algorithm>
+std::string describe(const Choice<Algorithm>& c) {
+  if (!c.chosen) return "not run";
+  if (!c.found) return "none (portable kernel)";
+  std::ostringstream out;
+  out << "algorithm " << int(c.algorithm) << (c.math == CUDNN_FMA_MATH ? ", FMA" : ", tensor ops")
+      << ", " << c.workspace << " bytes";
+  return out.str();
+}
+
 }  // namespace
 
 template <class T>
@@ -152,8 +182,11 @@ struct ConvLibraryPlan<T>::Plan {
   cudnnTensorDescriptor_t input = nullptr, output = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t weight = nullptr;
   cudnnConvolutionDescriptor_t convolution = nullptr;
-  Index input_offset = 0;  // values from the padded buffer's start to the first window's
+  Box window;                 // the box of the padded buffer that the windows read
+  Index window_values = 0;    // its values, all batches and channels
+  bool whole_buffer = false;  // the box is all of the padded buffer
   Index weight_values = 0;
+  std::string shape;  // for conv_library_report
   std::size_t workspace_limit = 0;
   bool float_accuracy = false;  // float without TF32: FMA math, no transform algorithms
   std::mutex choosing;          // the choices are made on first use, by whichever layer runs first
@@ -198,6 +231,20 @@ struct ConvLibraryPlan<T>::Plan {
   void use(const Choice<Algorithm>& choice) const {
     check(cudnnSetConvolutionMathType(convolution, choice.math), "cudnnSetConvolutionMathType");
   }
+
+  /// Whether cuDNN may work on the padded buffer at `data` in place: the box is all of it and
+  /// it starts aligned (Kokkos' allocations do).
+  bool in_place(const T* data) const {
+    return whole_buffer && reinterpret_cast<std::uintptr_t>(data) % 128 == 0;
+  }
+
+  /// The input as cuDNN reads it: the padded buffer, or a packed copy of the box in `copy`.
+  const T* input_of(const ExecutionSpace& space, const FieldView<T>& xp, PackedBox<T>& copy) const {
+    if (in_place(xp.data())) return xp.data();
+    copy = packed_box<T>(window_values);
+    pack_box(space, xp, window, copy);
+    return copy.data();
+  }
 };
 
 namespace {
@@ -216,6 +263,27 @@ PlanCache<T>& plan_cache() {
 }
 
 }  // namespace
+
+namespace {
+template <class T>
+void report_plans(std::vector<std::string>& lines) {
+  PlanCache<T>& cache = plan_cache<T>();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  for (const auto& [key, plan] : cache.plans) {
+    if (!plan) continue;
+    std::lock_guard<std::mutex> choosing(plan->choosing);
+    lines.push_back(plan->shape + ": forward " + describe(plan->forward) + "; data gradient " +
+                    describe(plan->data) + "; weight gradient " + describe(plan->weight_gradient));
+  }
+}
+}  // namespace
+
+std::vector<std::string> conv_library_report() {
+  std::vector<std::string> lines;
+  report_plans<float>(lines);
+  report_plans<double>(lines);
+  return lines;
+}
 
 template <class T>
 ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
@@ -265,9 +333,9 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
     const cudnnDataType_t type = data_type<T>;
     const int in_dims[5] = {int(g.batch), int(g.in_channels), int(window[0]), int(window[1]),
                             int(window[2])};
-    const int in_strides[5] = {int(g.in_channels * padded[0] * padded[1] * padded[2]),
-                               int(padded[0] * padded[1] * padded[2]), int(padded[1] * padded[2]),
-                               int(padded[2]), 1};
+    const int in_strides[5] = {int(g.in_channels * window[0] * window[1] * window[2]),
+                               int(window[0] * window[1] * window[2]), int(window[1] * window[2]),
+                               int(window[2]), 1};
     check(cudnnCreateTensorDescriptor(&plan->input), "cudnnCreateTensorDescriptor");
     check(cudnnSetTensorNdDescriptor(plan->input, type, 5, in_dims, in_strides),
           "cudnnSetTensorNdDescriptor (input)");
@@ -302,7 +370,23 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
     check(cudnnSetConvolutionMathType(plan->convolution,
                                       plan->float_accuracy ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
           "cudnnSetConvolutionMathType");
-    plan->input_offset = (g.base[0] * padded[1] + g.base[1]) * padded[2] + g.base[2];
+    plan->window.lower = {g.base[0], g.base[1], g.base[2]};
+    plan->window.extent = {window[0], window[1], window[2]};
+    plan->window_values = g.batch * g.in_channels * plan->window.size();
+    plan->whole_buffer = true;
+    for (int a = 0; a < 3; ++a)
+      plan->whole_buffer = plan->whole_buffer && g.base[a] == 0 && window[a] == padded[a];
+    std::ostringstream shape;
+    shape << (std::is_same_v<T, float> ? "float" : "double") << " " << g.batch << "x"
+          << g.in_channels << "x" << window[0] << "x" << window[1] << "x" << window[2] << " -> "
+          << g.out_channels << ", kernel " << g.k[0] << "x" << g.k[1] << "x" << g.k[2]
+          << ", stride " << g.s[0] << "x" << g.s[1] << "x" << g.s[2] << ", dilation " << g.d[0]
+          << "x" << g.d[1] << "x" << g.d[2] << ", groups " << g.in_channels / g.in_per_group
+          << (plan->whole_buffer ? "" : ", through a packed copy")
+          << (plan->float_accuracy       ? ""
+              : std::is_same_v<T, float> ? ", TF32"
+                                         : "");
+    plan->shape = shape.str();
     plan->weight_values = g.out_channels * g.in_per_group * g.k[0] * g.k[1] * g.k[2];
     plan->workspace_limit = workspace_bytes;
     cached = std::move(plan);
@@ -317,7 +401,8 @@ bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>
   if (!plan_) return false;
   Plan& p = *plan_;
   const cudnnHandle_t handle = handle_on(space);
-  const T* input = xp.data() + p.input_offset;
+  PackedBox<T> copy;
+  const T* input = p.input_of(space, xp, copy);
   p.template choose<cudnnConvolutionFwdAlgoPerf_t>(
       p.forward, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
       [&](cudnnConvolutionFwdAlgo_t algorithm, std::size_t* bytes) {
@@ -352,7 +437,9 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
   if (!plan_) return false;
   Plan& p = *plan_;
   const cudnnHandle_t handle = handle_on(space);
-  T* input_gradient = gxp.data() + p.input_offset;
+  PackedBox<T> copy;  // where cuDNN cannot write the padded gradient in place
+  if (!p.in_place(gxp.data())) copy = packed_box<T>(p.window_values);
+  T* input_gradient = copy.data() ? copy.data() : gxp.data();
   p.template choose<cudnnConvolutionBwdDataAlgoPerf_t>(
       p.data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
       [&](cudnnConvolutionBwdDataAlgo_t algorithm, std::size_t* bytes) {
@@ -374,6 +461,7 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
                                      p.convolution, p.data.algorithm, scratch, p.data.workspace,
                                      &zero, p.input, input_gradient),
         "cudnnConvolutionBackwardData");
+  if (copy.data()) unpack_box(space, copy, gxp, p.window);
   return true;
 }
 
@@ -384,7 +472,8 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
   if (!plan_) return false;
   Plan& p = *plan_;
   const cudnnHandle_t handle = handle_on(space);
-  const T* input = xp.data() + p.input_offset;
+  PackedBox<T> copy;
+  const T* input = p.input_of(space, xp, copy);
   p.template choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
       p.weight_gradient, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
       [&](cudnnConvolutionBwdFilterAlgo_t algorithm, std::size_t* bytes) {
@@ -417,6 +506,10 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
 
 bool conv_library_available() {
   return false;
+}
+
+std::vector<std::string> conv_library_report() {
+  return {};
 }
 
 template <class T>

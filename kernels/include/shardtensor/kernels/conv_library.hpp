@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "shardtensor/kernels/conv.hpp"
 
@@ -19,6 +21,11 @@ namespace shardtensor::kernels {
 
 /// Whether this build convolves through a library (cuDNN in a CUDA build that found it).
 bool conv_library_available();
+
+/// One line per convolution shape the library has planned in this process: the shape and, per
+/// direction (forward, data gradient, weight gradient), the algorithm chosen, "none" where the
+/// library took none (the portable kernel ran) or "not run". Empty without a library.
+std::vector<std::string> conv_library_report();
 
 /// Whether float convolutions through the library may use TF32 tensor cores: products of
 /// 10-bit mantissas, about 1e-3 relative error, several times faster. One setting for the
