@@ -90,6 +90,14 @@ TEST_CASE("communication options: backends by name, inherited by derived communi
   CHECK(plain.options().backend == CommBackend::mpi);
   CHECK_FALSE(plain.options().device_aware_mpi);
   CHECK(plain.nccl() == nullptr);
+  if (!mpi_reads_device_memory()) {  // a GPU build over an MPI that cannot read GPU memory
+    const std::string message = test::error_message_of([&] {
+      plain.with_options({CommBackend::mpi, true});
+    });
+    CHECK_THAT(message, Catch::Matchers::Contains("this MPI cannot read GPU memory"));
+    CHECK(test::ranks_with_error(message) == test::world_size());
+    return;
+  }
   const Communicator aware = plain.with_options({CommBackend::mpi, true});
   CHECK(aware.options().device_aware_mpi);
   CHECK(aware.get() != plain.get());  // a duplicate of its own
