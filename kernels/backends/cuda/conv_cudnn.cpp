@@ -295,6 +295,10 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
   for (int a = 0; a < 3; ++a) {
     if (g.out[a] <= 0) return;
     window[a] = (g.out[a] - 1) * g.s[a] + (g.k[a] - 1) * g.d[a] + 1;
+    SHARDTENSOR_REQUIRE(g.base[a] >= 0 && g.base[a] + window[a] <= padded[a], "ConvLibraryPlan",
+                        "the windows along axis " << a << " (" << g.base[a] << " + " << window[a]
+                                                  << " cells) exceed the padded buffer ("
+                                                  << padded[a] << ")");
   }
   if (g.batch <= 0 || largest > INT_MAX ||
       g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2] > INT_MAX)
