@@ -339,7 +339,9 @@ TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it"
   TrainOptions quiet;
   quiet.progress = false;
 
-  // Tracking on (as the CLI does): the result reports categories, max over the ranks.
+  // Tracking on (as the CLI does): the result reports categories, max over the ranks. The
+  // process's convolution scratch is freed first, so that this run allocates it tracked.
+  kernels::release_conv_scratch();
   enable_memory_tracking();
   const TrainResult tracked = train(world, config("tracked", ""), quiet);
   const MemorySnapshot& m = tracked.memory;

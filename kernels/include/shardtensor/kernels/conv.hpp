@@ -37,19 +37,27 @@ struct ConvShape {
   }
 };
 
-/// Scratch memory of the GEMM and plane paths, kept between calls (no allocation once warm)
-/// and bounded: chunks are sized to stay within budget_bytes whatever the field size.
+/// At least `count` values of the process's convolution scratch, one buffer per value type,
+/// grown as needed and freed when Kokkos finalizes. Its contents do not outlive the call that
+/// reserved it: the next convolution reuses it.
+template <class T>
+T* shared_conv_scratch(std::size_t count);
+
+/// Frees the convolution scratch of both value types now (the next convolution allocates it
+/// again): for a caller that wants the memory back between calls, and for measurements that
+/// should see the scratch allocated.
+void release_conv_scratch();
+
+/// Scratch memory of the GEMM and plane paths and of the convolution library: chunks are sized
+/// to stay within budget_bytes whatever the field size. Every layer reserves from the one
+/// process-wide buffer (no allocation once warm): layers compute one after another in stream
+/// order on one host thread (Kokkos' host backends are not thread-safe either), so the
+/// scratch costs the largest layer's need, not the sum over layers (the 3-D U-Net's cuDNN
+/// workspaces held 337 MiB on an H100 when each layer kept its own).
 template <class T>
 struct ConvWorkspace {
   std::size_t budget_bytes = std::size_t(16) << 20;
-  Kokkos::View<T*, DefaultMemorySpace> buffer;
-  T* reserve(std::size_t count) {
-    MemoryCategoryScope memory(MemoryCategory::workspaces);
-    if (buffer.extent(0) < count)
-      buffer = Kokkos::View<T*, DefaultMemorySpace>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("conv_workspace")), count);
-    return buffer.data();
-  }
+  T* reserve(std::size_t count) { return shared_conv_scratch<T>(count); }
 };
 
 template <class T>
