@@ -182,6 +182,11 @@ void backward(const Variable<T>& loss) {
       n.backward = nullptr;  // release what the op saved for backward
       n.inputs.clear();
     }
+    // The nodes that read this one ran before it and let go of it: unless a caller still
+    // holds a Variable of it, nothing can read its value or gradient again, so both go now
+    // rather than when the sweep ends (at that moment every activation and gradient of the
+    // graph was alive at once).
+    if (it->use_count() == 1) it->reset();
   }
 }
 
