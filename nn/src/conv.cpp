@@ -209,7 +209,14 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
-    node->backward = [=](impl::Node<T>& self) {
+    // Backward reads the padded input again. Kept whole, it was a second copy of every
+    // convolution's input from forward to backward (the input itself stays alive in the
+    // graph anyway): keep only its shell, and rebuild the buffer in backward.
+    PaddedShell<T> shell = halo_->shell(padded);
+    node->backward = [=](impl::Node<T>& self) mutable {
+      const ShardTensor<T> padded = halo->rebuild(x_node->field, shell);
+      shell = {};  // backward runs once: free the shell before the gradients are allocated
+      const FieldView<T> xp = rotation.apply(padded.view());
       const FieldView<T> gy = rotation.apply(self.grad_field().view());
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();

@@ -207,7 +207,11 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
     const std::string name = name_;
-    node->backward = [=](impl::Node<T>& self) {
+    // As Conv: keep the padded input's shell, not a second copy of the input (conv.cpp).
+    PaddedShell<T> shell = halo->shell(padded);
+    node->backward = [=](impl::Node<T>& self) mutable {
+      const ShardTensor<T> padded = halo->rebuild(x_node->field, shell);
+      shell = {};  // backward runs once: free the shell before the gradients are allocated
       const FieldView<T> gy = self.grad_field().view();
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();

@@ -1,5 +1,6 @@
 #include "shardtensor/nn/halo_padding.hpp"
 
+#include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/cell_index.hpp"
 
 #include "shardtensor/comm/impl/layout_check.hpp"
@@ -156,6 +157,65 @@ void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTens
   unfill_boundary_padding(padded_grad, boundary_);
   plan_for(padded_grad).reverse_accumulate(padded_grad);
   add_interior(padded_grad, input_grad);
+}
+
+namespace {
+
+/// The buffer minus its owned box as at most six boxes: the x slabs, then the y slabs within
+/// the owned x range, then the z slabs within the owned x and y ranges.
+template <class T>
+std::vector<Box> shell_boxes(const ShardTensor<T>& padded) {
+  const Box inner = padded.interior_box();
+  std::vector<Box> boxes;
+  Box rest;  // the part not yet covered: all of the buffer at first
+  for (int a = 0; a < 3; ++a) rest.extent[a] = padded.allocated_extent(a);
+  for (int a = 0; a < 3; ++a) {
+    Box below = rest, above = rest;
+    below.extent[a] = inner.lower[a] - rest.lower[a];
+    above.lower[a] = inner.upper(a);
+    above.extent[a] = rest.upper(a) - inner.upper(a);
+    for (const Box& b : {below, above})
+      if (!b.empty()) boxes.push_back(b);
+    rest.lower[a] = inner.lower[a];
+    rest.extent[a] = inner.extent[a];
+  }
+  return boxes;
+}
+
+}  // namespace
+
+template <class T>
+PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded) const {
+  PaddedShell<T> shell;
+  shell.boxes = shell_boxes(padded);
+  const Index per_cell = padded.batch() * padded.channels();
+  Index cells = 0;
+  for (const Box& b : shell.boxes) cells += b.size();
+  shell.values = Kokkos::View<T*, DefaultMemorySpace>(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, where_ + " padding shell"), cells * per_cell);
+  std::size_t offset = 0;
+  for (const Box& b : shell.boxes) {
+    pack_box(ExecutionSpace(), padded.view(), b, shell.values, offset);
+    offset += static_cast<std::size_t>(b.size() * per_cell);
+  }
+  return shell;
+}
+
+template <class T>
+ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
+                                       const PaddedShell<T>& shell) const {
+  ShardTensor<T> padded = ShardTensor<T>::uninitialized(
+      padded_decomposition(input.decomposition()), input.rank(), input.batch(), input.channels(),
+      ghosts_, where_ + " padded input");
+  for_each_interior_pair(
+      "copy_interior", input, padded, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
+  const Index per_cell = padded.batch() * padded.channels();
+  std::size_t offset = 0;
+  for (const Box& b : shell.boxes) {
+    unpack_box(ExecutionSpace(), shell.values, padded.view(), b, UnpackMode::assign, offset);
+    offset += static_cast<std::size_t>(b.size() * per_cell);
+  }
+  return padded;
 }
 
 template class HaloPadding<float>;

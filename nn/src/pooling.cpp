@@ -85,9 +85,14 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     const PoolKind kind = options_.kind;
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const std::string label = name_ + ".padded_grad";
+    // Backward needs the padded buffer's layout, not its values (max pooling kept the argmax):
+    // capturing the buffer held a copy of the input from forward to backward.
+    const Decomposition padded_layout = padded.decomposition();
+    const GhostWidths padded_ghosts = padded.ghosts();
+    const int rank = padded.rank();
+    const Index batch = padded.batch(), channels = padded.channels();
     node->backward = [=](impl::Node<T>& self) {
-      ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
-                                 padded.channels(), padded.ghosts(), label);
+      ShardTensor<T> grad_padded(padded_layout, rank, batch, channels, padded_ghosts, label);
       kernels::pool_backward(ExecutionSpace(), shape, kind, self.grad_field().view(), argmax,
                              grad_padded.view());
       halo->backward(grad_padded, x_node->grad_field());

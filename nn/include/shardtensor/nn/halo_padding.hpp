@@ -15,6 +15,14 @@
 
 namespace shardtensor {
 
+/// The cells of a padded buffer outside its owned box (exchanged ghosts and boundary
+/// padding), packed box by box: with the input, all it takes to rebuild the buffer.
+template <class T>
+struct PaddedShell {
+  std::vector<Box> boxes;
+  Kokkos::View<T*, DefaultMemorySpace> values;
+};
+
 template <class T>
 class HaloPadding {
  public:
@@ -54,6 +62,13 @@ class HaloPadding {
   /// gradients go back to their owners, and the owned part is added into `input_grad`.
   /// Overwrites `padded_grad`. Collective.
   void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad);
+
+  /// A finished padded buffer's shell: what a layer keeps for its backward instead of the
+  /// buffer (a surface, not a second copy of the volume), and hands to rebuild(). Local.
+  PaddedShell<T> shell(const ShardTensor<T>& padded) const;
+  /// The buffer forward(input) returned, from the same input and that buffer's shell, with
+  /// no communication. Local.
+  ShardTensor<T> rebuild(const ShardTensor<T>& input, const PaddedShell<T>& shell) const;
 
   /// Layout of forward's result for an input decomposition.
   Decomposition padded_decomposition(const Decomposition& input) const;
