@@ -60,6 +60,13 @@ void zero_shell(const ShardTensor<T>& field) {
       });
 }
 
+/// target.interior() = source.interior() (same owned cells, any ghost widths).
+template <class T>
+void copy_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
+  for_each_interior_pair(
+      "copy_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
+}
+
 /// target.interior() += source.interior() (same owned cells, any ghost widths).
 template <class T>
 void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
@@ -132,8 +139,7 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
       ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
                                     ghosts_, where_ + " padded input");
   zero_shell(padded);
-  for_each_interior_pair(
-      "copy_interior", input, padded, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
+  copy_interior(input, padded);
   plan_for(padded).start(padded);
   return padded;
 }
@@ -207,8 +213,7 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
   ShardTensor<T> padded = ShardTensor<T>::uninitialized(
       padded_decomposition(input.decomposition()), input.rank(), input.batch(), input.channels(),
       ghosts_, where_ + " padded input");
-  for_each_interior_pair(
-      "copy_interior", input, padded, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
+  copy_interior(input, padded);
   const Index per_cell = padded.batch() * padded.channels();
   std::size_t offset = 0;
   for (const Box& b : shell.boxes) {
