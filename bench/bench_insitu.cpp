@@ -200,6 +200,7 @@ int main(int argc, char** argv) {
       double forward_time = 0;  // of the last bare call
       const auto bare = [&] {
         const double t0 = MPI_Wtime();
+        const NoGradGuard no_grad;  // as the session's infer call runs it
         const Variable<float> y = model->forward(Variable<float>::field(wrapped));
         Kokkos::fence();
         forward_time = MPI_Wtime() - t0;

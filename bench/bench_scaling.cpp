@@ -185,7 +185,10 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     MPI_Barrier(MPI_COMM_WORLD);
     reset_comm_timers();
     const double t0 = MPI_Wtime(), c0 = cpu_seconds();
-    { const Variable<T> prediction = model->forward(Variable<T>::field(input)); }
+    {
+      const NoGradGuard no_grad;  // as validation and `shardtensor infer` run it
+      const Variable<T> prediction = model->forward(Variable<T>::field(input));
+    }
     Kokkos::fence();
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);

@@ -4,6 +4,7 @@
 // library where the build has one) against the direct loop; finite-difference gradients in
 // double; bad input.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <random>
 
@@ -54,6 +55,7 @@ std::vector<ConvCase> conv_cases() {
       {"2-D k2 stride 2 downsample",
        {24, 16},
        opts(2, 4, {2, 2}, {2, 2}, {}, {}, PaddingMode::zeros, 1, true)},
+      {"2-D k1 pointwise", {14, 12}, opts(3, 2, {1, 1}, {}, {}, {}, PaddingMode::zeros, 1, true)},
       {"3-D k3 same zeros",
        {12, 10, 9},
        opts(2, 2, {3, 3, 3}, {}, {}, {1, 1, 1}, PaddingMode::zeros, 1, true)},
@@ -87,6 +89,11 @@ std::vector<ConvCase> all_conv_cases() {
   wide_2d.kernel = {3, 3};
   wide_2d.padding = {1, 1};
   cases.push_back({"2-D k3 same zeros 20->17 channels", {100, 37}, wide_2d});
+  // Pointwise: the layer reads its input in place (HaloPadding::reads_in_place).
+  ConvOptions pointwise = wide;
+  pointwise.kernel = {1, 1, 1};
+  pointwise.padding = {};
+  cases.push_back({"3-D k1 pointwise 20->17 channels", {10, 8, 21}, pointwise});
   return cases;
 }
 
@@ -297,6 +304,61 @@ TEST_CASE("HaloPadding's shell and the input rebuild the padded buffer bit for b
       Index differ = 0;
       for (std::size_t i = 0; i < a.span(); ++i) differ += a.data()[i] != b.data()[i];
       CHECK(differ == 0);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("a conv that reads no ghost cell reads its input in place and leaves it be",
+                   "[conv][padding]", float, double) {
+  // 1x1 windows: no copy of the input, and backward, whose plane path writes the input
+  // gradient over the rebuilt padded buffer, must not write over the input itself; the
+  // input's gradient takes the layer's directly unless another op added to it first.
+  const Communicator world;
+  for (const ConvCase& c : all_conv_cases()) {
+    const Conv<TestType> probe(world, c.options, "conv");
+    const HaloPadding<TestType> halo(world, probe.geometry(), c.options.padding_mode, 0, "conv");
+    const Decomposition d = Decomposition::automatic(c.extents, 1);  // windows cross no shard
+    const ShardTensor<TestType> whole(d, 0, 1, c.options.in_channels);
+    // (A 2x2 window with stride 2 reads one ghost above a shard that ends at an odd cell.)
+    const bool in_place =
+        c.options.padding.empty() &&
+        std::all_of(c.options.kernel.begin(), c.options.kernel.end(), [](int k) { return k == 1; });
+    INFO(c.name);
+    CHECK(halo.reads_in_place(whole) == in_place);
+    if (!in_place) continue;
+    // With ghosts of its own the input is copied.
+    CHECK(!halo.reads_in_place(
+        ShardTensor<TestType>(d, 0, 1, c.options.in_channels, GhostWidths::uniform(1, d.ndims()))));
+    for (const Decomposition& sharded : test::test_decompositions(
+             c.extents, world.size(), std::vector<bool>(d.ndims(), false), min_cells(c.options))) {
+      const ShardTensor<TestType> x =
+          test::random_shard<TestType>(sharded, world.rank(), 2, c.options.in_channels, 4);
+      ShardTensor<TestType> before(sharded, world.rank(), 2, c.options.in_channels);
+      Kokkos::deep_copy(before.view(), x.view());
+      const auto input = Variable<TestType>::field(x, true, "x");
+      Conv<TestType> conv(world, c.options, "conv");
+      backward(test::weighted_sum<TestType>(world, conv.forward(input)));
+      CHECK(test::relative_error(x.view(), before.view()) == 0);
+      // Two convolutions of one input: the first backward to run writes the input's gradient
+      // directly, the second adds its own into it. Their sum is the two gradients alone.
+      Conv<TestType> other(world, c.options, "other");
+      const auto alone = Variable<TestType>::field(x, true, "x");
+      backward(test::weighted_sum<TestType>(world, other.forward(alone)));
+      const auto shared = Variable<TestType>::field(x, true, "x");
+      backward(
+          test::weighted_sum<TestType>(world, add(conv.forward(shared), other.forward(shared))));
+      CHECK(test::relative_error(x.view(), before.view()) == 0);
+      const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), input.grad().view());
+      const auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), alone.grad().view());
+      const auto sum =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), shared.grad().view());
+      double diff = 0, scale = 0;
+      for (std::size_t i = 0; i < sum.span(); ++i) {
+        diff = std::max(diff, std::abs(double(sum.data()[i]) - a.data()[i] - b.data()[i]));
+        scale = std::max(scale, std::abs(double(sum.data()[i])));
+      }
+      CHECK(scale > 0);
+      CHECK(diff <= scale * (std::is_same<TestType, float>::value ? 1e-6 : 1e-14));
     }
   }
 }

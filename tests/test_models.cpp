@@ -1,6 +1,6 @@
 // Models: the U-Net and config-built sequential models sharded equal one rank (outputs, input
-// gradients, every parameter gradient), finite differences, parameter names and counts, and
-// the config errors the builder reports.
+// gradients, every parameter gradient), finite differences, inference without a graph
+// (NoGradGuard), parameter names and counts, and the config errors the builder reports.
 
 #include <catch2/catch.hpp>
 
@@ -162,6 +162,48 @@ TEMPLATE_TEST_CASE("a UNet gives the same numbers on every run (no race-dependen
       }
     }
   }
+}
+
+TEMPLATE_TEST_CASE("a UNet under NoGradGuard gives the same output and records no graph",
+                   "[models][unet][no_grad]", float, double) {
+  const Communicator world;
+  UNetOptions o = small_unet(2, 2);
+  o.down = DownMode::maxpool;  // its argmax is only for backward
+  o.up = UpMode::transpose;
+  const Decomposition d = Decomposition::automatic({Index(16), Index(24)}, world.size());
+  const auto model = unet_factory<TestType>(o)(world);
+  model->eval();
+  const auto input =
+      Variable<TestType>::field(test::random_shard<TestType>(d, world.rank(), 2, 2, 5), true);
+  const Variable<TestType> recorded = model->forward(input);
+  REQUIRE(recorded.requires_grad());
+  REQUIRE(grad_enabled());
+  Variable<TestType> y;
+  {
+    const NoGradGuard outer;
+    {
+      const NoGradGuard inner;
+      CHECK(!grad_enabled());
+    }
+    CHECK(!grad_enabled());  // an inner guard gives back the outer's mode
+    y = model->forward(input);
+  }
+  CHECK(grad_enabled());
+  // Same numbers; the result needs no gradient although the input and every parameter do, and
+  // its node keeps neither inputs nor a backward closure (nothing saved for backward).
+  CHECK(test::relative_error(y.value().view(), recorded.value().view()) == 0);
+  CHECK(!y.requires_grad());
+  CHECK(y.node()->inputs.empty());
+  CHECK(!y.node()->backward);
+  // backward from a loss made without the graph changes no gradient.
+  backward(test::weighted_sum<TestType>(world, y));
+  for (const auto& [name, parameter] : model->named_parameters()) {
+    INFO("parameter " << name);
+    CHECK(parameter.node()->data_grad.extent(0) == 0);
+  }
+  // With the guard gone, the graph is recorded again and backward reaches the input.
+  backward(test::weighted_sum<TestType>(world, model->forward(input)));
+  CHECK(input.node()->field_grad.view().span() > 0);
 }
 
 TEST_CASE("a tiny UNet matches finite differences", "[models][unet][gradient]") {

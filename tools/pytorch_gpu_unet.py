@@ -11,8 +11,15 @@ cuDNN with benchmark = True, PyTorch eager): the median of --iters timed steps a
 (torch.cuda.max_memory_allocated) over training and inference. A size that does not fit
 prints "fits": false instead of times.
 
+With --device cpu (the peer of a Serial or OpenMP build, on --threads threads): wall-clock
+medians, and the peaks of what PyTorch's allocator held during one training step and during
+one inference, above what was allocated before it (the parameters, the optimizer state and
+the input; from the profiler's allocation events, so exact, unlike the resident set): compare
+bench_scaling's "peak_mib" less its parameters, optimizer_state and other.
+
     python3 tools/pytorch_gpu_unet.py --size 128
     python3 tools/pytorch_gpu_unet.py --size 128,256,320     # one line per size and setting
+    /usr/bin/python3 tools/pytorch_gpu_unet.py --device cpu --size 64 --warmup 1 --iters 2
 
 The GPU machines have PyTorch but maybe not PyYAML: without it, the config is read by a small
 reader of block maps and scalars, which is all the bench configs use.
@@ -22,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -72,10 +80,17 @@ def load_run_config(path):
     return st.model_section(config, path), config
 
 
-def timed(step, warmup, iters):
-    """Median seconds of `iters` calls of step() after `warmup`, CUDA events around each."""
+def timed(step, warmup, iters, device):
+    """Median seconds of `iters` calls of step() after `warmup` (CUDA events around each on a
+    GPU, the wall clock on the CPU)."""
     times = []
     for i in range(warmup + iters):
+        if device.type == "cpu":
+            start = time.perf_counter()
+            step()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step()
@@ -86,48 +101,87 @@ def timed(step, warmup, iters):
     return statistics.median(times)
 
 
-def run(args, model_cfg, run_cfg, size, tf32):
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.manual_seed(1)
-    device = torch.device("cuda")
+def allocation_peak_mib(step):
+    """Peak bytes PyTorch's CPU allocator held during step(), above what it held before."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_us(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    held = peak = 0
+    for _, nbytes in events:
+        held += nbytes
+        peak = max(peak, held)
+    return round(peak / 2**20, 1)
+
+
+def make_steps(model_cfg, run_cfg, size, dims, device):
+    """bench_scaling's training step and inference on random fields: (train, infer, model)."""
     optimizer_cfg = run_cfg.get("optimizer") or {}
     training_cfg = run_cfg.get("training") or {}
-    record = {"peer": "pytorch_unet", "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "config": args.config, "dims": args.dims,
-              "size": size, "tf32": tf32}
+    net = st.build_model(model_cfg, dims=dims, in_channels=2, out_channels=1).to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=float(optimizer_cfg.get("lr", 1e-3)),
+                            weight_decay=float(optimizer_cfg.get("weight_decay", 0.0)))
+    clip = float(training_cfg.get("clip_grad_norm", 0.0))
+    field = [size] * dims
+    x = torch.rand(1, 2, *field, device=device)
+    target = torch.rand(1, 1, *field, device=device)
+
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(net(x), target)
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        opt.step()
+
+    def infer_step():
+        with torch.no_grad():
+            net(x)
+
+    return train_step, infer_step, net
+
+
+def run(args, model_cfg, run_cfg, size, tf32):
+    device = torch.device(args.device)
+    torch.manual_seed(1)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    record = {"peer": "pytorch_unet", "device": name, "torch": torch.__version__,
+              "config": args.config, "dims": args.dims, "size": size}
+    if device.type == "cpu":
+        return run_on_cpu(args, record, model_cfg, run_cfg, size)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    record["tf32"] = tf32
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
-        net = st.build_model(model_cfg, dims=args.dims, in_channels=2, out_channels=1).to(device)
+        train_step, infer_step, net = make_steps(model_cfg, run_cfg, size, args.dims, device)
         record["parameters"] = sum(p.numel() for p in net.parameters())
-        opt = torch.optim.AdamW(net.parameters(), lr=float(optimizer_cfg.get("lr", 1e-3)),
-                                weight_decay=float(optimizer_cfg.get("weight_decay", 0.0)))
-        clip = float(training_cfg.get("clip_grad_norm", 0.0))
-        field = [size] * args.dims
-        x = torch.rand(1, 2, *field, device=device)
-        target = torch.rand(1, 1, *field, device=device)
-
-        def train_step():
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(net(x), target)
-            loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
-            opt.step()
-
-        def infer_step():
-            with torch.no_grad():
-                net(x)
-
         net.train()
-        record["train_step_s"] = timed(train_step, args.warmup, args.iters)
+        record["train_step_s"] = timed(train_step, args.warmup, args.iters, device)
         net.eval()
-        record["infer_step_s"] = timed(infer_step, args.warmup, args.iters)
+        record["infer_step_s"] = timed(infer_step, args.warmup, args.iters, device)
         record["fits"] = True
     except torch.cuda.OutOfMemoryError:
         record["fits"] = False
     record["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    print(json.dumps(record), flush=True)
+
+
+def run_on_cpu(args, record, model_cfg, run_cfg, size):
+    """The same steps on the CPU: times, and the allocation peaks of one step of each."""
+    torch.set_num_threads(args.threads)
+    record["threads"] = args.threads
+    train_step, infer_step, net = make_steps(model_cfg, run_cfg, size, args.dims,
+                                             torch.device("cpu"))
+    record["parameters"] = sum(p.numel() for p in net.parameters())
+    net.train()
+    record["train_step_s"] = timed(train_step, args.warmup, args.iters, torch.device("cpu"))
+    record["train_peak_mib"] = allocation_peak_mib(train_step)
+    net.eval()
+    record["infer_step_s"] = timed(infer_step, args.warmup, args.iters, torch.device("cpu"))
+    record["infer_peak_mib"] = allocation_peak_mib(infer_step)
     print(json.dumps(record), flush=True)
 
 
@@ -140,11 +194,13 @@ def main():
     parser.add_argument("--dims", type=int, default=3)
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (--device cpu)")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     model_cfg, run_cfg = load_run_config(args.config)
     for size in (int(s) for s in args.size.split(",")):
-        for tf32 in (False, True):
+        for tf32 in (False, True) if args.device == "cuda" else (False,):
             run(args, model_cfg, run_cfg or {}, size, tf32)
 
 

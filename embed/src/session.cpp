@@ -162,6 +162,7 @@ class Engine {
   void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs,
              CallReport& report) {
     model_->eval();
+    const NoGradGuard no_grad;  // inference: keep no graph
     const ShardTensor<T> x =
         input_field(inputs, state_.input_statistics, true, staged_input_, report);
     const Variable<T> prediction = model_->forward(Variable<T>::field(x));

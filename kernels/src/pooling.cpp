@@ -10,6 +10,7 @@ template <class T>
 void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
                   const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax) {
   const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
+  const bool record = argmax.extent(0) > 0;
   for_each_cell_by_lines(
       space, "Pool::forward", y.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
@@ -29,7 +30,7 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
                 }
               }
           y(n, c, ox, oy, oz) = best;
-          argmax(n, c, ox, oy, oz) = where;
+          if (record) argmax(n, c, ox, oy, oz) = where;
         } else {
           T sum = 0;
           for (Index a = 0; a < g.k[0]; ++a)

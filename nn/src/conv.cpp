@@ -222,25 +222,37 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
-      ShardTensor<T> grad_padded;
+      // A buffer that is the input itself (HaloPadding::reads_in_place) has no ghost or
+      // padding cell: if nothing has added to the input's gradient yet, that gradient takes
+      // the padded gradient directly (no second buffer, no halo adjoint).
+      const bool in_place = padded.view().data() == x_node->field.view().data();
+      const bool direct =
+          in_place && x_node->requires_grad && x_node->field_grad.view().span() == 0;
+      ShardTensor<T> grad_padded = direct ? x_node->grad_field() : ShardTensor<T>();
       if (planes.applies()) {
         // Plane path: weight gradient first, then the input gradient, which writes every
         // padded cell. The padded input is dead by then (backward runs once per forward), so
-        // its buffer takes the padded gradient: no allocation, no zero fill.
+        // its buffer takes the padded gradient: no allocation, no zero fill (unless the
+        // buffer is the input itself, HaloPadding::reads_in_place).
         T* scratch = workspace->reserve(planes.values);
         if (gw.extent(0) > 0)
           kernels::weight_gradient_planes(ExecutionSpace(), planes, shape, xp, gy, gw, scratch);
         kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
                                           gb);  // bias only
         if (x_node->requires_grad) {
-          grad_padded = padded;
+          if (!direct)
+            grad_padded = !in_place
+                              ? padded
+                              : ShardTensor<T>::uninitialized(  // the input: read only
+                                    padded.decomposition(), padded.rank(), padded.batch(),
+                                    padded.channels(), padded.ghosts(), name_ + ".padded_grad");
           const auto keep_all = [](Index, Index, Index) { return true; };
           kernels::correlate_planes<T>(ExecutionSpace(), planes, planes.data, planes.data_rows,
-                                       shape, gy, w_node->data, true, ReplicatedView<T>(), xp,
-                                       scratch, keep_all);
+                                       shape, gy, w_node->data, true, ReplicatedView<T>(),
+                                       rotation.apply(grad_padded.view()), scratch, keep_all);
         }
       } else {
-        if (x_node->requires_grad)
+        if (x_node->requires_grad && !direct)
           grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                        padded.channels(), padded.ghosts(), name_ + ".padded_grad");
         const FieldView<T> gxp = rotation.apply(grad_padded.view());
@@ -264,7 +276,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
             kernels::conv_direct_backward_data(ExecutionSpace(), shape, gy, w_node->data, gxp);
         }
       }
-      if (x_node->requires_grad) halo->backward(grad_padded, x_node->grad_field());
+      if (x_node->requires_grad && !direct) halo->backward(grad_padded, x_node->grad_field());
     };
   }
   return Variable<T>(node);

@@ -57,8 +57,9 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
   const ShardTensor<T> padded = halo_->forward(x);
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    x.channels(), {}, name_ + ".output");
-  kernels::PoolArgmax argmax;
-  if (options_.kind == PoolKind::max)
+  auto node = make_result_node<T>(name_, {input.node()});
+  kernels::PoolArgmax argmax;  // only backward reads it
+  if (options_.kind == PoolKind::max && node->requires_grad)
     argmax = decltype(argmax)(name_ + ".argmax", x.batch(), x.channels(), y.local_extent(0),
                               y.local_extent(1), y.local_extent(2));
   kernels::PoolShape shape{};
@@ -78,7 +79,6 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
   }
   kernels::pool_forward(ExecutionSpace(), shape, options_.kind, padded.view(), y.view(), argmax);
 
-  auto node = make_result_node<T>(name_, {input.node()});
   node->field = y;
   if (node->requires_grad) {
     auto x_node = input.node();

@@ -229,6 +229,7 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
                                    const ChannelStatistics& input_statistics,
                                    const ChannelStatistics& target_statistics) {
   s.model->eval();
+  const NoGradGuard no_grad;  // nothing here runs backward: keep no graph
   const int groups = s.mesh.data.size();
   BatchReader<T> reader(file, {config.data.input, config.data.target},
                         {s.data.input_channels, s.data.target_channels}, s.domain,
@@ -682,6 +683,7 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   const TrainingState state = load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
   const Index out_channels = state.target_statistics.channels();
   s.model->eval();
+  const NoGradGuard no_grad;  // inference: keep no graph
 
   io::AtomicOutput output(world, options.output_path);
   io::File out = io::File::create(world, output.temporary_path());

@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "shardtensor/autograd/grad_mode.hpp"
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
@@ -141,12 +142,14 @@ class Variable {
   std::shared_ptr<Node> node_;
 };
 
-/// Creates the node of an op's result: it needs gradients if any input does.
+/// Creates the node of an op's result: it needs gradients if any input does, unless a
+/// NoGradGuard is alive (then it keeps no inputs and the op saves nothing for backward).
 template <class T>
 std::shared_ptr<impl::Node<T>> make_result_node(
     const std::string& op, std::vector<std::shared_ptr<impl::Node<T>>> inputs) {
   auto n = std::make_shared<impl::Node<T>>();
   n->op = op;
+  if (!grad_enabled()) return n;
   for (const auto& input : inputs) n->requires_grad = n->requires_grad || input->requires_grad;
   if (n->requires_grad) n->inputs = std::move(inputs);
   return n;
@@ -155,8 +158,9 @@ std::shared_ptr<impl::Node<T>> make_result_node(
 /// Reverse-mode sweep from a replicated scalar `loss` (its gradient is set to 1): every node
 /// reachable through inputs that require gradients gets its gradient accumulated, in reverse
 /// topological order, the same order on every rank (so collectives in backward functions
-/// match). Leaves' gradients accumulate across calls until zero_grad(); the graph's saved
-/// activations are released afterwards.
+/// match). Leaves' gradients accumulate across calls until zero_grad(). As the sweep goes, a
+/// node that no caller holds loses its value once its readers have run and its gradient once
+/// it has been propagated.
 template <class T>
 void backward(const Variable<T>& loss) {
   using Node = impl::Node<T>;
@@ -177,6 +181,11 @@ void backward(const Variable<T>& loss) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node& n = **it;
     n.complete_grad();
+    // Every node that reads this one's value in backward is a consumer, and the consumers
+    // ran before it: unless a caller still holds a Variable of it, its value can go before
+    // its own closure runs (a closure that needs its op's output captures it), and the
+    // gradient, once allocated, no longer needs the value for its layout.
+    if (it->use_count() == 1 && n.field_grad.view().span() != 0) n.field = ShardTensor<T>();
     if (n.backward) {
       n.backward(n);
       n.backward = nullptr;  // release what the op saved for backward

@@ -49,8 +49,8 @@ struct PoolShape {
   }
 };
 
-/// y = pooling of the padded input xp over the windows of g; argmax (max pooling) records
-/// where each maximum was (the first one, as in PyTorch).
+/// y = pooling of the padded input xp over the windows of g; argmax (max pooling), unless
+/// empty (no backward to come), records where each maximum was (the first one, as in PyTorch).
 template <class T>
 void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
                   const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax);

@@ -38,8 +38,15 @@ class HaloPadding {
               std::string where);
 
   /// Copy of the shard with the ghost cells the windows read: exchanged from neighbours
-  /// (wrapped for periodic padding), boundary padding filled. Collective.
+  /// (wrapped for periodic padding), boundary padding filled. Collective. Where the windows
+  /// read no ghost cell and the input carries none (reads_in_place), the input itself: the
+  /// caller must not write into the result.
   ShardTensor<T> forward(const ShardTensor<T>& input);
+
+  /// True if forward(input) and rebuild(input, ...) return the input itself, with no copy: no
+  /// ghost or padding cell to fill (1x1 convolutions, 2x2 pooling with stride 2, a transposed
+  /// convolution whose kernel is its stride).
+  bool reads_in_place(const ShardTensor<T>& input) const;
 
   /// forward() in two halves, so that work on cells that need no exchanged ghost can run
   /// while the messages travel: start() copies the shard and posts the exchange; finish()
@@ -67,7 +74,7 @@ class HaloPadding {
   /// buffer (a surface, not a second copy of the volume), and hands to rebuild(). Local.
   PaddedShell<T> shell(const ShardTensor<T>& padded) const;
   /// The buffer forward(input) returned, from the same input and that buffer's shell, with
-  /// no communication. Local.
+  /// no communication (the input itself where reads_in_place). Local.
   ShardTensor<T> rebuild(const ShardTensor<T>& input, const PaddedShell<T>& shell) const;
 
   /// Layout of forward's result for an input decomposition.
