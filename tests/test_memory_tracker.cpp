@@ -1,8 +1,8 @@
 // Memory tracker: allocations land in the category of the scope that made them and leave
 // when freed, peaks, the report over ranks, nothing recorded (and no Kokkos hook) while off,
 // activation peaks per rank falling as 1/P for a sharded U-Net, FNO and ViT, a forward under
-// NoGradGuard that keeps no graph, a budget that stops every rank together, from the API and
-// from a training run's config.
+// NoGradGuard that keeps no graph, a graph that keeps no value nobody reads, a budget that
+// stops every rank together, from the API and from a training run's config.
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -275,6 +275,39 @@ TEST_CASE("a forward under NoGradGuard frees each activation once it is read",
   CHECK(recorded > 2 * mib / std::uint64_t(world.size()));  // the measurement means something
   // Without the graph only the skip connections and the layer at work are alive.
   CHECK(double(inference) < 0.5 * double(recorded));
+}
+
+TEST_CASE("the graph keeps a value only while a Variable or a backward closure needs it",
+          "[memory][autograd]") {
+  const Tracking tracking;
+  const Communicator world;
+  const ShardTensor<float> field = smooth_field(world, 4, {64, 48});
+  const std::uint64_t bytes = field.view().span() * sizeof(float);
+  const auto held = [] { return memory_snapshot()[MemoryCategory::activations].current; };
+  MemoryCategoryScope graph(MemoryCategory::activations);
+  // d(sum(gelu(x) + relu(x)))/dx, with the two activations' Variables dropped after the sum
+  // or held to the end: the same gradient, bit for bit.
+  const auto gradient = [&](bool hold) {
+    const auto x = Variable<float>::field(field, true, "x");
+    const std::uint64_t start = held();
+    Variable<float> y, a, b;
+    {
+      const Variable<float> gelu = activate(x, Activation::gelu);  // backward reads x, not gelu
+      const Variable<float> relu = activate(x, Activation::relu);
+      y = add(gelu, relu);  // reads neither value in backward
+      CHECK(held() - start == 3 * bytes);
+      if (hold) a = gelu, b = relu;
+    }
+    // Dropped, their nodes stay in the graph for the gradient only, without their values.
+    CHECK(held() - start == (hold ? 3 : 1) * bytes);
+    backward(sum(world, y));
+    return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x.grad().view());
+  };
+  const auto dropped = gradient(false), kept = gradient(true);
+  REQUIRE(dropped.span() == kept.span());
+  Index differ = 0;
+  for (std::size_t i = 0; i < kept.span(); ++i) differ += dropped.data()[i] != kept.data()[i];
+  CHECK(differ == 0);
 }
 
 TEST_CASE("an FNO's activation peak per rank falls as 1/P", "[memory][fno]") {

@@ -220,7 +220,11 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     h = upsample_[l]->forward(h);
     // On odd split points the upsampled field is split one cell off the skip's: move it.
     h = redistribute_field(comm_, h, skips[l].value().decomposition());
-    h = up_[l]->forward(concat_channels<T>({skips[l], h}));
+    h = concat_channels<T>({skips[l], h});
+    // No backward reads the skip's or the upsampled field's values: dropping the Variables
+    // frees them (the graph keeps only what the ops saved).
+    skips[l] = Variable<T>();
+    h = up_[l]->forward(h);
   }
   h = head_->forward(h);
   return skip_ ? add(h, skip_->forward(input)) : h;

@@ -209,12 +209,13 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
+    const ShardTensor<T> input_value = x;                // the graph keeps no values: capture it
     // Backward reads the padded input again. Kept whole, it was a second copy of every
     // convolution's input from forward to backward (the input itself stays alive in the
     // graph anyway): keep only its shell, and rebuild the buffer in backward.
     PaddedShell<T> shell = halo_->shell(padded);
     node->backward = [=](impl::Node<T>& self) mutable {
-      const ShardTensor<T> padded = halo->rebuild(x_node->field, shell);
+      const ShardTensor<T> padded = halo->rebuild(input_value, shell);
       shell = {};  // backward runs once: free the shell before the gradients are allocated
       const FieldView<T> xp = rotation.apply(padded.view());
       const FieldView<T> gy = rotation.apply(self.grad_field().view());
@@ -225,7 +226,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       // A buffer that is the input itself (HaloPadding::reads_in_place) has no ghost or
       // padding cell: if nothing has added to the input's gradient yet, that gradient takes
       // the padded gradient directly (no second buffer, no halo adjoint).
-      const bool in_place = padded.view().data() == x_node->field.view().data();
+      const bool in_place = padded.view().data() == input_value.view().data();
       const bool direct =
           in_place && x_node->requires_grad && x_node->field_grad.view().span() == 0;
       ShardTensor<T> grad_padded = direct ? x_node->grad_field() : ShardTensor<T>();

@@ -209,8 +209,9 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     const std::string name = name_;
     // As Conv: keep the padded input's shell, not a second copy of the input (conv.cpp).
     PaddedShell<T> shell = halo->shell(padded);
+    const ShardTensor<T> input_value = x;  // the graph keeps no values: capture it
     node->backward = [=](impl::Node<T>& self) mutable {
-      const ShardTensor<T> padded = halo->rebuild(x_node->field, shell);
+      const ShardTensor<T> padded = halo->rebuild(input_value, shell);
       shell = {};  // backward runs once: free the shell before the gradients are allocated
       const FieldView<T> gy = self.grad_field().view();
       const ReplicatedView<T> gw =

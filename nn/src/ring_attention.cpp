@@ -407,17 +407,18 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
   unpack(state.out(), node->field, a, /*add=*/false);
   if (!node->requires_grad) return Variable<T>(node);
 
-  // Saved: the log-sum-exp per query row and the output (backward may free the node's own
-  // value before its closure runs). Q, K, V and O are packed again.
+  // Saved: the log-sum-exp per query row, and the values of Q, K, V and the output (the graph
+  // keeps no values; backward packs them again).
   const AttentionBuffer<T> lse = state.max;
-  const ShardTensor<T> output = node->field;
-  node->backward = [comm, a, ring, causal, scale, lse, output](impl::Node<T>& self) {
+  const ShardTensor<T> output = node->field, qv = qf, kv_k = k.value(), kv_v = v.value();
+  node->backward = [comm, a, ring, causal, scale, lse, output, qv, kv_k,
+                    kv_v](impl::Node<T>& self) {
     const Index L = ring.tokens[ring.rank], E = a.block(L);
     const auto& inputs = self.inputs;
     const QueryGradients<T> g = kernels::query_gradients(
-        ExecutionSpace(), packed_copy(inputs[0]->field, a), packed_copy(self.grad_field(), a),
+        ExecutionSpace(), packed_copy(qv, a), packed_copy(self.grad_field(), a),
         packed_copy(output, a), lse, L, a.head_dim);
-    const AttentionBuffer<T> kv = packed_kv(inputs[1]->field, inputs[2]->field, a);
+    const AttentionBuffer<T> kv = packed_kv(kv_k, kv_v, a);
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, E);
     const bool need_dkv = inputs[1]->requires_grad || inputs[2]->requires_grad;
     const AttentionBuffer<T> dkv =
@@ -470,13 +471,14 @@ Variable<T> attention_replicated_queries(const Communicator& comm, const Variabl
   if (!node->requires_grad) return Variable<T>(node);
 
   const AttentionBuffer<T> lse = state.max;
-  node->backward = [comm, a, queries, keys, scale, lse](impl::Node<T>& self) {
+  const ShardTensor<T> kv_k = k.value(), kv_v = v.value();  // the graph keeps no field values
+  node->backward = [comm, a, queries, keys, scale, lse, kv_k, kv_v](impl::Node<T>& self) {
     const auto& inputs = self.inputs;
     const QueryGradients<T> g =
         kernels::query_gradients(ExecutionSpace(), packed_copy(inputs[0]->data, a, queries),
                                  packed_copy(self.grad_data(), a, queries),
                                  packed_copy(self.data, a, queries), lse, queries, a.head_dim);
-    const AttentionBuffer<T> kv = packed_kv(inputs[1]->field, inputs[2]->field, a);
+    const AttentionBuffer<T> kv = packed_kv(kv_k, kv_v, a);
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));
     const AttentionBuffer<T> dkv =
         gradient_buffer<T>(inputs[1]->requires_grad || inputs[2]->requires_grad, 2 * a.block(keys));
@@ -521,11 +523,11 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
   if (!node->requires_grad) return Variable<T>(node);
 
   const AttentionBuffer<T> lse = state.max;
-  const ShardTensor<T> output = node->field;  // as above
-  node->backward = [comm, a, queries, keys, scale, lse, output](impl::Node<T>& self) {
+  const ShardTensor<T> output = node->field, qv = qf;  // the graph keeps no field values
+  node->backward = [comm, a, queries, keys, scale, lse, output, qv](impl::Node<T>& self) {
     const auto& inputs = self.inputs;
     const QueryGradients<T> g = kernels::query_gradients(
-        ExecutionSpace(), packed_copy(inputs[0]->field, a), packed_copy(self.grad_field(), a),
+        ExecutionSpace(), packed_copy(qv, a), packed_copy(self.grad_field(), a),
         packed_copy(output, a), lse, queries, a.head_dim);
     const AttentionBuffer<T> kv = packed_kv(inputs[1]->data, inputs[2]->data, a, keys);
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, a.block(queries));

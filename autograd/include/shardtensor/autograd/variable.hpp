@@ -20,6 +20,18 @@ namespace shardtensor {
 
 namespace impl {
 
+template <class T>
+struct Node;
+
+/// Shared by every Variable of one node: when the last of them goes, so does the node's field
+/// value (Node::release_value). The graph may keep the node for its gradient, but no op reads
+/// a value through the graph: a backward closure captures the values it needs.
+template <class T>
+struct ValueHandle {
+  std::weak_ptr<Node<T>> node;
+  ~ValueHandle();
+};
+
 /// One node of the graph. Gradients are allocated (zero) on first use.
 template <class T>
 struct Node {
@@ -37,14 +49,34 @@ struct Node {
   std::optional<Communicator> partial_comm;
 
   std::vector<std::shared_ptr<Node>> inputs;
-  std::function<void(Node&)> backward;  // reads this node's gradient, adds into inputs'
+  std::function<void(Node&)> backward;   // reads this node's gradient, adds into inputs'
+  std::weak_ptr<ValueHandle<T>> handle;  // of its Variables
+
+  /// The layout of a released field: what its gradient is allocated from.
+  struct Layout {
+    Decomposition decomposition;
+    int rank = 0;
+    Index batch = 0, channels = 0;
+    GhostWidths ghosts;
+  };
+  std::optional<Layout> released;
 
   const ShardTensor<T>& grad_field() {
     if (field_grad.view().span() == 0 && field.view().span() != 0) {
       field_grad = ShardTensor<T>(field.decomposition(), field.rank(), field.batch(),
                                   field.channels(), field.ghosts(), op + ".grad");
+    } else if (field_grad.view().span() == 0 && released) {
+      field_grad = ShardTensor<T>(released->decomposition, released->rank, released->batch,
+                                  released->channels, released->ghosts, op + ".grad");
     }
     return field_grad;
+  }
+  /// Lets the field's value go (this node's copy of it), keeping its layout for the gradient.
+  void release_value() {
+    if (field.view().span() == 0) return;
+    released = Layout{field.decomposition(), field.rank(), field.batch(), field.channels(),
+                      field.ghosts()};
+    field = ShardTensor<T>();
   }
   const ReplicatedView<T>& grad_data() {
     if (data_grad.extent(0) != data.extent(0)) {
@@ -78,17 +110,32 @@ struct Node {
   }
 };
 
+template <class T>
+ValueHandle<T>::~ValueHandle() {
+  if (const std::shared_ptr<Node<T>> n = node.lock()) n->release_value();
+}
+
 }  // namespace impl
 
 /// A handle to a graph node; copies share it. Ops (free functions and Module::forward) take
-/// Variables and return new ones that remember how to propagate gradients back.
+/// Variables and return new ones that remember how to propagate gradients back. A node's
+/// field value lives as long as a Variable of it does (and as long as a backward closure
+/// captured it): the graph itself keeps only what the ops saved.
 template <class T>
 class Variable {
  public:
   using Node = impl::Node<T>;
 
   Variable() = default;
-  explicit Variable(std::shared_ptr<Node> node) : node_(std::move(node)) {}
+  explicit Variable(std::shared_ptr<Node> node) : node_(std::move(node)) {
+    if (!node_) return;
+    handle_ = node_->handle.lock();
+    if (!handle_) {
+      handle_ = std::make_shared<impl::ValueHandle<T>>();
+      handle_->node = node_;
+      node_->handle = handle_;
+    }
+  }
 
   /// A sharded field (activations, inputs, targets). Its ghost cells are ignored.
   static Variable field(const ShardTensor<T>& value, bool requires_grad = false,
@@ -140,6 +187,7 @@ class Variable {
 
  private:
   std::shared_ptr<Node> node_;
+  std::shared_ptr<impl::ValueHandle<T>> handle_;  // destroyed first: may release the value
 };
 
 /// Creates the node of an op's result: it needs gradients if any input does, unless a
@@ -185,7 +233,7 @@ void backward(const Variable<T>& loss) {
     // ran before it: unless a caller still holds a Variable of it, its value can go before
     // its own closure runs (a closure that needs its op's output captures it), and the
     // gradient, once allocated, no longer needs the value for its layout.
-    if (it->use_count() == 1 && n.field_grad.view().span() != 0) n.field = ShardTensor<T>();
+    if (it->use_count() == 1 && n.field_grad.view().span() != 0) n.release_value();
     if (n.backward) {
       n.backward(n);
       n.backward = nullptr;  // release what the op saved for backward
