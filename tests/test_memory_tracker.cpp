@@ -69,6 +69,20 @@ std::uint64_t activation_peak(const Communicator& comm, Module<float>& model, In
   return after[MemoryCategory::activations].peak - before;
 }
 
+/// A 2-D U-Net of two levels, 2 -> 2 channels, 8 base channels, max pooling down.
+models::UNetOptions two_level_unet() {
+  models::UNetOptions o;
+  o.dims = 2;
+  o.in_channels = 2;
+  o.out_channels = 2;
+  o.depth = 2;
+  o.base_channels = 8;
+  o.norm_groups = 2;
+  o.down = models::DownMode::maxpool;
+  o.seed = 3;
+  return o;
+}
+
 std::uint64_t max_over(const Communicator& comm, std::uint64_t value) {
   MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_UINT64_T, MPI_MAX, comm.get());
   return value;
@@ -227,14 +241,7 @@ void check_activations_fall_as_one_over_p(const Make& make, Index channels) {
 
 TEST_CASE("a U-Net's activation peak per rank falls as 1/P", "[memory][unet]") {
   const Tracking tracking;
-  models::UNetOptions o;
-  o.dims = 2;
-  o.in_channels = 2;
-  o.out_channels = 2;
-  o.depth = 2;
-  o.base_channels = 8;
-  o.norm_groups = 2;
-  o.seed = 3;
+  const models::UNetOptions o = two_level_unet();
   check_activations_fall_as_one_over_p(
       [&](const Communicator& c) { return std::make_shared<models::UNet<float>>(c, o); }, 2);
 }
@@ -243,16 +250,7 @@ TEST_CASE("a forward under NoGradGuard frees each activation once it is read",
           "[memory][unet][no_grad]") {
   const Tracking tracking;
   const Communicator world;
-  models::UNetOptions o;
-  o.dims = 2;
-  o.in_channels = 2;
-  o.out_channels = 2;
-  o.depth = 2;
-  o.base_channels = 8;
-  o.norm_groups = 2;
-  o.down = models::DownMode::maxpool;
-  o.seed = 3;
-  models::UNet<float> model(world, o);
+  models::UNet<float> model(world, two_level_unet());  // max pooling: argmax only for backward
   model.eval();
   const ShardTensor<float> x = smooth_field(world, 2, {128, 128});
   // The peak of one forward whose output is kept, with the graph recorded or not.

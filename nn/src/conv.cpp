@@ -211,8 +211,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const ShardTensor<T> input_value = x;                // the graph keeps no values: capture it
     // Backward reads the padded input again. Kept whole, it was a second copy of every
-    // convolution's input from forward to backward (the input itself stays alive in the
-    // graph anyway): keep only its shell, and rebuild the buffer in backward.
+    // convolution's input from forward to backward (the closure holds the input anyway):
+    // keep only its shell, and rebuild the buffer in backward.
     PaddedShell<T> shell = halo_->shell(padded);
     node->backward = [=](impl::Node<T>& self) mutable {
       const ShardTensor<T> padded = halo->rebuild(input_value, shell);
@@ -223,39 +223,35 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
-      // A buffer that is the input itself (HaloPadding::reads_in_place) has no ghost or
-      // padding cell: if nothing has added to the input's gradient yet, that gradient takes
-      // the padded gradient directly (no second buffer, no halo adjoint).
+      // Where the input gradient goes before the halo adjoint. A buffer that is the input
+      // itself (HaloPadding::reads_in_place) has no ghost or padding cell: if nothing has
+      // added to the input's gradient yet, that gradient takes it directly (no second
+      // buffer, no adjoint). The plane path runs the weight gradient first, so a rebuilt
+      // buffer is dead when the input gradient (which writes every cell) goes into it.
       const bool in_place = padded.view().data() == input_value.view().data();
       const bool direct =
           in_place && x_node->requires_grad && x_node->field_grad.view().span() == 0;
-      ShardTensor<T> grad_padded = direct ? x_node->grad_field() : ShardTensor<T>();
+      ShardTensor<T> grad_padded;
+      if (x_node->requires_grad)
+        grad_padded =
+            direct ? x_node->grad_field()
+            : planes.applies() && !in_place
+                ? padded
+                : ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
+                                 padded.channels(), padded.ghosts(), name_ + ".padded_grad");
       if (planes.applies()) {
-        // Plane path: weight gradient first, then the input gradient, which writes every
-        // padded cell. The padded input is dead by then (backward runs once per forward), so
-        // its buffer takes the padded gradient: no allocation, no zero fill (unless the
-        // buffer is the input itself, HaloPadding::reads_in_place).
         T* scratch = workspace->reserve(planes.values);
         if (gw.extent(0) > 0)
           kernels::weight_gradient_planes(ExecutionSpace(), planes, shape, xp, gy, gw, scratch);
         kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
                                           gb);  // bias only
         if (x_node->requires_grad) {
-          if (!direct)
-            grad_padded = !in_place
-                              ? padded
-                              : ShardTensor<T>::uninitialized(  // the input: read only
-                                    padded.decomposition(), padded.rank(), padded.batch(),
-                                    padded.channels(), padded.ghosts(), name_ + ".padded_grad");
           const auto keep_all = [](Index, Index, Index) { return true; };
           kernels::correlate_planes<T>(ExecutionSpace(), planes, planes.data, planes.data_rows,
                                        shape, gy, w_node->data, true, ReplicatedView<T>(),
                                        rotation.apply(grad_padded.view()), scratch, keep_all);
         }
       } else {
-        if (x_node->requires_grad && !direct)
-          grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
-                                       padded.channels(), padded.ghosts(), name_ + ".padded_grad");
         const FieldView<T> gxp = rotation.apply(grad_padded.view());
         if (algorithm == ConvAlgorithm::gemm) {
           // The library's directions where it has algorithms, the portable GEMM for the rest.

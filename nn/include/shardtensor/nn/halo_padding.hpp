@@ -44,8 +44,8 @@ class HaloPadding {
   ShardTensor<T> forward(const ShardTensor<T>& input);
 
   /// True if forward(input) and rebuild(input, ...) return the input itself, with no copy: no
-  /// ghost or padding cell to fill (1x1 convolutions, 2x2 pooling with stride 2, a transposed
-  /// convolution whose kernel is its stride).
+  /// ghost or padding cell to fill (1x1 convolutions; a transposed convolution whose kernel
+  /// is its stride, on splits at multiples of it).
   bool reads_in_place(const ShardTensor<T>& input) const;
 
   /// forward() in two halves, so that work on cells that need no exchanged ghost can run
