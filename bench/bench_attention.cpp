@@ -244,6 +244,7 @@ int main(int argc, char** argv) {
             "bench_attention: ring attention, %ld tokens, %d heads x %ld (C = %ld), batch 1, "
             "float%s, %d rank(s)\n",
             long(tokens), heads, long(head_dim), long(C), causal ? ", causal" : "", comm.size());
+        std::printf("  vector path (softmax rows) %s\n", vector_path().c_str());
         std::printf(
             "  forward                    %10.1f ms   %7.1f GFLOP/s per core (%.1f GFLOP)\n",
             forward_best * 1e3, forward_gflops, forward_flops / 1e9);
@@ -280,12 +281,14 @@ int main(int argc, char** argv) {
             "\"tracked_step_mib\":%.1f,\"kib_per_local_token\":%.4g,"
             "\"unsharded_kib_per_token\":%.4g,\"budget_mib\":%.0f,"
             "\"tokens_fit_in_budget\":%.0f,\"tokens_fit_unsharded\":%.0f,"
-            "\"check_error\":%.3g,\"correct\":%s,\"openblas_coretype\":\"%s\"}\n",
+            "\"check_error\":%.3g,\"correct\":%s,\"openblas_coretype\":\"%s\","
+            "\"vector_isa\":\"%s\",\"vector_lanes\":%d}\n",
             comm.size(), long(tokens), heads, long(head_dim), causal ? "true" : "false",
             forward_best * 1e3, step_best * 1e3, forward_cpu_best * 1e3, step_cpu_best * 1e3,
             forward_gflops, step_gflops, sgemm, forward_gflops / sgemm, step_gflops / sgemm, peak,
             peak - memory_before, step_mib, kib_per_token, unsharded_kib_per_token, budget_mib,
-            fit_tokens, fit_unsharded, check_error, status == 0 ? "true" : "false", coretype);
+            fit_tokens, fit_unsharded, check_error, status == 0 ? "true" : "false", coretype,
+            kernels::vector_isa().c_str(), kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

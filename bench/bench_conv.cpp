@@ -6,8 +6,9 @@
 //   options: --dims 2|3 (3) --size N (global edge, 64) --channels C (32) --batch B (1)
 //            --iters K (3) --warmup K (1)
 //            --algorithm gemm|direct --workspace-mib M (GEMM scratch bound, 16)
-//            --vector-kernels on|off (AVX-512 kernels where available, on; off: always
-//            im2col + KokkosBlas::gemm)
+//            --vector-kernels on|off (the host vector kernels where a path is on, on; off:
+//            always im2col + KokkosBlas::gemm); SHARDTENSOR_SIMD=avx2|avx512|neon|off picks
+//            their instruction set (default: the best this CPU runs; printed as "vector path")
 //            --library on|off (cuDNN in a CUDA build, on; off: the portable kernels)
 //            --tf32 on|off (float convolutions through cuDNN may use TF32 tensor cores, off)
 //            --memory-tracking on|off (the tracker's step peak, on)
@@ -204,6 +205,7 @@ int main(int argc, char** argv) {
         std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, float, %s, %d rank(s)\n",
                     dims, channels, channels, d.describe().c_str(), batch, algorithm.c_str(),
                     comm.size());
+        std::printf("  vector path                 %s\n", vector_path().c_str());
         std::printf("  forward + backward step     %10.2f ms   (median %.2f ms, forward %.2f ms)\n",
                     best * 1e3, median * 1e3, forward_best * 1e3);
         std::printf("  per CPU-second (step %.2f ms CPU) %6.1f GFLOP/s\n", cpu_best * 1e3,
@@ -239,12 +241,13 @@ int main(int argc, char** argv) {
             "\"memory_tracking\":\"%s\","
             "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"library\":\"%s\","
             "\"tf32\":\"%s\",\"check_error\":%.3g,"
-            "\"openblas_coretype\":\"%s\"}\n",
+            "\"openblas_coretype\":\"%s\",\"vector_isa\":\"%s\",\"vector_lanes\":%d}\n",
             dims, comm.size(), d.describe().c_str(), long(size), batch, channels, algorithm.c_str(),
             best, median, forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
             gflops_per_core / sgemm, peak, peak - memory_before, step_peak, step_activations,
             step_workspaces, step_comm_buffers, memory_tracking.c_str(), workspace_mib,
-            vector_kernels.c_str(), library.c_str(), tf32.c_str(), check_error, coretype);
+            vector_kernels.c_str(), library.c_str(), tf32.c_str(), check_error, coretype,
+            kernels::vector_isa().c_str(), kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

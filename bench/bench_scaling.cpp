@@ -298,9 +298,10 @@ int main(int argc, char** argv) {
 
         std::printf(
             "bench_scaling: %s (%lld parameters, %s), field %s x %lld batch, %d rank(s)"
-            ", grid %s, overlap %s\n",
+            ", grid %s, overlap %s, vector path %s\n",
             model_type.c_str(), (long long)r.parameters, config.training.precision.c_str(),
-            global.c_str(), (long long)s.batch, world.size(), grid.c_str(), overlap.c_str());
+            global.c_str(), (long long)s.batch, world.size(), grid.c_str(), overlap.c_str(),
+            vector_path().c_str());
         if (r.fits) {
           std::printf(
               "  training step   %10.2f ms (CPU %.2f ms), halo %.1f %%, collectives %.1f %%\n",
@@ -332,7 +333,8 @@ int main(int argc, char** argv) {
             "\"train_collective_fraction\":%s,\"infer_halo_fraction\":%s,"
             "\"infer_collective_fraction\":%s,\"peak_mib\":%s,\"infer_peak_mib\":%s,"
             "\"peak_rss_mib\":%s,\"base_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,"
-            "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s}\n",
+            "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s,\"vector_isa\":\"%s\","
+            "\"vector_lanes\":%d}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
@@ -352,7 +354,8 @@ int main(int argc, char** argv) {
             json_number(peak_rss).c_str(), json_number(base_rss).c_str(),
             json_number(s.budget_mib).c_str(), r.fits ? "true" : "false",
             (long long)r.size_multiple, json_number(r.fits ? r.loss : NAN, 9).c_str(),
-            json_number(load_average()).c_str());
+            json_number(load_average()).c_str(), kernels::vector_isa().c_str(),
+            kernels::vector_lanes());
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "shardtensor/core/execution.hpp"
+#include "shardtensor/kernels/vector_isa.hpp"
 
 namespace shardtensor::bench {
 
@@ -66,6 +67,13 @@ inline double sgemm_gflops(int m, int k, int n, int reps) {
 /// rank on a GPU (the rate is then per GPU).
 inline int cores_of(int ranks) {
   return ranks * (kernels_run_on_host ? Kokkos::DefaultHostExecutionSpace().concurrency() : 1);
+}
+
+/// The host vector kernels' path, for the human line: "avx512 (16 floats)", "avx2 (8 floats)",
+/// "neon (4 floats)" or "off" (SHARDTENSOR_SIMD chooses another: kernels/vector_isa.hpp).
+inline std::string vector_path() {
+  const std::string isa = kernels::vector_isa();
+  return isa == "off" ? isa : isa + " (" + std::to_string(kernels::vector_lanes()) + " floats)";
 }
 
 /// OPENBLAS_CORETYPE as set (it changes sgemm ~2x: SkylakeX for the AVX-512 kernels), or "".

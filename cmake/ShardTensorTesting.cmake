@@ -15,12 +15,15 @@ if(SHARDTENSOR_KOKKOS_BACKEND STREQUAL "openmp")
 endif()
 
 # shardtensor_add_mpi_runs(<target> RANKS <counts...> [NAME <name>] [TIMEOUT <s>]
-#                          [LABEL <label>] [PASS_REGULAR_EXPRESSION <re>] [ARGS <args...>])
+#                          [LABEL <label>] [PASS_REGULAR_EXPRESSION <re>] [ARGS <args...>]
+#                          [ENVIRONMENT <VAR=value...>])
 #
 # Registers <name>_np<R> (name defaults to the target's) running the built <target> with
-# <args> on R ranks. Without PASS_REGULAR_EXPRESSION the exit code decides.
+# <args> on R ranks, with ENVIRONMENT added to the tests' own. Without
+# PASS_REGULAR_EXPRESSION the exit code decides.
 function(shardtensor_add_mpi_runs target)
-  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;LABEL;PASS_REGULAR_EXPRESSION" "RANKS;ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;LABEL;PASS_REGULAR_EXPRESSION" "RANKS;ARGS;ENVIRONMENT"
+                        ${ARGN})
   if(NOT ARG_NAME)
     set(ARG_NAME ${target})
   endif()
@@ -39,7 +42,7 @@ function(shardtensor_add_mpi_runs target)
       TIMEOUT ${ARG_TIMEOUT}
       PROCESSORS ${ranks}
       LABELS "${ARG_LABEL};np${ranks};${SHARDTENSOR_KOKKOS_BACKEND}"
-      ENVIRONMENT "${SHARDTENSOR_MPI_TEST_ENVIRONMENT}")
+      ENVIRONMENT "${SHARDTENSOR_MPI_TEST_ENVIRONMENT};${ARG_ENVIRONMENT}")
     if(ARG_PASS_REGULAR_EXPRESSION)
       set_tests_properties(${ARG_NAME}_np${ranks} PROPERTIES
         PASS_REGULAR_EXPRESSION "${ARG_PASS_REGULAR_EXPRESSION}")

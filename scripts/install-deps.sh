@@ -13,6 +13,7 @@ packages=(
   catch2
   libyaml-cpp-dev libcli11-dev
   libfftw3-dev
+  libhwy-dev                              # the host vector kernels (Google Highway)
   gfortran                                # the Fortran embedding module and example
   python3-torch python3-h5py python3-yaml  # PyTorch interop (tools/, its equivalence test)
   python3-matplotlib                      # plots of tools/scaling.py and tools/accuracy_curves.py

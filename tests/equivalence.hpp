@@ -42,6 +42,13 @@ inline Decomposition unsharded(const Decomposition& d) {
   return Decomposition::from_split_points(points, periodic);
 }
 
+/// Every value of a view's span on the host (floats widen exactly): for bit-for-bit comparisons.
+template <class A>
+std::vector<double> host_values(const A& a) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  return std::vector<double>(h.data(), h.data() + h.span());
+}
+
 /// max |a - b| / max |b| over the whole arrays (b the reference).
 template <class A, class B>
 double relative_error(const A& a, const B& b) {

@@ -10,6 +10,7 @@
 
 #include "equivalence.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
+#include "shardtensor/kernels/vector_isa.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;
@@ -162,8 +163,7 @@ TEMPLATE_TEST_CASE("the GEMM path and vector kernels equal the direct loop, also
                                         c.options.in_channels, test::weighted_sum<TestType>);
     };
     const auto reference = run(direct);
-    for (const auto& fast :
-         {run(c.options), run(chunked), run(gemm_only), run(banded), run(portable)}) {
+    const auto check_close = [&](const auto& fast) {
       CHECK(test::relative_error(fast.output.value().view(), reference.output.value().view()) <=
             tolerance);
       CHECK(test::relative_error(fast.input.grad().view(), reference.input.grad().view()) <=
@@ -171,7 +171,38 @@ TEMPLATE_TEST_CASE("the GEMM path and vector kernels equal the direct loop, also
       const auto p = fast.module->named_parameters(), q = reference.module->named_parameters();
       for (std::size_t i = 0; i < p.size(); ++i)
         CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) <= tolerance);
+    };
+    for (const auto& fast :
+         {run(c.options), run(chunked), run(gemm_only), run(banded), run(portable)})
+      check_close(fast);
+    // Every vector instruction set this CPU runs (AVX2, AVX-512, NEON): close to the direct
+    // loop, and the same bits on every path (each output sums in the same order). Not where
+    // the run turned the paths off (SHARDTENSOR_SIMD=off): that run checks the portable kernels.
+    const std::string initial = kernels::vector_isa();
+    if (initial == "off") continue;
+    std::vector<std::vector<double>> first;
+    for (const std::string& isa : kernels::vector_isas()) {
+      INFO("vector path " << isa);
+      kernels::select_vector_isa(isa);
+      const ConvOptions* const vector_runs[] = {&c.options, &banded};
+      for (const ConvOptions* o : vector_runs) {
+        const auto fast = run(*o);
+        check_close(fast);
+        std::vector<double> bits = test::host_values(fast.output.value().view());
+        const auto input_grad = test::host_values(fast.input.grad().view());
+        bits.insert(bits.end(), input_grad.begin(), input_grad.end());
+        for (const auto& named : fast.module->named_parameters()) {
+          const auto g = test::host_values(named.second.data_grad());
+          bits.insert(bits.end(), g.begin(), g.end());
+        }
+        const std::size_t which = o == &c.options ? 0 : 1;
+        if (first.size() <= which)
+          first.push_back(bits);
+        else
+          CHECK(bits == first[which]);
+      }
     }
+    kernels::select_vector_isa(initial);
   }
 }
 

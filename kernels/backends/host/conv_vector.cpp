@@ -4,26 +4,22 @@
 #include <limits>
 #include <vector>
 
-#include "cpu_features.hpp"
 #include "host_threads.hpp"
 #include "shardtensor/core/error.hpp"
+#include "vector_kernels.hpp"
 
-// The plane path's vector kernels (float on the host, AVX-512 CPUs: conv_avx512.hpp).
-// The same correlations without im2col or a GEMM library: a tile of 8 output channels x 3
-// vectors of 16 output cells accumulates in registers over the taps, loading the source
-// straight from its planes (a tap is an offset). The weight gradient keeps 12 taps x 32 output
-// channels in registers while it streams a band of cells. On bench_conv, im2col +
-// KokkosBlas::gemm ran at 76-81 GFLOP/s per core (OpenBLAS sgemm alone: 105-135 on these
-// shapes); see docs/performance.md for what the kernels reach.
-
-#ifdef SHARDTENSOR_HOST_AVX512
-#include "conv_avx512.hpp"
+// The plane path's vector kernels (float on the host; the register tiles of vector_kernels.hpp
+// on the instruction set the CPU runs). The same correlations without im2col or a GEMM
+// library: a tile of output channels x vectors of output cells (8 x 3 vectors of 16 on
+// AVX-512) accumulates in registers over the taps, loading the source straight from its planes
+// (a tap is an offset). The weight gradient keeps taps x output channels (12 x 32 on AVX-512)
+// in registers while it streams a band of cells. Each output's sum runs in the same order on
+// every instruction set: the paths give the same bits. See docs/performance.md for what the
+// kernels reach against sgemm and PyTorch.
 
 namespace shardtensor::kernels::host {
 
 namespace {
-
-namespace vector_kernels = conv_avx512;
 
 /// Source channels per pass over a tile: a pass reads channels x kx planes. With kx = 3,
 /// 8 channels (about 24 pages, which the TLB holds); all 32 channels in one pass (96 pages
@@ -143,9 +139,9 @@ inline std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const Plane
 /// in between are skipped).
 inline void output_vectors(const Correlation& r, Index source_row_stride, Index out_row_stride,
                            Index y0, Index y1, Index source_first_row,
-                           std::vector<vector_kernels::OutputVector>& vectors) {
+                           const ConvTileShape& shape, std::vector<OutputVector>& vectors) {
   const Index source_base = source_first_row * source_row_stride;  // where the source starts
-  constexpr Index lanes = vector_kernels::lanes;
+  const Index lanes = shape.lanes;
   const Index row = r.out[2], rows = y1 - y0;
   const bool run_on =
       source_row_stride >= lanes && ((rows - 1) * source_row_stride + row + lanes - 1) / lanes <
@@ -170,21 +166,21 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
                          (y + 1) * out_row_stride + z - source_row_stride, mask, next_mask});
     }
   }
-  while (vectors.size() % vector_kernels::tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
+  while (vectors.size() % shape.tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
 }
 
 }  // namespace
 
 /// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
 /// and band of rows, tiles of output vectors, one pass per channels_per_pass(r) source channels.
-/// Weights are packed per group as [block of 8 outputs][pass][a][(j, b, c) of the pass][8]
-/// (outputs past out_per_group zero).
+/// Weights are packed per group as [block of R outputs][pass][a][(j, b, c) of the pass][R]
+/// (R = the tile's rows; outputs past out_per_group zero).
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
                            float* workspace, bool band_copies, const PlaneFilter& keep) {
-  constexpr Index rows_per_tile = vector_kernels::tile_rows;
-  constexpr Index vectors_per_tile = vector_kernels::tile_vectors;
+  const ConvTileShape shape = conv_tile_shape();
+  const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
   float* const packed = workspace;  // the weights, then a ring per thread
@@ -221,7 +217,7 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
     split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
       PlaneSource& source = sources[t];
       std::vector<const float*> planes(kx);
-      std::vector<vector_kernels::OutputVector> vectors;
+      std::vector<OutputVector> vectors;
       for (Index item = first; item < last; ++item) {
         const Index n = item / per_sample, x = (item % per_sample) / bands,
                     y0 = (item % bands) * band_rows;
@@ -230,7 +226,8 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
         if (!keep(x, y0, y1)) continue;
         source.start_band(y0);
         for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), vectors);
+        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), shape,
+                       vectors);
         float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
         for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
           const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
@@ -241,7 +238,7 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
             const float* block_bias =
                 bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
             for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)
-              vector_kernels::correlate_tile(
+              correlate_tile(
                   planes.data(), int(kx), offsets.data() + j0 * yz_taps, int(pass * yz_taps),
                   weights, &vectors[v], out_plane + o0 * out_channel_stride, out_channel_stride,
                   int(std::min(rows_per_tile, r.out_per_group - o0)), block_bias,
@@ -255,20 +252,17 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
 
 namespace {
 
-/// Output channels per weight-gradient tile (its register vectors).
-constexpr Index gradient_channels = vector_kernels::gradient_vectors * vector_kernels::lanes;
-
-/// Workspace values of vector_correlate and vector_weight_gradient.
+/// Workspace values of vector_correlate and vector_weight_gradient, for every instruction set's
+/// tiles (a plan made on one path runs on any other).
 inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies) {
-  const Index blocks =
-      (r.out_per_group + vector_kernels::tile_rows - 1) / vector_kernels::tile_rows;
-  return static_cast<std::size_t>(blocks * vector_kernels::tile_rows * r.k[0] * r.src_per_group *
-                                  r.k[1] * r.k[2]) +
+  const Index blocks = (r.out_per_group + max_tile_rows - 1) / max_tile_rows;
+  return static_cast<std::size_t>(blocks * max_tile_rows * r.k[0] * r.src_per_group * r.k[1] *
+                                  r.k[2]) +
          PlaneSource::ring_values(r, band_copies) * host_threads();
 }
+/// Taps padded to whole weight-gradient tiles (of every path: tap_padding).
 inline Index padded_taps(const Correlation& r) {
-  const Index taps = r.column_rows(), per_tile = vector_kernels::gradient_taps;
-  return (taps + per_tile - 1) / per_tile * per_tile;
+  return (r.column_rows() + tap_padding - 1) / tap_padding * tap_padding;
 }
 inline Index padded_outputs(const Correlation& r) {
   return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
@@ -289,11 +283,13 @@ inline std::size_t vector_weight_gradient_values(const Correlation& r) {
 
 /// gw += this rank's weight gradient (forward correlation r over the padded input xp, whose
 /// windows lie inside it): per output plane and band of rows, the output gradient transposed
-/// to (cell, channel), then tiles of 12 taps x 32 channels summed over the band's cells. Each
+/// to (cell, channel), then tiles of taps x channels summed over the band's cells. Each
 /// plane's float sums are added into double totals.
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace) {
+  const ConvTileShape shape = conv_tile_shape();
+  const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
   const Index taps = padded_taps(r), outs = padded_outputs(r),
               cells_per_band = band_rows * r.out[2];
@@ -331,40 +327,32 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
         // again, so they stay zero until the band size (so the layout) changes.
         const Index written = cells == zeroed_cells ? r.out_per_group : outs;
         zeroed_cells = cells;
-        Index o = 0;
-        for (; o + vector_kernels::lanes <= r.out_per_group; o += vector_kernels::lanes) {
-          // 16 channels at once: 16 x 16 blocks transposed in registers.
-          const float* rows[vector_kernels::lanes];
-          for (Index i = 0; i < vector_kernels::lanes; ++i)
-            rows[i] = &gy(n, group * r.out_per_group + o + i, x, y0, 0);
-          float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
-                          o % gradient_channels;
-          Index p = 0;
-          for (; p + vector_kernels::lanes <= cells; p += vector_kernels::lanes) {
-            vector_kernels::transpose_16x16(rows, column + p * gradient_channels,
-                                            gradient_channels);
-            for (auto& row : rows) row += vector_kernels::lanes;
+        // The band's output gradient transposed, 16 cells at a time (their rows of 32
+        // channels stay in L1 while every channel's 16 values are written into them).
+        for (Index p0 = 0; p0 < cells; p0 += 16) {
+          const Index p1 = std::min(p0 + 16, cells);
+          for (Index o = 0; o < written; ++o) {
+            float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
+                            o % gradient_channels;
+            if (o >= r.out_per_group) {
+              for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = 0.0f;
+              continue;
+            }
+            const float* row = &gy(n, group * r.out_per_group + o, x, y0, 0);
+            for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = row[p];
           }
-          for (; p < cells; ++p)
-            for (Index i = 0; i < vector_kernels::lanes; ++i)
-              column[p * gradient_channels + i] = *rows[i]++;
-        }
-        for (; o < written; ++o) {
-          float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
-                          o % gradient_channels;
-          const float* row =
-              o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
-          for (Index p = 0; p < cells; ++p) column[p * gradient_channels] = row ? row[p] : 0.0f;
         }
         for (Index a = 0; a < kx; ++a) {
           const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
           if (!plane) continue;  // outside the source: reads zero
           for (Index block = 0; block < outs / gradient_channels; ++block)
-            for (Index tap = 0; tap < taps; tap += vector_kernels::gradient_taps)
-              vector_kernels::weight_gradient_tile(
-                  plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
-                  int(y1 - y0), int(r.out[2]), transposed + block * cells * gradient_channels,
-                  sums + (a * taps + tap) * outs + block * gradient_channels, outs);
+            for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
+              for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
+                weight_gradient_tile(
+                    plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
+                    int(y1 - y0), int(r.out[2]),
+                    transposed + block * cells * gradient_channels + c0,
+                    sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
         }
         if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band
           for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
@@ -387,7 +375,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
 }
 
 bool conv_vector_available() {
-  return conv_avx512::available();
+  return vector_kernels_on();
 }
 
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
@@ -398,27 +386,3 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
 }
 
 }  // namespace shardtensor::kernels::host
-
-#else  // no AVX-512 host compiler: the plane path keeps im2col + GEMM
-
-namespace shardtensor::kernels::host {
-
-bool conv_vector_available() {
-  return false;
-}
-std::size_t conv_vector_values(const Correlation&, const Correlation&, bool) {
-  return 0;
-}
-void conv_vector_correlate(const Correlation&, const ConvShape&, const FieldView<float>&,
-                           const ReplicatedView<float>&, bool, const ReplicatedView<float>&,
-                           const FieldView<float>&, float*, bool, const PlaneFilter&) {
-  throw Error("conv_vector_correlate: this build has no vector kernels");
-}
-void conv_vector_weight_gradient(const Correlation&, const ConvShape&, const FieldView<float>&,
-                                 const FieldView<float>&, const ReplicatedView<float>&, float*) {
-  throw Error("conv_vector_weight_gradient: this build has no vector kernels");
-}
-
-}  // namespace shardtensor::kernels::host
-
-#endif

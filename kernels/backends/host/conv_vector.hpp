@@ -1,8 +1,8 @@
 #pragma once
 // The host backend's vector kernels for the plane path of Conv<float> (kernels/conv.hpp):
-// the same correlations as im2col + GEMM, register-blocked with AVX-512 (conv_avx512.hpp) and
-// split over the host execution space's threads. Built where the compiler targets x86-64;
-// run only where conv_vector_available() (the CPU has AVX-512F).
+// the same correlations as im2col + GEMM, register-blocked on the host's vector instruction
+// set (vector_kernels.hpp) and split over the host execution space's threads; run only where
+// conv_vector_available() (a vector path is on: AVX2, AVX-512 or NEON).
 
 #include <cstddef>
 

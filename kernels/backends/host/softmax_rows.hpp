@@ -1,10 +1,11 @@
 #pragma once
 // The softmax rows of flash_attention's score tiles (kernels/flash_attention.hpp) on host
-// memory, with AVX-512 exponentials for float, split over the host threads by rows (a row is
-// one thread's: the same bits on any thread count), or all on the calling thread (`inline_rows`:
-// flash_attention gives each host thread whole slices). Each returns false, touching nothing,
-// where it cannot run (not an AVX-512 CPU, Kokkos kernels not on the host, not an x86-64
-// build); then the caller runs its portable kernel.
+// memory, with the vector exponentials of vector_kernels.hpp for float, split over the host
+// threads by rows (a row is one thread's: the same bits on any thread count), or all on the
+// calling thread (`inline_rows`: flash_attention gives each host thread whole slices). Each
+// returns false, touching nothing, where it cannot run (no vector path on: SHARDTENSOR_SIMD=off,
+// a CPU without FMA vectors, a build without Highway; or Kokkos kernels not on the host); then
+// the caller runs its portable kernel.
 
 #include "shardtensor/kernels/flash_attention.hpp"
 

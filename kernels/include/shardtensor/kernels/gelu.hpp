@@ -1,8 +1,9 @@
 #pragma once
-// GELU on float arrays, the host backend's (kernels/backends/host/gelu_avx512.cpp, AVX-512), for
-// activate(): each call returns false, touching nothing, where it cannot run (not an AVX-512
-// CPU, Kokkos kernels not on the host, not an x86-64 build); then the caller runs its portable
-// kernel. On OpenMP the arrays are split over the host threads (elementwise: same bits).
+// GELU on float arrays, the host backend's (kernels/backends/host/gelu_rows.cpp, on the vector
+// instruction set the CPU runs: AVX2, AVX-512, NEON), for activate(): each call returns false,
+// touching nothing, where it cannot run (no vector path: SHARDTENSOR_SIMD=off, a CPU without
+// FMA vectors, a build without Highway; Kokkos kernels not on the host); then the caller runs
+// its portable kernel. On OpenMP the arrays are split over the host threads (elementwise: same bits).
 //
 // Phi(x) = 0.5 erfc(-x / sqrt 2) from erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), with
 // the Chebyshev-fitted degree-9 P of Numerical Recipes (fractional error < 1.2e-7 for every

@@ -1,0 +1,52 @@
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+
+#include "host/vector_kernels.hpp"
+#include "shardtensor/core/execution.hpp"
+#include "shardtensor/kernels/gelu.hpp"
+
+namespace shardtensor::kernels {
+
+namespace {
+
+/// Runs work(first, last) on contiguous shares of [0, n), one per host thread, each share a
+/// whole number of 16-value blocks but the last (elementwise: any split gives the same bits).
+template <class Work>
+void split_over_host_threads(std::size_t n, const Work& work) {
+  const std::size_t threads =
+      static_cast<std::size_t>(Kokkos::DefaultHostExecutionSpace().concurrency());
+  const std::size_t blocks = (n + 15) / 16;
+  if (threads <= 1 || blocks < 2 * threads) return work(std::size_t(0), n);
+  Kokkos::parallel_for(
+      "gelu_rows",
+      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, static_cast<int>(threads)),
+      [&](const int t) {
+        const std::size_t first = std::min(n, blocks * t / threads * 16);
+        const std::size_t last = std::min(n, blocks * (t + 1) / threads * 16);
+        work(first, last);
+      });
+}
+
+bool vector_kernels_run_here() {
+  return kernels_run_on_host && vector_kernels_on();
+}
+
+}  // namespace
+
+bool gelu_kernel(const float* x, float* y, std::size_t n) {
+  if (!vector_kernels_run_here()) return false;
+  split_over_host_threads(n, [&](std::size_t first, std::size_t last) {
+    host::gelu_rows(x + first, y + first, last - first);
+  });
+  return true;
+}
+
+bool gelu_backward_kernel(const float* x, const float* gy, float* gx, std::size_t n) {
+  if (!vector_kernels_run_here()) return false;
+  split_over_host_threads(n, [&](std::size_t first, std::size_t last) {
+    host::gelu_backward_rows(x + first, gy + first, gx + first, last - first);
+  });
+  return true;
+}
+
+}  // namespace shardtensor::kernels

@@ -1,0 +1,538 @@
+// The host backend's vector kernels (vector_kernels.hpp), written once on Google Highway and
+// compiled by Highway's foreach_target.h once per instruction set: this file includes itself.
+// Without Highway (SHARDTENSOR_HOST_VECTOR_KERNELS undefined: CUDA builds, whose kernels run
+// on the device) the path is always "off".
+
+#include "host/vector_kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "shardtensor/core/error.hpp"
+
+#ifdef SHARDTENSOR_HOST_VECTOR_KERNELS
+
+// Targets with fused multiply-add vectors only: the paths must sum alike. SSE4 and SSSE3 have
+// none; SVE's sizeless vectors cannot be held in the register tiles' arrays (on the Arm
+// servers out today, SVE is 128 or 256 bits wide, and NEON runs there).
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS \
+  (HWY_SSSE3 | HWY_SSE4 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "host/vector_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace shardtensor::kernels::host {
+namespace HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// At most 16 floats a vector: masks fit an unsigned, and 16 is the row sums' block.
+using D = hn::CappedTag<float, 16>;
+using V = hn::Vec<D>;
+using M = hn::Mask<D>;
+constexpr int lanes = static_cast<int>(hn::MaxLanes(D()));
+
+// The register tiles: AVX2 has 16 vector registers, AVX-512 and NEON 32.
+#if HWY_TARGET == HWY_AVX2
+constexpr int registers = 16;
+#else
+constexpr int registers = 32;
+#endif
+// Correlate: rows x vectors accumulators, plus a load per vector and one broadcast.
+constexpr int tile_rows = registers == 32 ? 8 : 4;
+constexpr int tile_vectors = 3;
+// Weight gradient: taps x vectors accumulators, plus a load per vector and one broadcast.
+constexpr int gradient_taps = registers == 32 ? 12 : 6;
+constexpr int gradient_vectors = 2;
+static_assert(tap_padding % gradient_taps == 0 && tile_rows <= max_tile_rows &&
+              gradient_vectors * lanes <= gradient_channels);
+
+// Masked loads and stores that never touch the other lanes: native on AVX-512 and (float)
+// AVX2; elsewhere (NEON) Highway's would read or write the whole vector, so the lanes go
+// through a copy.
+#if !HWY_MEM_OPS_MIGHT_FAULT || HWY_TARGET == HWY_AVX2
+constexpr bool native_masks = true;
+#else
+constexpr bool native_masks = false;
+#endif
+constexpr unsigned all_lanes = lanes >= 32 ? ~0u : (1u << lanes) - 1u;
+
+HWY_INLINE M mask_of(unsigned bits) {
+  uint8_t bytes[8] = {};
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(bits >> (8 * i));
+  return hn::LoadMaskBits(D(), bytes);
+}
+HWY_INLINE V load_lanes(unsigned bits, const float* p) {
+  if (bits == all_lanes) return hn::LoadU(D(), p);
+  if constexpr (native_masks) {
+    return hn::MaskedLoad(mask_of(bits), D(), p);
+  } else {
+    HWY_ALIGN float copy[lanes] = {};
+    for (int i = 0; i < lanes; ++i)
+      if (bits >> i & 1u) copy[i] = p[i];
+    return hn::Load(D(), copy);
+  }
+}
+HWY_INLINE void store_lanes(V v, unsigned bits, float* p) {
+  if (bits == all_lanes) return hn::StoreU(v, D(), p);
+  if constexpr (native_masks) {
+    hn::BlendedStore(v, mask_of(bits), D(), p);
+  } else {
+    HWY_ALIGN float copy[lanes];
+    hn::Store(v, D(), copy);
+    for (int i = 0; i < lanes; ++i)
+      if (bits >> i & 1u) p[i] = copy[i];
+  }
+}
+
+// ---- convolution tiles ---------------------------------------------------------------------
+
+ConvTileShape TileShape() {
+  return {lanes, tile_rows, tile_vectors, gradient_taps, gradient_vectors};
+}
+
+/// The correlate tile's sums; `whole`: every vector's lanes are all read (plain loads).
+template <bool whole>
+HWY_INLINE void correlate_sums(const float* const* planes, int x_taps,
+                               const std::ptrdiff_t* tap_offsets, int taps, const float* weights,
+                               const OutputVector* vectors, V (&acc)[tile_rows][tile_vectors]) {
+  constexpr int R = tile_rows, T = tile_vectors;
+  const D d;
+  unsigned read[T];
+  HWY_UNROLL(16)
+  for (int v = 0; v < T; ++v) read[v] = vectors[v].mask | vectors[v].next_mask;
+  for (int a = 0; a < x_taps; ++a) {
+    if (!planes[a]) continue;
+    const float* source[T];
+    HWY_UNROLL(16)
+    for (int v = 0; v < T; ++v) source[v] = planes[a] + vectors[v].source;
+    const float* w = weights + std::ptrdiff_t(a) * taps * R;
+    for (int t = 0; t < taps; ++t, w += R) {
+      const std::ptrdiff_t offset = tap_offsets[t];
+      V x[T];
+      HWY_UNROLL(16)
+      for (int v = 0; v < T; ++v)
+        x[v] = whole ? hn::LoadU(d, source[v] + offset) : load_lanes(read[v], source[v] + offset);
+      HWY_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        const V weight = hn::Set(d, w[r]);
+        HWY_UNROLL(16)
+        for (int v = 0; v < T; ++v) acc[r][v] = hn::MulAdd(weight, x[v], acc[r][v]);
+      }
+    }
+  }
+}
+
+void CorrelateTile(const float* const* planes, int x_taps, const std::ptrdiff_t* tap_offsets,
+                   int taps, const float* weights, const OutputVector* vectors, float* out,
+                   std::ptrdiff_t out_channel_stride, int rows, const float* bias,
+                   bool accumulate) {
+  constexpr int R = tile_rows, T = tile_vectors;
+  const D d;
+  V acc[R][T];
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) HWY_UNROLL(16) for (int v = 0; v < T; ++v) acc[r][v] = hn::Zero(d);
+  bool whole = true;
+  for (int v = 0; v < T; ++v) whole = whole && (vectors[v].mask | vectors[v].next_mask) == all_lanes;
+  if (whole)
+    correlate_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  else
+    correlate_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) {  // constant bounds: acc stays in registers
+    if (r >= rows) break;
+    const V b = hn::Set(d, bias ? bias[r] : 0.0f);
+    HWY_UNROLL(16)
+    for (int v = 0; v < T; ++v) {
+      const OutputVector& vector = vectors[v];
+      float* const p = out + r * out_channel_stride + vector.output;
+      float* const next = out + r * out_channel_stride + vector.next_output;
+      V sum = hn::Add(acc[r][v], b);
+      if (vector.next_mask == 0) {
+        if (accumulate) sum = hn::Add(sum, load_lanes(vector.mask, p));
+        store_lanes(sum, vector.mask, p);
+      } else {  // lanes of two output rows
+        if (accumulate)
+          sum = hn::Add(sum, hn::Or(load_lanes(vector.mask, p), load_lanes(vector.next_mask, next)));
+        store_lanes(sum, vector.mask, p);
+        store_lanes(sum, vector.next_mask, next);
+      }
+    }
+  }
+}
+
+void WeightGradientTile(const float* source, const std::ptrdiff_t* tap_offsets,
+                        std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
+                        float* gradient, std::ptrdiff_t gradient_stride) {
+  constexpr int T = gradient_taps, O = gradient_vectors;
+  const D d;
+  V acc[T][O];
+  HWY_UNROLL(16)
+  for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) acc[t][o] = hn::Zero(d);
+  const float* row = source;
+  for (int y = 0; y < rows; ++y, row += row_stride) {
+    for (int z = 0; z < columns; ++z, dy_t += gradient_channels) {
+      V g[O];
+      HWY_UNROLL(16)
+      for (int o = 0; o < O; ++o) g[o] = hn::LoadU(d, dy_t + o * lanes);
+      HWY_UNROLL(16)
+      for (int t = 0; t < T; ++t) {
+        const V x = hn::Set(d, row[tap_offsets[t] + z]);
+        HWY_UNROLL(16)
+        for (int o = 0; o < O; ++o) acc[t][o] = hn::MulAdd(x, g[o], acc[t][o]);
+      }
+    }
+  }
+  HWY_UNROLL(16)
+  for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) {
+      float* p = gradient + t * gradient_stride + o * lanes;
+      hn::StoreU(hn::Add(hn::LoadU(d, p), acc[t][o]), d, p);
+    }
+}
+
+// ---- exp, GELU, rows -----------------------------------------------------------------------
+
+/// exp(x) for x <= 88: x = n ln2 + r, Cephes' degree-5 polynomial for exp(r), 2^n built in
+/// the exponent bits (~1 ulp). x < -87 returns exp(-87) ~ 1.6e-38, not 0.
+HWY_INLINE V Exp(V x) {
+  const D d;
+  const hn::RebindToSigned<D> di;
+  x = hn::Max(x, hn::Set(d, -87.0f));
+  // x log2(e) + 1.5 * 2^23: round(x log2 e) lands in the low mantissa bits.
+  const V shifted = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), hn::Set(d, 12582912.0f));
+  const V n = hn::Sub(shifted, hn::Set(d, 12582912.0f));
+  V r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);  // ln2 in two parts
+  r = hn::MulAdd(n, hn::Set(d, 2.12194440e-4f), r);
+  V p = hn::Set(d, 1.9875691500e-4f);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894e-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
+  p = hn::MulAdd(hn::Mul(p, r), r, hn::Add(r, hn::Set(d, 1.0f)));
+  const auto exponent = hn::ShiftLeft<23>(
+      hn::Sub(hn::BitCast(di, shifted), hn::Set(di, int32_t{0x4B400000 - 127})));
+  return hn::Mul(p, hn::BitCast(d, exponent));
+}
+
+/// Phi(x), and exp(-x^2 / 2) (for the density) when `density` is given: see kernels/gelu.hpp.
+HWY_INLINE V NormalCdf(V x, V* density) {
+  const D d;
+  // -x^2 / 2 as hi + lo (hi = fl(x^2), lo = its rounding error): the exponent's absolute
+  // error is what becomes the tail's relative error, and x^2 reaches ~170 there.
+  const V square = hn::Mul(x, x);
+  const V square_error = hn::MulSub(x, x, square);
+  const V minus_half = hn::Set(d, -0.5f);
+  const V hi = hn::Mul(minus_half, square);  // exact: a power of two
+  const V lo = hn::Mul(minus_half, square_error);
+  // z = |x| / sqrt 2; t = 1 / (1 + z / 2).
+  const V z = hn::Mul(hn::Abs(x), hn::Set(d, 0.70710678118654752f));
+  const V one = hn::Set(d, 1.0f);
+  const V t = hn::Div(one, hn::MulAdd(hn::Set(d, 0.5f), z, one));
+  V p = hn::Set(d, 0.17087277f);
+  p = hn::MulAdd(p, t, hn::Set(d, -0.82215223f));
+  p = hn::MulAdd(p, t, hn::Set(d, 1.48851587f));
+  p = hn::MulAdd(p, t, hn::Set(d, -1.13520398f));
+  p = hn::MulAdd(p, t, hn::Set(d, 0.27886807f));
+  p = hn::MulAdd(p, t, hn::Set(d, -0.18628806f));
+  p = hn::MulAdd(p, t, hn::Set(d, 0.09678418f));
+  p = hn::MulAdd(p, t, hn::Set(d, 0.37409196f));
+  p = hn::MulAdd(p, t, hn::Set(d, 1.00002368f));
+  p = hn::MulAdd(p, t, hn::Set(d, -1.26551223f));
+  // erfc(z) / 2 = t exp(-z^2 + P) / 2; exp underflows to 0 below -87 (Exp clamps there).
+  const V floor = hn::Set(d, -87.0f);
+  const V exponent = hn::Add(hn::Add(p, lo), hi);
+  const V tail = hn::IfThenElseZero(hn::Ge(exponent, floor),
+                                    hn::Mul(hn::Mul(hn::Set(d, 0.5f), t), Exp(exponent)));
+  if (density) {
+    const V e = hn::Add(hi, lo);
+    *density = hn::IfThenElseZero(hn::Ge(e, floor), Exp(e));
+  }
+  // Phi(x) = tail for x < 0, 1 - tail otherwise.
+  return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), tail, hn::Sub(one, tail));
+}
+
+HWY_INLINE V Gelu(V x) {
+  return hn::Mul(x, NormalCdf(x, nullptr));
+}
+
+/// gx + gy (Phi(x) + x phi(x)).
+HWY_INLINE V GeluGradient(V x, V gy, V gx) {
+  V density;
+  const V cdf = NormalCdf(x, &density);
+  const V pdf = hn::Mul(density, hn::Set(D(), 0.39894228040143267794f));
+  return hn::MulAdd(gy, hn::MulAdd(x, pdf, cdf), gx);
+}
+
+void GeluRows(const float* x, float* y, std::size_t n) {
+  const D d;
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(Gelu(hn::LoadU(d, x + i)), d, y + i);
+  if (i == n) return;
+  HWY_ALIGN float tail[lanes] = {};
+  std::copy(x + i, x + n, tail);
+  hn::Store(Gelu(hn::Load(d, tail)), d, tail);
+  std::copy(tail, tail + (n - i), y + i);
+}
+
+void GeluBackwardRows(const float* x, const float* gy, float* gx, std::size_t n) {
+  const D d;
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(GeluGradient(hn::LoadU(d, x + i), hn::LoadU(d, gy + i), hn::LoadU(d, gx + i)), d,
+               gx + i);
+  if (i == n) return;
+  HWY_ALIGN float tails[3][lanes] = {};
+  std::copy(x + i, x + n, tails[0]);
+  std::copy(gy + i, gy + n, tails[1]);
+  std::copy(gx + i, gx + n, tails[2]);
+  hn::Store(GeluGradient(hn::Load(d, tails[0]), hn::Load(d, tails[1]), hn::Load(d, tails[2])), d,
+            tails[2]);
+  std::copy(tails[2], tails[2] + (n - i), gx + i);
+}
+
+float RowMax(const float* x, std::size_t n) {
+  const D d;
+  V m = hn::Set(d, -HUGE_VALF);
+  std::size_t j = 0;
+  for (; j + lanes <= n; j += lanes) m = hn::Max(m, hn::LoadU(d, x + j));
+  float result = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; j < n; ++j) result = std::max(result, x[j]);
+  return result;
+}
+
+/// The sum of 16 partial sums in one fixed tree (halves, then quarters, ...), whatever the
+/// vector width: the order an AVX-512 register's reduction takes.
+inline float sum_of_16(const float* s) {
+  float q[8], r[4];
+  for (int i = 0; i < 8; ++i) q[i] = s[i + 8] + s[i];
+  for (int i = 0; i < 4; ++i) r[i] = q[i + 4] + q[i];
+  return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+float ExpRow(float* x, std::size_t n, float shift) {
+  // Blocks of 16 values, `parts` vectors each, summed lane by lane into 16 partial sums.
+  constexpr int parts = 16 / lanes;
+  const D d;
+  const V s = hn::Set(d, shift);
+  V sum[parts];
+  for (int k = 0; k < parts; ++k) sum[k] = hn::Zero(d);
+  std::size_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < parts; ++k) {
+      const V p = Exp(hn::Sub(hn::LoadU(d, x + j + k * lanes), s));
+      hn::StoreU(p, d, x + j + k * lanes);
+      sum[k] = hn::Add(sum[k], p);
+    }
+  if (j < n) {
+    const std::size_t left = n - j;
+    HWY_ALIGN float tail[16] = {};
+    std::copy(x + j, x + n, tail);
+    for (int k = 0; k < parts; ++k) {
+      const V p = Exp(hn::Sub(hn::Load(d, tail + k * lanes), s));
+      hn::Store(p, d, tail + k * lanes);
+      const std::size_t first = std::size_t(k) * lanes;
+      sum[k] = hn::Add(sum[k], hn::IfThenElseZero(hn::FirstN(d, left > first ? left - first : 0), p));
+    }
+    std::copy(tail, tail + left, x + j);
+  }
+  HWY_ALIGN float partial[16];
+  for (int k = 0; k < parts; ++k) hn::Store(sum[k], d, partial + k * lanes);
+  return sum_of_16(partial);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace shardtensor::kernels::host
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <atomic>
+#include <cstdlib>
+
+namespace shardtensor::kernels::host {
+
+HWY_EXPORT(TileShape);
+HWY_EXPORT(CorrelateTile);
+HWY_EXPORT(WeightGradientTile);
+HWY_EXPORT(GeluRows);
+HWY_EXPORT(GeluBackwardRows);
+HWY_EXPORT(RowMax);
+HWY_EXPORT(ExpRow);
+
+namespace {
+
+/// This project's name for a Highway target with FMA vectors, or null for the others.
+const char* isa_name(int64_t target) {
+  switch (target) {
+    case HWY_AVX3: return "avx512";
+    case HWY_AVX2: return "avx2";
+    case HWY_NEON: return "neon";
+    default: return nullptr;
+  }
+}
+
+/// The targets compiled here that this CPU runs, read before any selection narrows them.
+int64_t usable_targets() {
+  static const int64_t usable = [] {
+    int64_t targets = 0;
+    for (int64_t t : hwy::SupportedAndGeneratedTargets())
+      if (isa_name(t)) targets |= t;
+    return targets;
+  }();
+  return usable;
+}
+
+/// The target of `name` ("best": the best usable one, "off": 0); throws for the others.
+int64_t target_named(const std::string& name, const char* where) {
+  const int64_t usable = usable_targets();
+  if (name == "best") return usable & -usable;  // the lowest bit is the best
+  if (name == "off") return 0;
+  std::string choices = "best, off";
+  for (int64_t t = usable; t != 0; t &= t - 1) {
+    if (name == isa_name(t & -t)) return t & -t;
+    choices += std::string(", ") + isa_name(t & -t);
+  }
+  SHARDTENSOR_FAIL(where, "instruction set '" << name
+                                              << "' is not one this build and CPU run (choose "
+                                              << choices << ")");
+}
+
+/// Points Highway's dispatch at `target` (its own best choice for the best one).
+int64_t dispatch_to(int64_t target) {
+  const int64_t usable = usable_targets();
+  hwy::SetSupportedTargetsForTest(target == (usable & -usable) ? 0 : target);
+  return target;
+}
+
+/// The selected target, 0 for "off": SHARDTENSOR_SIMD's on first use, else the best.
+std::atomic<int64_t>& selected() {
+  static std::atomic<int64_t> target = [] {
+    const char* env = std::getenv("SHARDTENSOR_SIMD");
+    return dispatch_to(target_named(env && *env ? env : "best", "SHARDTENSOR_SIMD"));
+  }();
+  return target;
+}
+
+}  // namespace
+
+ConvTileShape conv_tile_shape() {
+  return HWY_DYNAMIC_DISPATCH(TileShape)();
+}
+void correlate_tile(const float* const* planes, int x_taps, const std::ptrdiff_t* tap_offsets,
+                    int taps, const float* weights, const OutputVector* vectors, float* out,
+                    std::ptrdiff_t out_channel_stride, int rows, const float* bias,
+                    bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(CorrelateTile)
+  (planes, x_taps, tap_offsets, taps, weights, vectors, out, out_channel_stride, rows, bias,
+   accumulate);
+}
+void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
+                          std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
+                          float* gradient, std::ptrdiff_t gradient_stride) {
+  HWY_DYNAMIC_DISPATCH(WeightGradientTile)
+  (source, tap_offsets, row_stride, rows, columns, dy_t, gradient, gradient_stride);
+}
+void gelu_rows(const float* x, float* y, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);
+}
+void gelu_backward_rows(const float* x, const float* gy, float* gx, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluBackwardRows)(x, gy, gx, n);
+}
+float row_max(const float* x, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(RowMax)(x, n);
+}
+float exp_row(float* x, std::size_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpRow)(x, n, shift);
+}
+
+}  // namespace shardtensor::kernels::host
+
+namespace shardtensor::kernels {
+
+std::string vector_isa() {
+  const int64_t t = host::selected().load();
+  return t ? host::isa_name(t) : "off";
+}
+
+bool vector_kernels_on() {
+  return host::selected().load() != 0;
+}
+
+int vector_lanes() {
+  return vector_kernels_on() ? host::conv_tile_shape().lanes : 0;
+}
+
+std::vector<std::string> vector_isas() {
+  std::vector<std::string> names;
+  for (int64_t t = host::usable_targets(); t != 0; t &= t - 1)
+    names.push_back(host::isa_name(t & -t));
+  return names;
+}
+
+void select_vector_isa(const std::string& isa) {
+  host::selected();  // the environment's choice first, so that this one overrides it
+  host::selected().store(host::dispatch_to(host::target_named(isa, "select_vector_isa")));
+}
+
+}  // namespace shardtensor::kernels
+#endif  // HWY_ONCE
+
+
+#else  // no Highway in this build: the callers' portable kernels always run
+
+namespace shardtensor::kernels {
+
+std::string vector_isa() {
+  return "off";
+}
+bool vector_kernels_on() {
+  return false;
+}
+int vector_lanes() {
+  return 0;
+}
+std::vector<std::string> vector_isas() {
+  return {};
+}
+void select_vector_isa(const std::string& isa) {
+  SHARDTENSOR_REQUIRE(isa == "off" || isa == "best", "select_vector_isa",
+                      "instruction set '" << isa
+                                          << "': this build has no host vector kernels (choose "
+                                             "best or off)");
+}
+
+namespace host {
+
+ConvTileShape conv_tile_shape() {
+  return {1, 1, 1, 1, 1};
+}
+void correlate_tile(const float* const*, int, const std::ptrdiff_t*, int, const float*,
+                    const OutputVector*, float*, std::ptrdiff_t, int, const float*, bool) {
+  SHARDTENSOR_FAIL("correlate_tile", "this build has no host vector kernels");
+}
+void weight_gradient_tile(const float*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
+                          const float*, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("weight_gradient_tile", "this build has no host vector kernels");
+}
+void gelu_rows(const float*, float*, std::size_t) {
+  SHARDTENSOR_FAIL("gelu_rows", "this build has no host vector kernels");
+}
+void gelu_backward_rows(const float*, const float*, float*, std::size_t) {
+  SHARDTENSOR_FAIL("gelu_backward_rows", "this build has no host vector kernels");
+}
+float row_max(const float*, std::size_t) {
+  SHARDTENSOR_FAIL("row_max", "this build has no host vector kernels");
+}
+float exp_row(float*, std::size_t, float) {
+  SHARDTENSOR_FAIL("exp_row", "this build has no host vector kernels");
+}
+
+}  // namespace host
+}  // namespace shardtensor::kernels
+#endif

@@ -1,0 +1,75 @@
+#pragma once
+// The host backend's vector kernels: one source (vector_kernels.cpp, on Google Highway),
+// compiled for every instruction set this build targets (x86-64: AVX2 with FMA, AVX-512;
+// aarch64: NEON) and dispatched at run time to the best one the CPU runs, so a binary built
+// on one machine runs its best path on another. No raw intrinsics anywhere else.
+//
+// Every kernel sums in the same order on every instruction set (each lane's chain of
+// multiply-adds is the same; the row sums add 16 partial sums in one fixed tree), so the
+// paths give the same bits and the tests compare them bit for bit. Pointers and counts only:
+// no Kokkos, no MPI, so the aarch64 cross-test builds this file alone.
+//
+// Which path runs: shardtensor/kernels/vector_isa.hpp. Callers check vector_kernels_on()
+// (and that Kokkos kernels run on the host) before calling these; where it is off they run
+// their portable kernels.
+
+#include <cstddef>
+
+#include "shardtensor/kernels/vector_isa.hpp"
+
+namespace shardtensor::kernels::host {
+
+// ---- convolution tiles (conv_vector.cpp drives them) ---------------------------------------
+
+/// The register tiles of the current path (they depend on its vector width and register count).
+struct ConvTileShape {
+  int lanes;             // output cells per vector
+  int tile_rows;         // output channels per correlate tile (weights broadcast)
+  int tile_vectors;      // vectors per correlate tile (source loads)
+  int gradient_taps;     // taps per weight-gradient tile
+  int gradient_vectors;  // output-channel vectors per weight-gradient tile
+};
+ConvTileShape conv_tile_shape();
+/// Bounds over every path, for workspace sizes that do not depend on the path.
+constexpr int max_tile_rows = 8;
+constexpr int tap_padding = 12;       // every path's gradient_taps divides it
+constexpr int gradient_channels = 32; // the transposed output gradient's channels per cell
+
+/// One output vector of `lanes` cells: `source` is the offset (from the source plane's
+/// origin) that tap 0 of lane 0 reads. Lanes in `mask` are output cells at `output` + lane;
+/// a vector that runs on past the end of an output row has its lanes of the next row in
+/// `next_mask`, at `next_output` + lane. Other lanes are neither read nor written.
+struct OutputVector {
+  std::ptrdiff_t source, output, next_output;
+  unsigned mask, next_mask;
+};
+
+/// out[r][vector v] = sum over x taps a and taps t of weights[a][t][r] * plane[a][v + tap[t]]
+/// (+ bias[r] when bias is given; added to out when `accumulate`) for the tile's `rows`
+/// (<= tile_rows) output rows, a channel stride apart in `out`. planes[a] is null for source
+/// planes outside the source (they read as zero). `vectors`: tile_vectors of them.
+void correlate_tile(const float* const* planes, int x_taps, const std::ptrdiff_t* tap_offsets,
+                    int taps, const float* weights, const OutputVector* vectors, float* out,
+                    std::ptrdiff_t out_channel_stride, int rows, const float* bias,
+                    bool accumulate);
+
+/// gradient[t][o] += sum over cells of source[tap[t] + cell] * dy_t[cell][o] for
+/// gradient_taps taps and gradient_vectors x lanes output channels (dy_t: the output gradient
+/// transposed, gradient_channels values per cell; gradient: a row every `gradient_stride`
+/// values). Cells: `rows` rows of `columns` cells, a row `row_stride` apart in the source.
+void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
+                          std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
+                          float* gradient, std::ptrdiff_t gradient_stride);
+
+// ---- rows of float ------------------------------------------------------------------------
+
+/// y[i] = x[i] Phi(x[i]) (GELU) for i < n.
+void gelu_rows(const float* x, float* y, std::size_t n);
+/// gx[i] += gy[i] (Phi(x[i]) + x[i] phi(x[i])) for i < n.
+void gelu_backward_rows(const float* x, const float* gy, float* gx, std::size_t n);
+/// max of x[0..n) (n > 0).
+float row_max(const float* x, std::size_t n);
+/// x[j] = exp(x[j] - shift) for j < n; returns their sum.
+float exp_row(float* x, std::size_t n, float shift);
+
+}  // namespace shardtensor::kernels::host

@@ -1,0 +1,28 @@
+#pragma once
+// Which vector instruction set the host backend's vector kernels run on (the float
+// convolution tiles, GELU and the softmax rows of attention: kernels/backends/host/). They are
+// compiled for every instruction set the build targets (x86-64: AVX2 with FMA, AVX-512;
+// aarch64: NEON) and run on the best one the CPU has, chosen at run time; every path gives the
+// same bits. SHARDTENSOR_SIMD=off|best|avx2|avx512|neon in the environment (read on first use)
+// or select_vector_isa() picks another, for tests and measurements; "off" runs the portable
+// Kokkos kernels, as CPUs without FMA vectors, CUDA builds and Kokkos on a device do.
+
+#include <string>
+#include <vector>
+
+namespace shardtensor::kernels {
+
+/// The instruction set the vector kernels run on now ("avx512", "avx2", "neon"), or "off".
+std::string vector_isa();
+/// Whether a path is on (vector_isa() != "off"); one atomic load.
+bool vector_kernels_on();
+/// Floats per vector on that path (at most 16), 0 when off.
+int vector_lanes();
+/// The paths this build has and this CPU runs, best first (without "off").
+std::vector<std::string> vector_isas();
+/// Runs the vector kernels on `isa` from now on: one of vector_isas(), "best" or "off".
+/// Throws shardtensor::Error naming the value and the choices for anything else. Not while
+/// kernels run on other threads.
+void select_vector_isa(const std::string& isa);
+
+}  // namespace shardtensor::kernels

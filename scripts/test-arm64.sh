@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The host vector kernels on Arm: cross-compiles kernels/backends/host/vector_kernels.cpp (the
+# one source of the AVX2, AVX-512 and NEON paths) with its test (tests/test_vector_kernels.cpp,
+# no MPI, no Kokkos) for aarch64 and runs the test under qemu, so that the NEON path cannot
+# break unseen on x86 machines. Installs what it needs from Debian (the arm64 architecture
+# for libhwy-dev:arm64, crossbuild-essential-arm64, qemu-user-static); idempotent.
+#
+#   bash scripts/test-arm64.sh            (build dir: build-arm64, or $ARM64_BUILD_DIR)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${ARM64_BUILD_DIR:-$root/build-arm64}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+missing=()
+for p in crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 catch2; do
+  installed "$p" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test-arm64: installing ${missing[*]}"
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $sudo dpkg --add-architecture arm64
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+mkdir -p "$build"
+echo "test-arm64: building the vector kernels and their test for aarch64"
+aarch64-linux-gnu-g++ -std=c++17 -O2 -Wall -Wextra -Werror \
+  -DSHARDTENSOR_HOST_VECTOR_KERNELS \
+  -I "$root/kernels/backends" -I "$root/kernels/include" -I "$root/core/include" \
+  "$root/kernels/backends/host/vector_kernels.cpp" "$root/tests/test_vector_kernels.cpp" \
+  -lhwy -o "$build/test_vector_kernels"
+
+# The arm64 loader and libraries are installed through multiarch (libhwy1:arm64 and its
+# dependencies); the cross toolchain's libstdc++ lies under /usr/aarch64-linux-gnu. The test
+# prints the paths it ran: NEON must be among them.
+echo "test-arm64: running it under qemu-aarch64"
+QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu \
+  qemu-aarch64-static "$build/test_vector_kernels" | tee "$build/test_vector_kernels.log"
+grep -q "paths on this CPU: neon" "$build/test_vector_kernels.log" ||
+  { echo "test-arm64: FAILED: the NEON path did not run"; exit 1; }
+echo "test-arm64: the NEON path passed"

@@ -1,0 +1,242 @@
+// The host vector kernels (kernels/backends/host/vector_kernels.hpp) on every instruction set
+// this build and CPU run, against scalar references that sum in the same order (so the
+// convolution tiles must match bit for bit) and against each other (every path the same bits).
+// No MPI, no Kokkos: the aarch64 cross-test (scripts/test-arm64.sh) builds this file with
+// vector_kernels.cpp alone and runs it under qemu, on NEON.
+
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "host/vector_kernels.hpp"
+#include "shardtensor/core/error.hpp"
+
+namespace host = shardtensor::kernels::host;
+using shardtensor::kernels::select_vector_isa;
+using shardtensor::kernels::vector_isa;
+using shardtensor::kernels::vector_isas;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float low = -1,
+                                 float high = 1) {
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> v(n);
+  for (float& x : v) x = uniform(engine);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Runs `run` on every path; each result must be the first path's, bit for bit (an empty
+/// result: the case itself depends on the path's tile shape, nothing to compare).
+template <class Run>
+void on_every_path(const Run& run) {
+  const std::vector<std::string> paths = vector_isas();
+  if (paths.empty()) {
+    WARN("no vector path on this CPU and build: nothing to test");
+    return;
+  }
+  std::vector<float> first;
+  for (const std::string& path : paths) {
+    INFO("path " << path);
+    select_vector_isa(path);
+    REQUIRE(vector_isa() == path);
+    const std::vector<float> result = run();
+    if (first.empty())
+      first = result;
+    else if (!result.empty())
+      CHECK(same_bits(result, first));
+  }
+  select_vector_isa("best");
+}
+
+double gelu_exact(double x) {
+  return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+}
+double gelu_derivative_exact(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+
+}  // namespace
+
+TEST_CASE("the paths on offer and their selection") {
+  const std::vector<std::string> paths = vector_isas();
+  std::string names;
+  for (const std::string& path : paths) names += (names.empty() ? "" : ", ") + path;
+  std::printf("test_vector_kernels: paths on this CPU: %s\n", names.empty() ? "none" : names.c_str());
+  for (const std::string& path : paths) {
+    select_vector_isa(path);
+    CHECK(vector_isa() == path);
+    CHECK(shardtensor::kernels::vector_kernels_on());
+    CHECK(shardtensor::kernels::vector_lanes() == host::conv_tile_shape().lanes);
+  }
+  select_vector_isa("off");
+  CHECK(vector_isa() == "off");
+  CHECK_FALSE(shardtensor::kernels::vector_kernels_on());
+  CHECK(shardtensor::kernels::vector_lanes() == 0);
+  select_vector_isa("best");
+  CHECK(vector_isa() == (paths.empty() ? "off" : paths.front()));
+  CHECK_THROWS_WITH(select_vector_isa("avx1024"),
+                    Catch::Contains("instruction set 'avx1024'") && Catch::Contains("best, off"));
+}
+
+TEST_CASE("GELU and its derivative on every path: within 2e-6 of the exact values, same bits") {
+  // Every tail length, the far tails included.
+  for (std::size_t n : {1, 7, 16, 37, 1000}) {
+    INFO("n = " << n);
+    const std::vector<float> x = random_floats(n, 11 + n, -10, 10);
+    const std::vector<float> gy = random_floats(n, 12 + n);
+    const std::vector<float> gx0 = random_floats(n, 13 + n);
+    on_every_path([&] {
+      std::vector<float> y(n), gx = gx0;
+      host::gelu_rows(x.data(), y.data(), n);
+      host::gelu_backward_rows(x.data(), gy.data(), gx.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double exact = gelu_exact(x[i]);
+        CHECK(std::abs(y[i] - exact) <= 2e-6 * std::abs(exact) + 1e-37);
+        const double exact_gradient = gx0[i] + gy[i] * gelu_derivative_exact(x[i]);
+        CHECK(std::abs(gx[i] - exact_gradient) <=
+              2e-6 * (std::abs(gx0[i]) + std::abs(gy[i] * gelu_derivative_exact(x[i]))) + 1e-30);
+      }
+      y.insert(y.end(), gx.begin(), gx.end());
+      return y;
+    });
+  }
+}
+
+TEST_CASE("softmax rows on every path: max exact, exp within 2 ulp, sum in one fixed order") {
+  for (std::size_t n : {1, 5, 16, 33, 200}) {
+    INFO("n = " << n);
+    const std::vector<float> x = random_floats(n, 21 + n, -30, 5);
+    on_every_path([&] {
+      float expected_max = x[0];
+      for (float v : x) expected_max = std::max(expected_max, v);
+      CHECK(host::row_max(x.data(), n) == expected_max);
+      std::vector<float> p = x;
+      const float sum = host::exp_row(p.data(), n, expected_max);
+      double exact_sum = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const double exact = std::exp(double(x[j] - expected_max));  // the float difference
+        CHECK(std::abs(p[j] - exact) <= 2.4e-7 * exact);
+        exact_sum += exact;
+      }
+      CHECK(std::abs(sum - exact_sum) <= 1e-6 * exact_sum);
+      p.push_back(sum);
+      return p;
+    });
+  }
+}
+
+TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bit") {
+  // Planes of 3 x-taps, 2 channels of 9 x 40 cells (row stride 40); 3 x 3 (y, z) taps per
+  // channel; output rows of 39 cells (a source stride of 40, an output stride of 50), so
+  // vectors are whole, run on from one row into the next past a skipped lane, or are padding.
+  constexpr int x_taps = 3, channels = 2, plane_rows = 9, stride = 40, row = 39, out_row = 50;
+  const std::ptrdiff_t channel_stride = plane_rows * stride;
+  const std::vector<float> source = random_floats(x_taps * channels * channel_stride, 31);
+  std::vector<std::ptrdiff_t> offsets;
+  for (int j = 0; j < channels; ++j)
+    for (int b = 0; b < 3; ++b)
+      for (int c = 0; c < 3; ++c) offsets.push_back(j * channel_stride + b * stride + c);
+  const int taps = static_cast<int>(offsets.size());
+  for (bool accumulate : {false, true})
+    for (int case_index = 0; case_index < 3; ++case_index) {
+      INFO("accumulate " << accumulate << ", case " << case_index);
+      on_every_path([&] {
+        const host::ConvTileShape shape = host::conv_tile_shape();
+        const int R = shape.tile_rows, lanes = shape.lanes;
+        const int rows = case_index == 2 ? R - 1 : R;  // a tile short of its rows
+        const std::vector<float> weights = random_floats(x_taps * taps * R, 32);
+        const std::vector<float> bias = random_floats(R, 33);
+        const float* planes[x_taps] = {source.data(), nullptr, source.data() + 2 * channels *
+                                                                                  channel_stride};
+        if (case_index == 1) planes[1] = source.data() + channels * channel_stride;
+        // Vectors: whole ones within row 0, then one that runs from row 0 into row 1, and
+        // padding (no lanes), as output_vectors makes them.
+        std::vector<host::OutputVector> vectors;
+        const unsigned all = lanes >= 32 ? ~0u : (1u << lanes) - 1u;
+        for (int v = 0; v < shape.tile_vectors; ++v) {
+          const int z = v * lanes;
+          if (case_index == 0 || v == 0) {
+            vectors.push_back({z, z, 0, all, 0});
+          } else if (v == 1) {  // the end of row 0 and the start of row 1
+            const int z0 = row - lanes / 2;
+            unsigned mask = 0, next = 0;
+            for (int i = 0; i < lanes; ++i) {
+              if (z0 + i < row) mask |= 1u << i;
+              if (z0 + i - stride >= 0 && z0 + i - stride < row) next |= 1u << i;
+            }
+            vectors.push_back({z0, z0, out_row + z0 - stride, mask, next});
+          } else {
+            vectors.push_back({0, 0, 0, 0, 0});
+          }
+        }
+        const std::ptrdiff_t out_stride = 2 * out_row;
+        std::vector<float> out = random_floats(R * out_stride, 34), expected = out;
+        host::correlate_tile(planes, x_taps, offsets.data(), taps, weights.data(), vectors.data(),
+                             out.data(), out_stride, rows, bias.data(), accumulate);
+        for (int r = 0; r < rows; ++r)
+          for (const host::OutputVector& v : vectors)
+            for (int i = 0; i < lanes; ++i) {
+              const bool here = v.mask >> i & 1u, next = v.next_mask >> i & 1u;
+              if (!here && !next) continue;
+              float acc = 0;
+              for (int a = 0; a < x_taps; ++a) {
+                if (!planes[a]) continue;
+                for (int t = 0; t < taps; ++t)
+                  acc = std::fma(weights[(a * taps + t) * R + r],
+                                 planes[a][v.source + i + offsets[t]], acc);
+              }
+              float& cell =
+                  expected[r * out_stride + (here ? v.output : v.next_output) + i];
+              const float sum = acc + bias[r];
+              cell = accumulate ? sum + cell : sum;
+            }
+        CHECK(same_bits(out, expected));
+        // The tile (its rows and vectors) is the path's own: each path equals the same-order
+        // sums, so every path gives the same bits (test_conv compares whole layers).
+        return std::vector<float>();
+      });
+    }
+}
+
+TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit for bit") {
+  constexpr int rows = 3, columns = 13, stride = 20;
+  const std::vector<float> source = random_floats((rows + 3) * stride, 41);
+  on_every_path([&] {
+    const host::ConvTileShape shape = host::conv_tile_shape();
+    const int T = shape.gradient_taps, channels = shape.gradient_vectors * shape.lanes;
+    std::vector<std::ptrdiff_t> offsets;
+    for (int t = 0; t < T; ++t) offsets.push_back((t % 3) * stride + t / 3);
+    const std::vector<float> dy_t =
+        random_floats(rows * columns * host::gradient_channels, 42);
+    const std::ptrdiff_t gradient_stride = host::gradient_channels + 3;
+    std::vector<float> gradient = random_floats(T * gradient_stride, 43), expected = gradient;
+    host::weight_gradient_tile(source.data(), offsets.data(), stride, rows, columns, dy_t.data(),
+                               gradient.data(), gradient_stride);
+    for (int t = 0; t < T; ++t)
+      for (int o = 0; o < channels; ++o) {
+        float acc = 0;
+        for (int y = 0; y < rows; ++y)
+          for (int z = 0; z < columns; ++z)
+            acc = std::fma(source[y * stride + offsets[t] + z],
+                           dy_t[(y * columns + z) * host::gradient_channels + o], acc);
+        expected[t * gradient_stride + o] += acc;
+      }
+    CHECK(same_bits(gradient, expected));
+    // Every path's tile covers its own channel count: compare the first 8 channels of 12 taps
+    // at most across paths (what every path computes).
+    std::vector<float> common;
+    for (int t = 0; t < std::min(T, 6); ++t)
+      for (int o = 0; o < 8; ++o) common.push_back(gradient[t * gradient_stride + o]);
+    return common;
+  });
+}
