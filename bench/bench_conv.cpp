@@ -134,7 +134,6 @@ int main(int argc, char** argv) {
                                << channels << ", iters " << iters << ", algorithm " << algorithm
                                << ", vector kernels " << vector_kernels << ", memory tracking "
                                << memory_tracking << ", library " << library << ", tf32 " << tf32);
-      kernels::set_conv_tf32(tf32 == "on");
       const double memory_before = max_over_ranks(peak_resident_mib());
       if (memory_tracking == "on") enable_memory_tracking();
       const Decomposition d = Decomposition::automatic(std::vector<Index>(dims, size), comm.size());
@@ -146,6 +145,7 @@ int main(int argc, char** argv) {
       o.workspace_bytes = static_cast<std::size_t>(workspace_mib * 1024 * 1024);
       o.vector_kernels = vector_kernels == "on";
       o.library_kernels = library == "on";
+      o.tf32 = tf32 == "on";
       Conv<float> conv(comm, o, "bench");
       ShardTensor<float> x(d, comm.rank(), batch, channels);
       const auto xv = x.view();

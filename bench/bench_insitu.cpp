@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
       const Communicator comm(ordered);
       MPI_Comm_free(&ordered);
       const auto model = models::build_model<float>(config.model, comm, {3, 1, 1});
+      model->allow_tf32(config.training.tf32);  // as the session's
       model->eval();
       const auto model_input = in_default_memory(input.values);
       const auto model_output = in_default_memory(bare_out.values);

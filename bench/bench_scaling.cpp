@@ -152,6 +152,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     r.size_multiple = Index(1) << models::unet_options(config.model, shape).depth;
 
   auto model = models::build_model<T>(config.model, mesh.domain, shape);
+  model->allow_tf32(config.training.tf32);
   r.parameters = models::count_parameters(*model);
   auto optimizer = make_optimizer<T>(config.optimizer, model->named_parameters());
   ScheduleOptions schedule_options = config.schedule;
@@ -245,12 +246,12 @@ int main(int argc, char** argv) {
                           "bench_scaling",
                           "bad options (--config is required; --size N or AxBxC with 1-3 dims; "
                           "--iters >= 1; --overlap on|off; --tf32 on|off)");
-      const RunConfig config = RunConfig::load(s.config_path, {}, RunConfig::DataUse::arrays);
+      RunConfig config = RunConfig::load(s.config_path, {}, RunConfig::DataUse::arrays);
+      if (!tf32.empty()) config.training.tf32 = tf32 == "on";
       s.budget_mib = budget.empty() ? config.memory.budget_mib : std::stod(budget);
       s.overlap = overlap == "on";
 
       set_halo_overlap(s.overlap);
-      kernels::set_conv_tf32(tf32.empty() ? config.training.tf32 : tf32 == "on");
       enable_comm_timers();
       enable_memory_tracking();  // before anything is allocated: parameters count too
       if (s.budget_mib > 0) set_memory_budget(std::uint64_t(std::ceil(s.budget_mib * 1048576)));
@@ -339,7 +340,7 @@ int main(int argc, char** argv) {
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
             (long long)s.channels_out, (long long)r.parameters, overlap.c_str(),
-            kernels::conv_tf32() ? "true" : "false", s.warmup, s.iters, s.infer_iters,
+            config.training.tf32 ? "true" : "false", s.warmup, s.iters, s.infer_iters,
             json_number(r.fits ? train_s : NAN).c_str(),
             json_number(r.fits ? train_cpu_s : NAN).c_str(),
             json_number(r.fits ? infer_s : NAN).c_str(),

@@ -464,3 +464,19 @@ TEST_CASE("Conv rejects bad input naming layer, dim and values", "[conv][errors]
   CHECK_THROWS_WITH(Conv<float>(comm, bad_stride, "s"),
                     Contains("stride has 1 values for 2 spatial dims"));
 }
+
+TEST_CASE("TF32 is a layer's option: allow_tf32 sets it on that layer, not on the process",
+          "[conv]") {
+  const Communicator comm;
+  ConvOptions o;
+  o.in_channels = 2;
+  o.out_channels = 2;
+  o.kernel = {3, 3};
+  Conv<float> first(comm, o, "first"), second(comm, o, "second");
+  CHECK_FALSE(first.options().tf32);
+  first.allow_tf32(true);
+  CHECK(first.options().tf32);
+  CHECK_FALSE(second.options().tf32);
+  first.allow_tf32(false);
+  CHECK_FALSE(first.options().tf32);
+}

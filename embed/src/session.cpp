@@ -9,7 +9,6 @@
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/kernels/conv_library.hpp"  // set_conv_tf32
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/models/summary.hpp"
 #include "shardtensor/optim/lr_schedule.hpp"
@@ -142,6 +141,7 @@ class Engine {
           config.model, comm_,
           {decomposition_.ndims(), options.input_channels, options.output_channels, extents});
     }
+    model_->allow_tf32(config.training.tf32);
     optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
     ScheduleOptions schedule = config.schedule;
     if (schedule.total_steps == 0) {
@@ -423,7 +423,6 @@ class Session::Impl {
     const RunConfig& config = *loaded;
     comm_.require_same_text(config.text, where, "the resolved config");
     precision_ = config.training.precision;
-    kernels::set_conv_tf32(config.training.tf32);
     budget_ = std::make_unique<ScopedMemoryBudget>(config.memory.budget_mib);
     if (precision_ == "double")
       double_ = std::make_unique<Engine<double>>(comm_, grid, config, options);

@@ -156,7 +156,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   // path where it applies, else im2col + GEMM.
   const kernels::ConvLibraryPlan<T> library =
       algorithm == ConvAlgorithm::gemm && options_.library_kernels
-          ? kernels::ConvLibraryPlan<T>(shape, padded_extent, options_.library_workspace_bytes)
+          ? kernels::ConvLibraryPlan<T>(shape, padded_extent, options_.library_workspace_bytes,
+                                        options_.tf32)
           : kernels::ConvLibraryPlan<T>();
   const PlanePlan planes =
       algorithm == ConvAlgorithm::gemm && !library.applies()

@@ -25,7 +25,6 @@
 #include "shardtensor/io/file.hpp"
 #include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/io/xdmf.hpp"
-#include "shardtensor/kernels/conv_library.hpp"  // set_conv_tf32
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
 #include "shardtensor/train/batch_reader.hpp"
@@ -218,6 +217,7 @@ Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::Fi
         config.model, mesh.domain,
         {data.dims, data.input_channels, data.target_channels, data.extents});
   }
+  model->allow_tf32(config.training.tf32);
   return Setup<T>{std::move(mesh), std::move(data), std::move(domain), std::move(model)};
 }
 
@@ -752,7 +752,6 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
 }  // namespace
 
 TrainResult train(const Communicator& world, const RunConfig& config, const TrainOptions& options) {
-  kernels::set_conv_tf32(config.training.tf32);
   return config.training.precision == "double" ? train_as<double>(world, config, options)
                                                : train_as<float>(world, config, options);
 }
@@ -764,7 +763,6 @@ InferResult infer(const Communicator& world, const RunConfig& config, const Infe
   io::require_outputs_apart(
       world, "infer", {{"--output", options.output_path}, {"XDMF sidecar of --output", sidecar}},
       {{"--input", options.input_path}, {"--checkpoint", options.checkpoint}});
-  kernels::set_conv_tf32(config.training.tf32);
   return config.training.precision == "double" ? infer_as<double>(world, config, options)
                                                : infer_as<float>(world, config, options);
 }

@@ -13,11 +13,10 @@
 // are chosen once, on a direction's first run, by timing them on the run's own buffers
 // (cudnnFind...AlgorithmEx), keeping only deterministic ones: two runs of a step give the
 // same bits. Float keeps FMA math and algorithms that sum the products themselves (no FFT or
-// Winograd transforms) unless TF32 is allowed (set_conv_tf32).
+// Winograd transforms) unless the layer allows TF32 (ConvOptions::tf32).
 
 #include "shardtensor/kernels/conv_library.hpp"
 
-#include <atomic>
 #include <type_traits>
 
 #ifdef SHARDTENSOR_HAVE_CUDNN
@@ -38,17 +37,6 @@
 #endif
 
 namespace shardtensor::kernels {
-
-namespace {
-std::atomic<bool> tf32_allowed{false};
-}  // namespace
-
-void set_conv_tf32(bool allowed) {
-  tf32_allowed = allowed;
-}
-bool conv_tf32() {
-  return tf32_allowed;
-}
 
 #ifdef SHARDTENSOR_HAVE_CUDNN
 
@@ -287,7 +275,7 @@ std::vector<std::string> conv_library_report() {
 
 template <class T>
 ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
-                                    std::size_t workspace_bytes) {
+                                    std::size_t workspace_bytes, bool tf32) {
   // The box of the padded buffer that the windows read, and the tensors' extents: cuDNN takes
   // int extents and strides.
   Index window[3];
@@ -303,7 +291,6 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
   if (g.batch <= 0 || largest > INT_MAX ||
       g.batch * g.out_channels * g.out[0] * g.out[1] * g.out[2] > INT_MAX)
     return;
-  const bool tf32 = conv_tf32();
   const std::vector<long long> key{g.batch,
                                    g.in_channels,
                                    g.out_channels,
@@ -520,7 +507,7 @@ template <class T>
 struct ConvLibraryPlan<T>::Plan {};
 
 template <class T>
-ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape&, const Index[3], std::size_t) {}
+ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape&, const Index[3], std::size_t, bool) {}
 
 template <class T>
 bool ConvLibraryPlan<T>::forward(const ExecutionSpace&, const FieldView<T>&,

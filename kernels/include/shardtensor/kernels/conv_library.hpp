@@ -27,13 +27,6 @@ bool conv_library_available();
 /// library took none (the portable kernel ran) or "not run". Empty without a library.
 std::vector<std::string> conv_library_report();
 
-/// Whether float convolutions through the library may use TF32 tensor cores: products of
-/// 10-bit mantissas, about 1e-3 relative error, several times faster. One setting for the
-/// process, like PyTorch's torch.backends.cudnn.allow_tf32, but off by default (PyTorch's is
-/// on), so that float results on a GPU match the CPU's to 1e-5. Config: training.tf32.
-void set_conv_tf32(bool allowed);
-bool conv_tf32();
-
 template <class T>
 class ConvLibraryPlan {
  public:
@@ -43,8 +36,12 @@ class ConvLibraryPlan {
   /// has extents `padded`, or an empty one where the build has no library or the shape has
   /// no local output. Plans are cached per shape for the process: the algorithms are chosen
   /// on a direction's first run, by timing the library's deterministic algorithms whose
-  /// workspace fits `workspace_bytes`.
-  ConvLibraryPlan(const ConvShape& g, const Index padded[3], std::size_t workspace_bytes);
+  /// workspace fits `workspace_bytes`. `tf32`: float may use TF32 tensor cores (products of
+  /// 10-bit mantissas, about 1e-3 relative error, several times faster); off, float keeps
+  /// FMA math and matches the CPU to 1e-5. The layer's option (ConvOptions::tf32), so two
+  /// models in one process may differ.
+  ConvLibraryPlan(const ConvShape& g, const Index padded[3], std::size_t workspace_bytes,
+                  bool tf32 = false);
 
   bool applies() const { return plan_ != nullptr; }
 

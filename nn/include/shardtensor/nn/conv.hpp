@@ -35,8 +35,9 @@ struct ConvOptions {
   ConvAlgorithm algorithm = ConvAlgorithm::gemm;
   /// Bound on the GEMM path's scratch memory; chunks of output planes are sized to fit.
   std::size_t workspace_bytes = std::size_t(16) << 20;
-  /// GEMM path, float, host (Serial) and an AVX-512 CPU: register-blocked convolution kernels
-  /// instead of im2col + KokkosBlas::gemm for unit strides. false: always KokkosBlas::gemm.
+  /// GEMM path, float, a host backend and a vector path (AVX2, AVX-512, NEON:
+  /// kernels/vector_isa.hpp): register-blocked convolution kernels instead of im2col +
+  /// KokkosBlas::gemm for unit strides. false: always KokkosBlas::gemm.
   bool vector_kernels = true;
   /// GEMM path in a build with a convolution library (cuDNN in CUDA builds,
   /// kernels/conv_library.hpp): the library's convolutions where it has an algorithm for the
@@ -44,6 +45,10 @@ struct ConvOptions {
   bool library_kernels = true;
   /// Bound on the library's workspace (its algorithms are chosen among those that fit).
   std::size_t library_workspace_bytes = std::size_t(256) << 20;
+  /// Float through the library may use TF32 tensor cores (about 1e-3 relative error, several
+  /// times faster); off (the default, unlike PyTorch's cuDNN), a GPU's float results match the
+  /// CPU's to 1e-5. Module::allow_tf32 sets it for a whole model (config: training.tf32).
+  bool tf32 = false;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
@@ -61,6 +66,7 @@ class Conv : public Module<T> {
   Variable<T> forward(const Variable<T>& input) override;
   /// The input is copied into a padded buffer first: its ghost cells are never read.
   bool reads_owned_cells_only() const override { return true; }
+  void allow_tf32(bool on) override { options_.tf32 = on; }
 
   const ConvOptions& options() const { return options_; }
   const WindowGeometry& geometry() const { return geometry_; }

@@ -53,6 +53,14 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
+  /// Lets the float convolutions of this module and its children run on TF32 tensor cores
+  /// (on a GPU with a convolution library; nothing changes elsewhere): each layer's own
+  /// option (ConvOptions::tf32), set for a whole model from training.tf32. A model's setting,
+  /// not the process's: two models or sessions in one process may differ.
+  virtual void allow_tf32(bool on) {
+    for (auto& child : children_) child.second->allow_tf32(on);
+  }
+
   void zero_grad() {
     for (auto& named : named_parameters()) named.second.zero_grad();
   }
