@@ -25,6 +25,7 @@
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/data/heat_equation.hpp"
+#include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/train/checkpoint.hpp"
@@ -207,18 +208,21 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
       const Communicator world(MPI_COMM_WORLD);
+      // Commands with no step boundary to stop at: a signal removes their unfinished outputs.
+      if (heat->parsed() || infer_command->parsed()) io::remove_temporaries_on_signal();
       if (heat->parsed()) {
         // A new file, or --overwrite: never a data set the user has, nor its own sidecar.
-        SHARDTENSOR_REQUIRE(heat_overwrite || !std::filesystem::exists(heat_output), "generate",
-                            "'" << heat_output
-                                << "' exists: pass --overwrite to replace it, or choose another "
-                                   "--output (nothing was written)");
+        const std::string sidecar =
+            std::filesystem::path(heat_output).replace_extension(".xdmf").string();
+        for (const std::string& path : {heat_output, sidecar})
+          SHARDTENSOR_REQUIRE(heat_overwrite || !std::filesystem::exists(path), "generate",
+                              "'" << path << "' exists"
+                                  << (path == sidecar ? " (the XDMF sidecar of --output)" : "")
+                                  << ": pass --overwrite to replace it, or choose another "
+                                     "--output (nothing was written)");
         io::require_outputs_apart(
             world, "generate",
-            {{"--output", heat_output},
-             {"XDMF sidecar of --output",
-              std::filesystem::path(heat_output).replace_extension(".xdmf").string()}},
-            {});
+            {{"--output", heat_output}, {"XDMF sidecar of --output", sidecar}}, {});
         generate_heat_dataset(world, heat_options, heat_output, true);
       } else if (train_command->parsed()) {
         const RunConfig config = RunConfig::load(config_path, overrides);
@@ -227,7 +231,12 @@ int main(int argc, char** argv) {
         train_options.progress = !quiet;
         enable_memory_tracking();  // Kokkos allocation hooks: the report below, memory.budget_mib
         const TrainResult r = train(world, config, train_options);
-        if (rank == 0) {
+        if (rank == 0 && r.checkpoint.empty()) {  // a resumed run that had finished already
+          std::printf("train: nothing left to train: the run is at step %lld, its %lld epoch(s) "
+                      "done (training.epochs %lld); raise training.epochs (--set) to go on\n",
+                      (long long)r.steps, (long long)r.epochs,
+                      (long long)config.training.epochs);
+        } else if (rank == 0) {
           std::printf("train: %lld steps, %lld epochs in %.1f s; loss %.4e", (long long)r.steps,
                       (long long)r.epochs, r.seconds, r.loss);
           if (r.val_relative_l2 >= 0)
@@ -246,6 +255,7 @@ int main(int argc, char** argv) {
                 ? RunConfig::parse(read_checkpoint_state(world, infer_options.checkpoint).config,
                                    infer_options.checkpoint + " (stored config)", overrides, arrays)
                 : RunConfig::load(config_path, overrides, arrays);
+        infer_options.config_path = config_path;
         enable_memory_tracking();  // the report below, memory.budget_mib
         const InferResult r = infer(world, config, infer_options);
         if (rank == 0) {

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,8 @@ training: {epochs: 1, batch_size: 2, seed: 5}
 
 class Case:
     def __init__(self, name, argv, expect, setup=None, last_rank_argv=None, capi=False,
-                 signal_after_steps=None, min_ranks=1, may_change=()):
+                 signal_after_steps=None, min_ranks=1, may_change=(), succeeds=False,
+                 signal_when_file=None):
         self.name, self.argv, self.expect = name, argv, expect
         self.setup = setup  # callable(workspace dir) that breaks something
         self.last_rank_argv = last_rank_argv  # the last rank runs these arguments instead
@@ -49,6 +51,9 @@ class Case:
         self.signal_after_steps = signal_after_steps  # (signal, steps): signal the ranks then
         self.min_ranks = min_ranks
         self.may_change = may_change  # files the command may rewrite (named, with the reason)
+        self.succeeds = succeeds  # a notice, not an error: exit status 0 expected
+        # (signal, name part): signal the ranks once a file whose name holds the part appears
+        self.signal_when_file = signal_when_file
 
 
 # ---- helpers that break a workspace ----------------------------------------------------
@@ -209,6 +214,19 @@ def mkdir(name):
     return lambda d: os.makedirs(os.path.join(d, name), exist_ok=True)
 
 
+def fifo(name):
+    """A named pipe: opening it for reading waits for a writer that never comes."""
+    return lambda d: os.mkfifo(os.path.join(d, name))
+
+
+def symlink_loop(name):
+    """name -> name.loop -> name."""
+    def setup(d):
+        os.symlink(name + ".loop", os.path.join(d, name))
+        os.symlink(name, os.path.join(d, name + ".loop"))
+    return setup
+
+
 # ---- the catalogue ------------------------------------------------------------------------
 
 T = ["train", "--config"]
@@ -223,10 +241,29 @@ def cases():
     # Config files.
     add("config missing", T + ["nothing.yaml"], r"cannot open config file 'nothing\.yaml'")
     add("config is a directory", T + ["run"], r"config file 'run' is a directory")
+    add("config is a named pipe", TB, r"config file 'bad\.yaml' is a named pipe \(FIFO\), not a regular file",
+        setup=fifo("bad.yaml"))
+    add("config is a symlink loop", T + ["loop.yaml"],
+        r"cannot open config file 'loop\.yaml': Too many levels of symbolic links",
+        setup=symlink_loop("loop.yaml"))
     add("config empty", TB, r"config file 'bad\.yaml' is empty", setup=lambda d: write(
         os.path.join(d, "bad.yaml"), ""))
     add("config YAML syntax error", TB, r"bad\.yaml \(line 7\): YAML syntax error",
         setup=lambda d: write(os.path.join(d, "bad.yaml"), CONFIG + "model: {type: [unet\n"))
+    add("config nested aliases (billion laughs)", TB,
+        r"more than 100000 YAML nodes once its aliases are expanded \(nested aliases\?\)",
+        setup=lambda d: write(os.path.join(d, "bad.yaml"), CONFIG + "".join(
+            "l%d: &l%d [%s]\n" % (i, i, ", ".join(["*l%d" % (i - 1) if i else "lol"] * 10))
+            for i in range(9))))
+    add("config of two YAML documents", TB,
+        r"bad\.yaml: 2 YAML documents \(separated by '---'\); a config is one",
+        setup=lambda d: write(os.path.join(d, "bad.yaml"), CONFIG + "---\ntraining: {epochs: 5}\n"))
+    add("config a 10 MB file that is not YAML", TB,
+        r"top level must be a map of keys, got 'x{100}\.\.\. \(10485760 characters\)'",
+        setup=lambda d: write(os.path.join(d, "bad.yaml"), "x" * 10485760))
+    add("config negative validation_samples", TB,
+        r"data\.validation_samples \(line 2\): must be at least 0, got -5",
+        setup=config_with(("validation_samples: 2", "validation_samples: -5")))
     add("config not a map", TB, r"top level must be a map of keys",
         setup=lambda d: write(os.path.join(d, "bad.yaml"), "- just\n- a list\n"))
     add("config unknown key, did you mean", TB, r"epoch.*did you mean 'epochs'",
@@ -301,6 +338,17 @@ def cases():
         config_with(("path: data.h5", "path: bad.h5"))))
     add("data path is a directory", TB, r"'run' is a directory, not an HDF5 file",
         setup=config_with(("path: data.h5", "path: run")))
+    add("data file is a named pipe", TB, r"file 'bad\.h5' is a named pipe \(FIFO\), not a regular file",
+        setup=steps(fifo("bad.h5"), config_with(("path: data.h5", "path: bad.h5"))))
+    add("data file is a symlink loop", TB,
+        r"cannot open file 'loop\.h5': Too many levels of symbolic links",
+        setup=steps(symlink_loop("loop.h5"), config_with(("path: data.h5", "path: loop.h5"))))
+    add("infer checkpoint is a named pipe",
+        ["infer", "--checkpoint", "pipe.h5", "--input", "data.h5", "--output", "out.h5"],
+        r"file 'pipe\.h5' is a named pipe", setup=fifo("pipe.h5"))
+    add("infer input is a named pipe",
+        ["infer", "--checkpoint", "ck.h5", "--input", "pipe.h5", "--output", "out.h5"],
+        r"file 'pipe\.h5' is a named pipe", setup=fifo("pipe.h5"))
     add("data without the input dataset", TB, r"no dataset 'input' in 'bad\.h5'", setup=steps(
         data_file(target_array=random_field((8, 1, 12, 12))),
         config_with(("path: data.h5", "path: bad.h5"))))
@@ -400,6 +448,9 @@ def cases():
     add("infer output is the input through a link", I + ["--output", "link.h5"],
         r"link\.h5.*input", setup=symlink("data.h5", "link.h5"))
     add("infer output is the checkpoint", I + ["--output", "ck.h5"], r"ck\.h5.*checkpoint")
+    add("infer output is the config", ["infer", "--config", "run.yaml", "--checkpoint", "ck.h5",
+                                       "--input", "data.h5", "--output", "run.yaml"],
+        r"infer: --output 'run\.yaml' is the --config \('run\.yaml'\), which this command reads")
     add("infer output named .xdmf", I + ["--output", "out.xdmf"], r"sidecar of --output 'out\.xdmf' is also the --output")
     add("infer output's sidecar is the input", ["infer", "--checkpoint", "ck.h5", "--input",
                                                 "data.xdmf", "--output", "data.h5"],
@@ -441,6 +492,36 @@ def cases():
                     config_with(("run_dir: run", "run_dir: full"),
                                 ("epochs: 1", "epochs: 3"))),
         may_change=["full/config.yaml"])  # a resume records the config it continues with
+    add("--resume with a hand-edited line in metrics.csv", TB + ["--resume", "latest"],
+        r"cannot resume with edited/metrics\.csv: line \d+ does not start with a step number: "
+        r"'my note,0\.5' \(a hand-edited line\? remove it\)",
+        setup=steps(lambda d: shutil.copytree(os.path.join(d, "run"), os.path.join(d, "edited")),
+                    lambda d: write(os.path.join(d, "edited", "metrics.csv"), "my note,0.5\n", "a"),
+                    config_with(("run_dir: run", "run_dir: edited"), ("epochs: 1", "epochs: 3"))),
+        may_change=["edited/config.yaml"])  # a resume records the config it continues with
+    add("--resume with data of other channel counts", TB + ["--resume", "latest"],
+        r"train --resume: bad\.h5 has 3 input channel\(s\), other/checkpoints/\S+ was trained "
+        r"with 2",
+        setup=steps(lambda d: shutil.copytree(os.path.join(d, "run"), os.path.join(d, "other")),
+                    data_file(input_array=random_field((8, 3, 12, 12)),
+                              target_array=random_field((8, 1, 12, 12))),
+                    config_with(("run_dir: run", "run_dir: other"), ("path: data.h5", "path: bad.h5"),
+                                ("epochs: 1", "epochs: 3"))),
+        may_change=["other/config.yaml"])
+    add("infer a 3-D input with a 2-D model",
+        ["infer", "--checkpoint", "ck.h5", "--input", "bad.h5", "--output", "out.h5"],
+        r"infer: bad\.h5 dataset 'input' holds 3-D fields, ck\.h5 was trained on 2-D fields",
+        setup=data_file(input_array=random_field((2, 2, 12, 12, 12))))
+    add("train into a run dir another train holds", T + ["run.yaml", "--resume", "latest"],
+        r"train: run_dir 'run' is in use by another train \(host \S+, PID 1, since "
+        r"2026-11-27T00:00:00Z; lock file run\.lock\): wait for it to end",
+        setup=lambda d: write(os.path.join(d, "run.lock"),
+                              socket.gethostname() + " 1 2026-11-27T00:00:00Z\n"))
+    add("--resume a run with nothing left to train",
+        T + ["run.yaml", "--resume", "latest", "--set", "training.epochs=2"],
+        r"train: nothing left to train: the run is at step \d+, its 2 epoch\(s\) done "
+        r"\(training\.epochs 2\); raise training\.epochs", succeeds=True,
+        may_change=["run/config.yaml", "run/metrics.csv"])  # rewritten as they were
     add("config.yaml in the run dir is a directory", TB, r"config\.yaml",
         setup=steps(mkdir("fresh/config.yaml"), config_with(("run_dir: run", "run_dir: fresh"))))
 
@@ -452,6 +533,10 @@ def cases():
     add("generate with a negative size", ["generate", "heat", "--size", "-4", "--output",
                                           "g.h5"], r"size -4 must be at least 4")
     add("generate 4-D", ["generate", "heat", "--dims", "4", "--output", "g.h5"], r"dims 4 must be 2 or 3")
+    add("generate beside someone else's sidecar", ["generate", "heat", "--size", "12", "--output",
+                                                  "notes.h5"],
+        r"'notes\.xdmf' exists \(the XDMF sidecar of --output\): pass --overwrite",
+        setup=lambda d: write(os.path.join(d, "notes.xdmf"), "<my notes/>\n"))
     add("generate over the input data", ["generate", "heat", "--size", "12", "--output",
                                          "data.h5"],
         r"'data\.h5' exists: pass --overwrite")
@@ -477,6 +562,9 @@ def cases():
         ("too-many-inputs", r"ninputs is 3, the session's model has 2 input channel"),
         ("bad-array-order", r"array_order is 7"),
         ("negative-ghost-width", r"ghost_width -1 is negative"),
+        ("huge-ghost-width", r"ghost_width 1099511627776 exceeds the field's largest extent 12"),
+        ("huge-channel-count", r"input_channels 4611686018427387904 .*at most"),
+        ("config-file-and-text", r"a config file \('model\.yaml'\) and config text: give one"),
         ("checkpoint-damaged", r"ck_bad\.h5.*checksum"),
         ("checkpoint-path-differs", r"differs between ranks"),
         ("save-into-missing-dir", r"cannot write 'no/such/dir/ck\.h5': directory 'no/such/dir': No such"),
@@ -489,6 +577,9 @@ def cases():
             min_ranks=2 if "differs" in name or "last-rank" in name or "overlap" in name else 1)
 
     # Signals: a message, a resumable checkpoint, exit 128 + signal.
+    add("SIGTERM during generate", ["generate", "heat", "--dims", "3", "--size", "48",
+                                    "--samples", "64", "--steps", "40", "--output", "big.h5"],
+        r"signal 15|Terminated", signal_when_file=("TERM", ".tmp-"))
     add("SIGTERM during training", TB + ["--set", "training.epochs=100000"],
         r"stopped by SIGTERM after step.*--resume latest", signal_after_steps=("TERM", 2),
         setup=config_with(("run_dir: run", "run_dir: sig")))
@@ -564,6 +655,17 @@ def wait_for_steps(run_dir, count, proc, limit_s=60):
     return False
 
 
+def wait_for_file(root, part, proc, limit_s=60):
+    """Until a file whose name holds `part` exists under root (True), or the process ended."""
+    end = time.time() + limit_s
+    while time.time() < end and proc.poll() is None:
+        for _, _, names in os.walk(root):
+            if any(part in n for n in names):
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def children(pid):
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -590,6 +692,11 @@ def run_case(case, args, ranks, base, scratch):
         if wait_for_steps(os.path.join(work, "sig"), count, proc):
             for child in children(proc.pid):
                 os.kill(child, getattr(signal, "SIG" + sig))
+    if case.signal_when_file:
+        sig, part = case.signal_when_file
+        if wait_for_file(work, part, proc):
+            for child in children(proc.pid):
+                os.kill(child, getattr(signal, "SIG" + sig))
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
         status = proc.returncode
@@ -602,8 +709,10 @@ def run_case(case, args, ranks, base, scratch):
     problems = []
     if status is None:
         problems.append(f"hung (killed after {TIMEOUT_S} s)")
-    elif status == 0:
+    elif status == 0 and not case.succeeds:
         problems.append("exit status 0")
+    elif status != 0 and case.succeeds:
+        problems.append(f"exit status {status}, expected 0 (a notice, not an error)")
     flat = " ".join(text.split())
     if not re.search(case.expect, flat):
         problems.append(f"no match for /{case.expect}/")
@@ -615,6 +724,11 @@ def run_case(case, args, ranks, base, scratch):
         elif len(set(messages.values())) != 1:
             problems.append("ranks returned different messages")
     after = snapshot(work)
+    # Every exit path (errors, signals) removes the temporaries of unfinished outputs and
+    # releases the run dir's lock.
+    for name in sorted(set(after) - set(before)):
+        if ".tmp-" in name or name.endswith(".lock"):
+            problems.append(f"'{name}' was left behind")
     for name, digest in before.items():
         if name in case.may_change and name in after:
             continue

@@ -94,6 +94,18 @@ static int run(const char* name) {
     o.array_order = 7;
     return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
   }
+  if (!strcmp(name, "huge-ghost-width")) {
+    o.ghost_width = (int64_t)1 << 40;
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
+  if (!strcmp(name, "huge-channel-count")) {
+    o.input_channels = (int64_t)1 << 62;
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
+  if (!strcmp(name, "config-file-and-text")) {
+    o.config_text = "model: {type: unet}\n";
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
   if (!strcmp(name, "negative-ghost-width")) {
     o.ghost_width = -1;
     return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));

@@ -296,7 +296,8 @@ TEST_CASE("training on P ranks gives the losses of one rank", "[train]") {
     // Data whose channels do not match the model.
     o.input_dataset = "target";  // 1 channel; the model reads 2
     const std::string c = test::error_message_of([&] { infer(world, sharded, o); });
-    CHECK_THAT(c, Catch::Contains("has 1 channels"));
+    CHECK_THAT(c, Catch::Contains("dataset 'target' has 1 input channel(s)") &&
+                      Catch::Contains("was trained with 2"));
     CHECK(test::ranks_with_error(c) == world.size());
   }
 

@@ -10,6 +10,7 @@
 
 #include "shardtensor/core/closest_name.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/input_file.hpp"
 
 namespace shardtensor {
 
@@ -17,9 +18,9 @@ ConfigNode::ConfigNode(YAML::Node node, std::string path, std::string source)
     : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {}
 
 std::string read_config_file(const std::string& path) {
-  // A directory opens as an empty stream on Linux: name it rather than report missing keys.
-  SHARDTENSOR_REQUIRE(!std::filesystem::is_directory(path), "config",
-                      "config file '" << path << "' is a directory");
+  // A directory opens as an empty stream on Linux, a named pipe waits for a writer forever:
+  // name them rather than report missing keys or hang.
+  require_input_file(path, "config file", "config");
   errno = 0;
   std::ifstream in(path);
   SHARDTENSOR_REQUIRE(in.good(), "config",
@@ -43,6 +44,28 @@ ConfigNode ConfigNode::load_file(const std::string& path) {
 }
 
 namespace {
+
+/// Nodes a config may hold once its aliases are expanded: far above any real config, far
+/// below what nested aliases (a "billion laughs") expand to.
+constexpr long max_config_nodes = 100000;
+
+/// Cuts a value that would flood a message (a whole file given as a config) to its start.
+std::string shorten(const std::string& text) {
+  constexpr std::size_t keep = 100;
+  if (text.size() <= keep + 20) return text;
+  return text.substr(0, keep) + "... (" + std::to_string(text.size()) + " characters)";
+}
+
+/// Counts the nodes of `node` with its aliases expanded, stopping past `budget`.
+long count_nodes(const YAML::Node& node, long budget) {
+  long count = 1;
+  if (node.IsMap() || node.IsSequence())
+    for (auto it = node.begin(); it != node.end() && count <= budget; ++it)
+      count += node.IsMap() ? count_nodes(it->first, budget - count) +
+                                  count_nodes(it->second, budget - count)
+                            : count_nodes(*it, budget - count);
+  return count;
+}
 
 /// YAML allows no key twice in a map, but yaml-cpp keeps both and answers with the first:
 /// a second `lr:` further down would be silently ignored.
@@ -69,11 +92,19 @@ void require_unique_keys(const YAML::Node& node, const std::string& source) {
 
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
   try {
-    YAML::Node root = YAML::Load(text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    SHARDTENSOR_REQUIRE(documents.size() <= 1, "config",
+                        source << ": " << documents.size()
+                               << " YAML documents (separated by '---'); a config is one");
+    YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
     if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    SHARDTENSOR_REQUIRE(count_nodes(root, max_config_nodes) <= max_config_nodes, "config",
+                        source << ": more than " << max_config_nodes
+                               << " YAML nodes once its aliases are expanded (nested aliases?)");
     require_unique_keys(root, source);
     SHARDTENSOR_REQUIRE(root.IsMap(), "config",
-                        source << ": the top level must be a map of keys, got '" << text << "'");
+                        source << ": the top level must be a map of keys, got '" << shorten(text)
+                               << "'");
     return ConfigNode(root, "", source);
   } catch (const YAML::ParserException& e) {
     SHARDTENSOR_FAIL("config",
@@ -157,10 +188,10 @@ void ConfigNode::fail(const std::string& message) const {
 
 std::string ConfigNode::text() const {
   if (!node_.IsDefined() || node_.IsNull()) return "";
-  if (node_.IsScalar()) return node_.Scalar();
+  if (node_.IsScalar()) return shorten(node_.Scalar());
   YAML::Emitter out;
   out << YAML::Flow << node_;
-  return out.c_str();
+  return shorten(out.c_str());
 }
 
 ConfigNode ConfigNode::required(const std::string& key) const {

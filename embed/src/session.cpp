@@ -1,6 +1,7 @@
 #include "shardtensor/embed/session.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -24,6 +25,17 @@ namespace shardtensor {
 namespace {
 
 constexpr const char* where = "Session";
+
+/// Arrays per input or output a session accepts: far above any model's channels, far below
+/// what would overflow the arrays' sizes.
+constexpr long long max_channels = 1 << 20;
+
+/// The largest global extent of the field (a ghost width beyond it describes no solver).
+Index largest_extent(const SolverPatch& patch) {
+  Index largest = 0;
+  for (const Index e : patch.global_extent) largest = std::max(largest, e);
+  return largest;
+}
 
 /// Strides (in values) of a solver array along each axis, and the offset of its first
 /// owned cell: C order has the last axis fastest, Fortran order the first.
@@ -389,10 +401,20 @@ class Session::Impl {
     if (options.input_channels < 1 || options.output_channels < 1)
       local = "input_channels " + std::to_string(options.input_channels) + " and output_channels " +
               std::to_string(options.output_channels) + " must be positive";
+    else if (options.input_channels > max_channels || options.output_channels > max_channels)
+      local = "input_channels " + std::to_string(options.input_channels) + " and output_channels " +
+              std::to_string(options.output_channels) + ": at most " +
+              std::to_string(max_channels) + " each";
     else if (options.arrays.ghost_width < 0)
       local = "ghost_width " + std::to_string(options.arrays.ghost_width) + " is negative";
+    else if (options.arrays.ghost_width > largest_extent(patch))
+      local = "ghost_width " + std::to_string(options.arrays.ghost_width) +
+              " exceeds the field's largest extent " + std::to_string(largest_extent(patch));
     else if (options.config.empty() && options.config_text.empty() && options.checkpoint.empty())
       local = "no model: give a config (file or text) or a checkpoint";
+    else if (!options.config.empty() && !options.config_text.empty())
+      local = "a config file ('" + options.config +
+              "') and config text: give one (the text would be ignored)";
     comm_.agree(local.empty() ? "" : std::string(where) + ": " + local);
 
     // What every rank must share, agreed before anything collective: options that differ, a

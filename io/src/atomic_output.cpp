@@ -6,13 +6,60 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "shardtensor/core/error.hpp"
 
 namespace shardtensor::io {
+
+namespace {
+
+// The temporaries a signal handler removes: fixed storage, so the handler reads no heap.
+constexpr int signal_slots = 16;
+constexpr std::size_t slot_bytes = 4096;
+char temporaries[signal_slots][slot_bytes];
+volatile std::sig_atomic_t slot_used[signal_slots];
+std::mutex slot_mutex;
+
+int hold_for_signals(const std::string& path) {
+  const std::lock_guard<std::mutex> lock(slot_mutex);
+  for (int i = 0; i < signal_slots; ++i)
+    if (!slot_used[i] && path.size() < slot_bytes) {
+      std::memcpy(temporaries[i], path.c_str(), path.size() + 1);
+      slot_used[i] = 1;
+      return i;
+    }
+  return -1;  // more than 16 at once: that one is left to the destructor
+}
+
+void release_for_signals(int& slot) {
+  if (slot >= 0) slot_used[slot] = 0;
+  slot = -1;
+}
+
+extern "C" void remove_temporaries_and_die(int signal) {
+  for (int i = 0; i < signal_slots; ++i)
+    if (slot_used[i]) ::unlink(temporaries[i]);  // async-signal-safe
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
+}  // namespace
+
+void remove_temporaries_on_signal() {
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction current {};
+    if (sigaction(signal, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) continue;
+    struct sigaction handler {};
+    handler.sa_handler = remove_temporaries_and_die;
+    sigemptyset(&handler.sa_mask);
+    sigaction(signal, &handler, nullptr);
+  }
+}
 
 AtomicOutput::AtomicOutput(const Communicator& comm, std::string final_path)
     : comm_(comm), final_path_(std::move(final_path)) {
@@ -34,12 +81,14 @@ AtomicOutput::AtomicOutput(const Communicator& comm, std::string final_path)
     const auto ticks = std::chrono::steady_clock::now().time_since_epoch().count();
     temporary_path_ = final_path_ + ".tmp-" + std::to_string(::getpid()) + "-" +
                       std::to_string(static_cast<unsigned long long>(ticks) % 1000000007ull);
+    signal_slot_ = hold_for_signals(temporary_path_);
   }
   comm_.broadcast(temporary_path_);
 }
 
 AtomicOutput::~AtomicOutput() {
   if (!committed_ && comm_.rank() == 0) std::remove(temporary_path_.c_str());
+  release_for_signals(signal_slot_);
 }
 
 void AtomicOutput::commit() {
@@ -54,6 +103,7 @@ void AtomicOutput::commit() {
     std::remove(temporary_path_.c_str());
   }
   committed_ = true;  // either renamed or removed: nothing left for the destructor
+  release_for_signals(signal_slot_);
   comm_.agree(error);
 }
 

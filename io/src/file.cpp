@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "hdf5_support.hpp"
+#include "shardtensor/core/input_file.hpp"
 #include "shardtensor/io/dataset.hpp"
 
 namespace shardtensor {
@@ -157,10 +158,12 @@ File File::open(const Communicator& comm, const std::string& path, Mode mode) {
   impl::agreed(comm, [&] {
     if (comm.rank() != 0) return;
     std::error_code ec;
-    SHARDTENSOR_REQUIRE(std::filesystem::exists(path, ec), "io::File::open",
+    SHARDTENSOR_REQUIRE(std::filesystem::exists(path, ec) || ec, "io::File::open",
                         "no file '" << path << "'");
     SHARDTENSOR_REQUIRE(!std::filesystem::is_directory(path, ec), "io::File::open",
                         "'" << path << "' is a directory, not an HDF5 file");
+    // Symlink loops, named pipes (whose open waits for a writer forever), unreadable files.
+    require_input_file(path, "file", "io::File::open");
     SHARDTENSOR_REQUIRE(std::filesystem::file_size(path, ec) > 0, "io::File::open",
                         "'" << path << "' is empty (0 bytes), not an HDF5 file");
     SHARDTENSOR_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "io::File::open",

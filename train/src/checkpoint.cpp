@@ -150,6 +150,8 @@ TrainingState read_state(const io::File& file) {
                     << "(damaged on disk or altered); use another checkpoint");
   state.input_statistics = read_statistics(file, "input");
   state.target_statistics = read_statistics(file, "target");
+  if (io::has_attribute(file, "/", "dims"))
+    state.dims = io::read_attribute<std::int64_t>(file, "/", "dims");
   return state;
 }
 
@@ -213,6 +215,7 @@ void save_checkpoint(const Communicator& comm, const std::string& path, const Mo
                         std::string(std::is_same<T, float>::value ? "float" : "double"));
     io::write_attribute(file, "/", "epoch", state.epoch);
     io::write_attribute(file, "/", "step", state.step);
+    if (state.dims > 0) io::write_attribute(file, "/", "dims", state.dims);
     io::write_attribute(file, "/", "rng",
                         std::vector<std::uint64_t>{state.seed, std::uint64_t(state.epoch),
                                                    std::uint64_t(state.step)});

@@ -27,6 +27,8 @@ DataConfig read_data(const ConfigNode& node, bool path_required) {
     d.periodic = node["periodic"].yaml().IsSequence()
                      ? node["periodic"].as<std::vector<bool>>()
                      : std::vector<bool>{node["periodic"].as<bool>()};
+  node["validation_samples"].check(d.validation_samples >= 0 || !node.has("validation_samples"),
+                                   "must be at least 0, got " + node["validation_samples"].text());
   node["validation_fraction"].check(
       d.validation_fraction >= 0 && d.validation_fraction < 1,
       "must lie in [0, 1), got " + std::to_string(d.validation_fraction));

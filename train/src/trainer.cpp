@@ -13,6 +13,7 @@
 #include <limits>
 #include <sstream>
 
+#include "run_dir_lock.hpp"
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/comm/redistribute.hpp"
@@ -74,6 +75,27 @@ FieldData inspect(const io::File& file, const std::string& input, const std::str
     io::validate_field_dataset(file, target, f.target_channels, f.extents);
   }
   return f;
+}
+
+/// Stops where the data's field is not the kind the checkpoint was trained on (its spatial dims,
+/// its input channels and, with `targets`, its target channels): the cause, before any
+/// parameter sizes are compared. Every rank reads the same values: every rank stops.
+void require_trained_on(const TrainingState& trained, const std::string& checkpoint,
+                        const FieldData& data, const std::string& data_path, bool targets,
+                        const char* where) {
+  SHARDTENSOR_REQUIRE(trained.dims == 0 || trained.dims == data.dims, where,
+                      data_path << " holds " << data.dims << "-D fields, " << checkpoint
+                                << " was trained on " << trained.dims << "-D fields (its model is "
+                                << trained.dims << "-D)");
+  SHARDTENSOR_REQUIRE(trained.input_statistics.channels() == data.input_channels, where,
+                      data_path << " has " << data.input_channels << " input channel(s), "
+                                << checkpoint << " was trained with "
+                                << trained.input_statistics.channels());
+  SHARDTENSOR_REQUIRE(!targets || trained.target_statistics.channels() == data.target_channels,
+                      where,
+                      data_path << " has " << data.target_channels << " target channel(s), "
+                                << checkpoint << " was trained with "
+                                << trained.target_statistics.channels());
 }
 
 /// Refuses, on every rank and before anything is allocated, data whose one batch alone (the
@@ -384,26 +406,11 @@ void prepare_run_dir(const Communicator& comm, const std::string& run_dir,
 /// epoch that validated. Resuming drops rows past the checkpoint's step.
 class MetricsFile {
  public:
+  /// Collective: rank 0 reads and rewrites the file; a row it cannot read (a hand-edited
+  /// line) stops every rank before the file is touched.
   MetricsFile(const Communicator& comm, const std::string& path, std::int64_t resumed_step)
       : enabled_(comm.rank() == 0) {
-    if (!enabled_) return;
-    std::vector<std::string> kept;
-    std::error_code ec;
-    if (resumed_step > 0 && fs::is_regular_file(path, ec)) {  // not a device that never ends
-      std::ifstream in(path);
-      std::string line;
-      std::getline(in, line);  // header
-      while (std::getline(in, line))
-        if (!line.empty() && std::stoll(line.substr(0, line.find(','))) <= resumed_step)
-          kept.push_back(line);
-    }
-    path_ = path;
-    errno = 0;
-    out_.open(path, std::ios::trunc);
-    out_ << "step,epoch,loss,val_loss,val_rel_l2,lr,grad_norm,samples_per_s\n";
-    for (const std::string& line : kept) out_ << line << "\n";
-    out_.flush();
-    note_failure();
+    comm.agree(enabled_ ? open(path, resumed_step) : std::string());
   }
 
   void row(std::int64_t step, std::int64_t epoch, double loss, double val_loss, double val_rel,
@@ -429,6 +436,43 @@ class MetricsFile {
   const std::string& error() const { return error_; }
 
  private:
+  /// Keeps the rows up to `resumed_step` and reopens the file for the next ones; returns why
+  /// a row cannot be read ("" otherwise; write failures wait in error()).
+  std::string open(const std::string& path, std::int64_t resumed_step) {
+    std::vector<std::string> kept;
+    std::error_code ec;
+    if (resumed_step > 0 && fs::is_regular_file(path, ec)) {  // not a device that never ends
+      std::ifstream in(path);
+      std::string line;
+      std::getline(in, line);  // header
+      for (int number = 2; std::getline(in, line); ++number) {
+        if (line.empty()) continue;
+        const std::string first = line.substr(0, line.find(','));
+        std::size_t used = 0;
+        long long step = 0;
+        try {
+          step = std::stoll(first, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != first.size())
+          return "train: cannot resume with " + path + ": line " + std::to_string(number) +
+                 " does not start with a step number: '" +
+                 (line.size() > 80 ? line.substr(0, 80) + "..." : line) +
+                 "' (a hand-edited line? remove it)";
+        if (step <= resumed_step) kept.push_back(line);
+      }
+    }
+    path_ = path;
+    errno = 0;
+    out_.open(path, std::ios::trunc);
+    out_ << "step,epoch,loss,val_loss,val_rel_l2,lr,grad_norm,samples_per_s\n";
+    for (const std::string& line : kept) out_ << line << "\n";
+    out_.flush();
+    note_failure();
+    return "";
+  }
+
   void note_failure() {
     if (out_.good() || !error_.empty()) return;
     error_ = "train: cannot write '" + path_ +
@@ -449,6 +493,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
   SHARDTENSOR_REQUIRE(!config.data.path.empty(), "train",
                       "data.path is empty: training reads its samples from an HDF5 file");
   io::File file = io::File::open(world, config.data.path);
+  const impl::RunDirLock lock(world, config.run_dir);  // one train per run dir at a time
   prepare_run_dir(world, config.run_dir, options);  // before the model or anything is written
   Setup<T> s = set_up<T>(world, config, file, config.data.input, config.data.target, true);
   const int groups = s.mesh.data.size();
@@ -503,10 +548,11 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
     resume = found.back();
   }
   if (!resume.empty()) {
+    // The data's shape against what the checkpoint was trained on, before its parameters
+    // are compared with the model's (whose sizes would only say that something differs).
+    require_trained_on(read_checkpoint_state(world, resume), resume, s.data, config.data.path,
+                       true, "train --resume");
     state = load_checkpoint(world, resume, *s.model, optimizer.get());
-    SHARDTENSOR_REQUIRE(state.input_statistics.channels() == s.data.input_channels &&
-                            state.target_statistics.channels() == s.data.target_channels,
-                        "train --resume", resume << " was trained on data with other channels");
   } else {
     state.seed = config.training.seed;
     state.input_statistics =
@@ -536,6 +582,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
                           "run_dir and resume there");
   }
   state.config = config.text;
+  state.dims = s.data.dims;
   write_text_file(world, (fs::path(config.run_dir) / "config.yaml").string(), config.text);
   MetricsFile metrics(world, (fs::path(config.run_dir) / "metrics.csv").string(), state.step);
   world.agree(metrics.error());
@@ -672,12 +719,8 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   if (!options.target_dataset.empty())
     io::dataset_info(file, target);  // throws, naming those there
   const TrainingState stored = read_checkpoint_state(world, options.checkpoint);
-  const Index in_channels = inspect(file, input, "", false).input_channels;
-  SHARDTENSOR_REQUIRE(stored.input_statistics.channels() == in_channels, "infer",
-                      options.input_path << " dataset '" << input << "' has " << in_channels
-                                         << " channels, " << options.checkpoint
-                                         << " was trained on "
-                                         << stored.input_statistics.channels());
+  require_trained_on(stored, options.checkpoint, inspect(file, input, "", false),
+                     options.input_path + " dataset '" + input + "'", false, "infer");
   Setup<T> s =
       set_up<T>(world, config, file, input, target, false, stored.target_statistics.channels());
   const TrainingState state = load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
@@ -762,7 +805,9 @@ InferResult infer(const Communicator& world, const RunConfig& config, const Infe
   const std::string sidecar = fs::path(options.output_path).replace_extension(".xdmf").string();
   io::require_outputs_apart(
       world, "infer", {{"--output", options.output_path}, {"XDMF sidecar of --output", sidecar}},
-      {{"--input", options.input_path}, {"--checkpoint", options.checkpoint}});
+      {{"--input", options.input_path},
+       {"--checkpoint", options.checkpoint},
+       {"--config", options.config_path}});
   return config.training.precision == "double" ? infer_as<double>(world, config, options)
                                                : infer_as<float>(world, config, options);
 }

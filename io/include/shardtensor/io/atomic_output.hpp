@@ -40,6 +40,12 @@ class AtomicOutput {
   std::string final_path_;
   std::string temporary_path_;
   bool committed_ = false;
+  int signal_slot_ = -1;  // rank 0: where remove_temporaries_on_signal finds the temporary
 };
+
+/// From now on SIGINT, SIGTERM and SIGHUP first remove the temporaries of the outputs not yet
+/// committed, then end the process as the signal would have: for commands with no step
+/// boundary to stop at (generate, infer). A signal that has a handler already keeps it.
+void remove_temporaries_on_signal();
 
 }  // namespace shardtensor::io

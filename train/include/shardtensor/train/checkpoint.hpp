@@ -31,6 +31,8 @@ struct TrainingState {
                            ///< (seed, epoch, step) is the whole RNG state)
   std::string config;      ///< resolved config text
   ChannelStatistics input_statistics, target_statistics;
+  std::int64_t dims = 0;  ///< spatial dims of the field trained on; 0: not recorded (before
+                          ///< 2026-11-27, or a session's)
 };
 
 /// Writes `path` atomically. Collective over `comm` (all ranks hold the same replicated

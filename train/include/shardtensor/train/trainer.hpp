@@ -58,6 +58,7 @@ struct InferOptions {
   std::string target_dataset;  ///< if present in the input file: errors reported;
                                ///< default: config data.target
   std::string output_dataset = "prediction";
+  std::string config_path;     ///< the config file read, if any: never an output
   bool progress = true;
 };
 
