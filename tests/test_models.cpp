@@ -164,6 +164,47 @@ TEMPLATE_TEST_CASE("a UNet gives the same numbers on every run (no race-dependen
   }
 }
 
+TEMPLATE_TEST_CASE("a UNet with recomputed blocks gives the same numbers bit for bit",
+                   "[models][unet][recompute]", float, double) {
+  // Outputs, input and parameter gradients, and BatchNorm's running statistics (updated by the
+  // first forward only), on the rank count's sharding and on every norm.
+  const Communicator world;
+  for (int dims : {2, 3})
+    for (NormKind norm : {NormKind::group, NormKind::batch, NormKind::none}) {
+      INFO(dims << "-D, norm " << to_string(norm));
+      UNetOptions o = small_unet(dims, 2);
+      o.norm = norm;
+      o.input_skip = dims == 2;  // the input then has two readers
+      const Decomposition field =
+          dims == 2 ? Decomposition::automatic({Index(16), Index(24)}, world.size())
+                    : Decomposition::automatic({Index(12), Index(8), Index(16)}, world.size());
+      UNetOptions recomputed = o;
+      recomputed.recompute = true;
+      const auto plain = test::run_module<TestType>(unet_factory<TestType>(o), world, field, 2, 2,
+                                                    test::weighted_sum<TestType>);
+      const auto again = test::run_module<TestType>(unet_factory<TestType>(recomputed), world,
+                                                    field, 2, 2, test::weighted_sum<TestType>);
+      CHECK(again.loss == plain.loss);
+      CHECK(test::host_values(again.output.value().view()) ==
+            test::host_values(plain.output.value().view()));
+      CHECK(test::host_values(again.input.grad().view()) ==
+            test::host_values(plain.input.grad().view()));
+      const auto p = again.module->named_parameters(), q = plain.module->named_parameters();
+      REQUIRE(p.size() == q.size());
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        INFO("parameter " << p[i].first);
+        CHECK(test::host_values(p[i].second.data_grad()) ==
+              test::host_values(q[i].second.data_grad()));
+      }
+      const auto b = again.module->named_buffers(), c = plain.module->named_buffers();
+      REQUIRE(b.size() == c.size());
+      for (std::size_t i = 0; i < b.size(); ++i) {
+        INFO("buffer " << b[i].first);
+        CHECK(test::host_values(b[i].second) == test::host_values(c[i].second));
+      }
+    }
+}
+
 TEMPLATE_TEST_CASE("a UNet under NoGradGuard gives the same output and records no graph",
                    "[models][unet][no_grad]", float, double) {
   const Communicator world;

@@ -439,7 +439,7 @@ class SequentialBuilder {
 
 const std::vector<std::string> unet_keys{
     "type", "depth", "base_channels", "norm",   "norm_groups", "activation",
-    "down", "up",    "padding",       "blocks", "seed",        "input_skip"};
+    "down", "up",    "padding",       "blocks", "seed",        "input_skip", "recompute"};
 const std::vector<std::string> sequential_keys{"type", "layers", "seed"};
 const std::vector<std::string> fno_keys{
     "type", "width", "modes", "layers", "activation", "projection_channels", "seed"};
@@ -546,6 +546,7 @@ UNetOptions unet_options(const YAML::Node& model, const ModelShape& shape, const
   o.blocks = int(map.integer("blocks", o.blocks, 1));
   o.seed = map.seed("seed", o.seed);
   o.input_skip = map.boolean("input_skip", o.input_skip);
+  o.recompute = map.boolean("recompute", o.recompute);
   if (o.depth > 16)
     fail(map.path("depth"), model["depth"],
          "depth " + std::to_string(o.depth) + " outside [0, 16]");

@@ -309,6 +309,10 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
                       "training needs more than one value per channel, got batch "
                           << x.batch() << " of " << global_cells << " cell(s)");
   const Statistics stats = batch_statistics(comm_, x, layout);
+  // A recomputed forward (nn/recompute.hpp) normalizes alike but updates nothing: the step's
+  // first forward did.
+  if (impl::recomputing_flag())
+    return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_);
   // Running estimates: PyTorch's update, with the unbiased variance.
   auto mean_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_mean_);
   auto var_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_var_);

@@ -203,18 +203,16 @@ std::shared_ptr<impl::Node<T>> make_result_node(
   return n;
 }
 
-/// Reverse-mode sweep from a replicated scalar `loss` (its gradient is set to 1): every node
-/// reachable through inputs that require gradients gets its gradient accumulated, in reverse
-/// topological order, the same order on every rank (so collectives in backward functions
-/// match). Leaves' gradients accumulate across calls until zero_grad(). As the sweep goes, a
-/// node that no caller holds loses its value once its readers have run and its gradient once
-/// it has been propagated.
+namespace impl {
+
+/// Reverse-mode sweep from `root`, whose gradient is set: every node reachable through inputs
+/// that require gradients gets its gradient accumulated, in reverse topological order, the
+/// same order on every rank (so collectives in backward functions match). Leaves' gradients
+/// accumulate across calls until zero_grad(). As the sweep goes, a node that no caller holds
+/// loses its value once its readers have run and its gradient once it has been propagated.
 template <class T>
-void backward(const Variable<T>& loss) {
+void sweep(const std::shared_ptr<Node<T>>& root) {
   using Node = impl::Node<T>;
-  SHARDTENSOR_REQUIRE(!loss.is_field() && loss.data().extent(0) == 1, "backward",
-                      "the loss must be a replicated scalar, got '" << loss.name() << "'");
-  if (!loss.requires_grad()) return;
   // Owning pointers: releasing a node's inputs below must not free nodes still to visit.
   std::vector<std::shared_ptr<Node>> order;
   std::unordered_set<Node*> seen;
@@ -224,8 +222,7 @@ void backward(const Variable<T>& loss) {
       if (input->requires_grad) visit(input);
     order.push_back(n);
   };
-  visit(loss.node());
-  Kokkos::deep_copy(loss.node()->grad_data(), T(1));
+  visit(root);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node& n = **it;
     n.complete_grad();
@@ -245,6 +242,29 @@ void backward(const Variable<T>& loss) {
     // graph was alive at once).
     if (it->use_count() == 1) it->reset();
   }
+}
+
+}  // namespace impl
+
+/// Back-propagates from a replicated scalar `loss` (its gradient set to 1): see impl::sweep.
+template <class T>
+void backward(const Variable<T>& loss) {
+  SHARDTENSOR_REQUIRE(!loss.is_field() && loss.data().extent(0) == 1, "backward",
+                      "the loss must be a replicated scalar, got '" << loss.name() << "'");
+  if (!loss.requires_grad()) return;
+  Kokkos::deep_copy(loss.node()->grad_data(), T(1));
+  impl::sweep(loss.node());
+}
+
+/// Back-propagates from a field `output` whose gradient is `gradient` (it becomes the output's
+/// gradient, shared, not copied): a graph inside another's backward (nn/recompute.hpp).
+template <class T>
+void backward(const Variable<T>& output, const ShardTensor<T>& gradient) {
+  SHARDTENSOR_REQUIRE(output.is_field(), "backward",
+                      "a gradient field needs a field output, got '" << output.name() << "'");
+  if (!output.requires_grad()) return;
+  output.node()->field_grad = gradient;
+  impl::sweep(output.node());
 }
 
 }  // namespace shardtensor
