@@ -13,7 +13,9 @@
 #include <limits>
 #include <sstream>
 
-#include "run_dir_lock.hpp"
+#include "metrics_file.hpp"
+#include "run_dir.hpp"
+#include "stop_on_signal.hpp"
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/comm/redistribute.hpp"
@@ -40,6 +42,11 @@ namespace shardtensor {
 namespace {
 
 namespace fs = std::filesystem;
+using impl::make_directories;
+using impl::MetricsFile;
+using impl::prepare_run_dir;
+using impl::StopOnSignal;
+using impl::write_text_file;
 
 /// Shapes of a file's input and target datasets, checked against each other.
 struct FieldData {
@@ -287,202 +294,6 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
   const double n = double(samples.size());
   return {sum_over(s.mesh.data, loss_sum) / n, sum_over(s.mesh.data, relative_sum) / n};
 }
-
-/// Rank 0 writes `text` to `path`, atomically; errors reach every rank.
-void write_text_file(const Communicator& comm, const std::string& path, const std::string& text) {
-  io::AtomicOutput output(comm, path);
-  std::string error;
-  if (comm.rank() == 0) {
-    errno = 0;
-    std::ofstream out(output.temporary_path());
-    out << text;
-    out.close();
-    if (!out.good())
-      error = "train: cannot write '" + output.temporary_path() +
-              "': " + (errno != 0 ? std::strerror(errno) : "the stream failed");
-  }
-  comm.agree(error);
-  output.commit();
-}
-
-void make_directories(const Communicator& comm, const std::string& path) {
-  std::string error;
-  if (comm.rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(path, ec);
-    if (ec) error = "train: cannot create directory '" + path + "': " + ec.message();
-  }
-  comm.agree(error);
-}
-
-/// SIGINT and SIGTERM while it lives ask training to stop at the next step boundary (the
-/// handler only sets a flag; the previous handlers come back at the end).
-class StopOnSignal {
- public:
-  StopOnSignal() {
-    received_ = 0;
-    struct sigaction action {};
-    action.sa_handler = [](int signal) { received_ = signal; };
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;  // system calls (MPI, HDF5) go on where they were
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
-  }
-  ~StopOnSignal() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-  StopOnSignal(const StopOnSignal&) = delete;
-  StopOnSignal& operator=(const StopOnSignal&) = delete;
-
-  /// The signal one rank received (the largest number), 0 if none. Collective over the
-  /// mesh, so every rank learns it at the same step: over the domain ranks, then the data
-  /// groups (not the world communicator, which the background reader's collectives use).
-  int received(const RankMesh& mesh) const {
-    double signal = double(received_);  // no allocation: this runs every step
-    const Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(
-        &signal, 1);
-    allreduce(mesh.domain, v, ReduceOp::max);
-    allreduce(mesh.data, v, ReduceOp::max);
-    return int(signal);
-  }
-
- private:
-  static volatile std::sig_atomic_t received_;
-  struct sigaction previous_int_ {
-  }, previous_term_{};
-};
-volatile std::sig_atomic_t StopOnSignal::received_ = 0;
-
-/// What a run dir already holds of an earlier run ("" if nothing): its metrics, config or
-/// checkpoints.
-std::string earlier_run_in(const std::string& run_dir) {
-  std::error_code error;
-  std::string found;
-  for (const char* name : {"metrics.csv", "config.yaml"})
-    if (fs::exists(fs::path(run_dir) / name, error))
-      found += std::string(found.empty() ? "" : ", ") + name;
-  const auto checkpoints = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
-  if (!checkpoints.empty())
-    found += (found.empty() ? "" : ", ") + std::to_string(checkpoints.size()) + " checkpoint(s)";
-  return found;
-}
-
-/// A new run never mixes with an earlier one in the same run dir: without --resume, a run dir
-/// that holds a run is refused, or with --overwrite moved aside to <run_dir>.old (.old.1, ...
-/// if taken), never deleted. Rank 0 decides; every rank gets the same error.
-void prepare_run_dir(const Communicator& comm, const std::string& run_dir,
-                     const TrainOptions& options) {
-  std::string error;
-  if (comm.rank() == 0) {
-    const std::string earlier = earlier_run_in(run_dir);
-    if (!options.resume.empty() && options.overwrite) {
-      error =
-          "train: --resume and --overwrite exclude each other: --resume continues the run in '" +
-          run_dir + "', --overwrite starts a new one there";
-    } else if (!earlier.empty() && options.resume.empty()) {
-      if (!options.overwrite) {
-        error = "train: run_dir '" + run_dir + "' already holds a run (" + earlier +
-                "): continue it with --resume latest, start over with --overwrite (the old run "
-                "is moved to " +
-                run_dir + ".old), or set another run_dir";
-      } else {
-        std::string aside = run_dir + ".old";
-        std::error_code ec;
-        for (int i = 1; fs::exists(aside, ec); ++i) aside = run_dir + ".old." + std::to_string(i);
-        fs::rename(run_dir, aside, ec);
-        if (ec)
-          error = "train --overwrite: cannot move '" + run_dir + "' to '" + aside +
-                  "': " + ec.message();
-        else if (options.progress)
-          std::printf("train: moved the earlier run in %s to %s\n", run_dir.c_str(), aside.c_str());
-      }
-    }
-  }
-  comm.agree(error);
-}
-
-/// metrics.csv: one row per optimizer step; validation columns on the last step of an
-/// epoch that validated. Resuming drops rows past the checkpoint's step.
-class MetricsFile {
- public:
-  /// Collective: rank 0 reads and rewrites the file; a row it cannot read (a hand-edited
-  /// line) stops every rank before the file is touched.
-  MetricsFile(const Communicator& comm, const std::string& path, std::int64_t resumed_step)
-      : enabled_(comm.rank() == 0) {
-    comm.agree(enabled_ ? open(path, resumed_step) : std::string());
-  }
-
-  void row(std::int64_t step, std::int64_t epoch, double loss, double val_loss, double val_rel,
-           double lr, double grad_norm, double samples_per_s) {
-    if (!enabled_) return;
-    char line[512];
-    std::snprintf(line, sizeof line, "%lld,%lld,%.9g,", (long long)step, (long long)epoch, loss);
-    out_ << line;
-    if (val_loss >= 0) {
-      std::snprintf(line, sizeof line, "%.9g,%.9g,", val_loss, val_rel);
-      out_ << line;
-    } else {
-      out_ << ",,";
-    }
-    std::snprintf(line, sizeof line, "%.9g,%.9g,%.6g\n", lr, grad_norm, samples_per_s);
-    out_ << line;
-    out_.flush();
-    note_failure();
-  }
-
-  /// The first write that failed, with the OS's reason ("" if none). Rank 0 writes alone, so
-  /// the caller agrees on it over the ranks where no other collective is in flight.
-  const std::string& error() const { return error_; }
-
- private:
-  /// Keeps the rows up to `resumed_step` and reopens the file for the next ones; returns why
-  /// a row cannot be read ("" otherwise; write failures wait in error()).
-  std::string open(const std::string& path, std::int64_t resumed_step) {
-    std::vector<std::string> kept;
-    std::error_code ec;
-    if (resumed_step > 0 && fs::is_regular_file(path, ec)) {  // not a device that never ends
-      std::ifstream in(path);
-      std::string line;
-      std::getline(in, line);  // header
-      for (int number = 2; std::getline(in, line); ++number) {
-        if (line.empty()) continue;
-        const std::string first = line.substr(0, line.find(','));
-        std::size_t used = 0;
-        long long step = 0;
-        try {
-          step = std::stoll(first, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != first.size())
-          return "train: cannot resume with " + path + ": line " + std::to_string(number) +
-                 " does not start with a step number: '" +
-                 (line.size() > 80 ? line.substr(0, 80) + "..." : line) +
-                 "' (a hand-edited line? remove it)";
-        if (step <= resumed_step) kept.push_back(line);
-      }
-    }
-    path_ = path;
-    errno = 0;
-    out_.open(path, std::ios::trunc);
-    out_ << "step,epoch,loss,val_loss,val_rel_l2,lr,grad_norm,samples_per_s\n";
-    for (const std::string& line : kept) out_ << line << "\n";
-    out_.flush();
-    note_failure();
-    return "";
-  }
-
-  void note_failure() {
-    if (out_.good() || !error_.empty()) return;
-    error_ = "train: cannot write '" + path_ +
-             "': " + (errno != 0 ? std::strerror(errno) : "the stream failed");
-  }
-
-  bool enabled_;
-  std::string path_, error_;
-  std::ofstream out_;
-};
 
 template <class T>
 TrainResult train_as(const Communicator& world, const RunConfig& config,
