@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,6 +48,7 @@
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
@@ -97,6 +99,7 @@ struct Result {
   std::string error;           // why it does not fit
   StepTimes train, infer;
   MemorySnapshot memory, infer_memory;
+  KernelCounts train_counts, infer_counts;  // of the last timed step (core/kernel_counter.hpp)
 };
 
 double median(std::vector<double> v) {
@@ -167,10 +170,16 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
   for (int step = 0; step < s.warmup + s.iters; ++step) {
     MPI_Barrier(MPI_COMM_WORLD);
     reset_comm_timers();
+    // The last step's kernel launches, fences and deep copies (the counter's callbacks cost
+    // nanoseconds per launch); the bench's own fence below is not the step's.
+    std::optional<KernelCounter> counter;
+    if (step + 1 == s.warmup + s.iters) counter.emplace();
     const double t0 = MPI_Wtime(), c0 = cpu_seconds();
     r.loss = training_step(*model, *optimizer, schedule, mesh.domain, mesh.data,
                            config.training.loss, config.training.clip_grad_norm, input, target)
                  .loss;
+    if (counter) r.train_counts = counter->counts();
+    counter.reset();
     Kokkos::fence();
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);
@@ -185,11 +194,15 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
   for (int step = 0; step < (s.infer_iters > 0 ? 1 : 0) + s.infer_iters; ++step) {
     MPI_Barrier(MPI_COMM_WORLD);
     reset_comm_timers();
+    std::optional<KernelCounter> counter;
+    if (step == s.infer_iters) counter.emplace();  // the last step
     const double t0 = MPI_Wtime(), c0 = cpu_seconds();
     {
       const NoGradGuard no_grad;  // as validation and `shardtensor infer` run it
       const Variable<T> prediction = model->forward(Variable<T>::field(input));
     }
+    if (counter) r.infer_counts = counter->counts();
+    counter.reset();
     Kokkos::fence();
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);
@@ -314,6 +327,13 @@ int main(int argc, char** argv) {
         } else {
           std::printf("  does not fit: %s\n", r.error.c_str());
         }
+        if (r.fits)
+          std::printf(
+              "  Kokkos per step: training %lld launches, %lld fences, %lld deep copies; "
+              "inference %lld, %lld, %lld\n",
+              (long long)r.train_counts.launches, (long long)r.train_counts.fences,
+              (long long)r.train_counts.deep_copies, (long long)r.infer_counts.launches,
+              (long long)r.infer_counts.fences, (long long)r.infer_counts.deep_copies);
         std::printf(
             "  peak tracked memory per rank %.1f MiB, resident set %.1f MiB (%.1f MiB before "
             "the model)\n",
@@ -335,7 +355,9 @@ int main(int argc, char** argv) {
             "\"infer_collective_fraction\":%s,\"peak_mib\":%s,\"infer_peak_mib\":%s,"
             "\"peak_rss_mib\":%s,\"base_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,"
             "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s,\"vector_isa\":\"%s\","
-            "\"vector_lanes\":%d}\n",
+            "\"vector_lanes\":%d,\"train_launches\":%lld,\"train_fences\":%lld,"
+            "\"train_deep_copies\":%lld,\"infer_launches\":%lld,\"infer_fences\":%lld,"
+            "\"infer_deep_copies\":%lld}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
@@ -356,7 +378,10 @@ int main(int argc, char** argv) {
             json_number(s.budget_mib).c_str(), r.fits ? "true" : "false",
             (long long)r.size_multiple, json_number(r.fits ? r.loss : NAN, 9).c_str(),
             json_number(load_average()).c_str(), kernels::vector_isa().c_str(),
-            kernels::vector_lanes());
+            kernels::vector_lanes(), (long long)r.train_counts.launches,
+            (long long)r.train_counts.fences, (long long)r.train_counts.deep_copies,
+            (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
+            (long long)r.infer_counts.deep_copies);
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());
