@@ -53,7 +53,6 @@
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/models.hpp"
-#include "shardtensor/nn/halo_overlap.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/training_step.hpp"
 
@@ -156,6 +155,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
 
   auto model = models::build_model<T>(config.model, mesh.domain, shape);
   model->allow_tf32(config.training.tf32);
+  model->overlap_halo(s.overlap);
   r.parameters = models::count_parameters(*model);
   auto optimizer = make_optimizer<T>(config.optimizer, model->named_parameters());
   ScheduleOptions schedule_options = config.schedule;
@@ -264,7 +264,6 @@ int main(int argc, char** argv) {
       s.budget_mib = budget.empty() ? config.memory.budget_mib : std::stod(budget);
       s.overlap = overlap == "on";
 
-      set_halo_overlap(s.overlap);
       enable_comm_timers();
       enable_memory_tracking();  // before anything is allocated: parameters count too
       if (s.budget_mib > 0) set_memory_budget(std::uint64_t(std::ceil(s.budget_mib * 1048576)));

@@ -480,3 +480,29 @@ TEST_CASE("TF32 is a layer's option: allow_tf32 sets it on that layer, not on th
   first.allow_tf32(false);
   CHECK_FALSE(first.options().tf32);
 }
+
+TEST_CASE("the halo overlap is a layer's option and changes no bit", "[conv]") {
+  // Interior outputs while the messages travel, then the rest, or all after the exchange.
+  const Communicator comm;
+  for (const ConvCase& c : conv_cases()) {
+    INFO(c.name);
+    const std::vector<bool> periodic(c.extents.size(),
+                                     c.options.padding_mode == PaddingMode::periodic);
+    const auto decompositions =
+        test::test_decompositions(c.extents, comm.size(), periodic, min_cells(c.options));
+    if (decompositions.empty()) continue;
+    ConvOptions overlapped = c.options, after = c.options;
+    overlapped.library_kernels = after.library_kernels = false;
+    after.overlap_halo = false;
+    const auto run = [&](const ConvOptions& o) {
+      return test::run_module<float>(conv_factory<float>(o), comm, decompositions.front(), 2,
+                                     c.options.in_channels, test::weighted_sum<float>);
+    };
+    const auto a = run(overlapped), b = run(after);
+    CHECK(test::host_values(a.output.value().view()) == test::host_values(b.output.value().view()));
+    CHECK(test::host_values(a.input.grad().view()) == test::host_values(b.input.grad().view()));
+  }
+  Conv<float> layer(comm, conv_cases().front().options, "layer");
+  layer.overlap_halo(false);
+  CHECK_FALSE(layer.options().overlap_halo);
+}

@@ -2,7 +2,6 @@
 
 #include "shardtensor/kernels/conv.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
-#include "shardtensor/nn/halo_overlap.hpp"
 #include "shardtensor/nn/impl/conv_parameters.hpp"
 #include "shardtensor/nn/impl/per_dim_option.hpp"
 
@@ -183,7 +182,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     halo_->finish(padded);
     if (!library.forward(ExecutionSpace(), xp, weight_.data(), bias, yv, *workspace))
       forward_gemm(ChunkFilter{});
-  } else if (algorithm == ConvAlgorithm::gemm && halo_overlap() &&
+  } else if (algorithm == ConvAlgorithm::gemm && options_.overlap_halo &&
              halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
     for (const Box& box : halo_->exchanged_boxes(padded))

@@ -7,7 +7,6 @@
 #include "shardtensor/nn/conv_transpose.hpp"
 #include "shardtensor/nn/crop_pad.hpp"
 #include "shardtensor/nn/dropout.hpp"
-#include "shardtensor/nn/halo_overlap.hpp"
 #include "shardtensor/nn/loss.hpp"
 #include "shardtensor/nn/module.hpp"
 #include "shardtensor/nn/multi_head_attention.hpp"

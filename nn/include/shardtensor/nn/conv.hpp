@@ -49,6 +49,11 @@ struct ConvOptions {
   /// times faster); off (the default, unlike PyTorch's cuDNN), a GPU's float results match the
   /// CPU's to 1e-5. Module::allow_tf32 sets it for a whole model (config: training.tf32).
   bool tf32 = false;
+  /// Forward overlaps the halo exchange with interior compute: the outputs whose windows
+  /// read no exchanged ghost cell are computed while the messages travel, then the rest. The
+  /// results are the same either way; off measures what the overlap saves
+  /// (Module::overlap_halo for a whole model, bench_scaling --overlap off).
+  bool overlap_halo = true;
 };
 
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
@@ -67,6 +72,7 @@ class Conv : public Module<T> {
   /// The input is copied into a padded buffer first: its ghost cells are never read.
   bool reads_owned_cells_only() const override { return true; }
   void allow_tf32(bool on) override { options_.tf32 = on; }
+  void overlap_halo(bool on) override { options_.overlap_halo = on; }
 
   const ConvOptions& options() const { return options_; }
   const WindowGeometry& geometry() const { return geometry_; }

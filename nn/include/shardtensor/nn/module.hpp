@@ -61,6 +61,12 @@ class Module {
     for (auto& child : children_) child.second->allow_tf32(on);
   }
 
+  /// Whether the convolutions of this module and its children overlap their halo exchange
+  /// with interior compute (ConvOptions::overlap_halo; on by default, the same results).
+  virtual void overlap_halo(bool on) {
+    for (auto& child : children_) child.second->overlap_halo(on);
+  }
+
   void zero_grad() {
     for (auto& named : named_parameters()) named.second.zero_grad();
   }
