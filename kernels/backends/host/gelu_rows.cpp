@@ -1,6 +1,7 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 
+#include "host/host_threads.hpp"
 #include "host/vector_kernels.hpp"
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/kernels/gelu.hpp"
@@ -13,18 +14,11 @@ namespace {
 /// whole number of 16-value blocks but the last (elementwise: any split gives the same bits).
 template <class Work>
 void split_over_host_threads(std::size_t n, const Work& work) {
-  const std::size_t threads =
-      static_cast<std::size_t>(Kokkos::DefaultHostExecutionSpace().concurrency());
-  const std::size_t blocks = (n + 15) / 16;
-  if (threads <= 1 || blocks < 2 * threads) return work(std::size_t(0), n);
-  Kokkos::parallel_for(
-      "gelu_rows",
-      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, static_cast<int>(threads)),
-      [&](const int t) {
-        const std::size_t first = std::min(n, blocks * t / threads * 16);
-        const std::size_t last = std::min(n, blocks * (t + 1) / threads * 16);
-        work(first, last);
-      });
+  const Index blocks = Index(n + 15) / 16;
+  const int threads = blocks < 2 * host::host_threads() ? 1 : host::host_threads();
+  host::split_over_threads(threads, blocks, [&](int, Index first, Index last) {
+    work(std::min(n, std::size_t(first) * 16), std::min(n, std::size_t(last) * 16));
+  });
 }
 
 bool vector_kernels_run_here() {
