@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "shardtensor/comm/transport.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;
@@ -71,12 +72,8 @@ TEST_CASE("a rank mesh splits ranks into data groups of domain-parallel ranks", 
   }
 }
 
-TEST_CASE("communication options: backends by name, inherited by derived communicators",
+TEST_CASE("communication options: transports chosen once, inherited by derived communicators",
           "[communicator]") {
-  CHECK(comm_backend_named("mpi", "test") == CommBackend::mpi);
-  CHECK_THAT(
-      test::error_message_of([] { comm_backend_named("gloo", "test"); }),
-      Catch::Matchers::Contains("test: unknown communication backend 'gloo' (choose mpi or nccl)"));
   const CommOptions nccl{CommBackend::nccl, false};
   if (!nccl_available()) {  // refused on every rank, before anything collective
     const std::string message =
@@ -89,7 +86,9 @@ TEST_CASE("communication options: backends by name, inherited by derived communi
   const Communicator plain;
   CHECK(plain.options().backend == CommBackend::mpi);
   CHECK_FALSE(plain.options().device_aware_mpi);
-  CHECK(plain.nccl() == nullptr);
+  CHECK(std::string(plain.host_transport().name()) == "mpi");
+  CHECK(std::string(plain.device_transport().name()) ==
+        (host_reads_default_memory ? "mpi" : "mpi (staged)"));
   if (!mpi_reads_device_memory()) {  // a GPU build over an MPI that cannot read GPU memory
     const std::string message = test::error_message_of([&] {
       plain.with_options({CommBackend::mpi, true});

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "shardtensor/comm/impl/nccl_transport.hpp"
+#include "shardtensor/comm/transport.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -18,13 +18,27 @@ namespace shardtensor {
 struct Communicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
   CommOptions options;
-  std::shared_ptr<impl::nccl::Group> nccl;  // made at the first device-memory operation
+  std::unique_ptr<impl::Transport> host_transport;    // MPI in place
+  std::unique_ptr<impl::Transport> device_transport;  // as the options say
   int next_tag = Communicator::first_plan_tag;
   std::map<std::string, int> operation_tags;  // first tag of each operation's reservation
+  /// The transports, chosen once from the options (transport.hpp).
+  void choose_transports() {
+    using impl::MpiMemory;
+    host_transport = impl::make_mpi_transport(comm, MpiMemory::host);
+    if (host_reads_default_memory)
+      device_transport = impl::make_mpi_transport(comm, MpiMemory::host);
+    else if (options.backend == CommBackend::nccl)
+      device_transport = impl::make_nccl_transport(comm);
+    else
+      device_transport = impl::make_mpi_transport(
+          comm, options.device_aware_mpi ? MpiMemory::device : MpiMemory::staged);
+  }
   ~Handle() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    nccl.reset();  // before its MPI communicator, which it does not use after creation
+    device_transport.reset();  // before the MPI communicator they move messages over
+    host_transport.reset();
     if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
 };
@@ -35,6 +49,9 @@ void check_mpi_initialized(const char* where) {
   MPI_Initialized(&initialized);
   SHARDTENSOR_REQUIRE(initialized, where, "MPI_Init has not been called");
 }
+
+constexpr const char* nccl_not_built =
+    "backend 'nccl' needs a CUDA build with NCCL; this build has none (use mpi)";
 
 void check_device_aware_mpi(const CommOptions& options) {
   const bool hands_mpi_device_memory =
@@ -49,11 +66,13 @@ void check_device_aware_mpi(const CommOptions& options) {
 Communicator::Communicator(MPI_Comm comm, const CommOptions& options) {
   check_mpi_initialized("Communicator");
   SHARDTENSOR_REQUIRE(comm != MPI_COMM_NULL, "Communicator", "MPI_COMM_NULL given");
-  comm_backend_named(to_string(options.backend), "Communicator");  // refuses nccl if not built
+  SHARDTENSOR_REQUIRE(options.backend != CommBackend::nccl || nccl_available(), "Communicator",
+                      nccl_not_built);
   check_device_aware_mpi(options);
   handle_ = std::make_shared<Handle>();
   handle_->options = options;
   MPI_Comm_dup(comm, &handle_->comm);
+  handle_->choose_transports();
   MPI_Comm_rank(handle_->comm, &rank_);
   MPI_Comm_size(handle_->comm, &size_);
 }
@@ -62,6 +81,7 @@ Communicator::Communicator(adopt_tag, MPI_Comm comm, const CommOptions& options)
   handle_ = std::make_shared<Handle>();
   handle_->comm = comm;
   handle_->options = options;
+  handle_->choose_transports();
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
 }
@@ -78,10 +98,12 @@ const CommOptions& Communicator::options() const {
   return handle_->options;
 }
 
-impl::nccl::Group* Communicator::nccl() const {
-  if (handle_->options.backend != CommBackend::nccl) return nullptr;
-  if (!handle_->nccl) handle_->nccl = impl::nccl::create_group(get());
-  return handle_->nccl.get();
+impl::Transport& Communicator::host_transport() const {
+  return *handle_->host_transport;
+}
+
+impl::Transport& Communicator::device_transport() const {
+  return *handle_->device_transport;
 }
 
 bool mpi_reads_device_memory() {
@@ -95,15 +117,6 @@ bool mpi_reads_device_memory() {
 
 const char* to_string(CommBackend backend) {
   return backend == CommBackend::nccl ? "nccl" : "mpi";
-}
-
-CommBackend comm_backend_named(const std::string& name, const std::string& where) {
-  SHARDTENSOR_REQUIRE(name == "mpi" || name == "nccl", where,
-                      "unknown communication backend '" << name << "' (choose mpi or nccl)");
-  SHARDTENSOR_REQUIRE(name == "mpi" || nccl_available(), where,
-                      "backend 'nccl' needs a CUDA build with NCCL; this build has none "
-                      "(use mpi)");
-  return name == "nccl" ? CommBackend::nccl : CommBackend::mpi;
 }
 
 int Communicator::reserve_tags(int count) const {

@@ -5,7 +5,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/impl/layout_check.hpp"
-#include "shardtensor/comm/impl/mpi_type.hpp"
+#include "shardtensor/comm/transport.hpp"
 #include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 
@@ -82,19 +82,16 @@ void check_widths_fit(const Decomposition& decomposition, const GhostWidths& g) 
   }
 }
 
-/// MPI datatype selecting `box` (all batches and channels) of a field View in C order.
+/// `box` (all batches and channels) of a field View, as a transport names it.
 template <class T>
-MPI_Datatype subarray_type(const FieldView<T>& layout, const Box& box) {
-  int sizes[5], subsizes[5], starts[5];
+impl::BoxLayout layout_of(const FieldView<T>& field, const Box& box) {
+  impl::BoxLayout layout;
   for (int a = 0; a < 5; ++a) {
-    sizes[a] = static_cast<int>(layout.extent(a));
-    subsizes[a] = a < 2 ? sizes[a] : static_cast<int>(box.extent[a - 2]);
-    starts[a] = a < 2 ? 0 : static_cast<int>(box.lower[a - 2]);
+    layout.shape[a] = static_cast<int>(field.extent(a));
+    layout.extent[a] = a < 2 ? layout.shape[a] : static_cast<int>(box.extent[a - 2]);
+    layout.lower[a] = a < 2 ? 0 : static_cast<int>(box.lower[a - 2]);
   }
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_Type_create_subarray(5, sizes, subsizes, starts, MPI_ORDER_C, impl::mpi_type<T>(), &type);
-  MPI_Type_commit(&type);
-  return type;
+  return layout;
 }
 
 }  // namespace
@@ -153,44 +150,10 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
   MemoryCategoryScope memory(MemoryCategory::comm_buffers);
   send_buffer_ = Buffer("halo_send", send_total);
   recv_buffer_ = Buffer("halo_recv", recv_total);
-  nccl_ = impl::on_nccl<Buffer>(comm_);
-  if (!nccl_ && impl::mpi_stages<DefaultMemorySpace>(comm_)) {
-    send_staging_ = HostBuffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "halo_send_staging"),
-                               send_total);
-    recv_staging_ = HostBuffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "halo_recv_staging"),
-                               recv_total);
-  }
-  ghost_types_.assign(messages_.size(), MPI_DATATYPE_NULL);
-  if (receives_in_place)
-    for (std::size_t i = 0; i < messages_.size(); ++i)
-      if (messages_[i].recv_count > 0 && messages_[i].self_partner < 0)
-        ghost_types_[i] = subarray_type(like.view(), messages_[i].recv_box);
-  recv_requests_.reserve(messages_.size());
-  send_requests_.reserve(messages_.size());
-  recv_message_.reserve(messages_.size());
-}
-
-template <class T>
-HaloExchange<T>::~HaloExchange() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  // A plan destroyed mid-exchange (e.g. while an exception unwinds) must not leave MPI or
-  // NCCL writing into freed buffers.
-  try {
-    nccl_transfers_.wait();
-  } catch (...) {  // a failed transfer is reported where it is waited for, not here
-  }
-  for (MPI_Request& r : recv_requests_)
-    if (r != MPI_REQUEST_NULL) {
-      MPI_Cancel(&r);
-      MPI_Wait(&r, MPI_STATUS_IGNORE);
-    }
-  if (!send_requests_.empty())
-    MPI_Waitall(static_cast<int>(send_requests_.size()), send_requests_.data(),
-                MPI_STATUSES_IGNORE);
-  for (MPI_Datatype& type : ghost_types_)
-    if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+  receive_message_.reserve(messages_.size());
+  // Where the transport can, forward messages land straight in the ghost cells (no unpack).
+  if (impl::transport_for<DefaultMemorySpace>(comm_).receives_into_boxes())
+    for (const Message& m : messages_) ghost_layouts_.push_back(layout_of(like.view(), m.recv_box));
 }
 
 template <class T>
@@ -228,60 +191,43 @@ template <class T>
 void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field) {
   ExecutionSpace().fence();  // the kernels that wrote the field, before the plan's own instance
   in_flight_ = field.view().data();
-  recv_requests_.clear();
-  send_requests_.clear();
-  recv_message_.clear();
+  receive_message_.clear();
   phase_ = phase;
 }
 
 template <class T>
-void HaloExchange<T>::post_receive(T* data, std::size_t count, MPI_Datatype type, int neighbor,
-                                   int tag, int message) {
-  recv_requests_.emplace_back();
-  recv_message_.push_back(message);
-  MPI_Irecv(data, static_cast<int>(count), type, neighbor, tag, comm_.get(),
-            &recv_requests_.back());
-}
-
-template <class T>
-void HaloExchange<T>::post_send(const Buffer& buffer, const HostBuffer& staging, std::size_t offset,
-                                std::size_t count, int neighbor, int tag) {
-  space_.fence();  // the packing kernel is done: send while the next message packs
-  if (staging.data()) {
-    const Kokkos::pair<std::size_t, std::size_t> range(offset, offset + count);
-    Kokkos::deep_copy(space_, Kokkos::subview(staging, range), Kokkos::subview(buffer, range));
-    space_.fence();
-  }
-  send_requests_.emplace_back();
-  MPI_Isend(mpi_memory(buffer, staging) + offset, static_cast<int>(count), impl::mpi_type<T>(),
-            neighbor, tag, comm_.get(), &send_requests_.back());
-}
-
-template <class T>
-void HaloExchange<T>::start_nccl(const Buffer& out, bool reverse, const Buffer& in) {
-  // Transfers between two ranks match in the order they are listed. A rank sends towards d in
-  // the plan's order (directions ascending); the neighbour receives that message as its
-  // message towards -d, so receives are listed in the opposite order (opposite directions
-  // ascending) and the two lists agree on every pair of ranks.
-  std::vector<impl::nccl::Send> sends;
-  std::vector<impl::nccl::Receive> receives;
+void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) {
+  // Forward, owned cells go out of the send buffer and ghosts come into the receive buffer;
+  // in reverse the roles swap. Transfers between two ranks also match in the order they are
+  // listed (transport.hpp): a rank sends towards d in the plan's order (directions ascending);
+  // the neighbour receives that message as its message towards -d, so receives are listed in
+  // the opposite order (opposite directions ascending) and the two lists agree on every pair.
+  const Buffer& out = reverse ? recv_buffer_ : send_buffer_;
+  const Buffer& in = reverse ? send_buffer_ : recv_buffer_;
+  std::vector<impl::Send> sends;
+  std::vector<impl::Receive> receives;
   for (const Message& m : messages_) {
-    if (m.self_partner >= 0) continue;
-    const std::size_t offset = reverse ? m.recv_offset : m.send_offset;
     const std::size_t count = reverse ? m.recv_count : m.send_count;
-    if (count > 0) sends.push_back({m.neighbor, out.data() + offset, count});
+    if (count == 0 || m.self_partner >= 0) continue;
+    const int tag = reverse ? reverse_tag(m.direction) : forward_tag(m.direction);
+    sends.push_back({m.neighbor, out.data() + (reverse ? m.recv_offset : m.send_offset), count,
+                     tag});
   }
   for (std::size_t i = messages_.size(); i-- > 0;) {
     const Message& m = messages_[i];
-    if (m.self_partner >= 0) continue;
-    const std::size_t offset = reverse ? m.send_offset : m.recv_offset;
     const std::size_t count = reverse ? m.send_count : m.recv_count;
-    if (count == 0) continue;
-    receives.push_back({m.neighbor, in.data() + offset, count});
-    recv_message_.push_back(static_cast<int>(i));
+    if (count == 0 || m.self_partner >= 0) continue;
+    const Direction from = opposite(m.direction);
+    const int tag = reverse ? reverse_tag(from) : forward_tag(from);
+    if (!reverse && receives_in_place())
+      receives.push_back({m.neighbor, field.view().data(), count, tag, &ghost_layouts_[i]});
+    else
+      receives.push_back(
+          {m.neighbor, in.data() + (reverse ? m.send_offset : m.recv_offset), count, tag});
+    receive_message_.push_back(static_cast<int>(i));
   }
-  nccl_transfers_ =
-      impl::nccl::exchange(*comm_.nccl(), sends, receives, impl::nccl::element_type<T>());
+  transfers_ = impl::transport_for<DefaultMemorySpace>(comm_).exchange(sends, receives,
+                                                                       impl::wire_type<T>());
 }
 
 template <class T>
@@ -289,37 +235,14 @@ void HaloExchange<T>::start(const ShardTensor<T>& field) {
   CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::start");
   begin_phase(Phase::forward, field);
-  if (nccl_) {
-    for (const Message& m : messages_) {
-      if (m.send_count == 0) continue;
-      if (m.self_partner >= 0)
-        copy_box(space_, field.view(), m.send_box, messages_[m.self_partner].recv_box);
-      else
-        pack_box(space_, field.view(), m.send_box, send_buffer_, m.send_offset);
-    }
-    start_nccl(send_buffer_, /*reverse=*/false, recv_buffer_);
-    return;
-  }
-  for (std::size_t i = 0; i < messages_.size(); ++i) {
-    const Message& m = messages_[i];
-    if (m.recv_count == 0 || m.self_partner >= 0) continue;
-    const int tag = forward_tag(opposite(m.direction));
-    if (receives_in_place)
-      post_receive(field.view().data(), 1, ghost_types_[i], m.neighbor, tag, int(i));
-    else
-      post_receive(mpi_memory(recv_buffer_, recv_staging_) + m.recv_offset, m.recv_count,
-                   impl::mpi_type<T>(), m.neighbor, tag, int(i));
-  }
   for (const Message& m : messages_) {
     if (m.send_count == 0) continue;
-    if (m.self_partner >= 0) {  // to itself (periodic on one rank): owned cells to ghosts
+    if (m.self_partner >= 0)  // to itself (periodic on one rank): owned cells to ghosts
       copy_box(space_, field.view(), m.send_box, messages_[m.self_partner].recv_box);
-      continue;
-    }
-    pack_box(space_, field.view(), m.send_box, send_buffer_, m.send_offset);
-    post_send(send_buffer_, send_staging_, m.send_offset, m.send_count, m.neighbor,
-              forward_tag(m.direction));
+    else
+      pack_box(space_, field.view(), m.send_box, send_buffer_, m.send_offset);
   }
+  post_transfers(field, /*reverse=*/false);
 }
 
 template <class T>
@@ -336,36 +259,15 @@ void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
   begin_phase(Phase::reverse, field);
   // Roles swap: ghosts go out of the receive buffer, owned cells' contributions come back
   // into the send buffer.
-  if (nccl_) {
-    for (const Message& m : messages_) {
-      if (m.recv_count == 0) continue;
-      if (m.self_partner >= 0)
-        copy_box(space_, field.view(), m.recv_box, messages_[m.self_partner].send_box,
-                 UnpackMode::add);
-      else
-        pack_box(space_, field.view(), m.recv_box, recv_buffer_, m.recv_offset);
-    }
-    start_nccl(recv_buffer_, /*reverse=*/true, send_buffer_);
-    for (const Message& m : messages_) fill_box(space_, field.view(), m.recv_box, T(0));
-    return;
-  }
-  for (std::size_t i = 0; i < messages_.size(); ++i) {
-    const Message& m = messages_[i];
-    if (m.send_count == 0 || m.self_partner >= 0) continue;
-    post_receive(mpi_memory(send_buffer_, send_staging_) + m.send_offset, m.send_count,
-                 impl::mpi_type<T>(), m.neighbor, reverse_tag(opposite(m.direction)), int(i));
-  }
   for (const Message& m : messages_) {
     if (m.recv_count == 0) continue;
-    if (m.self_partner >= 0) {  // to itself: its ghosts added into the owned cells they copy
+    if (m.self_partner >= 0)  // to itself: its ghosts added into the owned cells they copy
       copy_box(space_, field.view(), m.recv_box, messages_[m.self_partner].send_box,
                UnpackMode::add);
-      continue;
-    }
-    pack_box(space_, field.view(), m.recv_box, recv_buffer_, m.recv_offset);
-    post_send(recv_buffer_, recv_staging_, m.recv_offset, m.recv_count, m.neighbor,
-              reverse_tag(m.direction));
+    else
+      pack_box(space_, field.view(), m.recv_box, recv_buffer_, m.recv_offset);
   }
+  post_transfers(field, /*reverse=*/true);
   // The ghost values now live in the buffer; in the adjoint they are consumed.
   for (const Message& m : messages_) fill_box(space_, field.view(), m.recv_box, T(0));
 }
@@ -379,41 +281,31 @@ void HaloExchange<T>::reverse_finish(const ShardTensor<T>& field) {
 
 template <class T>
 void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse) {
-  const bool in_place = receives_in_place && !reverse;
-  // In reverse several messages may add into the same owned cell (a corner gets face, edge
-  // and corner contributions): they are added in the plan's fixed order, never in arrival
-  // order, so the float sums are the same in every run. Forward messages fill disjoint
-  // ghost boxes and are unpacked as they arrive (over MPI; NCCL's group completes at once).
-  const bool fixed_order = in_place || reverse || nccl_;
-  if (nccl_) {
-    nccl_transfers_.wait();
-    std::sort(recv_message_.begin(), recv_message_.end());
-  } else if (fixed_order) {
-    MPI_Waitall(static_cast<int>(recv_requests_.size()), recv_requests_.data(),
-                MPI_STATUSES_IGNORE);
-  }
-  for (std::size_t done = 0; !in_place && done < recv_message_.size(); ++done) {
-    int index = static_cast<int>(done);
-    if (!fixed_order)
-      MPI_Waitany(static_cast<int>(recv_requests_.size()), recv_requests_.data(), &index,
-                  MPI_STATUS_IGNORE);
-    const Message& m = messages_[recv_message_[index]];
-    const Buffer& buffer = reverse ? send_buffer_ : recv_buffer_;
-    const HostBuffer& staging = reverse ? send_staging_ : recv_staging_;
-    const std::size_t offset = reverse ? m.send_offset : m.recv_offset;
-    const std::size_t count = reverse ? m.send_count : m.recv_count;
-    if (staging.data()) {
-      const Kokkos::pair<std::size_t, std::size_t> range(offset, offset + count);
-      Kokkos::deep_copy(space_, Kokkos::subview(buffer, range), Kokkos::subview(staging, range));
-    }
-    unpack_box(space_, buffer, field.view(), reverse ? m.send_box : m.recv_box,
-               reverse ? UnpackMode::add : UnpackMode::assign, offset);
+  const auto unpack = [&](int message) {
+    const Message& m = messages_[message];
+    if (reverse)
+      unpack_box(space_, send_buffer_, field.view(), m.send_box, UnpackMode::add, m.send_offset);
+    else
+      unpack_box(space_, recv_buffer_, field.view(), m.recv_box, UnpackMode::assign,
+                 m.recv_offset);
+  };
+  if (reverse) {
+    // Several messages may add into the same owned cell (a corner gets face, edge and corner
+    // contributions): they are added in the plan's fixed order, never in arrival order, so
+    // the float sums are the same in every run.
+    transfers_.wait();
+    std::vector<int> in_plan_order = receive_message_;
+    std::sort(in_plan_order.begin(), in_plan_order.end());
+    for (int message : in_plan_order) unpack(message);
+  } else {
+    // Forward messages fill disjoint ghost boxes: each is unpacked as it arrives (or is in
+    // place already).
+    for (int i = transfers_.next_received(); i >= 0; i = transfers_.next_received())
+      if (!receives_in_place()) unpack(receive_message_[i]);
   }
   space_.fence();  // the unpacked ghosts, before the kernels of the default instance read them
-  MPI_Waitall(static_cast<int>(send_requests_.size()), send_requests_.data(), MPI_STATUSES_IGNORE);
-  recv_requests_.clear();
-  send_requests_.clear();
-  recv_message_.clear();
+  transfers_.wait();  // the sends, before the buffers are packed again
+  receive_message_.clear();
   phase_ = Phase::idle;
 }
 

@@ -41,7 +41,7 @@ ParallelConfig read_parallel(const ConfigNode& node) {
   const std::string backend = node.choice("backend", "mpi", {"mpi", "nccl"});
   node["backend"].check(backend != "nccl" || nccl_available(),
                         "'nccl' needs a CUDA build with NCCL; this build has none (use mpi)");
-  p.comm.backend = comm_backend_named(backend, "parallel.backend");
+  p.comm.backend = backend == "nccl" ? CommBackend::nccl : CommBackend::mpi;
   p.comm.device_aware_mpi = node.get("device_aware_mpi", p.comm.device_aware_mpi);
   p.data_groups = node.get("data_groups", p.data_groups);
   node["data_groups"].check(p.data_groups >= 1,

@@ -1,10 +1,16 @@
-// The NCCL backend (comm/include/shardtensor/comm/impl/nccl_transport.hpp): built when the
-// CUDA build finds NCCL (SHARDTENSOR_HAVE_NCCL); otherwise every entry point throws, which
-// nothing reaches (comm_backend_named refuses "nccl" in such a build).
-
-#include "shardtensor/comm/impl/nccl_transport.hpp"
+// The NCCL transport (transport.hpp): every operation on device memory on the communicator's
+// own CUDA stream; allreduce, allgather and equal-block reduce-scatter natively, the rest as
+// grouped ncclSend / ncclRecv. Built when the CUDA build finds NCCL (SHARDTENSOR_HAVE_NCCL);
+// otherwise make_nccl_transport throws, which nothing reaches (the Communicator refuses the
+// nccl backend in such a build). The only file that names NCCL.
 
 #include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <type_traits>
+
+#include "shardtensor/comm/transport.hpp"
 
 #include "shardtensor/comm/comm_options.hpp"
 #include "shardtensor/core/error.hpp"
@@ -26,7 +32,7 @@ bool nccl_available() {
 
 }  // namespace shardtensor
 
-namespace shardtensor::impl::nccl {
+namespace shardtensor::impl {
 
 #ifdef SHARDTENSOR_HAVE_NCCL
 
@@ -43,21 +49,21 @@ void check(cudaError_t result, const char* call) {
                       call << " failed: " << cudaGetErrorString(result));
 }
 
-ncclDataType_t nccl_type(ElementType type) {
+ncclDataType_t nccl_type(WireType type) {
   switch (type) {
-    case ElementType::int8:
+    case WireType::int8:
       return ncclInt8;
-    case ElementType::uint8:
+    case WireType::uint8:
       return ncclUint8;
-    case ElementType::int32:
+    case WireType::int32:
       return ncclInt32;
-    case ElementType::uint32:
+    case WireType::uint32:
       return ncclUint32;
-    case ElementType::int64:
+    case WireType::int64:
       return ncclInt64;
-    case ElementType::uint64:
+    case WireType::uint64:
       return ncclUint64;
-    case ElementType::float32:
+    case WireType::float32:
       return ncclFloat32;
     default:
       return ncclFloat64;
@@ -75,8 +81,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
 }
 
-}  // namespace
-
+/// The NCCL communicator of a Communicator's ranks, with its own CUDA stream.
 struct Group {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
@@ -86,14 +91,9 @@ struct Group {
   }
 };
 
-struct Completion::Event {
-  cudaEvent_t event = nullptr;
-  ~Event() {
-    if (event) cudaEventDestroy(event);
-  }
-};
-
-std::shared_ptr<Group> create_group(MPI_Comm comm) {
+/// Collective over `comm`: rank 0's unique id broadcast over MPI, then ncclCommInitRank on the
+/// GPU the rank's Kokkos runs on.
+std::unique_ptr<Group> create_group(MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -103,7 +103,7 @@ std::shared_ptr<Group> create_group(MPI_Comm comm) {
   MPI_Bcast(&have_id, 1, MPI_INT, 0, comm);
   SHARDTENSOR_REQUIRE(have_id, "NCCL", "rank 0 could not create an NCCL unique id");
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm);
-  auto group = std::make_shared<Group>();
+  auto group = std::make_unique<Group>();
   check(cudaStreamCreateWithFlags(&group->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const ncclResult_t init = ncclCommInitRank(&group->comm, size, id, rank);
   // Two ranks on one GPU, say: NCCL refuses on every rank; agree so that all say why.
@@ -119,93 +119,190 @@ std::shared_ptr<Group> create_group(MPI_Comm comm) {
   return group;
 }
 
-bool Completion::test() {
-  if (!event_) return true;
-  const cudaError_t state = cudaEventQuery(event_->event);
-  if (state == cudaErrorNotReady) return false;
-  check(state, "cudaEventQuery");
-  event_.reset();
-  return true;
-}
+/// An exchange in flight: an event recorded on the group's stream after its transfers.
+class NcclTransfers final : public Transfers::State {
+ public:
+  NcclTransfers(cudaStream_t stream, std::size_t receives) : receives_(receives) {
+    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventRecord(event_, stream), "cudaEventRecord");
+  }
+  ~NcclTransfers() override {
+    cudaEventSynchronize(event_);  // NCCL cannot cancel: the buffers must outlive the transfers
+    cudaEventDestroy(event_);
+  }
+  bool test() override {
+    if (done_) return true;
+    const cudaError_t state = cudaEventQuery(event_);
+    if (state == cudaErrorNotReady) return false;
+    check(state, "cudaEventQuery");
+    return done_ = true;
+  }
+  void wait() override {
+    if (done_) return;
+    check(cudaEventSynchronize(event_), "cudaEventSynchronize");
+    done_ = true;
+  }
+  /// The group completes as a whole: after it, the receives in their listed order.
+  int next_received() override {
+    wait();
+    return returned_ < receives_ ? static_cast<int>(returned_++) : -1;
+  }
 
-void Completion::wait() {
-  if (!event_) return;
-  check(cudaEventSynchronize(event_->event), "cudaEventSynchronize");
-  event_.reset();
-}
+ private:
+  cudaEvent_t event_ = nullptr;
+  bool done_ = false;
+  std::size_t receives_, returned_ = 0;
+};
 
-void allreduce(Group& group, void* data, std::size_t count, ElementType type, ReduceOp op) {
-  Kokkos::fence();
-  check(ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), group.comm, group.stream),
-        "ncclAllReduce");
-  check(cudaStreamSynchronize(group.stream), "cudaStreamSynchronize");
-}
+class NcclTransport final : public Transport {
+ public:
+  explicit NcclTransport(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+  }
+  const char* name() const override { return "nccl"; }
 
-void allgather(Group& group, const void* send, void* recv, std::size_t count, ElementType type) {
-  Kokkos::fence();
-  check(ncclAllGather(send, recv, count, nccl_type(type), group.comm, group.stream),
-        "ncclAllGather");
-  check(cudaStreamSynchronize(group.stream), "cudaStreamSynchronize");
-}
+  void allreduce(void* data, std::size_t count, WireType type, ReduceOp op) override {
+    Group& g = group();
+    check(ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), g.comm, g.stream),
+          "ncclAllReduce");
+    synchronize(g);
+  }
 
-void reduce_scatter(Group& group, const void* send, void* recv, std::size_t count, ElementType type,
-                    ReduceOp op) {
-  Kokkos::fence();
-  check(
-      ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), group.comm, group.stream),
-      "ncclReduceScatter");
-  check(cudaStreamSynchronize(group.stream), "cudaStreamSynchronize");
-}
+  void allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                  WireType type) override {
+    if (equal(counts)) {
+      Group& g = group();
+      check(ncclAllGather(send, recv, counts[0], nccl_type(type), g.comm, g.stream),
+            "ncclAllGather");
+      return synchronize(g);
+    }
+    std::vector<Send> sends;  // the own block to every rank
+    std::vector<Receive> receives;
+    std::size_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      sends.push_back({r, send, counts[rank_], 0});
+      receives.push_back({r, at(recv, offset, type), counts[r], 0});
+      offset += counts[r];
+    }
+    exchange(sends, receives, type).wait();
+  }
 
-Completion exchange(Group& group, const std::vector<Send>& sends,
-                    const std::vector<Receive>& receives, ElementType type) {
-  Kokkos::fence();
-  const ncclDataType_t t = nccl_type(type);
-  check(ncclGroupStart(), "ncclGroupStart");
-  for (const Receive& r : receives)
-    if (r.count > 0)
-      check(ncclRecv(r.data, r.count, t, r.peer, group.comm, group.stream), "ncclRecv");
-  for (const Send& s : sends)
-    if (s.count > 0)
-      check(ncclSend(s.data, s.count, t, s.peer, group.comm, group.stream), "ncclSend");
-  check(ncclGroupEnd(), "ncclGroupEnd");
-  auto done = std::make_shared<Completion::Event>();
-  check(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventRecord(done->event, group.stream), "cudaEventRecord");
-  return Completion(std::move(done));
+  void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                      WireType type, ReduceOp op) override {
+    Group& g = group();
+    if (equal(counts)) {
+      check(ncclReduceScatter(send, recv, counts[0], nccl_type(type), nccl_op(op), g.comm,
+                              g.stream),
+            "ncclReduceScatter");
+      return synchronize(g);
+    }
+    // Unequal blocks (NCCL has no reduce-scatter-v): reduce everything, keep the own block.
+    const std::size_t size = wire_size(type);
+    const std::size_t all = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    const std::size_t first =
+        std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
+    void* reduced = nullptr;
+    check(cudaMallocAsync(&reduced, all * size, g.stream), "cudaMallocAsync");
+    check(cudaMemcpyAsync(reduced, send, all * size, cudaMemcpyDeviceToDevice, g.stream),
+          "cudaMemcpyAsync");
+    check(ncclAllReduce(reduced, reduced, all, nccl_type(type), nccl_op(op), g.comm, g.stream),
+          "ncclAllReduce");
+    check(cudaMemcpyAsync(recv, at(reduced, first, type), counts[rank_] * size,
+                          cudaMemcpyDeviceToDevice, g.stream),
+          "cudaMemcpyAsync");
+    check(cudaFreeAsync(reduced, g.stream), "cudaFreeAsync");
+    synchronize(g);
+  }
+
+  void alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                 const std::vector<std::size_t>& recv_counts, WireType type) override {
+    std::vector<Send> sends;
+    std::vector<Receive> receives;
+    std::size_t sent = 0, received = 0;
+    for (int r = 0; r < size_; ++r) {
+      sends.push_back({r, at(send, sent, type), send_counts[r], 0});
+      receives.push_back({r, at(recv, received, type), recv_counts[r], 0});
+      sent += send_counts[r];
+      received += recv_counts[r];
+    }
+    exchange(sends, receives, type).wait();
+  }
+
+  void gatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, int root,
+               WireType type) override {
+    std::vector<Send> sends{{root, send, counts[rank_], 0}};
+    std::vector<Receive> receives;
+    std::size_t offset = 0;
+    for (int r = 0; rank_ == root && r < size_; ++r) {
+      receives.push_back({r, at(recv, offset, type), counts[r], 0});
+      offset += counts[r];
+    }
+    exchange(sends, receives, type).wait();
+  }
+
+  void scatterv(const void* send, const std::vector<std::size_t>& counts, void* recv, int root,
+                WireType type) override {
+    std::vector<Send> sends;
+    std::size_t offset = 0;
+    for (int r = 0; rank_ == root && r < size_; ++r) {
+      sends.push_back({r, at(send, offset, type), counts[r], 0});
+      offset += counts[r];
+    }
+    exchange(sends, {{root, recv, counts[rank_], 0}}, type).wait();
+  }
+
+  Transfers exchange(const std::vector<Send>& sends, const std::vector<Receive>& receives,
+                     WireType type) override {
+    Group& g = group();
+    const ncclDataType_t t = nccl_type(type);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (const Receive& r : receives)
+      if (r.count > 0) check(ncclRecv(r.data, r.count, t, r.peer, g.comm, g.stream), "ncclRecv");
+    for (const Send& s : sends)
+      if (s.count > 0) check(ncclSend(s.data, s.count, t, s.peer, g.comm, g.stream), "ncclSend");
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    return Transfers(std::make_unique<NcclTransfers>(g.stream, receives.size()));
+  }
+
+ private:
+  /// The NCCL communicator (made at the first operation: every rank of the communicator calls
+  /// the same operations in the same order), after the Kokkos kernels that wrote the inputs.
+  Group& group() {
+    Kokkos::fence();
+    if (!group_) group_ = create_group(comm_);
+    return *group_;
+  }
+  static void synchronize(Group& g) {
+    check(cudaStreamSynchronize(g.stream), "cudaStreamSynchronize");
+  }
+  static bool equal(const std::vector<std::size_t>& counts) {
+    return std::all_of(counts.begin(), counts.end(), [&](std::size_t n) { return n == counts[0]; });
+  }
+  template <class Pointer>
+  static Pointer at(Pointer base, std::size_t elements, WireType type) {
+    using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>,
+                                    const unsigned char*, unsigned char*>;
+    return static_cast<Byte>(base) + elements * wire_size(type);
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::unique_ptr<Group> group_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_nccl_transport(MPI_Comm comm) {
+  return std::make_unique<NcclTransport>(comm);
 }
 
 #else  // no NCCL in this build
 
-namespace {
-[[noreturn]] void not_built() {
+std::unique_ptr<Transport> make_nccl_transport(MPI_Comm) {
   throw Error("NCCL: this build has no NCCL backend (a CUDA build with NCCL has one)");
-}
-}  // namespace
-
-struct Group {};
-struct Completion::Event {};
-
-std::shared_ptr<Group> create_group(MPI_Comm) {
-  not_built();
-}
-bool Completion::test() {
-  return true;
-}
-void Completion::wait() {}
-void allreduce(Group&, void*, std::size_t, ElementType, ReduceOp) {
-  not_built();
-}
-void allgather(Group&, const void*, void*, std::size_t, ElementType) {
-  not_built();
-}
-void reduce_scatter(Group&, const void*, void*, std::size_t, ElementType, ReduceOp) {
-  not_built();
-}
-Completion exchange(Group&, const std::vector<Send>&, const std::vector<Receive>&, ElementType) {
-  not_built();
 }
 
 #endif
 
-}  // namespace shardtensor::impl::nccl
+}  // namespace shardtensor::impl

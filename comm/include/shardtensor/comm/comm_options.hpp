@@ -26,10 +26,6 @@ struct CommOptions {
 /// "mpi" or "nccl".
 const char* to_string(CommBackend backend);
 
-/// The backend named `name`; throws naming `where`, the value and the choices otherwise, and
-/// (for nccl) when this build cannot run NCCL.
-CommBackend comm_backend_named(const std::string& name, const std::string& where);
-
 /// Whether this build has the NCCL backend: a CUDA build configured with NCCL.
 bool nccl_available();
 

@@ -13,8 +13,8 @@
 namespace shardtensor {
 
 struct RankMesh;
-namespace impl::nccl {
-struct Group;
+namespace impl {
+class Transport;
 }
 
 /// A duplicate of an MPI communicator, so that ShardTensor's messages never match a
@@ -31,10 +31,10 @@ class Communicator {
 
   MPI_Comm get() const;
   const CommOptions& options() const;
-  /// The NCCL communicator of the same ranks; null unless the backend is nccl. Made at the
-  /// first call, which is collective: every rank asks at the same operation (all operations
-  /// that move device memory are called by every rank of the communicator).
-  impl::nccl::Group* nccl() const;
+  /// How buffers in host memory and in device memory move between the ranks (transport.hpp):
+  /// chosen once, when the duplicate is made, from the options.
+  impl::Transport& host_transport() const;
+  impl::Transport& device_transport() const;
   /// Identifies the duplicate (shared by copies) while any copy lives: a key for caches of
   /// plans, which hold a copy and so keep the id from being reused.
   std::uintptr_t id() const { return reinterpret_cast<std::uintptr_t>(handle_.get()); }

@@ -66,10 +66,9 @@ FieldView<T> gather_to_root(const Communicator& comm, const ShardTensor<T>& tens
                       "root " << root << " outside a communicator of " << comm.size() << " ranks");
   impl::check_layout_on_all_ranks(comm, tensor, where);
   const auto send = impl::pack_owned(tensor);
-  const std::vector<int> counts = impl::to_mpi_counts(
-      impl::owned_value_counts(tensor.decomposition(), tensor.batch() * tensor.channels()),
-      comm.size(), where, "counts");
-  const std::vector<int> displs = impl::displacements(counts);
+  const std::vector<std::size_t> counts =
+      impl::owned_value_counts(tensor.decomposition(), tensor.batch() * tensor.channels());
+  impl::check_counts(counts, comm.size(), where, "counts");
   FieldView<T> global;
   Kokkos::View<T*, DefaultMemorySpace> recv;
   if (comm.rank() == root) {
@@ -77,11 +76,8 @@ FieldView<T> gather_to_root(const Communicator& comm, const ShardTensor<T>& tens
     recv = Kokkos::View<T*, DefaultMemorySpace>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "gather_recv"), global.span());
   }
-  const auto mpi_send = impl::mpi_send_buffer(comm, send);
-  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
-  MPI_Gatherv(mpi_send.data(), counts[comm.rank()], impl::mpi_type<T>(), mpi_recv.data(),
-              counts.data(), displs.data(), impl::mpi_type<T>(), root, comm.get());
-  mpi_recv.copy_back();
+  impl::transport_for<DefaultMemorySpace>(comm).gatherv(send.data(), recv.data(), counts, root,
+                                                        impl::wire_type<T>());
   if (comm.rank() == root) impl::unpack_all_ranks<T>(recv, tensor.decomposition(), global);
   return global;
 }
@@ -132,14 +128,14 @@ ShardTensor<T> scatter_from_root(const Communicator& comm, const FieldView<T>& g
     layout.push_back(ghosts.upper[k]);
   }
   comm.require_same(layout, where, "target decomposition and ghost widths");
-  long long shape[2] = {static_cast<long long>(global.extent(0)),
-                        static_cast<long long>(global.extent(1))};
-  MPI_Bcast(shape, 2, MPI_LONG_LONG, root, comm.get());
+  std::vector<std::int64_t> shape{static_cast<std::int64_t>(global.extent(0)),
+                                  static_cast<std::int64_t>(global.extent(1))};
+  comm.broadcast(shape, root);
   ShardTensor<T> tensor(decomposition, comm.rank(), shape[0], shape[1], ghosts, "scattered_field");
 
-  const std::vector<int> counts = impl::to_mpi_counts(
-      impl::owned_value_counts(decomposition, shape[0] * shape[1]), comm.size(), where, "counts");
-  const std::vector<int> displs = impl::displacements(counts);
+  const std::vector<std::size_t> counts =
+      impl::owned_value_counts(decomposition, shape[0] * shape[1]);
+  impl::check_counts(counts, comm.size(), where, "counts");
   Kokkos::View<T*, DefaultMemorySpace> send;
   if (comm.rank() == root) {
     send = Kokkos::View<T*, DefaultMemorySpace>(
@@ -153,11 +149,8 @@ ShardTensor<T> scatter_from_root(const Communicator& comm, const FieldView<T>& g
   }
   Kokkos::View<T*, DefaultMemorySpace> recv(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "scatter_recv"), counts[comm.rank()]);
-  const auto mpi_send = impl::mpi_send_buffer(comm, send);
-  const auto mpi_recv = impl::mpi_receive_buffer(comm, recv);
-  MPI_Scatterv(mpi_send.data(), counts.data(), displs.data(), impl::mpi_type<T>(), mpi_recv.data(),
-               counts[comm.rank()], impl::mpi_type<T>(), root, comm.get());
-  mpi_recv.copy_back();
+  impl::transport_for<DefaultMemorySpace>(comm).scatterv(send.data(), counts, recv.data(), root,
+                                                         impl::wire_type<T>());
   unpack_box(ExecutionSpace(), recv, tensor.view(), tensor.interior_box());
   Kokkos::fence();
   return tensor;

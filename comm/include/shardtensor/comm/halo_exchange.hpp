@@ -2,12 +2,10 @@
 // HaloExchange: a persistent plan that fills a ShardTensor's ghost cells from its
 // neighbours (faces, edges and corners), and its adjoint.
 
-#include <mpi.h>
-
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
-#include "shardtensor/comm/impl/nccl_transport.hpp"
+#include "shardtensor/comm/transport.hpp"
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -31,12 +29,11 @@ namespace shardtensor {
 /// same field as start(); between the two, owned cells may be read but ghost cells neither
 /// read nor written.
 ///
-/// How data moves: outgoing boxes are packed by Kokkos kernels into one send buffer. In host
-/// memory, MPI receives straight into the ghost cells through a subarray datatype (no unpack
-/// pass). In device memory, received messages are unpacked by kernels, and the transfers go as
-/// the communicator's options say (comm_options.hpp): MPI through host staging buffers, MPI on
-/// the device buffers (device-aware MPI), or NCCL, all messages as one group of sends and
-/// receives on the communicator's own stream, so interior kernels run while they travel. A
+/// How data moves: outgoing boxes are packed by Kokkos kernels into one send buffer, all
+/// messages of a phase go to the communicator's transport as one exchange (transport.hpp:
+/// MPI, staged or not, or NCCL, as the communicator's options say), and received messages are
+/// unpacked by kernels, forward as they arrive; MPI in host memory receives forward messages
+/// straight into the ghost cells (no unpack). Interior kernels run while they travel. A
 /// message to the rank itself (a periodic axis with one process) is a local copy.
 template <class T>
 class HaloExchange {
@@ -59,7 +56,6 @@ class HaloExchange {
   /// Throws (on every rank) if the layouts differ between ranks or a ghost region is wider
   /// than the neighbouring shard that must fill it.
   HaloExchange(const Communicator& comm, const ShardTensor<T>& like);
-  ~HaloExchange();
   HaloExchange(const HaloExchange&) = delete;
   HaloExchange& operator=(const HaloExchange&) = delete;
 
@@ -85,24 +81,15 @@ class HaloExchange {
 
  private:
   using Buffer = Kokkos::View<T*, DefaultMemorySpace>;
-  using HostBuffer = typename Buffer::HostMirror;
-  /// Host memory: MPI can receive straight into the field.
-  static constexpr bool receives_in_place = host_reads_default_memory;
   enum class Phase { idle, forward, reverse };
 
   void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
   void begin_phase(Phase phase, const ShardTensor<T>& field);
-  void post_receive(T* data, std::size_t count, MPI_Datatype type, int neighbor, int tag,
-                    int message);
-  void post_send(const Buffer& buffer, const HostBuffer& staging, std::size_t offset,
-                 std::size_t count, int neighbor, int tag);
-  /// NCCL: every message of a phase as one group; receives into `in`, sends out of `out`.
-  void start_nccl(const Buffer& out, bool reverse, const Buffer& in);
+  /// Every message of a phase (packed) to the transport as one exchange.
+  void post_transfers(const ShardTensor<T>& field, bool reverse);
+  /// Forward messages land in the field's ghost cells (ghost_layouts_), not the buffer.
+  bool receives_in_place() const { return !ghost_layouts_.empty(); }
   void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
-  /// Where MPI reads or writes a buffer's values: its host staging copy, if it has one.
-  T* mpi_memory(const Buffer& buffer, const HostBuffer& staging) const {
-    return staging.data() ? staging.data() : buffer.data();
-  }
   int forward_tag(const Direction& d) const;
   int reverse_tag(const Direction& d) const;
 
@@ -115,15 +102,13 @@ class HaloExchange {
   Index batch_, channels_;
   std::vector<Message> messages_;
   Buffer send_buffer_, recv_buffer_;
-  // Host copies of the buffers for MPI, where MPI cannot take device memory; else empty.
-  HostBuffer send_staging_, recv_staging_;
-  bool nccl_ = false;                      // device memory over NCCL
-  impl::nccl::Completion nccl_transfers_;  // the NCCL group in flight
-  std::vector<MPI_Datatype> ghost_types_;  // per message: its ghost box in the field (host)
-  std::vector<MPI_Request> recv_requests_, send_requests_;
-  std::vector<int> recv_message_;  // message index of each receive request
+  std::vector<int> receive_message_;  // message index of each receive of the exchange
+  std::vector<impl::BoxLayout> ghost_layouts_;  // per message, where the transport takes boxes
   Phase phase_ = Phase::idle;
   const T* in_flight_ = nullptr;  // the field of the exchange in progress
+  // Last, so destroyed first: a plan destroyed mid-exchange (while an exception unwinds)
+  // cancels its transfers before its buffers go.
+  impl::Transfers transfers_;
 };
 
 extern template class HaloExchange<float>;
