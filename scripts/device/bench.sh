@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmarks of docs/performance.md (GPU section), on a GPU machine, from the bundle
+# The GPU benchmarks of docs/performance.md ("Convolution on the GPU" and the H100 rows of "U-Net"), on a GPU machine, from the bundle
 # that scripts/device/bundle.sh made: each ShardTensor benchmark and its PyTorch peer on the
 # same GPU, fp32 with TF32 off and on, one JSON line each, into $OUT/bench.jsonl (and the full
 # output into $OUT/bench.log). Run it after scripts/device/run.sh (which unpacks the bundle),
