@@ -101,6 +101,163 @@ std::string resolve_checkpoint(const std::string& path) {
   SHARDTENSOR_FAIL("infer --checkpoint", "no checkpoint files in directory '" << path << "'");
 }
 
+/// `generate heat`: a new training dataset (never over a file the user has, nor its sidecar).
+struct GenerateCommand {
+  CLI::App* command = nullptr;
+  HeatOptions heat;
+  std::string output = "heat.h5";
+  bool overwrite = false;
+
+  void add_to(CLI::App& app) {
+    auto* generate = app.add_subcommand("generate", "Generate a training dataset");
+    generate->require_subcommand(1);
+    command = generate->add_subcommand(
+        "heat", "Variable-diffusivity heat equation: /input (u0, kappa) -> /target (u at time T)");
+    command->add_option("--dims", heat.dims, "Spatial dimensions, 2 or 3")->capture_default_str();
+    command->add_option("--size", heat.size, "Cells per dimension")->capture_default_str();
+    command->add_option("--samples", heat.samples, "Number of samples")->capture_default_str();
+    command->add_option("--steps", heat.steps, "Explicit time steps")->capture_default_str();
+    command->add_option("--modes", heat.modes, "Fourier modes per random field")
+        ->capture_default_str();
+    command->add_option("--contrast", heat.contrast, "Diffusivity varies by +- contrast")
+        ->capture_default_str();
+    command->add_option("--seed", heat.seed, "Random seed")->capture_default_str();
+    command->add_option("-o,--output", output, "Output HDF5 file")->capture_default_str();
+    command->add_flag("--overwrite", overwrite, "Replace the output file if it exists");
+  }
+
+  void run(const Communicator& world) const {
+    const std::string sidecar = std::filesystem::path(output).replace_extension(".xdmf").string();
+    for (const std::string& path : {output, sidecar})
+      SHARDTENSOR_REQUIRE(overwrite || !std::filesystem::exists(path), "generate",
+                          "'" << path << "' exists"
+                              << (path == sidecar ? " (the XDMF sidecar of --output)" : "")
+                              << ": pass --overwrite to replace it, or choose another "
+                                 "--output (nothing was written)");
+    io::require_outputs_apart(world, "generate",
+                              {{"--output", output}, {"XDMF sidecar of --output", sidecar}}, {});
+    generate_heat_dataset(world, heat, output, true);
+  }
+};
+
+/// `train`: a run from a YAML config, with its summary on rank 0.
+struct TrainCommand {
+  CLI::App* command = nullptr;
+  std::string config_path;
+  std::vector<std::string> overrides;
+  TrainOptions options;
+  bool quiet = false;
+
+  void add_to(CLI::App& app) {
+    command = app.add_subcommand("train", "Train a model from a YAML config");
+    command->add_option("-c,--config", config_path, "Run config (YAML)")->required();
+    command->add_option("--set", overrides, "Override a config key: --set training.epochs=5");
+    command->add_option("--resume", options.resume,
+                        "Continue from a checkpoint file, or 'latest' in the run dir");
+    command->add_flag("--overwrite", options.overwrite,
+                      "Start a new run in a run dir that holds one (the old run is moved "
+                      "to <run_dir>.old)");
+    command->add_flag("-q,--quiet", quiet, "No progress output");
+  }
+
+  void run(const Communicator& world) {
+    const RunConfig config = RunConfig::load(config_path, overrides);
+    // One path, but a node-local file system could hold another file there.
+    world.require_same_text(config.text, "train", "the resolved config");
+    options.progress = !quiet;
+    enable_memory_tracking();  // Kokkos allocation hooks: the report below, memory.budget_mib
+    const TrainResult r = train(world, config, options);
+    if (world.rank() != 0) return;
+    if (r.checkpoint.empty()) {  // a resumed run that had finished already
+      std::printf("train: nothing left to train: the run is at step %lld, its %lld epoch(s) "
+                  "done (training.epochs %lld); raise training.epochs (--set) to go on\n",
+                  (long long)r.steps, (long long)r.epochs, (long long)config.training.epochs);
+      return;
+    }
+    std::printf("train: %lld steps, %lld epochs in %.1f s; loss %.4e", (long long)r.steps,
+                (long long)r.epochs, r.seconds, r.loss);
+    if (r.val_relative_l2 >= 0)
+      std::printf(", validation relative L2 error %.4f (%.2f%%)", r.val_relative_l2,
+                  100 * r.val_relative_l2);
+    std::printf("\ntrain: checkpoint %s\n", r.checkpoint.c_str());
+    if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
+  }
+};
+
+/// `infer`: a trained model over an HDF5 file, with the error against targets on rank 0.
+struct InferCommand {
+  CLI::App* command = nullptr;
+  std::string config_path;
+  std::vector<std::string> overrides;
+  InferOptions options;
+
+  void add_to(CLI::App& app) {
+    command = app.add_subcommand("infer", "Run a trained model on an HDF5 file");
+    command->add_option("-c,--config", config_path,
+                        "Run config (YAML); default: the config stored in the checkpoint");
+    command->add_option("--set", overrides, "Override a config key");
+    command
+        ->add_option("--checkpoint", options.checkpoint,
+                     "Checkpoint file, or a run directory (its newest checkpoint)")
+        ->required();
+    command->add_option("-i,--input", options.input_path, "Input HDF5 file")->required();
+    command->add_option("-o,--output", options.output_path, "Output HDF5 file")->required();
+    command->add_option("--dataset", options.input_dataset,
+                        "Input dataset (default: the config's data.input)");
+    command->add_option("--target", options.target_dataset,
+                        "Target dataset for error reporting (default: data.target, if present)");
+    command
+        ->add_option("--output-dataset", options.output_dataset,
+                     "Name of the predictions' dataset")
+        ->capture_default_str();
+  }
+
+  void run(const Communicator& world) {
+    options.checkpoint = resolve_checkpoint(options.checkpoint);
+    // Inference reads its input from --input, not data.path: configs of models trained
+    // online by an embedding solver have none.
+    const auto arrays = RunConfig::DataUse::arrays;
+    const RunConfig config =
+        config_path.empty()
+            ? RunConfig::parse(read_checkpoint_state(world, options.checkpoint).config,
+                               options.checkpoint + " (stored config)", overrides, arrays)
+            : RunConfig::load(config_path, overrides, arrays);
+    options.config_path = config_path;
+    enable_memory_tracking();  // the report below, memory.budget_mib
+    const InferResult r = infer(world, config, options);
+    if (world.rank() != 0) return;
+    std::printf("infer: %lld samples -> %s in %.2f s\n", (long long)r.samples,
+                options.output_path.c_str(), r.seconds);
+    if (r.has_target) {  // always printed, NaN as NaN: a missing line hides a problem
+      std::printf("infer: relative L2 error vs target: mean %.4f (%.2f%%), max %.4f\n",
+                  r.relative_l2, 100 * r.relative_l2, r.max_relative_l2);
+      if (!std::isfinite(r.relative_l2) || !std::isfinite(r.max_relative_l2))
+        std::printf("infer: warning: the error is not finite: the prediction or the target holds "
+                    "NaN or Inf values (or a target sample is all zeros)\n");
+    }
+    if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
+  }
+};
+
+/// Every rank must run the same command: a rank given other arguments (an MPMD launch, a
+/// per-rank wrapper script) would wait in another collective. Agreed before anything else,
+/// with an unknown command named (and the closest known one).
+void require_same_known_command(int argc, char** argv) {
+  std::string command_line;
+  for (int i = 1; i < argc; ++i) command_line += std::string(argv[i]) + "\n";
+  Communicator(MPI_COMM_WORLD)
+      .require_same_text(command_line, "shardtensor", "the command line (one argument per line)");
+  const std::vector<std::string> commands{"generate", "train", "infer", "info"};
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
+    const std::string near = closest_name(argv[1], commands);
+    SHARDTENSOR_FAIL("shardtensor", "unknown command '"
+                                        << argv[1] << "'"
+                                        << (near.empty() ? "" : "; did you mean '" + near + "'?")
+                                        << " The commands are generate, train, infer and info");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,88 +272,19 @@ int main(int argc, char** argv) {
       "Run with mpirun; every rank runs the same command."};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("shardtensor ") + SHARDTENSOR_VERSION);
-
-  // generate heat
-  auto* generate = app.add_subcommand("generate", "Generate a training dataset");
-  generate->require_subcommand(1);
-  auto* heat = generate->add_subcommand(
-      "heat", "Variable-diffusivity heat equation: /input (u0, kappa) -> /target (u at time T)");
-  HeatOptions heat_options;
-  std::string heat_output = "heat.h5";
-  bool heat_overwrite = false;
-  heat->add_option("--dims", heat_options.dims, "Spatial dimensions, 2 or 3")
-      ->capture_default_str();
-  heat->add_option("--size", heat_options.size, "Cells per dimension")->capture_default_str();
-  heat->add_option("--samples", heat_options.samples, "Number of samples")->capture_default_str();
-  heat->add_option("--steps", heat_options.steps, "Explicit time steps")->capture_default_str();
-  heat->add_option("--modes", heat_options.modes, "Fourier modes per random field")
-      ->capture_default_str();
-  heat->add_option("--contrast", heat_options.contrast, "Diffusivity varies by +- contrast")
-      ->capture_default_str();
-  heat->add_option("--seed", heat_options.seed, "Random seed")->capture_default_str();
-  heat->add_option("-o,--output", heat_output, "Output HDF5 file")->capture_default_str();
-  heat->add_flag("--overwrite", heat_overwrite, "Replace the output file if it exists");
-
-  // train
-  auto* train_command = app.add_subcommand("train", "Train a model from a YAML config");
-  std::string config_path;
-  std::vector<std::string> overrides;
-  TrainOptions train_options;
-  train_command->add_option("-c,--config", config_path, "Run config (YAML)")->required();
-  train_command->add_option("--set", overrides, "Override a config key: --set training.epochs=5");
-  train_command->add_option("--resume", train_options.resume,
-                            "Continue from a checkpoint file, or 'latest' in the run dir");
-  train_command->add_flag("--overwrite", train_options.overwrite,
-                          "Start a new run in a run dir that holds one (the old run is moved "
-                          "to <run_dir>.old)");
-  bool quiet = false;
-  train_command->add_flag("-q,--quiet", quiet, "No progress output");
-
-  // infer
-  auto* infer_command = app.add_subcommand("infer", "Run a trained model on an HDF5 file");
-  InferOptions infer_options;
-  infer_command->add_option("-c,--config", config_path,
-                            "Run config (YAML); default: the config stored in the checkpoint");
-  infer_command->add_option("--set", overrides, "Override a config key");
-  infer_command
-      ->add_option("--checkpoint", infer_options.checkpoint,
-                   "Checkpoint file, or a run directory (its newest checkpoint)")
-      ->required();
-  infer_command->add_option("-i,--input", infer_options.input_path, "Input HDF5 file")->required();
-  infer_command->add_option("-o,--output", infer_options.output_path, "Output HDF5 file")
-      ->required();
-  infer_command->add_option("--dataset", infer_options.input_dataset,
-                            "Input dataset (default: the config's data.input)");
-  infer_command->add_option(
-      "--target", infer_options.target_dataset,
-      "Target dataset for error reporting (default: data.target, if present)");
-  infer_command
-      ->add_option("--output-dataset", infer_options.output_dataset,
-                   "Name of the predictions' dataset")
-      ->capture_default_str();
-
+  GenerateCommand generate;
+  TrainCommand train_command;
+  InferCommand infer_command;
+  generate.add_to(app);
+  train_command.add_to(app);
+  infer_command.add_to(app);
   auto* info = app.add_subcommand("info", "Versions of ShardTensor and its libraries");
 
-  // Every rank must run the same command: a rank given other arguments (an MPMD launch, a
-  // per-rank wrapper script) would wait in another collective. Agreed before anything else.
   try {
-    std::string command_line;
-    for (int i = 1; i < argc; ++i) command_line += std::string(argv[i]) + "\n";
-    Communicator(MPI_COMM_WORLD)
-        .require_same_text(command_line, "shardtensor", "the command line (one argument per line)");
-    const std::vector<std::string> commands{"generate", "train", "infer", "info"};
-    if (argc > 1 && argv[1][0] != '-' &&
-        std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
-      const std::string near = closest_name(argv[1], commands);
-      SHARDTENSOR_FAIL("shardtensor", "unknown command '"
-                                          << argv[1] << "'"
-                                          << (near.empty() ? "" : "; did you mean '" + near + "'?")
-                                          << " The commands are generate, train, infer and info");
-    }
+    require_same_known_command(argc, argv);
   } catch (const std::exception& e) {
     fail(e.what(), rank, size);
   }
-
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -209,71 +297,12 @@ int main(int argc, char** argv) {
     try {
       const Communicator world(MPI_COMM_WORLD);
       // Commands with no step boundary to stop at: a signal removes their unfinished outputs.
-      if (heat->parsed() || infer_command->parsed()) io::remove_temporaries_on_signal();
-      if (heat->parsed()) {
-        // A new file, or --overwrite: never a data set the user has, nor its own sidecar.
-        const std::string sidecar =
-            std::filesystem::path(heat_output).replace_extension(".xdmf").string();
-        for (const std::string& path : {heat_output, sidecar})
-          SHARDTENSOR_REQUIRE(heat_overwrite || !std::filesystem::exists(path), "generate",
-                              "'" << path << "' exists"
-                                  << (path == sidecar ? " (the XDMF sidecar of --output)" : "")
-                                  << ": pass --overwrite to replace it, or choose another "
-                                     "--output (nothing was written)");
-        io::require_outputs_apart(
-            world, "generate",
-            {{"--output", heat_output}, {"XDMF sidecar of --output", sidecar}}, {});
-        generate_heat_dataset(world, heat_options, heat_output, true);
-      } else if (train_command->parsed()) {
-        const RunConfig config = RunConfig::load(config_path, overrides);
-        // One path, but a node-local file system could hold another file there.
-        world.require_same_text(config.text, "train", "the resolved config");
-        train_options.progress = !quiet;
-        enable_memory_tracking();  // Kokkos allocation hooks: the report below, memory.budget_mib
-        const TrainResult r = train(world, config, train_options);
-        if (rank == 0 && r.checkpoint.empty()) {  // a resumed run that had finished already
-          std::printf("train: nothing left to train: the run is at step %lld, its %lld epoch(s) "
-                      "done (training.epochs %lld); raise training.epochs (--set) to go on\n",
-                      (long long)r.steps, (long long)r.epochs,
-                      (long long)config.training.epochs);
-        } else if (rank == 0) {
-          std::printf("train: %lld steps, %lld epochs in %.1f s; loss %.4e", (long long)r.steps,
-                      (long long)r.epochs, r.seconds, r.loss);
-          if (r.val_relative_l2 >= 0)
-            std::printf(", validation relative L2 error %.4f (%.2f%%)", r.val_relative_l2,
-                        100 * r.val_relative_l2);
-          std::printf("\ntrain: checkpoint %s\n", r.checkpoint.c_str());
-          if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
-        }
-      } else if (infer_command->parsed()) {
-        infer_options.checkpoint = resolve_checkpoint(infer_options.checkpoint);
-        // Inference reads its input from --input, not data.path: configs of models trained
-        // online by an embedding solver have none.
-        const auto arrays = RunConfig::DataUse::arrays;
-        const RunConfig config =
-            config_path.empty()
-                ? RunConfig::parse(read_checkpoint_state(world, infer_options.checkpoint).config,
-                                   infer_options.checkpoint + " (stored config)", overrides, arrays)
-                : RunConfig::load(config_path, overrides, arrays);
-        infer_options.config_path = config_path;
-        enable_memory_tracking();  // the report below, memory.budget_mib
-        const InferResult r = infer(world, config, infer_options);
-        if (rank == 0) {
-          std::printf("infer: %lld samples -> %s in %.2f s\n", (long long)r.samples,
-                      infer_options.output_path.c_str(), r.seconds);
-          if (r.has_target) {  // always printed, NaN as NaN: a missing line hides a problem
-            std::printf("infer: relative L2 error vs target: mean %.4f (%.2f%%), max %.4f\n",
-                        r.relative_l2, 100 * r.relative_l2, r.max_relative_l2);
-            if (!std::isfinite(r.relative_l2) || !std::isfinite(r.max_relative_l2))
-              std::printf(
-                  "infer: warning: the error is not finite: the prediction or the target holds "
-                  "NaN or Inf values (or a target sample is all zeros)\n");
-          }
-          if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
-        }
-      } else if (info->parsed()) {
-        print_info(world);
-      }
+      if (generate.command->parsed() || infer_command.command->parsed())
+        io::remove_temporaries_on_signal();
+      if (generate.command->parsed()) generate.run(world);
+      if (train_command.command->parsed()) train_command.run(world);
+      if (infer_command.command->parsed()) infer_command.run(world);
+      if (info->parsed()) print_info(world);
     } catch (const TrainingStopped& e) {  // every rank, after a checkpoint: finalize normally
       if (rank == 0) std::fprintf(stderr, "shardtensor: %s\n", e.what());
       status = 128 + e.signal();
