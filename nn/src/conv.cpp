@@ -1,5 +1,7 @@
 #include "shardtensor/nn/conv.hpp"
 
+#include "conv_kernels.hpp"
+
 #include "shardtensor/kernels/conv.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/nn/impl/conv_parameters.hpp"
@@ -146,57 +148,20 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const AxisRotation rotation = rotation_for(geometry_.ndims, padded);
   shape = rotated(shape, rotation);
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
-  const ReplicatedView<T> no_bias;
-  const ConvAlgorithm algorithm = options_.algorithm;
-  const std::shared_ptr<kernels::ConvWorkspace<T>> workspace = workspace_;
-  const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : no_bias;
+  const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
   const Index padded_extent[3] = {Index(xp.extent(2)), Index(xp.extent(3)), Index(xp.extent(4))};
-  // The fast path: the backend's library (cuDNN) where the build has one, else the plane
-  // path where it applies, else im2col + GEMM.
-  const kernels::ConvLibraryPlan<T> library =
-      algorithm == ConvAlgorithm::gemm && options_.library_kernels
-          ? kernels::ConvLibraryPlan<T>(shape, padded_extent, options_.library_workspace_bytes,
-                                        options_.tf32)
-          : kernels::ConvLibraryPlan<T>();
-  const PlanePlan planes =
-      algorithm == ConvAlgorithm::gemm && !library.applies()
-          ? kernels::plan_planes(
-                shape, padded_extent, sizeof(T), workspace->budget_bytes,
-                options_.vector_kernels && kernels::conv_vector_kernels_available<T>())
-          : PlanePlan{};
-  const auto forward_gemm = [&](const ChunkFilter& filter) {
-    if (!planes.applies()) {
-      kernels::conv_gemm_forward(ExecutionSpace(), shape, xp, weight_.data(), bias, yv, *workspace,
-                                 filter);
-      return;
-    }
-    const auto keep = [&](Index ox, Index y0, Index y1) {
-      return filter(kernels::plane_reads(shape, ox, y0, y1));
-    };
-    kernels::correlate_planes<T>(ExecutionSpace(), planes, planes.forward, planes.forward_rows,
-                                 shape, xp, weight_.data(), false, bias, yv,
-                                 workspace->reserve(planes.values), keep);
-  };
-  if (library.applies()) {
-    // One library call for every output, after the exchange: no overlap split.
-    halo_->finish(padded);
-    if (!library.forward(ExecutionSpace(), xp, weight_.data(), bias, yv, *workspace))
-      forward_gemm(ChunkFilter{});
-  } else if (algorithm == ConvAlgorithm::gemm && options_.overlap_halo &&
-             halo_->padding_ready_after_start()) {
+  const impl::ConvKernels<T> kernels(shape, padded_extent, options_, workspace_);
+  if (kernels.runs_in_chunks() && options_.overlap_halo && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
     for (const Box& box : halo_->exchanged_boxes(padded))
       interior.boxes.push_back(rotation.apply(box));
-    forward_gemm(interior);
+    kernels.forward(xp, weight_.data(), bias, yv, interior);
     halo_->finish(padded);
     interior.keep = ChunkFilter::touching;
-    forward_gemm(interior);
+    kernels.forward(xp, weight_.data(), bias, yv, interior);
   } else {
     halo_->finish(padded);
-    if (algorithm == ConvAlgorithm::gemm)
-      forward_gemm(ChunkFilter{});
-    else
-      kernels::conv_direct_forward(ExecutionSpace(), shape, xp, weight_.data(), bias, yv);
+    kernels.forward(xp, weight_.data(), bias, yv);
   }
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
@@ -235,44 +200,11 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       if (x_node->requires_grad)
         grad_padded =
             direct ? x_node->grad_field()
-            : planes.applies() && !in_place
+            : kernels.input_gradient_after_weights() && !in_place
                 ? padded
                 : ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                  padded.channels(), padded.ghosts(), name_ + ".padded_grad");
-      if (planes.applies()) {
-        T* scratch = workspace->reserve(planes.values);
-        if (gw.extent(0) > 0)
-          kernels::weight_gradient_planes(ExecutionSpace(), planes, shape, xp, gy, gw, scratch);
-        kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
-                                          gb);  // bias only
-        if (x_node->requires_grad) {
-          const auto keep_all = [](Index, Index, Index) { return true; };
-          kernels::correlate_planes<T>(ExecutionSpace(), planes, planes.data, planes.data_rows,
-                                       shape, gy, w_node->data, true, ReplicatedView<T>(),
-                                       rotation.apply(grad_padded.view()), scratch, keep_all);
-        }
-      } else {
-        const FieldView<T> gxp = rotation.apply(grad_padded.view());
-        if (algorithm == ConvAlgorithm::gemm) {
-          // The library's directions where it has algorithms, the portable GEMM for the rest.
-          const bool data_done =
-              gxp.extent(0) == 0 ||
-              library.backward_data(ExecutionSpace(), gy, w_node->data, gxp, *workspace);
-          const bool weight_done =
-              gw.extent(0) == 0 ||
-              library.backward_weight(ExecutionSpace(), gy, xp, gw, *workspace);
-          if (!data_done || !weight_done)
-            kernels::conv_gemm_backward(ExecutionSpace(), shape, gy, xp, w_node->data,
-                                        weight_done ? ReplicatedView<T>() : gw,
-                                        data_done ? FieldView<T>() : gxp, *workspace);
-          kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, ReplicatedView<T>(),
-                                            gb);  // bias only
-        } else {
-          kernels::conv_backward_parameters(ExecutionSpace(), shape, gy, xp, gw, gb);
-          if (x_node->requires_grad)
-            kernels::conv_direct_backward_data(ExecutionSpace(), shape, gy, w_node->data, gxp);
-        }
-      }
+      kernels.backward(gy, xp, w_node->data, gw, gb, rotation.apply(grad_padded.view()));
       if (x_node->requires_grad && !direct) halo->backward(grad_padded, x_node->grad_field());
     };
   }

@@ -216,6 +216,7 @@ class TrainingLoop {
       run_epoch(reader, epoch);
     result_.steps = state_.step;
     result_.epochs = state_.epoch;
+    result_.memory = memory_report(world_);  // before the model and optimizer go
     return result_;
   }
 
@@ -353,7 +354,6 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
   Setup<T> s = set_up<T>(world, config, file, config.data.input, config.data.target, true);
   SampleSplit samples = split_samples(world, config, s.data);
   TrainResult result = TrainingLoop<T>(world, config, options, file, s, samples).run();
-  result.memory = memory_report(world);  // before the model and optimizer go
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   return result;

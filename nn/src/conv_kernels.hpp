@@ -1,0 +1,101 @@
+#pragma once
+// ConvKernels: the one place that chooses which kernels run a convolution call, forward and
+// backward: the backend's library (cuDNN) where the build has one and it applies, else the
+// plane path where it applies, else im2col + GEMM; or the direct loop (ConvAlgorithm::direct).
+// Chosen once per forward call and kept by its backward, so both directions agree. The layer
+// holds parameters and options; a new backend's kernels are one more branch here.
+
+#include <memory>
+
+#include "shardtensor/kernels/conv.hpp"
+#include "shardtensor/kernels/conv_library.hpp"
+#include "shardtensor/nn/conv.hpp"
+
+namespace shardtensor::impl {
+
+template <class T>
+class ConvKernels {
+ public:
+  /// `shape` in the kernels' (rotated) axes; `padded_extent` the padded input's local extents.
+  ConvKernels(const kernels::ConvShape& shape, const Index padded_extent[3],
+              const ConvOptions& options, std::shared_ptr<kernels::ConvWorkspace<T>> workspace)
+      : shape_(shape),
+        gemm_(options.algorithm == ConvAlgorithm::gemm),
+        workspace_(std::move(workspace)),
+        library_(gemm_ && options.library_kernels
+                     ? kernels::ConvLibraryPlan<T>(shape, padded_extent,
+                                                   options.library_workspace_bytes, options.tf32)
+                     : kernels::ConvLibraryPlan<T>()),
+        planes_(gemm_ && !library_.applies()
+                    ? kernels::plan_planes(
+                          shape, padded_extent, sizeof(T), workspace_->budget_bytes,
+                          options.vector_kernels && kernels::conv_vector_kernels_available<T>())
+                    : kernels::PlanePlan{}) {}
+
+  /// Whether forward can run in chunks of outputs (those reading no exchanged ghost first,
+  /// while the halo travels): not the library (one call) nor the direct loop.
+  bool runs_in_chunks() const { return gemm_ && !library_.applies(); }
+  /// Whether the input gradient is written by the plane path, which runs the weight gradient
+  /// first, so the padded input's buffer may take the input gradient.
+  bool input_gradient_after_weights() const { return planes_.applies(); }
+
+  /// y = conv(xp, w) + bias, for the outputs `filter` keeps (all unless runs_in_chunks()).
+  void forward(const FieldView<T>& xp, const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
+               const FieldView<T>& y, const kernels::ChunkFilter& filter = {}) const {
+    const ExecutionSpace space;
+    if (library_.applies() && library_.forward(space, xp, w, bias, y, *workspace_)) return;
+    if (!gemm_) return kernels::conv_direct_forward(space, shape_, xp, w, bias, y);
+    if (!planes_.applies())
+      return kernels::conv_gemm_forward(space, shape_, xp, w, bias, y, *workspace_, filter);
+    const auto keep = [&](Index ox, Index y0, Index y1) {
+      return filter(kernels::plane_reads(shape_, ox, y0, y1));
+    };
+    kernels::correlate_planes<T>(space, planes_, planes_.forward, planes_.forward_rows, shape_, xp,
+                                 w, false, bias, y, workspace_->reserve(planes_.values), keep);
+  }
+
+  /// The gradients from gy: of the weight (gw), the bias (gb) and the padded input (gxp);
+  /// an empty View is not computed. gxp may be xp's own buffer where
+  /// input_gradient_after_weights().
+  void backward(const FieldView<T>& gy, const FieldView<T>& xp, const ReplicatedView<T>& w,
+                const ReplicatedView<T>& gw, const ReplicatedView<T>& gb,
+                const FieldView<T>& gxp) const {
+    const ExecutionSpace space;
+    const ReplicatedView<T> none;
+    if (planes_.applies()) {
+      T* scratch = workspace_->reserve(planes_.values);
+      if (gw.extent(0) > 0)
+        kernels::weight_gradient_planes(space, planes_, shape_, xp, gy, gw, scratch);
+      kernels::conv_backward_parameters(space, shape_, gy, xp, none, gb);  // bias only
+      if (gxp.extent(0) > 0) {
+        const auto keep_all = [](Index, Index, Index) { return true; };
+        kernels::correlate_planes<T>(space, planes_, planes_.data, planes_.data_rows, shape_, gy,
+                                     w, true, none, gxp, scratch, keep_all);
+      }
+      return;
+    }
+    if (!gemm_) {
+      kernels::conv_backward_parameters(space, shape_, gy, xp, gw, gb);
+      if (gxp.extent(0) > 0) kernels::conv_direct_backward_data(space, shape_, gy, w, gxp);
+      return;
+    }
+    // The library's directions where it has algorithms, the portable GEMM for the rest.
+    const bool data_done =
+        gxp.extent(0) == 0 || library_.backward_data(space, gy, w, gxp, *workspace_);
+    const bool weight_done =
+        gw.extent(0) == 0 || library_.backward_weight(space, gy, xp, gw, *workspace_);
+    if (!data_done || !weight_done)
+      kernels::conv_gemm_backward(space, shape_, gy, xp, w, weight_done ? none : gw,
+                                  data_done ? FieldView<T>() : gxp, *workspace_);
+    kernels::conv_backward_parameters(space, shape_, gy, xp, none, gb);  // bias only
+  }
+
+ private:
+  kernels::ConvShape shape_;
+  bool gemm_;
+  std::shared_ptr<kernels::ConvWorkspace<T>> workspace_;
+  kernels::ConvLibraryPlan<T> library_;
+  kernels::PlanePlan planes_;
+};
+
+}  // namespace shardtensor::impl
