@@ -169,9 +169,10 @@ struct TrainCommand {
     const TrainResult r = train(world, config, options);
     if (world.rank() != 0) return;
     if (r.checkpoint.empty()) {  // a resumed run that had finished already
-      std::printf("train: nothing left to train: the run is at step %lld, its %lld epoch(s) "
-                  "done (training.epochs %lld); raise training.epochs (--set) to go on\n",
-                  (long long)r.steps, (long long)r.epochs, (long long)config.training.epochs);
+      std::printf(
+          "train: nothing left to train: the run is at step %lld, its %lld epoch(s) "
+          "done (training.epochs %lld); raise training.epochs (--set) to go on\n",
+          (long long)r.steps, (long long)r.epochs, (long long)config.training.epochs);
       return;
     }
     std::printf("train: %lld steps, %lld epochs in %.1f s; loss %.4e", (long long)r.steps,
@@ -207,8 +208,7 @@ struct InferCommand {
     command->add_option("--target", options.target_dataset,
                         "Target dataset for error reporting (default: data.target, if present)");
     command
-        ->add_option("--output-dataset", options.output_dataset,
-                     "Name of the predictions' dataset")
+        ->add_option("--output-dataset", options.output_dataset, "Name of the predictions' dataset")
         ->capture_default_str();
   }
 
@@ -232,8 +232,9 @@ struct InferCommand {
       std::printf("infer: relative L2 error vs target: mean %.4f (%.2f%%), max %.4f\n",
                   r.relative_l2, 100 * r.relative_l2, r.max_relative_l2);
       if (!std::isfinite(r.relative_l2) || !std::isfinite(r.max_relative_l2))
-        std::printf("infer: warning: the error is not finite: the prediction or the target holds "
-                    "NaN or Inf values (or a target sample is all zeros)\n");
+        std::printf(
+            "infer: warning: the error is not finite: the prediction or the target holds "
+            "NaN or Inf values (or a target sample is all zeros)\n");
     }
     if (r.memory.enabled) std::printf("%s", r.memory.describe().c_str());
   }

@@ -274,9 +274,10 @@ TEST_CASE("collectives reject Views that do not match their counts", "[collectiv
   CHECK_THROWS_WITH(allreduce(comm, column), Contains("is not contiguous"));
 }
 
-TEST_CASE("every transport gives every operation the same values, staged through host copies "
-          "or not",
-          "[collectives][transport]") {
+TEST_CASE(
+    "every transport gives every operation the same values, staged through host copies "
+    "or not",
+    "[collectives][transport]") {
   // The staged MPI transport copies each buffer to a host copy and back: where the default
   // memory is host memory the copies are host to host, so the staging code runs (and is held
   // to the plain transport's results) on every build.

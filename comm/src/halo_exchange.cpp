@@ -210,8 +210,8 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
     const std::size_t count = reverse ? m.recv_count : m.send_count;
     if (count == 0 || m.self_partner >= 0) continue;
     const int tag = reverse ? reverse_tag(m.direction) : forward_tag(m.direction);
-    sends.push_back({m.neighbor, out.data() + (reverse ? m.recv_offset : m.send_offset), count,
-                     tag});
+    sends.push_back(
+        {m.neighbor, out.data() + (reverse ? m.recv_offset : m.send_offset), count, tag});
   }
   for (std::size_t i = messages_.size(); i-- > 0;) {
     const Message& m = messages_[i];
@@ -286,8 +286,7 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
     if (reverse)
       unpack_box(space_, send_buffer_, field.view(), m.send_box, UnpackMode::add, m.send_offset);
     else
-      unpack_box(space_, recv_buffer_, field.view(), m.recv_box, UnpackMode::assign,
-                 m.recv_offset);
+      unpack_box(space_, recv_buffer_, field.view(), m.recv_box, UnpackMode::assign, m.recv_offset);
   };
   if (reverse) {
     // Several messages may add into the same owned cell (a corner gets face, edge and corner
@@ -303,7 +302,7 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
     for (int i = transfers_.next_received(); i >= 0; i = transfers_.next_received())
       if (!receives_in_place()) unpack(receive_message_[i]);
   }
-  space_.fence();  // the unpacked ghosts, before the kernels of the default instance read them
+  space_.fence();     // the unpacked ghosts, before the kernels of the default instance read them
   transfers_.wait();  // the sends, before the buffers are packed again
   receive_message_.clear();
   phase_ = Phase::idle;

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "shardtensor/comm/transport.hpp"
@@ -321,8 +321,8 @@ class MpiTransport final : public Transport {
     key[15] = static_cast<int>(type);
     auto [it, made] = box_types_.try_emplace(key, MPI_DATATYPE_NULL);
     if (made) {
-      MPI_Type_create_subarray(5, box.shape, box.extent, box.lower, MPI_ORDER_C,
-                               mpi_datatype(type), &it->second);
+      MPI_Type_create_subarray(5, box.shape, box.extent, box.lower, MPI_ORDER_C, mpi_datatype(type),
+                               &it->second);
       MPI_Type_commit(&it->second);
     }
     return it->second;

@@ -69,8 +69,8 @@ class ConvKernels {
       kernels::conv_backward_parameters(space, shape_, gy, xp, none, gb);  // bias only
       if (gxp.extent(0) > 0) {
         const auto keep_all = [](Index, Index, Index) { return true; };
-        kernels::correlate_planes<T>(space, planes_, planes_.data, planes_.data_rows, shape_, gy,
-                                     w, true, none, gxp, scratch, keep_all);
+        kernels::correlate_planes<T>(space, planes_, planes_.data, planes_.data_rows, shape_, gy, w,
+                                     true, none, gxp, scratch, keep_all);
       }
       return;
     }

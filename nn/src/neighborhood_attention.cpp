@@ -194,33 +194,16 @@ std::string validate(const Communicator& comm, const Variable<T>& q, const Varia
   return "";
 }
 
-}  // namespace
-
-template <class T>
-Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& q,
-                                   const Variable<T>& k, const Variable<T>& v,
-                                   const NeighborhoodAttentionOptions& options) {
-  SHARDTENSOR_REQUIRE(q.defined() && k.defined() && v.defined(), where,
-                      "q, k and v must be defined Variables");
-  SHARDTENSOR_REQUIRE(q.is_field() && k.is_field() && v.is_field(), where,
-                      "q, k and v must be sharded fields, got '" << q.name() << "', '" << k.name()
-                                                                 << "', '" << v.name() << "'");
-  const ShardTensor<T>& qf = q.value();
-  const Decomposition& dec = qf.decomposition();
-
-  // One allreduce: any rank's problem, or batch/channels that differ between ranks, makes
-  // every rank throw (so none is left waiting in the halo exchange).
-  const std::string local_error = validate(comm, q, k, v, options);
-  comm.agree(local_error.empty() ? local_error : std::string(where) + ": " + local_error);
-  comm.require_same({qf.batch(), qf.channels()}, where, "(batch, channels)");
-
+/// The windows, ghost widths, early-query box and per-index key ranges of one call.
+std::shared_ptr<const Geometry> plan_geometry(const Decomposition& dec, int rank, Index batch,
+                                              Index channels,
+                                              const NeighborhoodAttentionOptions& options) {
   auto g = std::make_shared<Geometry>();
   g->ndims = dec.ndims();
-  g->batch = qf.batch();
-  g->channels = qf.channels();
+  g->batch = batch;
+  g->channels = channels;
   g->heads = options.heads;
-  g->head_dim = qf.channels() / options.heads;
-  const int rank = comm.rank();
+  g->head_dim = channels / options.heads;
   const Box owned = dec.box(rank);
   const Index longest = std::max({owned.extent[0], owned.extent[1], owned.extent[2]});
   auto first = Kokkos::View<Index**, Kokkos::LayoutRight, Kokkos::HostSpace>(
@@ -276,67 +259,26 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
   grid.first = Kokkos::create_mirror_view_and_copy(DefaultMemorySpace(), first);
   grid.last = Kokkos::create_mirror_view_and_copy(DefaultMemorySpace(), last);
 
-  const Index C = g->channels, N = g->batch, H = g->heads;
-  const SpatialIndex to_padded{g->ghosts.lower[0], g->ghosts.lower[1], g->ghosts.lower[2]};
-  const SpatialIndex none{0, 0, 0};
-  const Box owned_box = whole(g->local);
-  const Box padded_interior = owned_box.shifted(to_padded);
-  using kernels::pack_rows;
-  using kernels::PackedRows;
-  using kernels::unpack_rows;
+  return g;
+}
 
-  // K and V into the packed rows of the padded grid (K then V), and from there into the
-  // interior of one padded 2C-channel field; start its halo exchange.
-  const ShardTensor<T>& kf = k.value();
-  const ShardTensor<T>& vf = v.value();
-  auto saved = std::make_shared<Saved<T>>();
-  {
-    MemoryCategoryScope memory(MemoryCategory::activations);
-    saved->kv = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood kv"),
-                              N * g->grid.padded_cells(), 2 * C);
-    saved->q = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood q"),
-                             N * g->cells(), C);
-    saved->out = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood out"),
-                               N * g->cells(), C);
-    saved->lse = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood lse"),
-                               N * g->cells(), H);
-  }
-  const auto field_to_padded = [to_padded](const ShardTensor<T>& f) {  // local -> padded cell
-    const SpatialIndex below = negated(f.ghosts());
-    return SpatialIndex{below[0] + to_padded[0], below[1] + to_padded[1], below[2] + to_padded[2]};
-  };
-  pack_rows(ExecutionSpace(), kf.view(), kf.interior_box(), 0, C, saved->kv, g->padded,
-            field_to_padded(kf), 0);
-  pack_rows(ExecutionSpace(), vf.view(), vf.interior_box(), 0, C, saved->kv, g->padded,
-            field_to_padded(vf), C);
-  ShardTensor<T> padded(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention kv");
-  unpack_rows(ExecutionSpace(), saved->kv, g->padded, none, 0, 2 * C, padded.view(),
-              padded_interior, 0, false);
-  const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
-  plan->start(padded);
+using kernels::pack_rows;
+using kernels::PackedRows;
+using kernels::unpack_rows;
 
-  // While the messages travel: pack Q, compute the early queries.
-  pack_rows(ExecutionSpace(), qf.view(), qf.interior_box(), 0, C, saved->q, g->local,
-            negated(qf.ghosts()), 0);
-  kernels::neighborhood_forward(ExecutionSpace(), g->grid, g->early, saved->q, saved->kv,
-                                saved->out, saved->lse);
-  plan->finish(padded);
+/// The backward of one call: dQ, and dK/dV with the ghost keys' gradients sent back to their
+/// owners (the halo adjoint) while the owned ones are computed.
+template <class T>
+struct Backward {
+  std::shared_ptr<const Geometry> g;
+  std::shared_ptr<HaloExchange<T>> plan;
+  std::shared_ptr<Saved<T>> saved;
+  Box owned_box, padded_interior;
+  Decomposition dec;
+  int rank;
+  SpatialIndex to_padded;
 
-  // Ghost K/V into the packed rows, then the queries near the shard's faces.
-  for (const Box& b : box_minus(whole(g->padded), padded_interior))
-    pack_rows(ExecutionSpace(), padded.view(), b, 0, 2 * C, saved->kv, g->padded, none, 0);
-  for (const Box& b : box_minus(owned_box, g->early))
-    kernels::neighborhood_forward(ExecutionSpace(), g->grid, b, saved->q, saved->kv, saved->out,
-                                  saved->lse);
-
-  auto node = make_result_node<T>("neighborhood_attention", {q.node(), k.node(), v.node()});
-  node->field = ShardTensor<T>::uninitialized(dec, rank, N, C, {}, "neighborhood_attention");
-  unpack_rows(ExecutionSpace(), saved->out, g->local, none, 0, C, node->field.view(), owned_box, 0,
-              false);
-  if (!node->requires_grad) return Variable<T>(node);
-
-  node->backward = [g, plan, saved, owned_box, padded_interior, dec, rank,
-                    field_to_padded](impl::Node<T>& self) {
+  void operator()(impl::Node<T>& self) const {
     const Index C = g->channels, N = g->batch, H = g->heads;
     const SpatialIndex none{0, 0, 0};
     const ShardTensor<T>& grad = self.grad_field();
@@ -390,7 +332,95 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
       unpack_rows(ExecutionSpace(), dkv, g->padded, field_to_padded(target), (i - 1) * C, C,
                   target.view(), target.interior_box(), 0, true);
     }
+  }
+
+ private:
+  /// A field's local cell -> the padded grid's cell.
+  SpatialIndex field_to_padded(const ShardTensor<T>& f) const {
+    const SpatialIndex below = negated(f.ghosts());
+    return SpatialIndex{below[0] + to_padded[0], below[1] + to_padded[1], below[2] + to_padded[2]};
+  }
+};
+
+}  // namespace
+
+template <class T>
+Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& q,
+                                   const Variable<T>& k, const Variable<T>& v,
+                                   const NeighborhoodAttentionOptions& options) {
+  SHARDTENSOR_REQUIRE(q.defined() && k.defined() && v.defined(), where,
+                      "q, k and v must be defined Variables");
+  SHARDTENSOR_REQUIRE(q.is_field() && k.is_field() && v.is_field(), where,
+                      "q, k and v must be sharded fields, got '" << q.name() << "', '" << k.name()
+                                                                 << "', '" << v.name() << "'");
+  const ShardTensor<T>& qf = q.value();
+  const Decomposition& dec = qf.decomposition();
+
+  // One allreduce: any rank's problem, or batch/channels that differ between ranks, makes
+  // every rank throw (so none is left waiting in the halo exchange).
+  const std::string local_error = validate(comm, q, k, v, options);
+  comm.agree(local_error.empty() ? local_error : std::string(where) + ": " + local_error);
+  comm.require_same({qf.batch(), qf.channels()}, where, "(batch, channels)");
+
+  const int rank = comm.rank();
+  const std::shared_ptr<const Geometry> g =
+      plan_geometry(dec, rank, qf.batch(), qf.channels(), options);
+  const Index C = g->channels, N = g->batch, H = g->heads;
+  const SpatialIndex to_padded{g->ghosts.lower[0], g->ghosts.lower[1], g->ghosts.lower[2]};
+  const SpatialIndex none{0, 0, 0};
+  const Box owned_box = whole(g->local);
+  const Box padded_interior = owned_box.shifted(to_padded);
+  // K and V into the packed rows of the padded grid (K then V), and from there into the
+  // interior of one padded 2C-channel field; start its halo exchange.
+  const ShardTensor<T>& kf = k.value();
+  const ShardTensor<T>& vf = v.value();
+  auto saved = std::make_shared<Saved<T>>();
+  {
+    MemoryCategoryScope memory(MemoryCategory::activations);
+    saved->kv = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood kv"),
+                              N * g->grid.padded_cells(), 2 * C);
+    saved->q = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood q"),
+                             N * g->cells(), C);
+    saved->out = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood out"),
+                               N * g->cells(), C);
+    saved->lse = PackedRows<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "neighborhood lse"),
+                               N * g->cells(), H);
+  }
+  const auto field_to_padded = [to_padded](const ShardTensor<T>& f) {  // local -> padded cell
+    const SpatialIndex below = negated(f.ghosts());
+    return SpatialIndex{below[0] + to_padded[0], below[1] + to_padded[1], below[2] + to_padded[2]};
   };
+  pack_rows(ExecutionSpace(), kf.view(), kf.interior_box(), 0, C, saved->kv, g->padded,
+            field_to_padded(kf), 0);
+  pack_rows(ExecutionSpace(), vf.view(), vf.interior_box(), 0, C, saved->kv, g->padded,
+            field_to_padded(vf), C);
+  ShardTensor<T> padded(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention kv");
+  unpack_rows(ExecutionSpace(), saved->kv, g->padded, none, 0, 2 * C, padded.view(),
+              padded_interior, 0, false);
+  const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
+  plan->start(padded);
+
+  // While the messages travel: pack Q, compute the early queries.
+  pack_rows(ExecutionSpace(), qf.view(), qf.interior_box(), 0, C, saved->q, g->local,
+            negated(qf.ghosts()), 0);
+  kernels::neighborhood_forward(ExecutionSpace(), g->grid, g->early, saved->q, saved->kv,
+                                saved->out, saved->lse);
+  plan->finish(padded);
+
+  // Ghost K/V into the packed rows, then the queries near the shard's faces.
+  for (const Box& b : box_minus(whole(g->padded), padded_interior))
+    pack_rows(ExecutionSpace(), padded.view(), b, 0, 2 * C, saved->kv, g->padded, none, 0);
+  for (const Box& b : box_minus(owned_box, g->early))
+    kernels::neighborhood_forward(ExecutionSpace(), g->grid, b, saved->q, saved->kv, saved->out,
+                                  saved->lse);
+
+  auto node = make_result_node<T>("neighborhood_attention", {q.node(), k.node(), v.node()});
+  node->field = ShardTensor<T>::uninitialized(dec, rank, N, C, {}, "neighborhood_attention");
+  unpack_rows(ExecutionSpace(), saved->out, g->local, none, 0, C, node->field.view(), owned_box, 0,
+              false);
+  if (!node->requires_grad) return Variable<T>(node);
+
+  node->backward = Backward<T>{g, plan, saved, owned_box, padded_interior, dec, rank, to_padded};
   return Variable<T>(node);
 }
 

@@ -53,7 +53,8 @@ class MetricsFile {
   std::string open(const std::string& path, std::int64_t resumed_step) {
     std::vector<std::string> kept;
     std::error_code ec;
-    if (resumed_step > 0 && std::filesystem::is_regular_file(path, ec)) {  // not a device that never ends
+    if (resumed_step > 0 &&
+        std::filesystem::is_regular_file(path, ec)) {  // not a device that never ends
       std::ifstream in(path);
       std::string line;
       std::getline(in, line);  // header

@@ -49,11 +49,10 @@ void require_trained_on(const TrainingState& trained, const std::string& checkpo
                       data_path << " has " << data.input_channels << " input channel(s), "
                                 << checkpoint << " was trained with "
                                 << trained.input_statistics.channels());
-  SHARDTENSOR_REQUIRE(!targets || trained.target_statistics.channels() == data.target_channels,
-                      where,
-                      data_path << " has " << data.target_channels << " target channel(s), "
-                                << checkpoint << " was trained with "
-                                << trained.target_statistics.channels());
+  SHARDTENSOR_REQUIRE(
+      !targets || trained.target_statistics.channels() == data.target_channels, where,
+      data_path << " has " << data.target_channels << " target channel(s), " << checkpoint
+                << " was trained with " << trained.target_statistics.channels());
 }
 
 void require_batch_fits(const Communicator& world, const io::File& file, const FieldData& data,

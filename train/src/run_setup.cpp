@@ -121,15 +121,14 @@ std::pair<double, double> validate(Setup<T>& s, const RunConfig& config, const i
   return {sum_over(s.mesh.data, loss_sum) / n, sum_over(s.mesh.data, relative_sum) / n};
 }
 
-#define SHARDTENSOR_RUN_SETUP(T)                                                              \
-  template Setup<T> set_up<T>(const Communicator&, const RunConfig&, const io::File&,         \
-                              const std::string&, const std::string&, bool, Index);          \
-  template std::vector<std::pair<double, double>> squared_errors<T>(                         \
-      const Communicator&, const ShardTensor<T>&, const ShardTensor<T>&);                    \
-  template std::pair<double, double> validate<T>(Setup<T>&, const RunConfig&, const io::File&, \
-                                                 const std::vector<Index>&,                  \
-                                                 const ChannelStatistics&,                   \
-                                                 const ChannelStatistics&);
+#define SHARDTENSOR_RUN_SETUP(T)                                                      \
+  template Setup<T> set_up<T>(const Communicator&, const RunConfig&, const io::File&, \
+                              const std::string&, const std::string&, bool, Index);   \
+  template std::vector<std::pair<double, double>> squared_errors<T>(                  \
+      const Communicator&, const ShardTensor<T>&, const ShardTensor<T>&);             \
+  template std::pair<double, double> validate<T>(                                     \
+      Setup<T>&, const RunConfig&, const io::File&, const std::vector<Index>&,        \
+      const ChannelStatistics&, const ChannelStatistics&);
 SHARDTENSOR_RUN_SETUP(float)
 SHARDTENSOR_RUN_SETUP(double)
 #undef SHARDTENSOR_RUN_SETUP

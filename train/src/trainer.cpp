@@ -17,7 +17,6 @@
 #include "run_data.hpp"
 #include "run_dir.hpp"
 #include "run_setup.hpp"
-#include "stop_on_signal.hpp"
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/comm/redistribute.hpp"
@@ -38,6 +37,7 @@
 #include "shardtensor/train/progress.hpp"
 #include "shardtensor/train/sample_schedule.hpp"
 #include "shardtensor/train/training_step.hpp"
+#include "stop_on_signal.hpp"
 
 namespace shardtensor {
 
@@ -49,11 +49,11 @@ using impl::inspect;
 using impl::make_directories;
 using impl::MetricsFile;
 using impl::prepare_run_dir;
-using impl::StopOnSignal;
 using impl::require_trained_on;
 using impl::set_up;
 using impl::Setup;
 using impl::squared_errors;
+using impl::StopOnSignal;
 using impl::sum_over;
 using impl::validate;
 using impl::write_text_file;
@@ -103,8 +103,8 @@ void refuse_overwriting_later(const Communicator& world, const std::string& chec
         later += (later.empty() ? "" : ", ") + fs::path(c).filename().string();
   world.agree(later.empty()
                   ? ""
-                  : "train --resume: " + resume + " is at step " + std::to_string(step) +
-                        ", but " + checkpoint_dir + " holds later checkpoints (" + later +
+                  : "train --resume: " + resume + " is at step " + std::to_string(step) + ", but " +
+                        checkpoint_dir + " holds later checkpoints (" + later +
                         ") that this run would overwrite: resume the newest (--resume latest), "
                         "or copy the checkpoint into another run_dir and resume there");
 }
@@ -127,8 +127,8 @@ TrainingState start_or_resume(const Communicator& world, const RunConfig& config
   if (!resume.empty()) {
     // The data's shape against what the checkpoint was trained on, before its parameters
     // are compared with the model's (whose sizes would only say that something differs).
-    require_trained_on(read_checkpoint_state(world, resume), resume, s.data, config.data.path,
-                       true, "train --resume");
+    require_trained_on(read_checkpoint_state(world, resume), resume, s.data, config.data.path, true,
+                       "train --resume");
     state = load_checkpoint(world, resume, *s.model, &optimizer);
     refuse_overwriting_later(world, checkpoint_dir, resume, state.step);
     return state;
@@ -191,8 +191,7 @@ class TrainingLoop {
         optimizer_(make_optimizer<T>(config.optimizer, s.model->named_parameters())),
         lr_schedule_(schedule_options(config, steps_per_epoch_)),
         checkpoint_dir_((fs::path(config.run_dir) / "checkpoints").string()),
-        progress_(world.rank() == 0 && options.progress, config.training.epochs,
-                  steps_per_epoch_) {
+        progress_(world.rank() == 0 && options.progress, config.training.epochs, steps_per_epoch_) {
     make_directories(world, checkpoint_dir_);
     state_ = start_or_resume(world, config, options, file, s, samples.train, checkpoint_dir_,
                              *optimizer_);
@@ -224,8 +223,8 @@ class TrainingLoop {
   static ScheduleOptions schedule_options(const RunConfig& config, Index steps_per_epoch) {
     ScheduleOptions o = config.schedule;
     if (o.total_steps == 0)
-      o.total_steps = std::max<std::int64_t>(config.training.epochs * steps_per_epoch,
-                                             o.warmup_steps + 1);
+      o.total_steps =
+          std::max<std::int64_t>(config.training.epochs * steps_per_epoch, o.warmup_steps + 1);
     return o;
   }
 
@@ -277,9 +276,9 @@ class TrainingLoop {
       reader.start(schedule_.batch(epoch, step + 1, s_.mesh.data_group));
     normalize(batch[0], state_.input_statistics);
     normalize(batch[1], state_.target_statistics);
-    const StepOutcome outcome = training_step(
-        *s_.model, *optimizer_, lr_schedule_, s_.mesh.domain, s_.mesh.data, config_.training.loss,
-        config_.training.clip_grad_norm, batch[0], batch[1]);
+    const StepOutcome outcome =
+        training_step(*s_.model, *optimizer_, lr_schedule_, s_.mesh.domain, s_.mesh.data,
+                      config_.training.loss, config_.training.clip_grad_norm, batch[0], batch[1]);
     ++state_.step;
     const double loss = sum_over(s_.mesh.data, outcome.loss) / groups_;
     if (!std::isfinite(loss)) stop_diverged(loss, state_.step, epoch, checkpoint_dir_);
@@ -288,8 +287,8 @@ class TrainingLoop {
     const double samples_per_s = double(groups_ * config_.training.batch_size) / seconds;
     progress_.step(step, loss, samples_per_s);
 
-    const bool epoch_done = epoch + 1 == config_.training.epochs ||
-                            (epoch + 1) % config_.training.validate_every == 0;
+    const bool epoch_done =
+        epoch + 1 == config_.training.epochs || (epoch + 1) % config_.training.validate_every == 0;
     validated_ = step + 1 == steps_per_epoch_ && !samples_.validation.empty() && epoch_done;
     if (validated_) {
       const io::File& file = samples_.validation_file ? *samples_.validation_file : file_;
@@ -300,8 +299,7 @@ class TrainingLoop {
     }
     last_lr_ = outcome.learning_rate;
     metrics_->row(state_.step, epoch, loss, validated_ ? result_.val_loss : -1,
-                  result_.val_relative_l2, outcome.learning_rate, outcome.grad_norm,
-                  samples_per_s);
+                  result_.val_relative_l2, outcome.learning_rate, outcome.grad_norm, samples_per_s);
     return loss;
   }
 
@@ -350,7 +348,7 @@ TrainResult train_as(const Communicator& world, const RunConfig& config,
                       "data.path is empty: training reads its samples from an HDF5 file");
   io::File file = io::File::open(world, config.data.path);
   const impl::RunDirLock lock(world, config.run_dir);  // one train per run dir at a time
-  prepare_run_dir(world, config.run_dir, options);  // before the model or anything is written
+  prepare_run_dir(world, config.run_dir, options);     // before the model or anything is written
   Setup<T> s = set_up<T>(world, config, file, config.data.input, config.data.target, true);
   SampleSplit samples = split_samples(world, config, s.data);
   TrainResult result = TrainingLoop<T>(world, config, options, file, s, samples).run();

@@ -192,9 +192,9 @@ class NcclTransport final : public Transport {
                       WireType type, ReduceOp op) override {
     Group& g = group();
     if (equal(counts)) {
-      check(ncclReduceScatter(send, recv, counts[0], nccl_type(type), nccl_op(op), g.comm,
-                              g.stream),
-            "ncclReduceScatter");
+      check(
+          ncclReduceScatter(send, recv, counts[0], nccl_type(type), nccl_op(op), g.comm, g.stream),
+          "ncclReduceScatter");
       return synchronize(g);
     }
     // Unequal blocks (NCCL has no reduce-scatter-v): reduce everything, keep the own block.

@@ -70,8 +70,8 @@ void allreduce(const Communicator& comm, const View& data, ReduceOp op = ReduceO
   CommTimerScope timer(CommKind::collective);
   impl::check_contiguous(data, "allreduce");
   impl::mpi_count(data.span(), "allreduce");
-  impl::transport_of<View>(comm).allreduce(data.data(), data.span(),
-                                           impl::wire_type_of<View>(), op);
+  impl::transport_of<View>(comm).allreduce(data.data(), data.span(), impl::wire_type_of<View>(),
+                                           op);
 }
 
 /// recv = concatenation of every rank's `send` in rank order (recv.span() = size * send.span()).
@@ -84,9 +84,9 @@ void allgather(const Communicator& comm, const SendView& send, const RecvView& r
                       "receive View holds " << recv.span() << " elements, need " << comm.size()
                                             << " x " << send.span());
   impl::mpi_count(recv.span(), "allgather");
-  impl::transport_of<RecvView>(comm).allgatherv(
-      send.data(), recv.data(), std::vector<std::size_t>(comm.size(), send.span()),
-      impl::wire_type_of<SendView>());
+  impl::transport_of<RecvView>(comm).allgatherv(send.data(), recv.data(),
+                                                std::vector<std::size_t>(comm.size(), send.span()),
+                                                impl::wire_type_of<SendView>());
 }
 
 /// recv = concatenation of every rank's `send`, rank r contributing counts[r] elements.

@@ -102,7 +102,7 @@ class HaloExchange {
   Index batch_, channels_;
   std::vector<Message> messages_;
   Buffer send_buffer_, recv_buffer_;
-  std::vector<int> receive_message_;  // message index of each receive of the exchange
+  std::vector<int> receive_message_;            // message index of each receive of the exchange
   std::vector<impl::BoxLayout> ghost_layouts_;  // per message, where the transport takes boxes
   Phase phase_ = Phase::idle;
   const T* in_flight_ = nullptr;  // the field of the exchange in progress

@@ -74,7 +74,6 @@ struct Receive {
   const BoxLayout* box = nullptr;
 };
 
-
 /// The transfers of one exchange in flight. Move-only. Destroying unfinished transfers cancels
 /// their receives and waits for their sends, so a plan destroyed while an exception unwinds
 /// never leaves a transport writing into freed buffers.
