@@ -454,20 +454,20 @@ TEST_CASE("config errors name the key, the line and the accepted values",
                       "'base_channels'?); accepted keys: "
                       "type, depth, base_channels,"));
   CHECK_THAT(build_error("type: unet\nactivation: rlu\n"),
-             Contains("model.activation (line 2): unknown value 'rlu'; accepted values: relu, "
+             Contains("model.activation (line 2): unknown value 'rlu'; accepted: relu, "
                       "leaky_relu, gelu, silu, tanh, sigmoid"));
   CHECK_THAT(build_error("type: unet\ndepth: two\n"),
-             Contains("model.depth (line 2): expected an integer, got 'two'"));
+             Contains("model.depth (line 2): expects an integer, got 'two'"));
   CHECK_THAT(build_error("type: unet\ndepth: -1\n"),
-             Contains("model.depth (line 2): value -1 must be at least 0"));
+             Contains("model.depth (line 2): must be at least 0, got -1"));
   CHECK_THAT(
       build_error("type: unet\nnorm_groups: 3\n"),
       Contains("model.norm_groups (line 2): norm_groups 3 does not divide base_channels 32"));
   CHECK_THAT(build_error("type: resnet\n"),
-             Contains("model.type (line 1): unknown value 'resnet'; accepted values: unet, "
+             Contains("model.type (line 1): unknown value 'resnet'; accepted: unet, "
                       "sequential"));
   CHECK_THAT(build_error("depth: 2\n"),
-             Contains("model (line 1): missing required key 'type'; accepted values: unet, "
+             Contains("model.type (line 1): missing required key; accepted: unet, "
                       "sequential"));
   const std::string layers = R"(type: sequential
 layers:
@@ -476,28 +476,28 @@ layers:
   - {type: conv, kernel: [3, x]}
 )";
   CHECK_THAT(build_error(layers),
-             Contains("model.layers[2].kernel[1] (line 5): expected an integer, got 'x'"));
+             Contains("model.layers[2].kernel[1] (line 5): expects an integer, got 'x'"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, kernal: 3}\n"),
              Contains("model.layers[0] (line 3): unknown key 'kernal' (did you mean 'kernel'?); "
                       "accepted keys: type, "
                       "out_channels, kernel,"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, out_channels: 2}\n"),
-             Contains("model.layers[0] (line 3): missing required key 'kernel'"));
+             Contains("model.layers[0].kernel (line 3): missing required key"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, kernel: [3, 3, 3]}\n"),
-             Contains("model.layers[0].kernel (line 3): expected 2 sizes (one per spatial dim), "
+             Contains("model.layers[0].kernel (line 3): expects 2 sizes (one per spatial dim), "
                       "got 3"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: activation, function: swish}\n"),
-             Contains("model.layers[0].function (line 3): unknown value 'swish'; accepted "
-                      "values: relu, leaky_relu, gelu, silu, tanh, sigmoid"));
+             Contains("model.layers[0].function (line 3): unknown value 'swish'; accepted: "
+                      "relu, leaky_relu, gelu, silu, tanh, sigmoid"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: activation}\n"),
-             Contains("model.layers[0] (line 3): missing required key 'function'; accepted "
-                      "values: relu,"));
+             Contains("model.layers[0].function (line 3): missing required key; accepted: "
+                      "relu,"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: dense}\n"),
-             Contains("model.layers[0].type (line 3): unknown value 'dense'; accepted values: "
+             Contains("model.layers[0].type (line 3): unknown value 'dense'; accepted: "
                       "conv, conv_transpose, pool, upsample, group_norm, layer_norm, batch_norm, "
                       "activation, dropout, residual"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, kernel: 1, bias: maybe}\n"),
-             Contains("model.layers[0].bias (line 3): expected true or false, got 'maybe'"));
+             Contains("model.layers[0].bias (line 3): expects true or false, got 'maybe'"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - {type: conv, kernel: 2, padding: same}\n"),
              Contains("model.layers[0].padding (line 3): 'same' padding needs an odd kernel"));
   // A layer's own check, with the config entry it came from.
@@ -506,12 +506,12 @@ layers:
              Contains("model.layers[1] (line 4): GroupNorm 'model.layers[1]'"));
   CHECK_THAT(build_error("type: sequential\nlayers:\n  - type: residual\n    layers:\n"
                          "      - {type: pool, kind: min, kernel: 2}\n"),
-             Contains("model.layers[0].layers[0].kind (line 5): unknown value 'min'; accepted "
-                      "values: max, average"));
+             Contains("model.layers[0].layers[0].kind (line 5): unknown value 'min'; accepted: "
+                      "max, average"));
   CHECK_THAT(
       build_error("type: sequential\nlayers:\n  - {type: activation, function: relu}\n", {2, 1, 2}),
       Contains("model.layers (line 3): the layers end with 1 channels, but the model's "
                "out_channels is 2"));
   CHECK_THAT(build_error("type: sequential\nlayers: []\n"),
-             Contains("model.layers (line 2): expected a non-empty list of layer maps"));
+             Contains("model.layers (line 2): expects a non-empty list of layer maps"));
 }

@@ -268,7 +268,7 @@ TEST_CASE("the FNO builds from a config and rejects bad keys", "[fno][config]") 
                              "'width'?)"));
   CHECK_THROWS_WITH(
       models::build_model<float>(YAML::Load("type: fno\nmodes: [3, 2, 1]\n"), comm, shape),
-      Contains("model.modes (line 2): expected 2 sizes (one per spatial dim), got 3"));
+      Contains("model.modes (line 2): expects 2 sizes (one per spatial dim), got 3"));
   CHECK_THROWS_WITH(models::build_model<float>(YAML::Load("type: fno\n"), comm, {1, 1, 1}),
                     Contains("the fno model runs on 2-D and 3-D fields"));
 }

@@ -347,7 +347,7 @@ seed: 3
   CHECK_THAT(build_error("{type: vit, position: learned}", {2, 3, 1}),
              Contains("model.position") && Contains("needs the field extents"));
   CHECK_THAT(build_error("{type: vit, attention: ring}", shape),
-             Contains("model.attention") && Contains("accepted values: global, neighborhood"));
+             Contains("model.attention") && Contains("accepted: global, neighborhood"));
   CHECK_THAT(build_error("{type: vit, patchs: 2}", shape), Contains("did you mean 'patch'"));
 
   // A field extent that is not a multiple of the patch, on every rank.

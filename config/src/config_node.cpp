@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -102,9 +103,9 @@ ConfigNode ConfigNode::parse(const std::string& text, const std::string& source)
                         source << ": more than " << max_config_nodes
                                << " YAML nodes once its aliases are expanded (nested aliases?)");
     require_unique_keys(root, source);
-    SHARDTENSOR_REQUIRE(root.IsMap(), "config",
-                        source << ": the top level must be a map of keys, got '" << shorten(text)
-                               << "'");
+    SHARDTENSOR_REQUIRE(
+        root.IsMap(), "config",
+        source << ": the top level must be a map of keys, got '" << shorten(text) << "'");
     return ConfigNode(root, "", source);
   } catch (const YAML::ParserException& e) {
     SHARDTENSOR_FAIL("config",
@@ -161,6 +162,73 @@ void ConfigNode::allow_only(std::initializer_list<const char*> known) const {
              std::vector<std::string>(known.begin(), known.end()));
 }
 
+void ConfigNode::require_map(const std::vector<std::string>& known) const {
+  check(node_.IsMap(), "expects a map of keys, got '" + text() + "'");
+  check_keys(node_, path_.empty() ? "<top level>" : path_, source_, known);
+}
+
+long long ConfigNode::integer(const std::string& key, long long fallback, long long min) const {
+  return has(key) ? (*this)[key].as_integer(min) : fallback;
+}
+
+long long ConfigNode::required_integer(const std::string& key, long long min) const {
+  return required(key).as_integer(min);
+}
+
+long long ConfigNode::as_integer(long long min) const {
+  long long x = 0;
+  check(node_.IsScalar() && YAML::convert<long long>::decode(node_, x),
+        "expects an integer, got '" + text() + "'");
+  check(x >= min, "must be at least " + std::to_string(min) + ", got " + std::to_string(x));
+  constexpr long long most = std::numeric_limits<int>::max();
+  check(x <= most, "must be at most " + std::to_string(most) + ", got " + std::to_string(x));
+  return x;
+}
+
+double ConfigNode::number(const std::string& key, double fallback, double min, double max) const {
+  if (!has(key)) return fallback;
+  const ConfigNode value = (*this)[key];
+  double x = 0;
+  value.check(value.node_.IsScalar() && YAML::convert<double>::decode(value.node_, x),
+              "expects a number, got '" + value.text() + "'");
+  std::ostringstream range;
+  range << "must lie in [" << min << ", " << max << "], got " << x;
+  value.check(x >= min && x <= max, range.str());
+  return x;
+}
+
+std::uint64_t ConfigNode::seed(const std::string& key, std::uint64_t fallback) const {
+  if (!has(key)) return fallback;
+  const ConfigNode value = (*this)[key];
+  unsigned long long s = 0;
+  value.check(value.node_.IsScalar() && value.node_.Scalar().find('-') == std::string::npos &&
+                  YAML::convert<unsigned long long>::decode(value.node_, s),
+              "expects a non-negative integer, got '" + value.text() + "'");
+  return s;
+}
+
+std::vector<int> ConfigNode::sizes(const std::string& key, int dims, int fallback, int min) const {
+  return has(key) ? (*this)[key].as_sizes(dims, min) : std::vector<int>(dims, fallback);
+}
+
+std::vector<int> ConfigNode::required_sizes(const std::string& key, int dims, int min) const {
+  return required(key).as_sizes(dims, min);
+}
+
+std::vector<int> ConfigNode::as_sizes(int dims, int min) const {
+  if (!node_.IsSequence()) return std::vector<int>(dims, int(as_integer(min)));
+  check(int(node_.size()) == dims, "expects " + std::to_string(dims) +
+                                       " sizes (one per spatial dim), got " +
+                                       std::to_string(node_.size()));
+  std::vector<int> out;
+  for (std::size_t i = 0; i < node_.size(); ++i) {
+    ConfigNode element(node_[i], path_ + "[" + std::to_string(i) + "]", source_);
+    element.parent_line_ = line();
+    out.push_back(int(element.as_integer(min)));
+  }
+  return out;
+}
+
 void ConfigNode::check_keys(const YAML::Node& map, const std::string& path,
                             const std::string& source, const std::vector<std::string>& accepted) {
   if (!map.IsMap()) return;
@@ -183,7 +251,7 @@ void ConfigNode::fail(const std::string& message) const {
   std::ostringstream where;
   where << (path_.empty() ? "<top level>" : path_);
   if (at > 0) where << " (line " << at << ")";
-  SHARDTENSOR_FAIL(source_, where.str() << ": " << message);
+  throw ConfigError(source_ + ": " + where.str() + ": " + message);
 }
 
 std::string ConfigNode::text() const {

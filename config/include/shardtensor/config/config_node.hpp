@@ -4,11 +4,21 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "shardtensor/core/error.hpp"
+
 namespace shardtensor {
+
+/// An error in a config: its message names the source, the key path, the line and the value.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
 
 class ConfigNode {
  public:
@@ -48,19 +58,62 @@ class ConfigNode {
       fail("expects " + type_name<T>() + ", got '" + text() + "'");
     }
   }
+  /// The value at `key`; absent raises "missing required key".
+  ConfigNode required(const std::string& key) const;
+
   /// A string that must be one of `accepted`.
   std::string choice(const std::string& key, const std::string& fallback,
                      std::initializer_list<const char*> accepted) const;
 
+  // Typed values with their ranges, read the same way for run configs and model specs: an
+  // absent key gives `fallback`; a value of the wrong type or outside the range raises a
+  // ConfigError naming the key, the value and the line.
+
+  /// An integer in [min, INT_MAX].
+  long long integer(const std::string& key, long long fallback, long long min) const;
+  long long required_integer(const std::string& key, long long min) const;
+  long long as_integer(long long min) const;
+  /// A number in [min, max].
+  double number(const std::string& key, double fallback, double min, double max) const;
+  /// A non-negative 64-bit integer (a random seed).
+  std::uint64_t seed(const std::string& key, std::uint64_t fallback) const;
+  /// One size per spatial dim: a single integer (the same along every dim) or a list of
+  /// `dims`, each at least `min`.
+  std::vector<int> sizes(const std::string& key, int dims, int fallback, int min) const;
+  std::vector<int> required_sizes(const std::string& key, int dims, int min) const;
+  std::vector<int> as_sizes(int dims, int min) const;
+  /// One of the named values of `choices`.
+  template <class E>
+  E named(const std::string& key, E fallback,
+          const std::vector<std::pair<std::string, E>>& choices) const {
+    return has(key) ? (*this)[key].as_named(choices) : fallback;
+  }
+  template <class E>
+  E required_named(const std::string& key,
+                   const std::vector<std::pair<std::string, E>>& choices) const {
+    const ConfigNode value = (*this)[key];
+    if (!value.defined()) value.fail("missing required key; accepted: " + names_of(choices));
+    return value.as_named(choices);
+  }
+  template <class E>
+  E as_named(const std::vector<std::pair<std::string, E>>& choices) const {
+    check(node_.IsScalar(), "expects one of " + names_of(choices) + ", got '" + text() + "'");
+    for (const auto& c : choices)
+      if (c.first == node_.Scalar()) return c.second;
+    fail("unknown value '" + text() + "'; accepted: " + names_of(choices));
+  }
+
   /// Keys of this map that are not in `known` are errors (a typo must not be ignored).
   void allow_only(std::initializer_list<const char*> known) const;
+  /// This node must be a map whose keys are all in `known`.
+  void require_map(const std::vector<std::string>& known) const;
 
   /// The check of every config map's keys, run configs and model specs alike: raises Error
   /// "<source>: <path> (line L): unknown key 'k' (did you mean 'x'?); accepted keys: a, b"
   /// for the first key of `map` that is not in `accepted` (or is no scalar).
   static void check_keys(const YAML::Node& map, const std::string& path, const std::string& source,
                          const std::vector<std::string>& accepted);
-  /// Raises Error "<source>: <path> (line L): <message>".
+  /// Raises ConfigError "<source>: <path> (line L): <message>".
   [[noreturn]] void fail(const std::string& message) const;
   /// Checks `condition`, else fail(message).
   void check(bool condition, const std::string& message) const {
@@ -72,7 +125,12 @@ class ConfigNode {
   int line() const { return node_.Mark().line + 1; }
 
  private:
-  ConfigNode required(const std::string& key) const;
+  template <class E>
+  static std::string names_of(const std::vector<std::pair<std::string, E>>& choices) {
+    std::string out;
+    for (const auto& c : choices) out += (out.empty() ? "" : ", ") + c.first;
+    return out;
+  }
   template <class T>
   static std::string type_name() {
     return "a value of another type";
