@@ -515,3 +515,67 @@ layers:
   CHECK_THAT(build_error("type: sequential\nlayers: []\n"),
              Contains("model.layers (line 2): expects a non-empty list of layer maps"));
 }
+
+TEMPLATE_TEST_CASE("two models in one process share its caches without interfering",
+                   "[models][process]", float, double) {
+  // The process-wide state (docs/architecture.md, "Process-wide state"): the convolution
+  // scratch, the halo plans shared per communicator, the cuDNN plans, the comm timers and the
+  // memory tracker. Three models of different shapes and options (TF32 and halo overlap set
+  // per model; neighbourhood attention through the shared halo plans), their steps
+  // interleaved (A's forward, then B's and C's, then the backwards in another order), give
+  // each model's numbers alone, bit for bit.
+  const Communicator world;
+  const Decomposition field = Decomposition::automatic({Index(16), Index(24)}, world.size());
+  UNetOptions a = small_unet(2, 2);
+  UNetOptions b = small_unet(2, 1);
+  b.base_channels = 6;
+  b.seed = 11;
+  const auto make_a = unet_factory<TestType>(a);
+  const test::ModuleFactory<TestType> make_b = [b](const Communicator& comm) {
+    auto model = std::make_shared<UNet<TestType>>(comm, b);
+    model->allow_tf32(true);
+    model->overlap_halo(false);
+    return model;
+  };
+  const test::ModuleFactory<TestType> make_c = [](const Communicator& comm) {
+    return from_yaml<TestType>(
+        "{type: vit, patch: 2, embed_dim: 12, depth: 1, heads: 2, attention: neighborhood, "
+        "window: 3, seed: 5}",
+        comm, {2, 2, 3});
+  };
+  std::vector<test::Run<TestType>> alone;
+  for (const auto& make : {make_a, make_b, make_c})
+    alone.push_back(
+        test::run_module<TestType>(make, world, field, 2, 2, test::weighted_sum<TestType>));
+
+  std::vector<test::Run<TestType>> together(3);
+  std::vector<Variable<TestType>> losses(3);
+  const auto forward = [&](int m, const test::ModuleFactory<TestType>& make) {
+    together[m].module = make(world);
+    together[m].input = Variable<TestType>::field(
+        test::random_shard<TestType>(field, world.rank(), 2, 2, 11), true, "input");
+    together[m].output = together[m].module->forward(together[m].input);
+    losses[m] = test::weighted_sum<TestType>(world, together[m].output);
+  };
+  forward(0, make_a);
+  forward(1, make_b);
+  forward(2, make_c);
+  for (int m : {2, 0, 1}) backward(losses[m]);
+
+  for (int m = 0; m < 3; ++m) {
+    INFO("model "
+         << "ABC"[m]);
+    CHECK(losses[m].item() == alone[m].loss);
+    CHECK(test::host_values(together[m].output.value().view()) ==
+          test::host_values(alone[m].output.value().view()));
+    CHECK(test::host_values(together[m].input.grad().view()) ==
+          test::host_values(alone[m].input.grad().view()));
+    const auto p = together[m].module->named_parameters(), q = alone[m].module->named_parameters();
+    REQUIRE(p.size() == q.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      INFO("parameter " << p[i].first);
+      CHECK(test::host_values(p[i].second.data_grad()) ==
+            test::host_values(q[i].second.data_grad()));
+    }
+  }
+}
