@@ -49,3 +49,13 @@ function(shardtensor_module name)
   target_include_directories(shardtensor PUBLIC $<BUILD_INTERFACE:${include_dir}>
                                                 $<INSTALL_INTERFACE:include>)
 endfunction()
+
+# A backend folder's vendor libraries, linked by `shardtensor` and by whatever links it (the
+# static library's consumers, shardtensor.pc). set_property rather than target_link_libraries:
+# called outside the directory that made `shardtensor`, the latter wraps items in directory
+# markers that the pkg-config generation (cmake/ShardTensorInstall.cmake) cannot read. Give
+# absolute paths or imported targets.
+function(shardtensor_link_backend_libraries)
+  set_property(TARGET shardtensor APPEND PROPERTY LINK_LIBRARIES ${ARGN})
+  set_property(TARGET shardtensor APPEND PROPERTY INTERFACE_LINK_LIBRARIES ${ARGN})
+endfunction()
