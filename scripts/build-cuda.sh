@@ -35,8 +35,23 @@ prefix="$cache/kokkos-4.6.01-cuda"  # the default arch's; another arch gets its 
 bash "$root/scripts/install-deps.sh"
 CUDA_HOME="$cuda_home" KOKKOS_CUDA_ARCH="$arch" bash "$root/scripts/build-kokkos.sh" "$prefix" cuda \
   "$sources/kokkos-4.6.01.tar.gz" "$sources/kokkos-kernels-4.6.02.tar.gz"
+# cuDNN FrontEnd (header-only, MIT): cuDNN's graph API. Unpacked once into the cache.
+frontend=""
+frontend_tarball="$sources/cudnn-frontend-1.23.0.tar.gz"
+if [ -f "$frontend_tarball" ]; then
+  frontend="$cache/cudnn-frontend-1.23.0"
+  if [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
+    if [ -f "$sources/SHA256SUMS" ] && grep -q cudnn-frontend "$sources/SHA256SUMS"; then
+      (cd "$sources" && grep cudnn-frontend SHA256SUMS | sha256sum -c --quiet -)
+    fi
+    rm -rf "$frontend.tmp" && mkdir -p "$frontend.tmp"
+    tar -C "$frontend.tmp" -xzf "$frontend_tarball" --strip-components=1
+    rm -rf "$frontend" && mv "$frontend.tmp" "$frontend"
+  fi
+fi
 export PATH="$cuda_home/bin:$PATH"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" \
-  -DKokkos_ROOT="$prefix" -DKokkosKernels_ROOT="$prefix" -DCUDAToolkit_ROOT="$cuda_home"
+  -DKokkos_ROOT="$prefix" -DKokkosKernels_ROOT="$prefix" -DCUDAToolkit_ROOT="$cuda_home" \
+  -DSHARDTENSOR_CUDNN_FRONTEND_DIR="${frontend:+$frontend/include}"
 cmake --build "$build" -j "$(nproc)" "$@"
 echo "build-cuda: built $build (Kokkos CUDA, $arch)"

@@ -37,7 +37,7 @@ done
 # The shared libraries all of it loads, except the C and C++ runtimes (the machine's are as
 # new or newer, and its Python needs its own) and the GPU's (the machine has the driver and
 # CUDA's libraries, matching its GPU).
-system_libs='^(linux-vdso|ld-linux|libc\.so|libstdc\+\+\.so|libgcc_s\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcudart|libcublas|libcufft|libcusparse|libcusolver|libcurand|libnvJitLink|libnccl|libcudnn)'
+system_libs='^(linux-vdso|ld-linux|libc\.so|libstdc\+\+\.so|libgcc_s\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcudart|libcublas|libcufft|libcusparse|libcusolver|libcurand|libnvJitLink|libnccl|libcudnn|libnvrtc)'
 find "$stage/build" "$stage/sys" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
   xargs -0 ldd 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r name path; do

@@ -34,6 +34,12 @@
 
 #include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/error.hpp"
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+#include <cudnn_frontend.h>
+
+#include <cstdlib>
+#include <unordered_map>
+#endif
 #endif
 
 namespace shardtensor::kernels {
@@ -163,6 +169,54 @@ std::string describe(const Choice<Algorithm>& c) {
   return out.str();
 }
 
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+namespace fe = cudnn_frontend;
+
+/// Whether convolutions go through cuDNN's graph API (the FrontEnd) instead of the legacy
+/// cudnnFind/cudnnConvolution* calls: SHARDTENSOR_CUDNN_API=graph. The legacy calls stay the
+/// default until the graph path has passed the suite and the benchmarks on a GPU
+/// (scripts/device/bench.sh runs both).
+bool graph_api() {
+  static const bool graph = [] {
+    const char* api = std::getenv("SHARDTENSOR_CUDNN_API");
+    return api && std::string(api) == "graph";
+  }();
+  return graph;
+}
+
+/// One direction's graph, built, filtered and timed at its first run; `found` false where no
+/// engine qualified (the portable kernel runs).
+struct GraphChoice {
+  bool chosen = false, found = false;
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t workspace = 0;
+  std::string name;
+};
+
+/// Tensor uids of every graph: the two operands and the result.
+enum : std::int64_t { operand_a = 1, operand_b = 2, result = 3 };
+
+std::shared_ptr<fe::graph::Tensor_attributes> graph_tensor(
+    fe::graph::Graph& g, const char* name, std::int64_t uid, const std::vector<std::int64_t>& dims,
+    const std::vector<std::int64_t>& strides) {
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(strides));
+}
+
+std::string describe(const GraphChoice& c) {
+  if (!c.chosen) return "not run";
+  if (!c.found) return "none (portable kernel)";
+  return "graph engine " + c.name + ", " + std::to_string(c.workspace) + " bytes";
+}
+
+/// C-order strides of `dims`.
+std::vector<std::int64_t> packed_strides(const std::vector<std::int64_t>& dims) {
+  std::vector<std::int64_t> strides(dims.size(), 1);
+  for (std::size_t a = dims.size() - 1; a-- > 0;) strides[a] = strides[a + 1] * dims[a + 1];
+  return strides;
+}
+#endif
+
 }  // namespace
 
 template <class T>
@@ -181,6 +235,94 @@ struct ConvLibraryPlan<T>::Plan {
   Choice<cudnnConvolutionFwdAlgo_t> forward;
   Choice<cudnnConvolutionBwdDataAlgo_t> data;
   Choice<cudnnConvolutionBwdFilterAlgo_t> weight_gradient;
+  // The graph API's view of the same convolution: tensor extents (N, C, spatial) and steps.
+  std::vector<std::int64_t> input_dims, output_dims, weight_dims, steps, dilations;
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  GraphChoice graph_forward, graph_data, graph_weight;
+
+  enum class Direction { forward, data, weight };
+
+  /// Builds one direction's graph, keeps the engines whose numerical notes this plan allows
+  /// (never down-converting inputs or reduced-precision reductions; never nondeterministic;
+  /// for float without TF32 no tensor cores, FFT or Winograd) and whose workspace fits the
+  /// bound, builds every such plan and times them on these operands (`a`, `b` in, `out`
+  /// written), keeping the fastest. Runs once per direction.
+  void choose_graph(GraphChoice& choice, Direction direction, cudnnHandle_t handle, const void* a,
+                    const void* b, void* out) {
+    std::lock_guard<std::mutex> lock(choosing);
+    if (choice.chosen) return;
+    choice.chosen = true;
+    const auto type = std::is_same_v<T, float> ? fe::DataType_t::FLOAT : fe::DataType_t::DOUBLE;
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(type).set_intermediate_data_type(type).set_compute_data_type(type);
+    const std::vector<std::int64_t> no_padding(3, 0);
+    const auto x_strides = packed_strides(input_dims), y_strides = packed_strides(output_dims),
+               w_strides = packed_strides(weight_dims);
+    std::shared_ptr<fe::graph::Tensor_attributes> out_tensor;
+    if (direction == Direction::forward) {
+      auto x = graph_tensor(*g, "x", operand_a, input_dims, x_strides);
+      auto w = graph_tensor(*g, "w", operand_b, weight_dims, w_strides);
+      out_tensor = g->conv_fprop(x, w,
+                                 fe::graph::Conv_fprop_attributes()
+                                     .set_padding(no_padding)
+                                     .set_stride(steps)
+                                     .set_dilation(dilations));
+      out_tensor->set_dim(output_dims).set_stride(y_strides);
+    } else if (direction == Direction::data) {
+      auto dy = graph_tensor(*g, "dy", operand_a, output_dims, y_strides);
+      auto w = graph_tensor(*g, "w", operand_b, weight_dims, w_strides);
+      out_tensor = g->conv_dgrad(dy, w,
+                                 fe::graph::Conv_dgrad_attributes()
+                                     .set_padding(no_padding)
+                                     .set_stride(steps)
+                                     .set_dilation(dilations));
+      out_tensor->set_dim(input_dims).set_stride(x_strides);
+    } else {
+      auto dy = graph_tensor(*g, "dy", operand_a, output_dims, y_strides);
+      auto x = graph_tensor(*g, "x", operand_b, input_dims, x_strides);
+      out_tensor = g->conv_wgrad(dy, x,
+                                 fe::graph::Conv_wgrad_attributes()
+                                     .set_padding(no_padding)
+                                     .set_stride(steps)
+                                     .set_dilation(dilations));
+      out_tensor->set_dim(weight_dims).set_stride(w_strides);
+    }
+    out_tensor->set_output(true).set_uid(result).set_data_type(type);
+    std::vector<fe::NumericalNote_t> refused{fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                                             fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION,
+                                             fe::NumericalNote_t::NONDETERMINISTIC};
+    if (float_accuracy)
+      for (auto note : {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::FFT,
+                        fe::NumericalNote_t::WINOGRAD})
+        refused.push_back(note);
+    if (g->validate().is_bad() || g->build_operation_graph(handle).is_bad() ||
+        g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}).is_bad())
+      return;
+    g->deselect_numeric_notes(refused);
+    g->deselect_workspace_greater_than(static_cast<std::int64_t>(workspace_limit));
+    if (g->check_support(handle).is_bad() ||
+        g->build_plans(handle, fe::BuildPlanPolicy_t::ALL).is_bad())
+      return;
+    std::unordered_map<std::int64_t, void*> pointers{
+        {operand_a, const_cast<void*>(a)}, {operand_b, const_cast<void*>(b)}, {result, out}};
+    const FindScratch scratch = find_scratch(std::size_t(g->get_autotune_workspace_size()));
+    if (g->autotune(handle, pointers, scratch.data()).is_bad()) return;
+    if (g->get_workspace_size(choice.workspace).is_bad()) return;
+    if (g->get_plan_name(choice.name).is_bad()) choice.name = "(unnamed)";
+    choice.graph = std::move(g);
+    choice.found = true;
+  }
+
+  /// Runs a chosen graph on these operands with `workspace` (its workspace bytes).
+  void run_graph(const GraphChoice& choice, cudnnHandle_t handle, const void* a, const void* b,
+                 void* out, void* workspace) const {
+    std::unordered_map<std::int64_t, void*> pointers{
+        {operand_a, const_cast<void*>(a)}, {operand_b, const_cast<void*>(b)}, {result, out}};
+    auto status = choice.graph->execute(handle, pointers, workspace);
+    SHARDTENSOR_REQUIRE(status.is_good(), "cuDNN graph",
+                        choice.name << ": " << status.get_message());
+  }
+#endif
 
   ~Plan() {
     if (input) cudnnDestroyTensorDescriptor(input);
@@ -260,6 +402,14 @@ void report_plans(std::vector<std::string>& lines) {
   for (const auto& [key, plan] : cache.plans) {
     if (!plan) continue;
     std::lock_guard<std::mutex> choosing(plan->choosing);
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+    if (graph_api()) {
+      lines.push_back(plan->shape + ": forward " + describe(plan->graph_forward) +
+                      "; data gradient " + describe(plan->graph_data) + "; weight gradient " +
+                      describe(plan->graph_weight));
+      continue;
+    }
+#endif
     lines.push_back(plan->shape + ": forward " + describe(plan->forward) + "; data gradient " +
                     describe(plan->data) + "; weight gradient " + describe(plan->weight_gradient));
   }
@@ -380,10 +530,41 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
     plan->shape = shape.str();
     plan->weight_values = g.out_channels * g.in_per_group * g.k[0] * g.k[1] * g.k[2];
     plan->workspace_limit = workspace_bytes;
+    plan->input_dims = {g.batch, g.in_channels, window[0], window[1], window[2]};
+    plan->output_dims = {g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]};
+    plan->weight_dims = {g.out_channels, g.in_per_group, g.k[0], g.k[1], g.k[2]};
+    plan->steps = {g.s[0], g.s[1], g.s[2]};
+    plan->dilations = {g.d[0], g.d[1], g.d[2]};
     cached = std::move(plan);
   }
   plan_ = cached;
 }
+
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+namespace {
+
+/// y += bias per output channel (the graph convolves only).
+template <class T>
+void add_bias(const ExecutionSpace& space, const ReplicatedView<T>& bias, const FieldView<T>& y) {
+  using Policy = Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<5>, Kokkos::IndexType<Index>>;
+  const Policy cells(space, {0, 0, 0, 0, 0},
+                     {Index(y.extent(0)), Index(y.extent(1)), Index(y.extent(2)),
+                      Index(y.extent(3)), Index(y.extent(4))});
+  Kokkos::parallel_for(
+      "cudnn_graph_bias", cells,
+      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) { y(n, c, i, j, k) += bias(c); });
+}
+
+/// gw += the values at `partial` (the graph's weight gradient overwrites its output).
+template <class T>
+void accumulate(const ExecutionSpace& space, const T* partial, const ReplicatedView<T>& gw) {
+  Kokkos::parallel_for(
+      "cudnn_graph_weight_gradient", Kokkos::RangePolicy<ExecutionSpace>(space, 0, gw.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { gw(i) += partial[i]; });
+}
+
+}  // namespace
+#endif
 
 template <class T>
 bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>& xp,
@@ -394,6 +575,16 @@ bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>
   const cudnnHandle_t handle = handle_on(space);
   PackedBox<T> copy;
   const T* input = p.input_of(space, xp, copy);
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (graph_api()) {
+    p.choose_graph(p.graph_forward, Plan::Direction::forward, handle, input, w.data(), y.data());
+    if (!p.graph_forward.found) return false;
+    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_forward.workspace)));
+    p.run_graph(p.graph_forward, handle, input, w.data(), y.data(), scratch);
+    if (bias.extent(0) > 0) add_bias(space, bias, y);
+    return true;
+  }
+#endif
   p.template choose<cudnnConvolutionFwdAlgoPerf_t>(
       p.forward, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
       [&](cudnnConvolutionFwdAlgo_t algorithm, std::size_t* bytes) {
@@ -431,6 +622,17 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
   PackedBox<T> copy;  // where cuDNN cannot write the padded gradient in place
   if (!p.in_place(gxp.data())) copy = packed_box<T>(p.window_values);
   T* input_gradient = copy.data() ? copy.data() : gxp.data();
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (graph_api()) {
+    p.choose_graph(p.graph_data, Plan::Direction::data, handle, gy.data(), w.data(),
+                   input_gradient);
+    if (!p.graph_data.found) return false;
+    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_data.workspace)));
+    p.run_graph(p.graph_data, handle, gy.data(), w.data(), input_gradient, scratch);
+    if (copy.data()) unpack_box(space, copy, gxp, p.window);
+    return true;
+  }
+#endif
   p.template choose<cudnnConvolutionBwdDataAlgoPerf_t>(
       p.data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
       [&](cudnnConvolutionBwdDataAlgo_t algorithm, std::size_t* bytes) {
@@ -465,6 +667,24 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
   const cudnnHandle_t handle = handle_on(space);
   PackedBox<T> copy;
   const T* input = p.input_of(space, xp, copy);
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (graph_api()) {
+    if (!p.graph_weight.chosen) {  // timing writes the output: into a scratch weight
+      const ReplicatedView<T> timed(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("cudnn_find_weight")),
+          p.weight_values);
+      p.choose_graph(p.graph_weight, Plan::Direction::weight, handle, gy.data(), input,
+                     timed.data());
+    }
+    if (!p.graph_weight.found) return false;
+    const std::size_t workspace_values = values_for<T>(std::size_t(p.graph_weight.workspace));
+    T* scratch = workspace.reserve(workspace_values + std::size_t(p.weight_values));
+    T* partial = scratch + workspace_values;
+    p.run_graph(p.graph_weight, handle, gy.data(), input, partial, scratch);
+    accumulate(space, partial, gw);
+    return true;
+  }
+#endif
   p.template choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
       p.weight_gradient, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
       [&](cudnnConvolutionBwdFilterAlgo_t algorithm, std::size_t* bytes) {
