@@ -9,6 +9,7 @@
 #include <random>
 
 #include "equivalence.hpp"
+#include "shardtensor/kernels/channels_last.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 
@@ -505,4 +506,65 @@ TEST_CASE("the halo overlap is a layer's option and changes no bit", "[conv]") {
   Conv<float> layer(comm, conv_cases().front().options, "layer");
   layer.overlap_halo(false);
   CHECK_FALSE(layer.options().overlap_halo);
+}
+
+TEMPLATE_TEST_CASE("channels-last packs of a box are the transpose, and unpack inverts them",
+                   "[conv][channels_last]", float, double) {
+  // The copies around a tensor-core convolution engine (NDHWC): boxes of a padded patch that
+  // start inside it and end short of it, in 1-D, 2-D and 3-D shapes.
+  const Decomposition d = Decomposition::automatic({Index(6), Index(5), Index(7)}, 1);
+  const ShardTensor<TestType> field(d, 0, 2, 3, GhostWidths::uniform(2, 3), "field");
+  {  // every cell random, ghosts too
+    auto h = Kokkos::create_mirror_view(field.view());
+    for (std::size_t i = 0; i < h.span(); ++i) h.data()[i] = TestType(hashed_uniform(9, i));
+    Kokkos::deep_copy(field.view(), h);
+  }
+  const auto host = test::host_values(field.view());
+  const auto at = [&](Index n, Index c, Index i, Index j, Index k) {
+    const auto v = field.view();
+    return host[(((n * v.extent(1) + c) * v.extent(2) + i) * v.extent(3) + j) * v.extent(4) + k];
+  };
+  for (const Box& box :
+       {Box{{1, 2, 0}, {5, 3, 11}}, Box{{0, 0, 0}, {10, 9, 11}}, Box{{3, 4, 5}, {1, 1, 4}}}) {
+    INFO("box at " << box.lower[0] << "," << box.lower[1] << "," << box.lower[2]);
+    const Index cells = box.size(), N = 2, C = 3;
+    Kokkos::View<TestType*, DefaultMemorySpace> packed("packed", N * cells * C);
+    kernels::pack_channels_last(ExecutionSpace(), field.view(), box, packed);
+    Kokkos::fence();
+    const auto p = test::host_values(packed);
+    std::size_t wrong = 0;
+    for (Index n = 0; n < N; ++n)
+      for (Index x = 0; x < box.extent[0]; ++x)
+        for (Index y = 0; y < box.extent[1]; ++y)
+          for (Index z = 0; z < box.extent[2]; ++z)
+            for (Index c = 0; c < C; ++c) {
+              const Index cell = ((n * box.extent[0] + x) * box.extent[1] + y) * box.extent[2] + z;
+              wrong +=
+                  p[cell * C + c] != at(n, c, box.lower[0] + x, box.lower[1] + y, box.lower[2] + z);
+            }
+    CHECK(wrong == 0);
+
+    // Unpack into a zero field: the box holds the values, every other cell stays zero; adding
+    // it again doubles the box.
+    ShardTensor<TestType> back(d, 0, N, C, GhostWidths::uniform(2, 3), "back");
+    kernels::unpack_channels_last(ExecutionSpace(), packed, back.view(), box);
+    kernels::unpack_channels_last(ExecutionSpace(), packed, back.view(), box, UnpackMode::add);
+    Kokkos::fence();
+    const auto b = test::host_values(back.view());
+    const auto v = back.view();
+    wrong = 0;
+    for (Index n = 0; n < N; ++n)
+      for (Index c = 0; c < C; ++c)
+        for (Index i = 0; i < Index(v.extent(2)); ++i)
+          for (Index j = 0; j < Index(v.extent(3)); ++j)
+            for (Index k = 0; k < Index(v.extent(4)); ++k) {
+              const bool inside = i >= box.lower[0] && i < box.lower[0] + box.extent[0] &&
+                                  j >= box.lower[1] && j < box.lower[1] + box.extent[1] &&
+                                  k >= box.lower[2] && k < box.lower[2] + box.extent[2];
+              const TestType want = inside ? TestType(2) * at(n, c, i, j, k) : TestType(0);
+              wrong +=
+                  b[(((n * C + c) * v.extent(2) + i) * v.extent(3) + j) * v.extent(4) + k] != want;
+            }
+    CHECK(wrong == 0);
+  }
 }

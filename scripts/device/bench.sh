@@ -46,12 +46,17 @@ memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits |
 echo "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)" | tee -a "$log"
 unet=(--config "$root/bench/scaling_unet3d.yaml" --channels-in 2 --channels-out 1)
 
-# cuDNN's legacy calls and its graph API (SHARDTENSOR_CUDNN_API=graph), each with TF32 off and on.
-apis="${CUDNN_APIS:-legacy graph}"
+# cuDNN's legacy calls, its graph API (SHARDTENSOR_CUDNN_API=graph) and the graph API on
+# channels-last copies (graph_cl: SHARDTENSOR_CUDNN_LAYOUT=channels_last), each with TF32 off
+# and on.
+apis="${CUDNN_APIS:-legacy graph graph_cl}"
+layout_of() { [ "$1" = graph_cl ] && echo channels_last || echo ncdhw; }
+api_of() { [ "$1" = legacy ] && echo legacy || echo graph; }
 if [[ $parts == *,conv,* ]]; then
   for api in $apis; do
     for tf32 in off on; do
-      SHARDTENSOR_CUDNN_API=$api run mpiexec -x SHARDTENSOR_CUDNN_API -n 1 "$bin/bench_conv" \
+      SHARDTENSOR_CUDNN_API=$(api_of $api) SHARDTENSOR_CUDNN_LAYOUT=$(layout_of $api) \
+        run mpiexec -x SHARDTENSOR_CUDNN_API -x SHARDTENSOR_CUDNN_LAYOUT -n 1 "$bin/bench_conv" \
         --size 128 --channels 32 --warmup 3 --iters 7 --tf32 $tf32
     done
   done
@@ -60,8 +65,9 @@ fi
 if [[ $parts == *,unet,* ]]; then
   for api in $apis; do
     for tf32 in off on; do
-      SHARDTENSOR_CUDNN_API=$api run mpiexec -x SHARDTENSOR_CUDNN_API -n 1 "$bin/bench_scaling" \
-        "${unet[@]}" --warmup 3 --iters 7 --size 128 --tf32 $tf32
+      SHARDTENSOR_CUDNN_API=$(api_of $api) SHARDTENSOR_CUDNN_LAYOUT=$(layout_of $api) \
+        run mpiexec -x SHARDTENSOR_CUDNN_API -x SHARDTENSOR_CUDNN_LAYOUT -n 1 \
+        "$bin/bench_scaling" "${unet[@]}" --warmup 3 --iters 7 --size 128 --tf32 $tf32
     done
   done
   run python3 "$root/tools/pytorch_gpu_unet.py" --size 128

@@ -36,6 +36,7 @@
 #include "shardtensor/core/error.hpp"
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
+#include "shardtensor/kernels/channels_last.hpp"
 
 #include <cstdlib>
 #include <unordered_map>
@@ -184,6 +185,23 @@ bool graph_api() {
   return graph;
 }
 
+/// Whether the graph path hands cuDNN channels-last copies (NDHWC, the layout of its tensor-core
+/// engines) made by one fused kernel each way (kernels/channels_last.hpp):
+/// SHARDTENSOR_CUDNN_LAYOUT=channels_last. Which is faster is measured on a GPU.
+bool channels_last_copies() {
+  static const bool copies = [] {
+    const char* layout = std::getenv("SHARDTENSOR_CUDNN_LAYOUT");
+    return layout && std::string(layout) == "channels_last";
+  }();
+  return copies;
+}
+
+/// Strides of (N, C, spatial) extents stored channels-last: (N, spatial, C).
+std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>& dims) {
+  const std::int64_t c = dims[1], x = dims[2], y = dims[3], z = dims[4];
+  return {c * x * y * z, 1, y * z * c, z * c, c};
+}
+
 /// One direction's graph, built, filtered and timed at its first run; `found` false where no
 /// engine qualified (the portable kernel runs).
 struct GraphChoice {
@@ -239,6 +257,7 @@ struct ConvLibraryPlan<T>::Plan {
   std::vector<std::int64_t> input_dims, output_dims, weight_dims, steps, dilations;
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
   GraphChoice graph_forward, graph_data, graph_weight;
+  bool channels_last = false;  // the graphs read and write channels-last copies
 
   enum class Direction { forward, data, weight };
 
@@ -256,8 +275,11 @@ struct ConvLibraryPlan<T>::Plan {
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(type).set_intermediate_data_type(type).set_compute_data_type(type);
     const std::vector<std::int64_t> no_padding(3, 0);
-    const auto x_strides = packed_strides(input_dims), y_strides = packed_strides(output_dims),
-               w_strides = packed_strides(weight_dims);
+    const auto strides = [&](const std::vector<std::int64_t>& dims) {
+      return channels_last ? channels_last_strides(dims) : packed_strides(dims);
+    };
+    const auto x_strides = strides(input_dims), y_strides = strides(output_dims),
+               w_strides = strides(weight_dims);
     std::shared_ptr<fe::graph::Tensor_attributes> out_tensor;
     if (direction == Direction::forward) {
       auto x = graph_tensor(*g, "x", operand_a, input_dims, x_strides);
@@ -535,6 +557,10 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
     plan->weight_dims = {g.out_channels, g.in_per_group, g.k[0], g.k[1], g.k[2]};
     plan->steps = {g.s[0], g.s[1], g.s[2]};
     plan->dilations = {g.d[0], g.d[1], g.d[2]};
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+    plan->channels_last = graph_api() && channels_last_copies();
+    if (plan->channels_last) plan->shape += ", channels-last copies";
+#endif
     cached = std::move(plan);
   }
   plan_ = cached;
@@ -563,6 +589,32 @@ void accumulate(const ExecutionSpace& space, const T* partial, const ReplicatedV
       KOKKOS_LAMBDA(std::size_t i) { gw(i) += partial[i]; });
 }
 
+/// A weight vector (K, C per group, kernel) as a 5-D field, for its channels-last copies.
+template <class T>
+using WeightField = Kokkos::View<T*****, Kokkos::LayoutRight, DefaultMemorySpace,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+template <class T>
+WeightField<T> weight_field(const T* w, const std::vector<std::int64_t>& dims) {
+  return WeightField<T>(const_cast<T*>(w), dims[0], dims[1], dims[2], dims[3], dims[4]);
+}
+
+/// All cells of (N, C, spatial) extents.
+Box whole_box(const std::vector<std::int64_t>& dims) {
+  Box box;
+  box.extent = {dims[2], dims[3], dims[4]};
+  return box;
+}
+
+/// A channels-last copy of `box` of `field` (all batches and channels, `values` in all).
+template <class T, class Field>
+PackedBox<T> channels_last_copy(const ExecutionSpace& space, const Field& field, const Box& box,
+                                Index values) {
+  PackedBox<T> copy = packed_box<T>(values);
+  pack_channels_last(space, field, box, copy);
+  return copy;
+}
+
 }  // namespace
 #endif
 
@@ -573,6 +625,22 @@ bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>
   if (!plan_) return false;
   Plan& p = *plan_;
   const cudnnHandle_t handle = handle_on(space);
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (p.channels_last) {
+    const PackedBox<T> x = channels_last_copy<T>(space, xp, p.window, p.window_values);
+    const PackedBox<T> wc = channels_last_copy<T>(space, weight_field(w.data(), p.weight_dims),
+                                                  whole_box(p.weight_dims), p.weight_values);
+    const PackedBox<T> yc = packed_box<T>(Index(y.span()));
+    p.choose_graph(p.graph_forward, Plan::Direction::forward, handle, x.data(), wc.data(),
+                   yc.data());
+    if (!p.graph_forward.found) return false;
+    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_forward.workspace)));
+    p.run_graph(p.graph_forward, handle, x.data(), wc.data(), yc.data(), scratch);
+    unpack_channels_last(space, yc, y, whole_box(p.output_dims));
+    if (bias.extent(0) > 0) add_bias(space, bias, y);
+    return true;
+  }
+#endif
   PackedBox<T> copy;
   const T* input = p.input_of(space, xp, copy);
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
@@ -619,6 +687,21 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
   if (!plan_) return false;
   Plan& p = *plan_;
   const cudnnHandle_t handle = handle_on(space);
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (p.channels_last) {
+    const PackedBox<T> dy =
+        channels_last_copy<T>(space, gy, whole_box(p.output_dims), Index(gy.span()));
+    const PackedBox<T> wc = channels_last_copy<T>(space, weight_field(w.data(), p.weight_dims),
+                                                  whole_box(p.weight_dims), p.weight_values);
+    const PackedBox<T> dx = packed_box<T>(p.window_values);
+    p.choose_graph(p.graph_data, Plan::Direction::data, handle, dy.data(), wc.data(), dx.data());
+    if (!p.graph_data.found) return false;
+    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_data.workspace)));
+    p.run_graph(p.graph_data, handle, dy.data(), wc.data(), dx.data(), scratch);
+    unpack_channels_last(space, dx, gxp, p.window);
+    return true;
+  }
+#endif
   PackedBox<T> copy;  // where cuDNN cannot write the padded gradient in place
   if (!p.in_place(gxp.data())) copy = packed_box<T>(p.window_values);
   T* input_gradient = copy.data() ? copy.data() : gxp.data();
@@ -665,6 +748,21 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
   if (!plan_) return false;
   Plan& p = *plan_;
   const cudnnHandle_t handle = handle_on(space);
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (p.channels_last) {
+    const PackedBox<T> dy =
+        channels_last_copy<T>(space, gy, whole_box(p.output_dims), Index(gy.span()));
+    const PackedBox<T> x = channels_last_copy<T>(space, xp, p.window, p.window_values);
+    const PackedBox<T> dw = packed_box<T>(p.weight_values);  // timing writes here too
+    p.choose_graph(p.graph_weight, Plan::Direction::weight, handle, dy.data(), x.data(), dw.data());
+    if (!p.graph_weight.found) return false;
+    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_weight.workspace)));
+    p.run_graph(p.graph_weight, handle, dy.data(), x.data(), dw.data(), scratch);
+    unpack_channels_last(space, dw, weight_field(gw.data(), p.weight_dims),
+                         whole_box(p.weight_dims), UnpackMode::add);
+    return true;
+  }
+#endif
   PackedBox<T> copy;
   const T* input = p.input_of(space, xp, copy);
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
