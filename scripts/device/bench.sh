@@ -13,7 +13,8 @@
 #              inference (median of 7 after 3) and tools/pytorch_gpu_unet.py
 #   capacity   the same U-Net at growing cubes until one does not fit in 90 % of the GPU's
 #              memory (bench_scaling --budget-mib), and PyTorch at the same sizes
-#   vit        bench_scaling on examples/02_train_config/heat2d_vit.yaml at 1024^2
+#   vit        bench_scaling on examples/02_train_config/heat2d_vit.yaml at 1024^2 and
+#              tools/pytorch_gpu_vit.py (flex_attention, torch.compile)
 #   attention  bench_attention at 65536 tokens
 #
 # Each command runs with a time limit (LIMIT_S, 300 s); a run that fails or times out is
@@ -85,6 +86,12 @@ if [[ $parts == *,vit,* ]]; then
   for tf32 in off on; do
     run mpiexec -n 1 "$bin/bench_scaling" --config "$root/examples/02_train_config/heat2d_vit.yaml" \
       --dims 2 --size 1024 --warmup 3 --iters 7 --tf32 $tf32
+  done
+  # The PyTorch peer (flex_attention, torch.compile): one command per setting, each compiles.
+  for tf32 in off on; do
+    run python3 "$root/tools/pytorch_gpu_vit.py" \
+      --config "$root/examples/02_train_config/heat2d_vit.yaml" --size 1024 --warmup 3 --iters 7 \
+      --tf32 $tf32
   done
 fi
 if [[ $parts == *,attention,* ]]; then
