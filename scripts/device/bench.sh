@@ -15,7 +15,8 @@
 #              memory (bench_scaling --budget-mib), and PyTorch at the same sizes
 #   vit        bench_scaling on examples/02_train_config/heat2d_vit.yaml at 1024^2 and
 #              tools/pytorch_gpu_vit.py (flex_attention, torch.compile)
-#   attention  bench_attention at 65536 tokens
+#   attention  bench_attention at 16384 and 65536 tokens, and PyTorch's
+#              scaled_dot_product_attention (tools/pytorch_gpu_attention.py: fp32, TF32, bf16)
 #
 # Each command runs with a time limit (LIMIT_S, 300 s); a run that fails or times out is
 # logged and the next one starts.
@@ -95,6 +96,9 @@ if [[ $parts == *,vit,* ]]; then
   done
 fi
 if [[ $parts == *,attention,* ]]; then
-  run mpiexec -n 1 "$bin/bench_attention" --tokens 65536 --iters 5 --warmup 1
+  for tokens in 16384 65536; do
+    run mpiexec -n 1 "$bin/bench_attention" --tokens $tokens --iters 5 --warmup 1
+  done
+  run python3 "$root/tools/pytorch_gpu_attention.py" --tokens 16384,65536 --iters 5 --warmup 2
 fi
 echo "bench: $(wc -l < "$jsonl") JSON lines in $jsonl"
