@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
 #include "shardtensor/comm.hpp"
 #include "shardtensor/core.hpp"
 #include "shardtensor/core/execution.hpp"
@@ -184,27 +185,6 @@ void run_interleaved(std::vector<Variant>& variants, int warmup, int iters, int 
       Variant& v = variants[(k + std::size_t(r)) % variants.size()];
       v.seconds.push_back(time_per_call(v.op, v.iters));
     }
-}
-
-/// The copy ceiling: bytes read + written per second by Kokkos::deep_copy between two Views
-/// of `bytes`, on rank 0 alone (the others wait), best of 5; returned on every rank.
-double copy_gbytes_per_s(std::size_t bytes, int rank) {
-  double best = 1e30;
-  if (rank == 0) {
-    Kokkos::View<float*, DefaultMemorySpace> a("copy_src", bytes / sizeof(float)),
-        b("copy_dst", bytes / sizeof(float));
-    Kokkos::deep_copy(a, 1.0f);
-    Kokkos::deep_copy(b, a);
-    for (int r = 0; r < 5; ++r) {
-      const double start = MPI_Wtime();
-      Kokkos::deep_copy(b, a);
-      Kokkos::fence();
-      best = std::min(best, MPI_Wtime() - start);
-    }
-  }
-  double rate = 2.0 * double(bytes / sizeof(float) * sizeof(float)) / best / 1e9;
-  MPI_Bcast(&rate, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  return rate;
 }
 
 /// Value at a global cell: exact in float (below 2^24), different for neighbouring cells
@@ -452,7 +432,7 @@ int run(int argc, char** argv) {
     return e.message.empty() ? 0 : 2;
   }
   const Communicator comm(MPI_COMM_WORLD);
-  const double copy_rate = copy_gbytes_per_s(std::size_t(o.copy_mib) << 20, rank);
+  const double copy_rate = bench::copy_gbytes_per_s(std::size_t(o.copy_mib) << 20, rank);
 
   std::vector<WidthResult> results;
   for (int width : o.widths) results.push_back(run_width(o, *d, comm, width));

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "shardtensor/core/execution.hpp"
+#include "shardtensor/core/shard_tensor.hpp"  // DefaultMemorySpace
 #include "shardtensor/kernels/vector_isa.hpp"
 
 namespace shardtensor::bench {
@@ -80,6 +81,27 @@ inline std::string vector_path() {
 inline const char* openblas_coretype() {
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   return coretype ? coretype : "";
+}
+
+/// The copy ceiling: bytes read + written per second by Kokkos::deep_copy between two Views
+/// of `bytes`, on rank 0 alone (the others wait), best of 5; returned on every rank.
+inline double copy_gbytes_per_s(std::size_t bytes, int rank) {
+  double best = 1e30;
+  if (rank == 0) {
+    Kokkos::View<float*, DefaultMemorySpace> a("copy_src", bytes / sizeof(float)),
+        b("copy_dst", bytes / sizeof(float));
+    Kokkos::deep_copy(a, 1.0f);
+    Kokkos::deep_copy(b, a);
+    for (int r = 0; r < 5; ++r) {
+      const double start = MPI_Wtime();
+      Kokkos::deep_copy(b, a);
+      Kokkos::fence();
+      best = std::min(best, MPI_Wtime() - start);
+    }
+  }
+  double rate = 2.0 * double(bytes / sizeof(float) * sizeof(float)) / best / 1e9;
+  MPI_Bcast(&rate, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return rate;
 }
 
 }  // namespace shardtensor::bench

@@ -81,9 +81,11 @@ AtomicOutput::AtomicOutput(const Communicator& comm, std::string final_path)
     const auto ticks = std::chrono::steady_clock::now().time_since_epoch().count();
     temporary_path_ = final_path_ + ".tmp-" + std::to_string(::getpid()) + "-" +
                       std::to_string(static_cast<unsigned long long>(ticks) % 1000000007ull);
-    signal_slot_ = hold_for_signals(temporary_path_);
   }
   comm_.broadcast(temporary_path_);
+  // Every rank removes it on a signal, not rank 0 alone: when mpirun forwards a SIGTERM, the
+  // first rank to die makes it kill the others, rank 0 perhaps before its handler ran.
+  signal_slot_ = hold_for_signals(temporary_path_);
 }
 
 AtomicOutput::~AtomicOutput() {

@@ -56,25 +56,64 @@ KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
 
 }  // namespace
 
+/// Nearest mode's source cell per output index, per axis (entry first[a] + o: the input buffer
+/// index output o reads along axis a): computed once per call, so the copy does no integer
+/// division per cell.
+struct NearestTable {
+  Kokkos::View<Index*, DefaultMemorySpace> source;
+  Index first[3];
+
+  NearestTable(const ExecutionSpace& space, const UpsampleShape& g)
+      : source(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::nearest_table"),
+               g.out[0] + g.out[1] + g.out[2]),
+        first{0, g.out[0], g.out[0] + g.out[1]} {
+    fill(space, g);
+  }
+
+  void fill(const ExecutionSpace& space, const UpsampleShape& g) const {
+    const auto s = source;
+    const Index second = first[1], third = first[2];
+    Kokkos::parallel_for(
+        "Upsample::nearest_table", kernel_range(space, s.extent(0)), KOKKOS_LAMBDA(const Index i) {
+          const int a = i < second ? 0 : i < third ? 1 : 2;
+          const Index o = i - (a == 0 ? 0 : a == 1 ? second : third);
+          s(i) = (g.out_offset[a] + o) / g.scale[a] - g.in_offset[a] + g.ghost[a];
+        });
+  }
+};
+
 template <class T>
 void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
                       const FieldView<T>& x, const FieldView<T>& y) {
+  const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
+  if (mode == UpsampleMode::nearest) {
+    // A copy along lines: per line its source line's start, then one table entry per cell.
+    const NearestTable table(space, g);
+    const auto source = table.source;
+    const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
+    const Lines lines(y.extent(0), g.channels, extents);
+    const int axis = lines.axis;
+    const Index length = lines.length, along = table.first[axis];
+    const Index in_step = x.stride(2 + axis), out_step = y.stride(2 + axis);
+    Kokkos::parallel_for(
+        "Upsample::forward_nearest", kernel_range(space, lines.count),
+        KOKKOS_LAMBDA(const Index line) {
+          const CellIndex c = lines.start(line);
+          Index from[3] = {source(f0 + c.x), source(f1 + c.y), source(f2 + c.z)};
+          from[axis] = 0;
+          const T* in = &x(c.n, c.c, from[0], from[1], from[2]);
+          T* out = &y(c.n, c.c, c.x, c.y, c.z);
+          for (Index i = 0; i < length; ++i) out[i * out_step] = in[source(along + i) * in_step];
+        });
+    return;
+  }
   const LinearTable<T> table(space, g);
   const auto lower = table.lower;
   const auto weight = table.weight;
   const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
-  const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
   for_each_cell_by_lines(
       space, "Upsample::forward", y.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
-        if (mode == UpsampleMode::nearest) {
-          const Index o[3] = {ox, oy, oz};
-          Index i[3];
-          for (int a = 0; a < 3; ++a)
-            i[a] = (g.out_offset[a] + o[a]) / g.scale[a] - g.in_offset[a] + g.ghost[a];
-          y(n, c, ox, oy, oz) = x(n, c, i[0], i[1], i[2]);
-          return;
-        }
         const Index lx = lower(f0 + ox), ly = lower(f1 + oy), lz = lower(f2 + oz);
         const T wx = weight(f0 + ox), wy = weight(f1 + oy), wz = weight(f2 + oz);
         // Unused axes have scale 1: source = o exactly, weight 1 on the lower cell.

@@ -41,8 +41,10 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     for (Index& p : points.back()) p *= scale_[d];
     periodic.push_back(x.decomposition().periodic(d));
   }
-  ShardTensor<T> y(Decomposition::from_split_points(points, periodic), x.rank(), x.batch(),
-                   x.channels(), {}, name_ + ".output");
+  // Every output cell is written below (no ghosts): no zero fill first.
+  ShardTensor<T> y =
+      ShardTensor<T>::uninitialized(Decomposition::from_split_points(points, periodic), x.rank(),
+                                    x.batch(), x.channels(), {}, name_ + ".output");
   const ShardTensor<T> source = mode_ == UpsampleMode::linear ? halo_->forward(x) : x;
   kernels::UpsampleShape shape{};
   shape.channels = x.channels();

@@ -40,7 +40,7 @@ class AtomicOutput {
   std::string final_path_;
   std::string temporary_path_;
   bool committed_ = false;
-  int signal_slot_ = -1;  // rank 0: where remove_temporaries_on_signal finds the temporary
+  int signal_slot_ = -1;  // where remove_temporaries_on_signal finds the temporary (every rank)
 };
 
 /// From now on SIGINT, SIGTERM and SIGHUP first remove the temporaries of the outputs not yet
