@@ -1,16 +1,10 @@
 #include "shardtensor/train/trainer.hpp"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <limits>
 #include <sstream>
 
 #include "metrics_file.hpp"
@@ -19,21 +13,11 @@
 #include "run_setup.hpp"
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
-#include "shardtensor/comm/redistribute.hpp"
 #include "shardtensor/core/error.hpp"
-#include "shardtensor/core/memory_limits.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/io/atomic_output.hpp"
-#include "shardtensor/io/dataset.hpp"
-#include "shardtensor/io/field_io.hpp"
 #include "shardtensor/io/file.hpp"
-#include "shardtensor/io/output_paths.hpp"
-#include "shardtensor/io/xdmf.hpp"
-#include "shardtensor/models/builder.hpp"
-#include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
 #include "shardtensor/train/batch_reader.hpp"
 #include "shardtensor/train/checkpoint.hpp"
-#include "shardtensor/train/parameter_limit.hpp"
 #include "shardtensor/train/progress.hpp"
 #include "shardtensor/train/sample_schedule.hpp"
 #include "shardtensor/train/training_step.hpp"
