@@ -5,7 +5,6 @@
 #include <array>
 #include <limits>
 #include <map>
-#include <numeric>
 
 #include "shardtensor/comm/transport.hpp"
 #include "shardtensor/core/error.hpp"
@@ -78,10 +77,6 @@ std::vector<int> displacements(const std::vector<int>& counts) {
   std::vector<int> displs(counts.size(), 0);
   for (std::size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
   return displs;
-}
-
-std::size_t total(const std::vector<std::size_t>& counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
 }
 
 /// The memory MPI reads (a send) or writes (a receive) for one buffer: the buffer itself, or,
@@ -191,7 +186,6 @@ class MpiTransport final : public Transport {
  public:
   MpiTransport(MPI_Comm comm, MpiMemory memory) : comm_(comm), memory_(memory) {
     MPI_Comm_rank(comm, &rank_);
-    MPI_Comm_size(comm, &size_);
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -218,7 +212,7 @@ class MpiTransport final : public Transport {
                   WireType type) override {
     Kokkos::fence();
     const Staged in = stage(send, counts[rank_], type, true);
-    const Staged out = stage(recv, total(counts), type, false);
+    const Staged out = stage(recv, sum(counts), type, false);
     const std::vector<int> c = to_ints(counts);
     const std::vector<int> displs = displacements(c);
     const MPI_Datatype t = mpi_datatype(type);
@@ -232,7 +226,7 @@ class MpiTransport final : public Transport {
   void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
                       WireType type, ReduceOp op) override {
     Kokkos::fence();
-    const Staged in = stage(send, total(counts), type, true);
+    const Staged in = stage(send, sum(counts), type, true);
     const Staged out = stage(recv, counts[rank_], type, false);
     const std::vector<int> c = to_ints(counts);
     MPI_Reduce_scatter(in.data(), out.data(), c.data(), mpi_datatype(type), mpi_op(op), comm_);
@@ -242,8 +236,8 @@ class MpiTransport final : public Transport {
   void alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
                  const std::vector<std::size_t>& recv_counts, WireType type) override {
     Kokkos::fence();
-    const Staged in = stage(send, total(send_counts), type, true);
-    const Staged out = stage(recv, total(recv_counts), type, false);
+    const Staged in = stage(send, sum(send_counts), type, true);
+    const Staged out = stage(recv, sum(recv_counts), type, false);
     const std::vector<int> sc = to_ints(send_counts), rc = to_ints(recv_counts);
     const std::vector<int> sd = displacements(sc), rd = displacements(rc);
     const MPI_Datatype t = mpi_datatype(type);
@@ -255,7 +249,7 @@ class MpiTransport final : public Transport {
                WireType type) override {
     Kokkos::fence();
     const Staged in = stage(send, counts[rank_], type, true);
-    const Staged out = stage(recv, rank_ == root ? total(counts) : 0, type, false);
+    const Staged out = stage(recv, rank_ == root ? sum(counts) : 0, type, false);
     const std::vector<int> c = to_ints(counts);
     const std::vector<int> displs = displacements(c);
     const MPI_Datatype t = mpi_datatype(type);
@@ -266,7 +260,7 @@ class MpiTransport final : public Transport {
   void scatterv(const void* send, const std::vector<std::size_t>& counts, void* recv, int root,
                 WireType type) override {
     Kokkos::fence();
-    const Staged in = stage(send, rank_ == root ? total(counts) : 0, type, true);
+    const Staged in = stage(send, rank_ == root ? sum(counts) : 0, type, true);
     const Staged out = stage(recv, counts[rank_], type, false);
     const std::vector<int> c = to_ints(counts);
     const std::vector<int> displs = displacements(c);
@@ -330,7 +324,7 @@ class MpiTransport final : public Transport {
 
   MPI_Comm comm_;  // the Communicator's own duplicate, which outlives its transports
   MpiMemory memory_;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0;
   std::map<std::array<int, 16>, MPI_Datatype> box_types_;
 };
 

@@ -199,7 +199,7 @@ class NcclTransport final : public Transport {
     }
     // Unequal blocks (NCCL has no reduce-scatter-v): reduce everything, keep the own block.
     const std::size_t size = wire_size(type);
-    const std::size_t all = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    const std::size_t all = sum(counts);
     const std::size_t first =
         std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
     void* reduced = nullptr;

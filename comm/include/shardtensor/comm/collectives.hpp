@@ -48,10 +48,6 @@ inline void check_counts(const std::vector<std::size_t>& counts, int nranks, con
   mpi_count(total, where);
 }
 
-inline std::size_t sum(const std::vector<std::size_t>& counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-}
-
 /// The transport of `View`'s memory over `comm`, and the View's element type.
 template <class View>
 Transport& transport_of(const Communicator& comm) {

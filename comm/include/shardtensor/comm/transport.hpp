@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -46,6 +47,11 @@ constexpr WireType wire_type() {
 }
 
 std::size_t wire_size(WireType type);
+
+/// Elements of all blocks of a count vector.
+inline std::size_t sum(const std::vector<std::size_t>& counts) {
+  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
 
 /// One transfer of an exchange: `count` elements to or from rank `peer`. `tag` tells this
 /// operation's messages from others' (MPI); transfers between the same two ranks also match in
