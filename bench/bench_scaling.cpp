@@ -154,7 +154,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     r.size_multiple = Index(1) << models::unet_options(config.model, shape).depth;
 
   auto model = models::build_model<T>(config.model, mesh.domain, shape);
-  model->allow_tf32(config.training.tf32);
+  config.training.set_layer_math(*model);
   model->overlap_halo(s.overlap);
   r.parameters = models::count_parameters(*model);
   auto optimizer = make_optimizer<T>(config.optimizer, model->named_parameters());

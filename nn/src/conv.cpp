@@ -2,6 +2,7 @@
 
 #include "conv_kernels.hpp"
 
+#include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/conv.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/nn/impl/conv_parameters.hpp"
@@ -111,6 +112,12 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
 }
 
 template <class T>
+void Conv<T>::compute_in_bf16(bool on) {
+  halo_->round_to_bfloat16(on);  // refuses a double layer
+  options_.bf16 = on;
+}
+
+template <class T>
 Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const std::string where = layer_name(geometry_.ndims, name_);
   SHARDTENSOR_REQUIRE(input.is_field(), where, "input '" << input.name() << "' is not a field");
@@ -149,20 +156,24 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   shape = rotated(shape, rotation);
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
+  // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
+  const ReplicatedView<T> w =
+      options_.bf16 ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16") : weight_.data();
   const Index padded_extent[3] = {Index(xp.extent(2)), Index(xp.extent(3)), Index(xp.extent(4))};
   const impl::ConvKernels<T> kernels(shape, padded_extent, options_, workspace_);
   if (kernels.runs_in_chunks() && options_.overlap_halo && halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
     for (const Box& box : halo_->exchanged_boxes(padded))
       interior.boxes.push_back(rotation.apply(box));
-    kernels.forward(xp, weight_.data(), bias, yv, interior);
+    kernels.forward(xp, w, bias, yv, interior);
     halo_->finish(padded);
     interior.keep = ChunkFilter::touching;
-    kernels.forward(xp, weight_.data(), bias, yv, interior);
+    kernels.forward(xp, w, bias, yv, interior);
   } else {
     halo_->finish(padded);
-    kernels.forward(xp, weight_.data(), bias, yv);
+    kernels.forward(xp, w, bias, yv);
   }
+  if (options_.bf16) kernels::round_to_bfloat16(ExecutionSpace(), y.view());
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
   if (bias_.defined()) inputs.push_back(bias_.node());
@@ -179,11 +190,16 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     // convolution's input from forward to backward (the closure holds the input anyway):
     // keep only its shell, and rebuild the buffer in backward.
     PaddedShell<T> shell = halo_->shell(padded);
+    const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
       const ShardTensor<T> padded = halo->rebuild(input_value, shell);
       shell = {};  // backward runs once: free the shell before the gradients are allocated
       const FieldView<T> xp = rotation.apply(padded.view());
-      const FieldView<T> gy = rotation.apply(self.grad_field().view());
+      // bf16: the output gradient is an operand too (rounded into a copy: the gradient
+      // buffer may be shared, e.g. a recomputed block's output gradient).
+      const ShardTensor<T> grad_output =
+          bf16 ? kernels::bfloat16_copy(self.grad_field(), name_ + ".grad_bf16") : self.grad_field();
+      const FieldView<T> gy = rotation.apply(grad_output.view());
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
@@ -204,7 +220,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                 ? padded
                 : ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                  padded.channels(), padded.ghosts(), name_ + ".padded_grad");
-      kernels.backward(gy, xp, w_node->data, gw, gb, rotation.apply(grad_padded.view()));
+      kernels.backward(gy, xp, w, gw, gb, rotation.apply(grad_padded.view()));
       if (x_node->requires_grad && !direct) halo->backward(grad_padded, x_node->grad_field());
     };
   }

@@ -13,6 +13,13 @@
 
 namespace shardtensor::impl {
 
+/// Whether the library may run float on TF32 tensor cores: where allowed, and where the
+/// operands are bf16 values (ConvOptions::bf16), which TF32 holds exactly (10 mantissa bits),
+/// so the products are the same and only the summation order differs.
+inline bool tensor_cores_exact_or_allowed(const ConvOptions& options) {
+  return options.tf32 || options.bf16;
+}
+
 template <class T>
 class ConvKernels {
  public:
@@ -24,7 +31,8 @@ class ConvKernels {
         workspace_(std::move(workspace)),
         library_(gemm_ && options.library_kernels
                      ? kernels::ConvLibraryPlan<T>(shape, padded_extent,
-                                                   options.library_workspace_bytes, options.tf32)
+                                                   options.library_workspace_bytes,
+                                                   tensor_cores_exact_or_allowed(options))
                      : kernels::ConvLibraryPlan<T>()),
         planes_(gemm_ && !library_.applies()
                     ? kernels::plan_planes(

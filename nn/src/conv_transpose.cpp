@@ -1,5 +1,6 @@
 #include "shardtensor/nn/conv_transpose.hpp"
 
+#include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/conv_transpose.hpp"
 
 #include "shardtensor/nn/impl/conv_parameters.hpp"
@@ -150,8 +151,17 @@ std::shared_ptr<HaloPadding<T>> ConvTranspose<T>::halo_for(const GhostWidths& gh
     zeros.lower = ghosts.lower;
     zeros.upper = ghosts.upper;
     halo = std::make_shared<HaloPadding<T>>(comm_, ghosts, zeros, where_);
+    halo->round_to_bfloat16(options_.bf16);
   }
   return halo;
+}
+
+template <class T>
+void ConvTranspose<T>::compute_in_bf16(bool on) {
+  SHARDTENSOR_REQUIRE(!on || (std::is_same<T, float>::value), where_,
+                      "bf16 operands need a float model, this one is double");
+  options_.bf16 = on;
+  for (auto& [ghosts, halo] : halos_) halo->round_to_bfloat16(on);
 }
 
 template <class T>
@@ -194,8 +204,13 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     shape.padded[d] = padded.allocated_extent(d);
   }
   const ReplicatedView<T> no_bias;
-  kernels::conv_transpose_forward(ExecutionSpace(), shape, padded.view(), weight_.data(),
+  // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
+  const ReplicatedView<T> w = options_.bf16
+                                  ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16")
+                                  : weight_.data();
+  kernels::conv_transpose_forward(ExecutionSpace(), shape, padded.view(), w,
                                   bias_.defined() ? bias_.data() : no_bias, y.view());
+  if (options_.bf16) kernels::round_to_bfloat16(ExecutionSpace(), y.view());
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
   if (bias_.defined()) inputs.push_back(bias_.node());
@@ -210,10 +225,14 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     // As Conv: keep the padded input's shell, not a second copy of the input (conv.cpp).
     PaddedShell<T> shell = halo->shell(padded);
     const ShardTensor<T> input_value = x;  // the graph keeps no values: capture it
+    const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
       const ShardTensor<T> padded = halo->rebuild(input_value, shell);
       shell = {};  // backward runs once: free the shell before the gradients are allocated
-      const FieldView<T> gy = self.grad_field().view();
+      // bf16: the output gradient is an operand too (rounded into a copy, as in Conv).
+      const ShardTensor<T> grad_output =
+          bf16 ? kernels::bfloat16_copy(self.grad_field(), name + ".grad_bf16") : self.grad_field();
+      const FieldView<T> gy = grad_output.view();
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
@@ -223,8 +242,7 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
       if (x_node->requires_grad) {
         ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
                                    padded.channels(), padded.ghosts(), name + ".padded_grad");
-        kernels::conv_transpose_backward_data(ExecutionSpace(), shape, gy, w_node->data,
-                                              grad_padded.view());
+        kernels::conv_transpose_backward_data(ExecutionSpace(), shape, gy, w, grad_padded.view());
         halo->backward(grad_padded, x_node->grad_field());  // shared: may outlive the layer
       }
     };

@@ -1,5 +1,6 @@
 #include "shardtensor/nn/halo_padding.hpp"
 
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/cell_index.hpp"
 
@@ -60,9 +61,15 @@ void zero_shell(const ShardTensor<T>& field) {
       });
 }
 
-/// target.interior() = source.interior() (same owned cells, any ghost widths).
+/// target.interior() = source.interior() (same owned cells, any ghost widths), each value
+/// rounded to bfloat16 if `to_bfloat16` (float only).
 template <class T>
-void copy_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
+void copy_interior(const ShardTensor<T>& source, const ShardTensor<T>& target, bool to_bfloat16) {
+  if constexpr (std::is_same<T, float>::value)
+    if (to_bfloat16)
+      return for_each_interior_pair(
+          "copy_interior_bfloat16", source, target,
+          KOKKOS_LAMBDA(const T& from, T& to) { to = round_to_bfloat16(from); });
   for_each_interior_pair(
       "copy_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
 }
@@ -108,6 +115,13 @@ HaloPadding<T>::HaloPadding(const Communicator& comm, const GhostWidths& ghosts,
 }
 
 template <class T>
+void HaloPadding<T>::round_to_bfloat16(bool on) {
+  SHARDTENSOR_REQUIRE(!on || (std::is_same<T, float>::value), where_,
+                      "bf16 operands need a float model, this one is double");
+  bfloat16_ = on;
+}
+
+template <class T>
 Decomposition HaloPadding<T>::padded_decomposition(const Decomposition& input) const {
   // Same split; periodic when the padding wraps around (the op's padding mode decides, not
   // the field's periodic flags).
@@ -131,7 +145,7 @@ ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
 
 template <class T>
 bool HaloPadding<T>::reads_in_place(const ShardTensor<T>& input) const {
-  return ghosts_ == GhostWidths{} && input.ghosts() == GhostWidths{} &&
+  return !bfloat16_ && ghosts_ == GhostWidths{} && input.ghosts() == GhostWidths{} &&
          padded_decomposition(input.decomposition()) == input.decomposition();
 }
 
@@ -149,7 +163,7 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
       ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
                                     ghosts_, where_ + " padded input");
   zero_shell(padded);
-  copy_interior(input, padded);
+  copy_interior(input, padded, bfloat16_);
   plan_for(padded).start(padded);
   return padded;
 }
@@ -224,7 +238,7 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
   ShardTensor<T> padded = ShardTensor<T>::uninitialized(
       padded_decomposition(input.decomposition()), input.rank(), input.batch(), input.channels(),
       ghosts_, where_ + " padded input");
-  copy_interior(input, padded);
+  copy_interior(input, padded, bfloat16_);
   const Index per_cell = padded.batch() * padded.channels();
   std::size_t offset = 0;
   for (const Box& b : shell.boxes) {

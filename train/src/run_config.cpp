@@ -99,7 +99,7 @@ TrainingConfig read_training(const ConfigNode& node) {
   t.validate_every = node.get("validate_every", t.validate_every);
   t.checkpoint_every = node.get("checkpoint_every", t.checkpoint_every);
   t.keep_checkpoints = node.get("keep_checkpoints", t.keep_checkpoints);
-  t.precision = node.choice("precision", t.precision, {"float", "double"});
+  t.precision = node.choice("precision", t.precision, {"float", "double", "bf16"});
   t.tf32 = node.get("tf32", t.tf32);
   t.seed = node.get("seed", t.seed);
   node["epochs"].check(t.epochs >= 0, "must not be negative, got " + node["epochs"].text());

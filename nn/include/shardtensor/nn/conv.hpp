@@ -49,6 +49,12 @@ struct ConvOptions {
   /// times faster); off (the default, unlike PyTorch's cuDNN), a GPU's float results match the
   /// CPU's to 1e-5. Module::allow_tf32 sets it for a whole model (config: training.tf32).
   bool tf32 = false;
+  /// bf16 operands (PyTorch autocast's convolution): the input, the weight and, in backward,
+  /// the output gradient are rounded to bfloat16 (core/bfloat16.hpp), products are summed in
+  /// float, and the output is rounded to bfloat16; the weight and input gradients stay float
+  /// (the optimizer updates float master weights). Float layers only. Module::compute_in_bf16
+  /// sets it for a whole model (config: training.precision: bf16).
+  bool bf16 = false;
   /// Forward overlaps the halo exchange with interior compute: the outputs whose windows
   /// read no exchanged ghost cell are computed while the messages travel, then the rest. The
   /// results are the same either way; off measures what the overlap saves
@@ -72,6 +78,7 @@ class Conv : public Module<T> {
   /// The input is copied into a padded buffer first: its ghost cells are never read.
   bool reads_owned_cells_only() const override { return true; }
   void allow_tf32(bool on) override { options_.tf32 = on; }
+  void compute_in_bf16(bool on) override;
   void overlap_halo(bool on) override { options_.overlap_halo = on; }
 
   const ConvOptions& options() const { return options_; }

@@ -29,6 +29,8 @@ struct ConvTransposeOptions {
   bool bias = true;
   /// Initialisation seed (same on every rank); 0 derives it from the layer name.
   std::uint64_t seed = 0;
+  /// bf16 operands, float sums, bf16 output (as ConvOptions::bf16; Module::compute_in_bf16).
+  bool bf16 = false;
 };
 
 /// Transposed convolution layer: the adjoint of a Conv's data path. Weights (in,
@@ -51,6 +53,7 @@ class ConvTranspose : public Module<T> {
                 const std::string& name = "conv_transpose");
 
   Variable<T> forward(const Variable<T>& input) override;
+  void compute_in_bf16(bool on) override;
 
   const ConvTransposeOptions& options() const { return options_; }
   Variable<T> weight() const { return weight_; }

@@ -43,9 +43,15 @@ class HaloPadding {
   /// caller must not write into the result.
   ShardTensor<T> forward(const ShardTensor<T>& input);
 
+  /// Whether the buffer holds the input's values rounded to bfloat16 (the operand of a layer
+  /// computing in bf16): rounded as they are copied in, so the exchanged ghosts and the
+  /// boundary padding are rounded too. Float only; off by default.
+  void round_to_bfloat16(bool on);
+  bool rounds_to_bfloat16() const { return bfloat16_; }
+
   /// True if forward(input) and rebuild(input, ...) return the input itself, with no copy: no
-  /// ghost or padding cell to fill (1x1 convolutions; a transposed convolution whose kernel
-  /// is its stride, on splits at multiples of it).
+  /// ghost or padding cell to fill and no rounding (1x1 convolutions; a transposed
+  /// convolution whose kernel is its stride, on splits at multiples of it).
   bool reads_in_place(const ShardTensor<T>& input) const;
 
   /// forward() in two halves, so that work on cells that need no exchanged ghost can run
@@ -91,6 +97,7 @@ class HaloPadding {
   BoundaryPadding boundary_;
   std::string where_;
   HaloPlanCache<T> plans_;
+  bool bfloat16_ = false;
 };
 
 extern template class HaloPadding<float>;

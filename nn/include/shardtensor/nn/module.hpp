@@ -61,6 +61,14 @@ class Module {
     for (auto& child : children_) child.second->allow_tf32(on);
   }
 
+  /// Whether the convolutions, transposed convolutions and attention products of this module
+  /// and its children take bf16 operands and sum in float (ConvOptions::bf16: PyTorch
+  /// autocast's semantics); normalisation, softmax, pointwise layers and losses stay float.
+  /// Float models only (a double layer refuses). A model's setting, like allow_tf32.
+  virtual void compute_in_bf16(bool on) {
+    for (auto& child : children_) child.second->compute_in_bf16(on);
+  }
+
   /// Whether the convolutions of this module and its children overlap their halo exchange
   /// with interior compute (ConvOptions::overlap_halo; on by default, the same results).
   virtual void overlap_halo(bool on) {

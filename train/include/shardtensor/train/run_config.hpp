@@ -43,9 +43,18 @@ struct TrainingConfig {
   int validate_every = 1;           ///< epochs
   int checkpoint_every = 1;         ///< epochs
   int keep_checkpoints = 3;         ///< the last K checkpoint files are kept
-  std::string precision = "float";  ///< float or double
+  /// float, double, or bf16: float parameters, gradients and optimizer state, with the
+  /// convolutions, transposed convolutions and attention products on bf16 operands (autocast)
+  std::string precision = "float";
   bool tf32 = false;                ///< float convolutions on a GPU may use TF32 tensor cores
   std::uint64_t seed = 1;           ///< shuffling (model seeds are under `model`)
+
+  /// Sets a model's per-layer math from these options (TF32; bf16 operands).
+  template <class Model>
+  void set_layer_math(Model& model) const {
+    model.allow_tf32(tf32);
+    model.compute_in_bf16(precision == "bf16");
+  }
 };
 
 struct MemoryConfig {

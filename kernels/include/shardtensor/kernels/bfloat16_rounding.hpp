@@ -1,0 +1,55 @@
+#pragma once
+// Rounding arrays of floats to bfloat16 values (core/bfloat16.hpp): the operands of layers
+// that compute in bf16 (ConvOptions::bf16). Elementwise, so any split of the work over
+// threads gives the same bits. Double arrays are left alone: bf16 is a float model's option.
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "shardtensor/core/bfloat16.hpp"
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/core/execution.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor::kernels {
+
+/// to[i] = round_to_bfloat16(from[i]) for i < n (from == to rounds in place). Float only:
+/// throws for double (the layers refuse bf16 in a double model before they get here).
+template <class T>
+void round_to_bfloat16(const ExecutionSpace& space, const T* from, T* to, std::size_t n) {
+  SHARDTENSOR_REQUIRE((std::is_same<T, float>::value), "round_to_bfloat16",
+                      "bf16 rounding takes float values, got " << sizeof(T) << "-byte ones");
+  if constexpr (std::is_same<T, float>::value)
+    Kokkos::parallel_for(
+        "round_to_bfloat16", kernel_range(space, Index(n)),
+        KOKKOS_LAMBDA(const Index i) { to[i] = shardtensor::round_to_bfloat16(from[i]); });
+}
+
+/// Rounds every value of `view` (a contiguous View: a field with its ghosts, a parameter).
+template <class ViewType>
+void round_to_bfloat16(const ExecutionSpace& space, const ViewType& view) {
+  round_to_bfloat16(space, view.data(), view.data(), view.span());
+}
+
+/// `values` rounded to bfloat16 in a new View (a bf16 layer's weight: the parameter itself
+/// stays float, the optimizer's master copy).
+template <class T>
+ReplicatedView<T> bfloat16_copy(const ReplicatedView<T>& values, const std::string& label) {
+  ReplicatedView<T> rounded(Kokkos::view_alloc(Kokkos::WithoutInitializing, label),
+                            values.extent(0));
+  round_to_bfloat16(ExecutionSpace(), values.data(), rounded.data(), values.span());
+  return rounded;
+}
+
+/// A field with `field`'s layout (ghosts included) holding its values rounded to bfloat16.
+template <class T>
+ShardTensor<T> bfloat16_copy(const ShardTensor<T>& field, const std::string& label) {
+  ShardTensor<T> rounded = ShardTensor<T>::uninitialized(
+      field.decomposition(), field.rank(), field.batch(), field.channels(), field.ghosts(), label);
+  round_to_bfloat16(ExecutionSpace(), field.view().data(), rounded.view().data(),
+                    field.view().span());
+  return rounded;
+}
+
+}  // namespace shardtensor::kernels

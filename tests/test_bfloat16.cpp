@@ -1,0 +1,212 @@
+// bf16 layers (Module::compute_in_bf16, autocast's semantics): the rounding against an
+// independent reference; Conv, ConvTranspose and a U-Net in bf16 sharded against one rank
+// (within the bf16 rounding stated per check), against the same layers in float, and their
+// outputs bf16 values; a double model refuses bf16.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "equivalence.hpp"
+#include "shardtensor/kernels/bfloat16_rounding.hpp"
+#include "shardtensor/models/unet.hpp"
+
+using namespace shardtensor;
+using models::UNet;
+using models::UNetOptions;
+using Catch::Matchers::Contains;
+
+namespace {
+
+float float_of_bits(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+/// Round to nearest even by comparing distances in double (not by bit arithmetic): the two
+/// bfloat16 neighbours of x are its upper half and the next one away from zero.
+std::uint16_t reference_bits(float x) {
+  const std::uint32_t u = bits_of(x);
+  const std::uint16_t toward_zero = std::uint16_t(u >> 16);
+  const std::uint16_t away = std::uint16_t(toward_zero + 1);
+  const double below = std::abs(double(x) - double(float_of_bits(std::uint32_t(toward_zero) << 16)));
+  // The neighbour away from zero past the largest finite value is infinity: its distance is
+  // where the rounding boundary would be with one more exponent (2^128 for float).
+  const std::uint32_t away_bits = std::uint32_t(away) << 16;
+  const double above = (away_bits & 0x7fffffffu) == 0x7f800000u
+                           ? std::ldexp(1.0, 128) - std::abs(double(x))
+                           : std::abs(double(float_of_bits(away_bits)) - double(x));
+  if (below < above) return toward_zero;
+  if (above < below) return away;
+  return (toward_zero & 1) ? away : toward_zero;
+}
+
+/// Every value of a field is a bfloat16 value (its lower 16 bits are zero).
+bool holds_bfloat16_values(const ShardTensor<float>& field) {
+  for (double v : test::host_values(field.view()))
+    if (bits_of(float(v)) & 0xffffu) return false;
+  return true;
+}
+
+template <class Layer, class Options>
+test::ModuleFactory<float> bf16_factory(const Options& options, bool bf16) {
+  return [options, bf16](const Communicator& comm) {
+    auto layer = std::make_shared<Layer>(comm, options, "layer");
+    layer->compute_in_bf16(bf16);
+    return layer;
+  };
+}
+
+ConvOptions conv_options(int in, int out, std::vector<int> kernel, std::vector<int> padding,
+                         PaddingMode mode = PaddingMode::zeros) {
+  ConvOptions o;
+  o.in_channels = in;
+  o.out_channels = out;
+  o.kernel = std::move(kernel);
+  o.padding = std::move(padding);
+  o.padding_mode = mode;
+  return o;
+}
+
+// One bf16 step (7 mantissa bits: at most 2^-7 of the largest value). Where the summation
+// order of a shard differs from the whole field's (uneven splits change the GEMM blocking), a
+// float sum that lands on the other side of a rounding boundary moves that output by one bf16
+// step; elsewhere the outputs are bit-identical. Gradients are float sums of bf16 operands.
+constexpr double bf16_step = 1.0 / 128;
+
+}  // namespace
+
+TEST_CASE("bfloat16 rounds to nearest even, as a reference by distances does", "[bf16]") {
+  // Specials and boundaries: zeros, the largest float (rounds to infinity), ties both ways.
+  for (std::uint32_t u : {0x00000000u, 0x80000000u, 0x7f7fffffu, 0x7f7f7fffu, 0x7f7f8000u,
+                          0x3f808000u, 0x3f818000u, 0x00008000u, 0x00018000u, 0x00000001u,
+                          0x7f800000u, 0xff800000u, 0x3f7fffffu}) {
+    INFO("bits " << std::hex << u);
+    CHECK(bfloat16_bits(float_of_bits(u)) == reference_bits(float_of_bits(u)));
+  }
+  CHECK(std::isnan(round_to_bfloat16(std::nanf(""))));
+  CHECK(std::isnan(bfloat16_value(bfloat16_bits(float_of_bits(0x7f800001u)))));  // no inf
+  std::mt19937 generator(5);
+  std::vector<float> values;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = float_of_bits(generator());
+    if (std::isfinite(x)) values.push_back(x);
+  }
+  std::size_t wrong = 0;
+  for (float x : values) wrong += bfloat16_bits(x) != reference_bits(x);
+  CHECK(wrong == 0);
+  // The array kernel (on the default execution space) gives the same bits.
+  Kokkos::View<float*> device("values", values.size());
+  auto host = Kokkos::create_mirror_view(device);
+  for (std::size_t i = 0; i < values.size(); ++i) host(i) = values[i];
+  Kokkos::deep_copy(device, host);
+  kernels::round_to_bfloat16(ExecutionSpace(), device);
+  Kokkos::deep_copy(host, device);
+  wrong = 0;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    wrong += bits_of(host(i)) != std::uint32_t(reference_bits(values[i])) << 16;
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("bf16 convolutions: sharded equals one rank, near float, bf16 outputs", "[bf16]") {
+  const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
+      {{20, 18}, conv_options(2, 3, {3, 3}, {1, 1}, PaddingMode::reflect)},
+      {{16, 20}, conv_options(4, 6, {3, 3}, {1, 1}, PaddingMode::periodic)},
+      {{10, 8, 21}, conv_options(20, 17, {3, 3, 3}, {1, 1, 1})},  // the vector kernels
+      {{10, 8, 21}, conv_options(20, 17, {1, 1, 1}, {})},         // pointwise
+  };
+  const Communicator world;
+  for (const auto& [extents, options] : cases) {
+    INFO("kernel " << options.kernel.size() << "-D " << options.kernel[0] << ", "
+                   << options.in_channels << " -> " << options.out_channels);
+    const std::vector<bool> periodic(extents.size(), options.padding_mode == PaddingMode::periodic);
+    const auto decompositions = test::test_decompositions(extents, world.size(), periodic, 3);
+    const auto bf16 = bf16_factory<Conv<float>>(options, true);
+    for (const Decomposition& d : decompositions)
+      test::check_equivalence<float>(bf16, d, 2, options.in_channels, test::weighted_sum<float>,
+                                     {bf16_step, 1e-5});
+    // Against float on the whole field: three roundings (input, weight, output) of 2^-9
+    // each, and sums of bf16-rounded gradients.
+    const Communicator self(MPI_COMM_SELF);
+    const Decomposition whole = test::unsharded(decompositions.front());
+    const auto run = [&](bool on) {
+      return test::run_module<float>(bf16_factory<Conv<float>>(options, on), self, whole, 2,
+                                     options.in_channels, test::weighted_sum<float>);
+    };
+    const auto low = run(true), full = run(false);
+    CHECK(holds_bfloat16_values(low.output.value()));
+    const double output_error =
+        test::relative_error(low.output.value().view(), full.output.value().view());
+    const double gradient_error =
+        test::relative_error(low.input.grad().view(), full.input.grad().view());
+    CHECK(output_error > 0);  // it did round
+    CHECK(output_error <= 1e-2);
+    CHECK(gradient_error <= 1e-2);
+    CHECK(test::relative_error(low.module->named_parameters()[0].second.data_grad(),
+                               full.module->named_parameters()[0].second.data_grad()) <= 1e-2);
+  }
+}
+
+TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", "[bf16]") {
+  ConvTransposeOptions o;
+  o.in_channels = 4;
+  o.out_channels = 3;
+  o.kernel = {3, 3};
+  o.stride = {2, 2};
+  o.padding = {1, 1};
+  o.output_padding = {1, 1};
+  const Communicator world;
+  const auto bf16 = bf16_factory<ConvTranspose<float>>(o, true);
+  const auto decompositions =
+      test::test_decompositions({12, 10}, world.size(), {false, false}, 2);
+  for (const Decomposition& d : decompositions)
+    test::check_equivalence<float>(bf16, d, 2, o.in_channels, test::weighted_sum<float>,
+                                   {bf16_step, 1e-5});
+  const Communicator self(MPI_COMM_SELF);
+  const auto low = test::run_module<float>(bf16, self, test::unsharded(decompositions.front()), 2,
+                                           o.in_channels, test::weighted_sum<float>);
+  CHECK(holds_bfloat16_values(low.output.value()));
+}
+
+TEST_CASE("a bf16 U-Net: sharded equals one rank within bf16 rounding", "[bf16][unet]") {
+  UNetOptions o;
+  o.dims = 2;
+  o.in_channels = 2;
+  o.out_channels = 3;
+  o.depth = 2;
+  o.base_channels = 4;
+  o.norm_groups = 2;
+  o.seed = 7;
+  const auto bf16 = [o](const Communicator& comm) {
+    auto model = std::make_shared<UNet<float>>(comm, o);
+    model->compute_in_bf16(true);
+    return std::static_pointer_cast<Module<float>>(model);
+  };
+  // An output that rounds the other way moves the layers after it by a bf16 step of their
+  // values: the whole model stays within a few steps.
+  const Communicator world;
+  for (const Decomposition& d :
+       test::test_decompositions({16, 16}, world.size(), {false, false}, 4))
+    test::check_equivalence<float>(bf16, d, 1, 2, test::weighted_sum<float>,
+                                   {4 * bf16_step, 4 * bf16_step});
+}
+
+TEST_CASE("bf16 is a float model's option: a double layer refuses it", "[bf16][errors]") {
+  const Communicator comm;
+  Conv<double> conv(comm, conv_options(2, 2, {3}, {1}), "c");
+  CHECK_THROWS_WITH(conv.compute_in_bf16(true), Contains("bf16 operands need a float model"));
+  conv.compute_in_bf16(false);  // off is always fine
+  ConvTransposeOptions t;
+  t.kernel = {2};
+  t.stride = {2};
+  ConvTranspose<double> up(comm, t, "up");
+  CHECK_THROWS_WITH(up.compute_in_bf16(true), Contains("bf16 operands need a float model"));
+}
