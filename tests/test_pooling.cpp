@@ -116,4 +116,9 @@ TEST_CASE("Pool rejects bad options naming layer and values", "[pool][errors]") 
                     Contains("AvgPool2d 'a': average pooling has no dilation"));
   CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::max, {2, 2}, {1}, {}), "s"),
                     Contains("stride has 1 values for 2 spatial dims"));
+  // The argmax keeps a window's tap in two bytes.
+  CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::max, {300, 300}, {}, {}), "w"),
+                    Contains("MaxPool2d 'w': a window of 90000 cells is more than max pooling's "
+                             "65536"));
+  CHECK_NOTHROW(Pool<float>(comm, pool(PoolKind::average, {300, 300}, {}, {}), "w"));
 }

@@ -18,19 +18,18 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
                     z0 = g.base[2] + oz * g.s[2];
         if (kind == PoolKind::max) {
           T best = -math::infinity<T>();
-          Index where = g.padded_flat(x0, y0, z0);
+          Index where = 0, tap = 0;
           for (Index a = 0; a < g.k[0]; ++a)
             for (Index b = 0; b < g.k[1]; ++b)
-              for (Index e = 0; e < g.k[2]; ++e) {
-                const Index ix = x0 + a * g.d[0], iy = y0 + b * g.d[1], iz = z0 + e * g.d[2];
-                const T v = xp(n, c, ix, iy, iz);
+              for (Index e = 0; e < g.k[2]; ++e, ++tap) {
+                const T v = xp(n, c, x0 + a * g.d[0], y0 + b * g.d[1], z0 + e * g.d[2]);
                 if (v > best) {  // the first maximum wins, as in PyTorch
                   best = v;
-                  where = g.padded_flat(ix, iy, iz);
+                  where = tap;
                 }
               }
           y(n, c, ox, oy, oz) = best;
-          if (record) argmax(n, c, ox, oy, oz) = where;
+          if (record) argmax(n, c, ox, oy, oz) = static_cast<std::uint16_t>(where);
         } else {
           T sum = 0;
           for (Index a = 0; a < g.k[0]; ++a)
@@ -49,13 +48,26 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
   if (kind == PoolKind::max && disjoint) {
     // Scatter each output's gradient to its window's maximum (gxp is zero on entry): the
     // gather below gives the same values, but tests every (cell, tap) pair with divisions.
+    // The padded_flat offset of each tap from its window's first cell (no division per cell).
+    const Kokkos::View<Index*, DefaultMemorySpace> tap_offset(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Pool::tap_offsets"),
+        g.k[0] * g.k[1] * g.k[2]);
+    Kokkos::parallel_for(
+        "Pool::tap_offsets", kernel_range(space, tap_offset.extent(0)),
+        KOKKOS_LAMBDA(const Index tap) {
+          const Index e = tap % g.k[2], b = tap / g.k[2] % g.k[1], a = tap / (g.k[2] * g.k[1]);
+          tap_offset(tap) = g.padded_flat(a * g.d[0], b * g.d[1], e * g.d[2]);
+        });
     const Index rows = static_cast<Index>(gy.extent(0)) * g.channels * g.out[0] * g.out[1];
     Kokkos::parallel_for(
         "Pool::backward_scatter", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
           const CellIndex r = unflatten(row, g.channels, g.out[0], g.out[1], 1);
           T* const cells = &gxp(r.n, r.c, 0, 0, 0);  // indexed by padded_flat
+          const Index first = g.padded_flat(g.base[0] + r.x * g.s[0], g.base[1] + r.y * g.s[1],
+                                            g.base[2]);
           for (Index oz = 0; oz < g.out[2]; ++oz)
-            cells[argmax(r.n, r.c, r.x, r.y, oz)] += gy(r.n, r.c, r.x, r.y, oz);
+            cells[first + oz * g.s[2] + tap_offset(argmax(r.n, r.c, r.x, r.y, oz))] +=
+                gy(r.n, r.c, r.x, r.y, oz);
         });
     return;
   }
@@ -91,7 +103,6 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
   for_each_cell_by_lines(
       space, "Pool::backward", gxp.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
-        const Index self = g.padded_flat(ix, iy, iz);
         T sum = 0;
         for (Index a = 0; a < g.k[0]; ++a) {
           const Index ox = window_output_of(ix, g.base[0], a, g.s[0], g.d[0], g.out[0]);
@@ -103,7 +114,8 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
               const Index oz = window_output_of(iz, g.base[2], e, g.s[2], g.d[2], g.out[2]);
               if (oz < 0) continue;
               if (kind == PoolKind::max) {
-                if (argmax(n, c, ox, oy, oz) == self) sum += gy(n, c, ox, oy, oz);
+                if (argmax(n, c, ox, oy, oz) == (a * g.k[1] + b) * g.k[2] + e)
+                  sum += gy(n, c, ox, oy, oz);
               } else {
                 sum += gy(n, c, ox, oy, oz) / T(g.divisor(ox, oy, oz));
               }

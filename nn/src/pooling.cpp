@@ -39,6 +39,11 @@ Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& 
     geometry_.dilation[d] = dilation[d];
     geometry_.padding[d] = padding[d];
   }
+  Index taps = 1;
+  for (int d = 0; d < ndims; ++d) taps *= options_.window[d];
+  SHARDTENSOR_REQUIRE(options_.kind == PoolKind::average || taps <= kernels::max_pool_taps, where,
+                      "a window of " << taps << " cells is more than max pooling's "
+                                     << kernels::max_pool_taps);
   SHARDTENSOR_REQUIRE(
       options_.padding_mode == PaddingMode::zeros || options_.padding_mode == PaddingMode::periodic,
       where, "padding mode " << to_string(options_.padding_mode) << " is not supported by pooling");

@@ -5,6 +5,7 @@
 // scatter only where windows are disjoint, so no two outputs write one cell).
 
 #include <Kokkos_Core.hpp>
+#include <cstdint>
 
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
@@ -16,9 +17,12 @@ enum class PoolKind { max, average };
 
 namespace kernels {
 
-/// Per output cell of max pooling: the padded-buffer offset (PoolShape::padded_flat) of its
-/// window's maximum, for backward.
-using PoolArgmax = Kokkos::View<Index*****, Kokkos::LayoutRight, DefaultMemorySpace>;
+/// Per output cell of max pooling: the tap of its window's maximum, (a k[1] + b) k[2] + e for
+/// window offset (a, b, e), for backward. Two bytes, not an 8-byte offset: the argmax lives
+/// from forward to backward, a quarter of the pooled field's size (Pool limits windows to
+/// max_pool_taps).
+using PoolArgmax = Kokkos::View<std::uint16_t*****, Kokkos::LayoutRight, DefaultMemorySpace>;
+inline constexpr Index max_pool_taps = 65536;
 
 /// Index arithmetic shared by the pooling kernels.
 struct PoolShape {
