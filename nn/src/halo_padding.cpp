@@ -189,35 +189,10 @@ void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTens
   add_interior(padded_grad, input_grad);
 }
 
-namespace {
-
-/// The buffer minus its owned box as at most six boxes: the x slabs, then the y slabs within
-/// the owned x range, then the z slabs within the owned x and y ranges.
 template <class T>
-std::vector<Box> shell_boxes(const ShardTensor<T>& padded) {
-  const Box inner = padded.interior_box();
-  std::vector<Box> boxes;
-  Box rest;  // the part not yet covered: all of the buffer at first
-  for (int a = 0; a < 3; ++a) rest.extent[a] = padded.allocated_extent(a);
-  for (int a = 0; a < 3; ++a) {
-    Box below = rest, above = rest;
-    below.extent[a] = inner.lower[a] - rest.lower[a];
-    above.lower[a] = inner.upper(a);
-    above.extent[a] = rest.upper(a) - inner.upper(a);
-    for (const Box& b : {below, above})
-      if (!b.empty()) boxes.push_back(b);
-    rest.lower[a] = inner.lower[a];
-    rest.extent[a] = inner.extent[a];
-  }
-  return boxes;
-}
-
-}  // namespace
-
-template <class T>
-PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded) const {
+PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded) {
   PaddedShell<T> shell;
-  shell.boxes = shell_boxes(padded);
+  shell.boxes = exchanged_boxes(padded);  // the rest of the shell is recomputed in rebuild()
   const Index per_cell = padded.batch() * padded.channels();
   Index cells = 0;
   for (const Box& b : shell.boxes) cells += b.size();
@@ -235,9 +210,11 @@ template <class T>
 ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
                                        const PaddedShell<T>& shell) const {
   if (reads_in_place(input)) return input;
+  // forward()'s steps, with the exchanged ghosts from the shell instead of the neighbours.
   ShardTensor<T> padded = ShardTensor<T>::uninitialized(
       padded_decomposition(input.decomposition()), input.rank(), input.batch(), input.channels(),
       ghosts_, where_ + " padded input");
+  zero_shell(padded);
   copy_interior(input, padded, bfloat16_);
   const Index per_cell = padded.batch() * padded.channels();
   std::size_t offset = 0;
@@ -245,6 +222,7 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
     unpack_box(ExecutionSpace(), shell.values, padded.view(), b, UnpackMode::assign, offset);
     offset += static_cast<std::size_t>(b.size() * per_cell);
   }
+  fill_boundary_padding(padded, boundary_);
   return padded;
 }
 

@@ -15,8 +15,9 @@
 
 namespace shardtensor {
 
-/// The cells of a padded buffer outside its owned box (exchanged ghosts and boundary
-/// padding), packed box by box: with the input, all it takes to rebuild the buffer.
+/// The ghost cells of a padded buffer that the halo exchange wrote (what only the neighbours
+/// had), packed box by box: with the input, all it takes to rebuild the buffer (the boundary
+/// padding is filled again from the cells it copies).
 template <class T>
 struct PaddedShell {
   std::vector<Box> boxes;
@@ -77,8 +78,9 @@ class HaloPadding {
   void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad);
 
   /// A finished padded buffer's shell: what a layer keeps for its backward instead of the
-  /// buffer (a surface, not a second copy of the volume), and hands to rebuild(). Local.
-  PaddedShell<T> shell(const ShardTensor<T>& padded) const;
+  /// buffer (its exchanged ghosts: a surface, not a second copy of the volume, and nothing on
+  /// one rank without periodic padding), and hands to rebuild(). Local.
+  PaddedShell<T> shell(const ShardTensor<T>& padded);
   /// The buffer forward(input) returned, from the same input and that buffer's shell, with
   /// no communication (the input itself where reads_in_place). Local.
   ShardTensor<T> rebuild(const ShardTensor<T>& input, const PaddedShell<T>& shell) const;
