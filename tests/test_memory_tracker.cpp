@@ -249,8 +249,10 @@ TEST_CASE("a U-Net's activation peak per rank falls as 1/P", "[memory][unet]") {
 TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step falls",
           "[memory][unet][recompute]") {
   // A 3-D U-Net of two levels on 32^3 cells, sharded over the ranks. With recomputation each
-  // block keeps only its input; what remains at the peak is level 0's backward (one block's
-  // activations, gradients and padded buffers). bench_scaling's 64^3 U-Net: 157 -> 100 MiB.
+  // block keeps only its input, and inside a block being recomputed each normalization and
+  // activation pair keeps only the conv output before it; what remains at the peak is level
+  // 0's up block in backward. 18.4 -> 9.5 MiB on one rank (0.52); bench_scaling's 64^3 U-Net:
+  // 149.0 -> 77.5 MiB.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -263,7 +265,7 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   const std::uint64_t with = max_over(world, activation_peak(world, recomputed, 2, extents));
   INFO("activation peak per rank: " << to_mib(without) << " MiB without, " << to_mib(with)
                                     << " MiB with recomputation");
-  CHECK(double(with) <= 0.75 * double(without));
+  CHECK(double(with) <= 0.55 * double(without));
 }
 
 TEST_CASE("a forward under NoGradGuard frees each activation once it is read",

@@ -205,6 +205,54 @@ TEMPLATE_TEST_CASE("a UNet with recomputed blocks gives the same numbers bit for
     }
 }
 
+TEST_CASE("Sequential's recomputed ranges give the same numbers and refuse overlaps",
+          "[models][recompute]") {
+  const Communicator world;
+  const auto make = [&](bool units) {
+    auto s = std::make_shared<Sequential<double>>();
+    for (int i = 0; i < 2; ++i) {
+      ConvOptions c;
+      c.in_channels = 2;
+      c.out_channels = 2;
+      c.kernel = {3, 3};
+      c.padding = {1, 1};
+      c.seed = 5 + i;
+      s->add("conv" + std::to_string(i), std::make_shared<Conv<double>>(world, c, "c"));
+      s->add("norm" + std::to_string(i),
+             std::make_shared<GroupNorm<double>>(world, 1, 2, 1e-5, true, "n"));
+      s->add("act" + std::to_string(i),
+             std::make_shared<ActivationLayer<double>>(Activation::gelu));
+    }
+    if (units) {
+      s->recompute_range(1, 3);
+      s->recompute_range(4, 6);
+    }
+    return s;
+  };
+  const Decomposition field = Decomposition::automatic({Index(12), Index(10)}, world.size());
+  const auto run = [&](bool units) {
+    return test::run_module<double>([&](const Communicator&) { return make(units); }, world,
+                                    field, 2, 2, test::weighted_sum<double>);
+  };
+  const auto plain = run(false), units = run(true);
+  CHECK(test::host_values(units.output.value().view()) ==
+        test::host_values(plain.output.value().view()));
+  CHECK(test::host_values(units.input.grad().view()) ==
+        test::host_values(plain.input.grad().view()));
+  const auto p = units.module->named_parameters(), q = plain.module->named_parameters();
+  REQUIRE(p.size() == q.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    INFO("parameter " << p[i].first);
+    CHECK(p[i].first == q[i].first);  // the names do not change
+    CHECK(test::host_values(p[i].second.data_grad()) ==
+          test::host_values(q[i].second.data_grad()));
+  }
+  const auto s = make(false);
+  s->recompute_range(1, 3);
+  CHECK_THROWS_WITH(s->recompute_range(2, 4), Catch::Contains("range [2, 4) overlaps [1, 3)"));
+  CHECK_THROWS_WITH(s->recompute_range(5, 7), Catch::Contains("range [5, 7) of 6 layers"));
+}
+
 TEMPLATE_TEST_CASE("a UNet under NoGradGuard gives the same output and records no graph",
                    "[models][unet][no_grad]", float, double) {
   const Communicator world;

@@ -120,6 +120,9 @@ std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in
       block->add(norm, std::make_shared<BatchNorm<T>>(comm_, int(out), 0.1, 1e-5, true,
                                                       path + "." + norm));
     block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
+    // Recomputing, the normalization's output (the activation's input) is not kept either: the
+    // pair runs again from the conv's output, which the normalization keeps anyway.
+    if (options_.recompute && normalized) block->recompute_range(block->size() - 2, block->size());
   }
   this->register_module(name, block);
   return block;

@@ -210,8 +210,11 @@ namespace impl {
 /// same order on every rank (so collectives in backward functions match). Leaves' gradients
 /// accumulate across calls until zero_grad(). As the sweep goes, a node that no caller holds
 /// loses its value once its readers have run and its gradient once it has been propagated.
+///
+/// `root` is taken by value: where the caller passes its only pointer, the root is like any
+/// other node and its value goes as soon as its gradient is set.
 template <class T>
-void sweep(const std::shared_ptr<Node<T>>& root) {
+void sweep(std::shared_ptr<Node<T>> root) {
   using Node = impl::Node<T>;
   // Owning pointers: releasing a node's inputs below must not free nodes still to visit.
   std::vector<std::shared_ptr<Node>> order;
@@ -223,6 +226,7 @@ void sweep(const std::shared_ptr<Node<T>>& root) {
     order.push_back(n);
   };
   visit(root);
+  root.reset();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node& n = **it;
     n.complete_grad();
@@ -265,6 +269,21 @@ void backward(const Variable<T>& output, const ShardTensor<T>& gradient) {
   if (!output.requires_grad()) return;
   output.node()->field_grad = gradient;
   impl::sweep(output.node());
+}
+
+/// As above for an output and a gradient nobody reads again (a recomputed block's): both are
+/// handed over, so the output's value goes as the sweep starts and the gradient once the
+/// output's op has used it, not at the end of the sweep.
+template <class T>
+void backward(Variable<T>&& output, ShardTensor<T>&& gradient) {
+  SHARDTENSOR_REQUIRE(output.is_field(), "backward",
+                      "a gradient field needs a field output, got '" << output.name() << "'");
+  if (!output.requires_grad()) return;
+  std::shared_ptr<impl::Node<T>> root = output.node();
+  output = Variable<T>();
+  root->field_grad = gradient;
+  gradient = ShardTensor<T>();  // a moved-from View may keep its pointer: empty it outright
+  impl::sweep(std::move(root));
 }
 
 }  // namespace shardtensor

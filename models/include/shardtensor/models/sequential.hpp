@@ -2,6 +2,7 @@
 // Sequential<T> (children applied in order) and Residual<T> (x + layers(x)): the containers
 // the config-driven builder and the U-Net blocks are made of.
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "shardtensor/nn.hpp"
+#include "shardtensor/nn/recompute.hpp"
 
 namespace shardtensor::models {
 
@@ -32,9 +34,33 @@ class Sequential : public Module<T> {
   /// then collective over `comm`. The config-driven builder sets it on every sequence.
   void restore_input_layout(const Communicator& comm) { comm_ = comm; }
 
+  /// Runs children [first, last) as one recomputed unit (nn/recompute.hpp): forward keeps
+  /// only the unit's input, backward runs the unit again. The parameters keep their names
+  /// and the numbers stay the same bit for bit. Units must not overlap.
+  void recompute_range(std::size_t first, std::size_t last) {
+    SHARDTENSOR_REQUIRE(first < last && last <= layers_.size(), "Sequential::recompute_range",
+                        "range [" << first << ", " << last << ") of " << layers_.size()
+                                  << " layers");
+    for (const auto& [start, unit] : units_)
+      SHARDTENSOR_REQUIRE(last <= start || first >= unit.first, "Sequential::recompute_range",
+                          "range [" << first << ", " << last << ") overlaps [" << start << ", "
+                                    << unit.first << ")");
+    auto unit = std::make_shared<Sequential<T>>();
+    for (std::size_t i = first; i < last; ++i) unit->add(std::to_string(i), layers_[i]);
+    units_[first] = {last, unit};
+  }
+
   Variable<T> forward(const Variable<T>& input) override {
     Variable<T> x = input;
-    for (const auto& layer : layers_) x = layer->forward(x);
+    for (std::size_t i = 0; i < layers_.size();) {
+      const auto unit = units_.find(i);
+      if (unit == units_.end()) {
+        x = layers_[i++]->forward(x);
+      } else {
+        x = shardtensor::recompute<T>(unit->second.second, x);
+        i = unit->second.first;
+      }
+    }
     if (comm_ && input.is_field() && x.is_field())
       x = resplit_like(*comm_, x, input.value().decomposition());
     return x;
@@ -49,6 +75,8 @@ class Sequential : public Module<T> {
 
  private:
   std::vector<std::shared_ptr<Module<T>>> layers_;
+  /// Recomputed units by their first layer: (one past their last layer, the unit).
+  std::map<std::size_t, std::pair<std::size_t, std::shared_ptr<Module<T>>>> units_;
   std::optional<Communicator> comm_;
 };
 

@@ -5,17 +5,50 @@
 //
 // The numbers are the same bit for bit as without: the block's forward runs the same ops in
 // the same order (dropout masks are a function of global index and seed), its backward the
-// same sweep, and its input's gradient arrives by one addition to zero. The halo exchanges
-// run again inside the recomputed forward, in the same order on every rank. BatchNorm's
-// running statistics are updated by the first forward only (impl::recomputing_flag).
+// same sweep, and its input's gradient is the block's (or added to what it already has). The
+// halo exchanges run again inside the recomputed forward, in the same order on every rank.
+// BatchNorm's running statistics are updated by the first forward only
+// (impl::recomputing_flag). Blocks may nest (models::Sequential::recompute_range).
 
 #include <memory>
+#include <vector>
 
 #include "shardtensor/autograd/grad_mode.hpp"
 #include "shardtensor/autograd/variable.hpp"
 #include "shardtensor/nn/module.hpp"
 
 namespace shardtensor {
+
+namespace impl {
+
+/// Computes `block` with the grad mode and the recomputing flag set, then restores them.
+template <class Function>
+auto with_graph_recomputing(const Function& block) {
+  struct Modes {
+    bool grad = impl::grad_mode_flag(), recomputing = impl::recomputing_flag();
+    ~Modes() { impl::grad_mode_flag() = grad, impl::recomputing_flag() = recomputing; }
+  } restore;
+  impl::grad_mode_flag() = true;  // with a graph even where backward itself runs without one
+  impl::recomputing_flag() = true;
+  return block();
+}
+
+/// Adds the gradient `gradient` (of a leaf standing for `input`) to the input's. The first is
+/// taken as it is (0 + g is g, and there is no second buffer); later ones add to it.
+template <class T>
+void add_input_gradient(const Variable<T>& input, const ShardTensor<T>& gradient) {
+  impl::Node<T>& target = *input.node();
+  if (target.field_grad.view().span() == 0) {  // the leaf's layout is the input's
+    target.field_grad = gradient;
+    return;
+  }
+  const auto from = gradient.view(), to = target.grad_field().view();
+  Kokkos::parallel_for(
+      "recompute::input_grad", to.span(),
+      KOKKOS_LAMBDA(const std::size_t i) { to.data()[i] += from.data()[i]; });
+}
+
+}  // namespace impl
 
 /// block->forward(input), keeping only `input` (and the block's parameters) for backward.
 /// Outside a graph (NoGradGuard, or nothing requires a gradient) it is block->forward(input).
@@ -35,22 +68,14 @@ Variable<T> recompute(const std::shared_ptr<Module<T>>& block, const Variable<T>
       // The block again, with a graph, on a leaf that shares the input's values.
       const Variable<T> leaf = Variable<T>::field(input.value(), input.requires_grad(),
                                                   input.name() + ".recomputed");
-      Variable<T> again;
-      {  // with a graph even where backward itself runs without one
-        struct Modes {
-          bool grad = impl::grad_mode_flag(), recomputing = impl::recomputing_flag();
-          ~Modes() { impl::grad_mode_flag() = grad, impl::recomputing_flag() = recomputing; }
-        } restore;
-        impl::grad_mode_flag() = true;
-        impl::recomputing_flag() = true;
-        again = block->forward(leaf);
-      }
-      backward(again, self.grad_field());  // parameters' gradients accumulate as usual
-      if (!input.requires_grad()) return;
-      const auto from = leaf.grad().view(), to = input.node()->grad_field().view();
-      Kokkos::parallel_for(
-          "recompute::input_grad", to.span(),
-          KOKKOS_LAMBDA(const std::size_t i) { to.data()[i] += from.data()[i]; });
+      Variable<T> again = impl::with_graph_recomputing([&] { return block->forward(leaf); });
+      // Parameters' gradients accumulate as usual. The output's value (no op of the block
+      // reads it in backward) and gradient are handed over: they go as the sweep passes them
+      // (so, like any node's inside the graph, this output's gradient is not kept after).
+      ShardTensor<T> gradient = self.grad_field();  // allocated (zero) if nothing reached it
+      self.field_grad = ShardTensor<T>();
+      backward(std::move(again), std::move(gradient));
+      if (input.requires_grad()) impl::add_input_gradient(input, leaf.grad());
     };
   }
   return Variable<T>(node);

@@ -53,8 +53,11 @@ StepOutcome training_step(Module<T>& model, Optimizer<T>& optimizer,
                           double max_grad_norm, const ShardTensor<T>& input,
                           const ShardTensor<T>& target) {
   MemoryCategoryScope graph_memory(MemoryCategory::activations);
-  const Variable<T> prediction = model.forward(Variable<T>::field(input));
-  const Variable<T> value = loss_by_name(loss, domain, prediction, Variable<T>::field(target));
+  Variable<T> value;
+  {  // Only the loss holds the prediction: its value and gradient go as backward passes them.
+    const Variable<T> prediction = model.forward(Variable<T>::field(input));
+    value = loss_by_name(loss, domain, prediction, Variable<T>::field(target));
+  }
   check_memory_budget(domain, data_parallel);
   backward(value);
   check_memory_budget(domain, data_parallel);
