@@ -12,6 +12,7 @@
 //            --warmup K (1)  --iters K (5 timed training steps)
 //            --infer-iters K (= iters; timed inference steps, after one untimed)
 //            --overlap on|off (on: Conv overlaps its halo exchange with interior compute)
+//            --precision float|double|bf16 (default: the config's training.precision)
 //            --tf32 on|off (default: the config's training.tf32; float convolutions through
 //                           cuDNN may use TF32 tensor cores)
 //            --budget-mib M (per-rank budget on tracked memory, overrides the config's;
@@ -251,6 +252,7 @@ int main(int argc, char** argv) {
       const std::string overlap = option(argc, argv, "--overlap", "on");
       const std::string budget = option(argc, argv, "--budget-mib", "");
       const std::string tf32 = option(argc, argv, "--tf32", "");
+      const std::string precision = option(argc, argv, "--precision", "");
       SHARDTENSOR_REQUIRE(!s.config_path.empty() && s.extents.size() >= 1 &&
                               s.extents.size() <= 3 && s.channels_in >= 1 && s.channels_out >= 1 &&
                               s.batch >= 1 && s.warmup >= 0 && s.iters >= 1 && s.infer_iters >= 0 &&
@@ -259,7 +261,9 @@ int main(int argc, char** argv) {
                           "bench_scaling",
                           "bad options (--config is required; --size N or AxBxC with 1-3 dims; "
                           "--iters >= 1; --overlap on|off; --tf32 on|off)");
-      RunConfig config = RunConfig::load(s.config_path, {}, RunConfig::DataUse::arrays);
+      std::vector<std::string> overrides;  // checked as the config's own keys are
+      if (!precision.empty()) overrides.push_back("training.precision=" + precision);
+      RunConfig config = RunConfig::load(s.config_path, overrides, RunConfig::DataUse::arrays);
       if (!tf32.empty()) config.training.tf32 = tf32 == "on";
       s.budget_mib = budget.empty() ? config.memory.budget_mib : std::stod(budget);
       s.overlap = overlap == "on";

@@ -10,6 +10,7 @@
 
 #include "equivalence.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
+#include "shardtensor/nn/saved_field.hpp"
 #include "shardtensor/models/unet.hpp"
 
 using namespace shardtensor;
@@ -54,6 +55,14 @@ bool holds_bfloat16_values(const ShardTensor<float>& field) {
   for (double v : test::host_values(field.view()))
     if (bits_of(float(v)) & 0xffffu) return false;
   return true;
+}
+
+/// x + 0: an op's result with x's values.
+template <class T>
+Variable<T> plus_zero(const Variable<T>& x) {
+  const ShardTensor<T>& v = x.value();
+  return add(x, Variable<T>::field(ShardTensor<T>(v.decomposition(), v.rank(), v.batch(),
+                                                  v.channels(), v.ghosts(), "zeros")));
 }
 
 template <class Layer, class Options>
@@ -114,6 +123,34 @@ TEST_CASE("bfloat16 rounds to nearest even, as a reference by distances does", "
   for (std::size_t i = 0; i < values.size(); ++i)
     wrong += bits_of(host(i)) != std::uint32_t(reference_bits(values[i])) << 16;
   CHECK(wrong == 0);
+}
+
+TEST_CASE("SavedField packs an op's result into 16 bits where that loses nothing", "[bf16]") {
+  const Communicator comm;
+  const Decomposition d = Decomposition::automatic({Index(12), Index(10)}, comm.size());
+  const ShardTensor<float> values = test::random_shard<float>(d, comm.rank(), 2, 3, 9);
+  ShardTensor<float> rounded = kernels::bfloat16_copy(values, "rounded");
+  const Variable<float> leaf = Variable<float>::field(rounded, true, "leaf");
+  const Variable<float> result = plus_zero(leaf);  // an op's result: the same values
+  const Variable<float> inexact = plus_zero(Variable<float>::field(values, true, "x"));
+  // A leaf is its creator's: a packed copy would come on top of it.
+  CHECK_FALSE(SavedField<float>(leaf, SavedPacking::if_exact, "s").packed());
+  // bf16 values pack exactly and come back bit for bit.
+  const SavedField<float> exact(result, SavedPacking::if_exact, "s");
+  CHECK(exact.packed());
+  CHECK(test::host_values(exact.value().view()) == test::host_values(rounded.view()));
+  // Other values stay float under if_exact, and come back rounded under `rounded`.
+  const SavedField<float> kept(inexact, SavedPacking::if_exact, "s");
+  CHECK_FALSE(kept.packed());
+  CHECK(test::host_values(kept.value().view()) == test::host_values(values.view()));
+  const SavedField<float> lossy(inexact, SavedPacking::rounded, "s");
+  CHECK(lossy.packed());
+  CHECK(test::host_values(lossy.value().view()) == test::host_values(rounded.view()));
+  CHECK_FALSE(SavedField<float>(result, SavedPacking::none, "s").packed());
+  // Doubles are kept as they are.
+  const ShardTensor<double> wide = test::random_shard<double>(d, comm.rank(), 1, 1, 4);
+  const Variable<double> twice = plus_zero(Variable<double>::field(wide, true, "w"));
+  CHECK_FALSE(SavedField<double>(twice, SavedPacking::rounded, "s").packed());
 }
 
 TEST_CASE("bf16 convolutions: sharded equals one rank, near float, bf16 outputs", "[bf16]") {

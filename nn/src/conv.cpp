@@ -7,6 +7,7 @@
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/nn/impl/conv_parameters.hpp"
 #include "shardtensor/nn/impl/per_dim_option.hpp"
+#include "shardtensor/nn/saved_field.hpp"
 
 #include <array>
 #include <sstream>
@@ -185,20 +186,31 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     auto b_node = bias_.defined() ? bias_.node() : nullptr;
     const Communicator comm = comm_;
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
-    const ShardTensor<T> input_value = x;                // the graph keeps no values: capture it
-    // Backward reads the padded input again. Kept whole, it was a second copy of every
-    // convolution's input from forward to backward (the closure holds the input anyway):
-    // keep only its shell, and rebuild the buffer in backward.
+    // The graph keeps no values: capture the input (bf16: rounded into 16 bits, all the
+    // layer reads of it). Backward reads the padded input again. Kept whole, it was a second
+    // copy of every convolution's input from forward to backward (the closure holds the input
+    // anyway): keep only its shell, and rebuild the buffer in backward.
+    SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
+                              name_ + ".saved_input");
     PaddedShell<T> shell = halo_->shell(padded);
     const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
-      const ShardTensor<T> padded = halo->rebuild(input_value, shell);
-      shell = {};  // backward runs once: free the shell before the gradients are allocated
+      ShardTensor<T> padded;
+      bool in_place = false;  // the buffer is the input itself (HaloPadding::reads_in_place)
+      {
+        const ShardTensor<T> input_value = saved_input.value();  // unpacked: goes at the brace
+        padded = halo->rebuild(input_value, shell);
+        in_place = padded.view().data() == input_value.view().data();
+      }
+      // Backward runs once: free what it kept before the gradients are allocated.
+      shell = {};
+      saved_input = {};
       const FieldView<T> xp = rotation.apply(padded.view());
-      // bf16: the output gradient is an operand too (rounded into a copy: the gradient
-      // buffer may be shared, e.g. a recomputed block's output gradient).
+      // bf16: the output gradient is an operand too (rounded in place, or into a copy where
+      // its memory is shared: a caller's gradient).
       const ShardTensor<T> grad_output =
-          bf16 ? kernels::bfloat16_copy(self.grad_field(), name_ + ".grad_bf16") : self.grad_field();
+          bf16 ? kernels::bfloat16_rounded(self.grad_field(), name_ + ".grad_bf16")
+               : self.grad_field();
       const FieldView<T> gy = rotation.apply(grad_output.view());
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
@@ -209,7 +221,6 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       // added to the input's gradient yet, that gradient takes it directly (no second
       // buffer, no adjoint). The plane path runs the weight gradient first, so a rebuilt
       // buffer is dead when the input gradient (which writes every cell) goes into it.
-      const bool in_place = padded.view().data() == input_value.view().data();
       const bool direct =
           in_place && x_node->requires_grad && x_node->field_grad.view().span() == 0;
       ShardTensor<T> grad_padded;

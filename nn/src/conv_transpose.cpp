@@ -4,6 +4,7 @@
 #include "shardtensor/kernels/conv_transpose.hpp"
 
 #include "shardtensor/nn/impl/conv_parameters.hpp"
+#include "shardtensor/nn/saved_field.hpp"
 #include "shardtensor/nn/impl/per_dim_option.hpp"
 
 #include <algorithm>
@@ -224,14 +225,19 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     const std::string name = name_;
     // As Conv: keep the padded input's shell, not a second copy of the input (conv.cpp).
     PaddedShell<T> shell = halo->shell(padded);
-    const ShardTensor<T> input_value = x;  // the graph keeps no values: capture it
+    // The graph keeps no values: capture the input (bf16: rounded into 16 bits, as in Conv).
+    SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
+                              name_ + ".saved_input");
     const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
-      const ShardTensor<T> padded = halo->rebuild(input_value, shell);
-      shell = {};  // backward runs once: free the shell before the gradients are allocated
-      // bf16: the output gradient is an operand too (rounded into a copy, as in Conv).
+      const ShardTensor<T> padded = halo->rebuild(saved_input.value(), shell);
+      // Backward runs once: free what it kept before the gradients are allocated.
+      shell = {};
+      saved_input = {};
+      // bf16: the output gradient is an operand too (rounded in place where unshared, as in Conv).
       const ShardTensor<T> grad_output =
-          bf16 ? kernels::bfloat16_copy(self.grad_field(), name + ".grad_bf16") : self.grad_field();
+          bf16 ? kernels::bfloat16_rounded(self.grad_field(), name + ".grad_bf16")
+               : self.grad_field();
       const FieldView<T> gy = grad_output.view();
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();

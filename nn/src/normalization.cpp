@@ -120,7 +120,8 @@ Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
 template <class T>
 Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const StatLayout& layout,
                       const Statistics& stats, bool batch_stats, double eps,
-                      const std::string& name, const Variable<T>& weight, const Variable<T>& bias) {
+                      const std::string& name, const Variable<T>& weight, const Variable<T>& bias,
+                      SavedPacking input_packing) {
   const ShardTensor<T>& x = input.value();
   const Index blocks = layout.blocks(), channels = layout.channels;
   const HostDoubles w = host_values(weight, channels, 1.0);
@@ -152,11 +153,17 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     auto w_node = weight.defined() ? weight.node() : nullptr;
     auto b_node = bias.defined() ? bias.node() : nullptr;
     const double count = stats.count;
-    node->backward = [=](impl::Node<T>& self) {
+    // The input, for backward (in 16 bits where all its values are bfloat16 values: a bf16
+    // layer's output).
+    SavedField<T> saved_input(input, input_packing, name + ".saved_input");
+    node->backward = [=](impl::Node<T>& self) mutable {
+      const ShardTensor<T> x_again = saved_input.value();
+      saved_input = {};
+      const kernels::OwnedCells<const T> x_cells = x_again.interior();
       const kernels::OwnedCells<const T> gy = self.grad_field().interior();
       // This rank's sums of dy and dy * xhat per block.
       const HostDoubles sums =
-          kernels::normalize_gradient_sums(ExecutionSpace(), gy, xi, mean, rstd);
+          kernels::normalize_gradient_sums(ExecutionSpace(), gy, x_cells, mean, rstd);
       const HostDoubles dy_sums(sums.begin(), sums.begin() + blocks);
       const HostDoubles dyx_sums(sums.begin() + blocks, sums.end());
       if (w_node && w_node->requires_grad)
@@ -191,7 +198,7 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       const DeviceDoubles a1 = to_device(c1, "normalization_c1");
       const DeviceDoubles a2 = to_device(c2, "normalization_c2");
       const DeviceDoubles a3 = to_device(c3, "normalization_c3");
-      kernels::normalize_backward(ExecutionSpace(), gy, xi, mean, rstd, a1, a2, a3,
+      kernels::normalize_backward(ExecutionSpace(), gy, x_cells, mean, rstd, a1, a2, a3,
                                   kernels::OwnedCells<T>(x_node->grad_field().interior()));
     };
   }
@@ -253,7 +260,7 @@ Variable<T> GroupNorm<T>::forward(const Variable<T>& input) {
   layout.channels = channels_;
   layout.groups = num_groups_;
   const Statistics stats = batch_statistics(comm_, input.value(), layout);
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_);
+  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing());
 }
 
 template <class T>
@@ -302,7 +309,8 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
     running.mean = host_values(running_mean_);
     running.var = host_values(running_var_);
     running.count = double(x.batch()) * double(x.decomposition().global_cells());
-    return normalize(comm_, input, layout, running, false, eps_, name_, weight_, bias_);
+    return normalize(comm_, input, layout, running, false, eps_, name_, weight_, bias_,
+                     input_packing());
   }
   const Index global_cells = x.decomposition().global_cells();
   SHARDTENSOR_REQUIRE(x.batch() * global_cells > 1, where_,
@@ -312,7 +320,7 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
   // A recomputed forward (nn/recompute.hpp) normalizes alike but updates nothing: the step's
   // first forward did.
   if (impl::recomputing_flag())
-    return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_);
+    return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing());
   // Running estimates: PyTorch's update, with the unbiased variance.
   auto mean_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_mean_);
   auto var_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_var_);
@@ -326,7 +334,7 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
   Kokkos::deep_copy(running_mean_, mean_host);
   Kokkos::deep_copy(running_var_, var_host);
   ++batches_tracked_;
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_);
+  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing());
 }
 
 template class GroupNorm<float>;

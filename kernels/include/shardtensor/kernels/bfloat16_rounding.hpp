@@ -4,6 +4,7 @@
 // threads gives the same bits. Double arrays are left alone: bf16 is a float model's option.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -24,6 +25,35 @@ void round_to_bfloat16(const ExecutionSpace& space, const T* from, T* to, std::s
     Kokkos::parallel_for(
         "round_to_bfloat16", kernel_range(space, Index(n)),
         KOKKOS_LAMBDA(const Index i) { to[i] = shardtensor::round_to_bfloat16(from[i]); });
+}
+
+/// bits[i] = bfloat16_bits(from[i]) for i < n: the values packed into 16 bits, rounded. Returns
+/// how many were not bfloat16 values already (0: unpacking gives them back exactly). Float
+/// only, like round_to_bfloat16.
+template <class T>
+std::size_t pack_bfloat16(const ExecutionSpace& space, const T* from, std::uint16_t* bits,
+                          std::size_t n) {
+  SHARDTENSOR_REQUIRE((std::is_same<T, float>::value), "pack_bfloat16",
+                      "bf16 packing takes float values, got " << sizeof(T) << "-byte ones");
+  std::size_t inexact = 0;
+  if constexpr (std::is_same<T, float>::value)
+    Kokkos::parallel_reduce(
+        "pack_bfloat16", kernel_range(space, Index(n)),
+        KOKKOS_LAMBDA(const Index i, std::size_t& count) {
+          bits[i] = bfloat16_bits(from[i]);
+          count += bfloat16_value(bits[i]) == from[i] ? 0 : 1;  // NaN counts: it never equals
+        },
+        inexact);
+  return inexact;
+}
+
+/// to[i] = bfloat16_value(bits[i]) for i < n (exact).
+template <class T>
+void unpack_bfloat16(const ExecutionSpace& space, const std::uint16_t* bits, T* to,
+                     std::size_t n) {
+  Kokkos::parallel_for(
+      "unpack_bfloat16", kernel_range(space, Index(n)),
+      KOKKOS_LAMBDA(const Index i) { to[i] = T(bfloat16_value(bits[i])); });
 }
 
 /// Rounds every value of `view` (a contiguous View: a field with its ghosts, a parameter).
@@ -50,6 +80,15 @@ ShardTensor<T> bfloat16_copy(const ShardTensor<T>& field, const std::string& lab
   round_to_bfloat16(ExecutionSpace(), field.view().data(), rounded.view().data(),
                     field.view().span());
   return rounded;
+}
+
+/// `field` with its values rounded to bfloat16: the field itself, rounded in place, where no
+/// other copy shares its memory (a gradient only its node holds), else a rounded copy.
+template <class T>
+ShardTensor<T> bfloat16_rounded(const ShardTensor<T>& field, const std::string& label) {
+  if (field.view().use_count() != 1) return bfloat16_copy(field, label);
+  round_to_bfloat16(ExecutionSpace(), field.view());
+  return field;
 }
 
 }  // namespace shardtensor::kernels

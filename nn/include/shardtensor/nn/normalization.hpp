@@ -26,6 +26,7 @@
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/nn/module.hpp"
+#include "shardtensor/nn/saved_field.hpp"
 
 namespace shardtensor {
 
@@ -40,6 +41,9 @@ class GroupNorm : public Module<T> {
             bool affine = true, const std::string& name = "group_norm");
 
   Variable<T> forward(const Variable<T>& input) override;
+  /// In a bf16 model the statistics and the output stay float (autocast's normalization);
+  /// the input kept for backward is packed into 16 bits where it is a bf16 layer's output.
+  void compute_in_bf16(bool on) override { bf16_inputs_ = on; }
 
   int num_groups() const { return num_groups_; }
   int channels() const { return channels_; }
@@ -62,6 +66,10 @@ class GroupNorm : public Module<T> {
   std::string where_;  // "GroupNorm 'name'"
   std::string name_;
   Variable<T> weight_, bias_;
+  bool bf16_inputs_ = false;
+  SavedPacking input_packing() const {
+    return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
+  }
 };
 
 /// Layer normalization over (channels, all cells of the global field) per sample: the
@@ -97,6 +105,8 @@ class BatchNorm : public Module<T> {
             bool affine = true, const std::string& name = "batch_norm");
 
   Variable<T> forward(const Variable<T>& input) override;
+  /// As GroupNorm's: float statistics and output, the saved input in 16 bits where exact.
+  void compute_in_bf16(bool on) override { bf16_inputs_ = on; }
 
   int channels() const { return channels_; }
   double momentum() const { return momentum_; }
@@ -122,6 +132,10 @@ class BatchNorm : public Module<T> {
   Variable<T> weight_, bias_;
   ReplicatedView<T> running_mean_, running_var_;
   Index batches_tracked_ = 0;
+  bool bf16_inputs_ = false;
+  SavedPacking input_packing() const {
+    return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
+  }
 };
 
 extern template class GroupNorm<float>;
