@@ -11,7 +11,9 @@
 #include "equivalence.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/nn/saved_field.hpp"
+#include "shardtensor/models/fno.hpp"
 #include "shardtensor/models/unet.hpp"
+#include "shardtensor/models/vit.hpp"
 
 using namespace shardtensor;
 using models::UNet;
@@ -233,6 +235,54 @@ TEST_CASE("a bf16 U-Net: sharded equals one rank within bf16 rounding", "[bf16][
   for (const Decomposition& d :
        test::test_decompositions({16, 16}, world.size(), {false, false}, 4))
     test::check_equivalence<float>(bf16, d, 1, 2, test::weighted_sum<float>,
+                                   {4 * bf16_step, 4 * bf16_step});
+}
+
+TEST_CASE("a bf16 ViT (both attentions) and FNO: sharded equals one rank within bf16 rounding",
+          "[bf16][vit][fno]") {
+  // The projections, MLPs, patch embeddings and heads are bf16 convolutions; attention's
+  // softmax, the token norms and the spectral convolutions stay float.
+  const Communicator world;
+  const auto in_bf16 = [](std::shared_ptr<Module<float>> model) {
+    model->compute_in_bf16(true);
+    return model;
+  };
+  for (const AttentionKind attention : {AttentionKind::global, AttentionKind::neighborhood}) {
+    models::ViTOptions o;
+    o.dims = 2;
+    o.in_channels = 3;
+    o.out_channels = 2;
+    o.patch = {2};
+    o.embed_dim = 8;
+    o.depth = 2;
+    o.heads = 2;
+    o.mlp_channels = 12;
+    o.attention = attention;
+    o.window = {3};
+    o.seed = 7;
+    const auto vit = [o, in_bf16](const Communicator& comm) {
+      return in_bf16(std::make_shared<models::ViT<float>>(comm, o));
+    };
+    for (const Decomposition& d :
+         test::test_decompositions({12, 10}, world.size(), {false, false}, 4))
+      test::check_equivalence<float>(vit, d, 1, 3, test::weighted_sum<float>,
+                                     {4 * bf16_step, 4 * bf16_step});
+  }
+  models::FNOOptions f;
+  f.dims = 2;
+  f.in_channels = 2;
+  f.out_channels = 1;
+  f.width = 4;
+  f.modes = {3};
+  f.layers = 2;
+  f.projection_channels = 6;
+  f.seed = 5;
+  const auto fno = [f, in_bf16](const Communicator& comm) {
+    return in_bf16(std::make_shared<models::FNO<float>>(comm, f, "fno"));
+  };
+  for (const Decomposition& d :
+       test::test_decompositions({12, 16}, world.size(), {true, true}, 3))
+    test::check_equivalence<float>(fno, d, 1, 2, test::weighted_sum<float>,
                                    {4 * bf16_step, 4 * bf16_step});
 }
 
