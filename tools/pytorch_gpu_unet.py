@@ -115,28 +115,45 @@ def allocation_peak_mib(step):
     return round(peak / 2**20, 1)
 
 
-def make_steps(model_cfg, run_cfg, size, dims, device):
-    """bench_scaling's training step and inference on random fields: (train, infer, model)."""
+def make_steps(model_cfg, run_cfg, size, dims, device, precision="float", channels_last=False):
+    """bench_scaling's training step and inference on random fields: (train, infer, model).
+    precision bf16: the forward and the loss under torch.autocast(bfloat16) (AMP: float
+    parameters, gradients and optimizer state). channels_last: model and input in
+    channels-last memory format (tensor cores' layout on a GPU)."""
     optimizer_cfg = run_cfg.get("optimizer") or {}
     training_cfg = run_cfg.get("training") or {}
     net = st.build_model(model_cfg, dims=dims, in_channels=2, out_channels=1).to(device)
+    layout = {2: torch.channels_last, 3: torch.channels_last_3d}.get(dims)
+    if channels_last and layout is not None:
+        net = net.to(memory_format=layout)
     opt = torch.optim.AdamW(net.parameters(), lr=float(optimizer_cfg.get("lr", 1e-3)),
                             weight_decay=float(optimizer_cfg.get("weight_decay", 0.0)))
     clip = float(training_cfg.get("clip_grad_norm", 0.0))
     field = [size] * dims
     x = torch.rand(1, 2, *field, device=device)
     target = torch.rand(1, 1, *field, device=device)
+    if channels_last and layout is not None:
+        x = x.contiguous(memory_format=layout)
+        target = target.contiguous(memory_format=layout)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    if precision == "bf16" and device.type == "cpu":
+        # CUDA's autocast runs group_norm in float; PyTorch 1.13's CPU autocast hands it bf16
+        # input with float weights, which fails: cast as CUDA's does.
+        for module in net.modules():
+            if isinstance(module, torch.nn.GroupNorm):
+                module.register_forward_pre_hook(lambda _, inputs: (inputs[0].float(),))
 
     def train_step():
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(net(x), target)
+        with autocast:
+            loss = torch.nn.functional.mse_loss(net(x).float(), target)
         loss.backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         opt.step()
 
     def infer_step():
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             net(x)
 
     return train_step, infer_step, net
@@ -147,7 +164,9 @@ def run(args, model_cfg, run_cfg, size, tf32):
     torch.manual_seed(1)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     record = {"peer": "pytorch_unet", "device": name, "torch": torch.__version__,
-              "config": args.config, "dims": args.dims, "size": size}
+              "config": args.config, "dims": args.dims, "size": size,
+              "precision": args.precision, "recompute": bool(model_cfg.get("recompute")),
+              "channels_last": args.channels_last}
     if device.type == "cpu":
         return run_on_cpu(args, record, model_cfg, run_cfg, size)
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -156,7 +175,8 @@ def run(args, model_cfg, run_cfg, size, tf32):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
-        train_step, infer_step, net = make_steps(model_cfg, run_cfg, size, args.dims, device)
+        train_step, infer_step, net = make_steps(model_cfg, run_cfg, size, args.dims, device,
+                                                 args.precision, args.channels_last)
         record["parameters"] = sum(p.numel() for p in net.parameters())
         net.train()
         record["train_step_s"] = timed(train_step, args.warmup, args.iters, device)
@@ -174,7 +194,8 @@ def run_on_cpu(args, record, model_cfg, run_cfg, size):
     torch.set_num_threads(args.threads)
     record["threads"] = args.threads
     train_step, infer_step, net = make_steps(model_cfg, run_cfg, size, args.dims,
-                                             torch.device("cpu"))
+                                             torch.device("cpu"), args.precision,
+                                             args.channels_last)
     record["parameters"] = sum(p.numel() for p in net.parameters())
     net.train()
     record["train_step_s"] = timed(train_step, args.warmup, args.iters, torch.device("cpu"))
@@ -182,6 +203,74 @@ def run_on_cpu(args, record, model_cfg, run_cfg, size):
     net.eval()
     record["infer_step_s"] = timed(infer_step, args.warmup, args.iters, torch.device("cpu"))
     record["infer_peak_mib"] = allocation_peak_mib(infer_step)
+    print(json.dumps(record), flush=True)
+
+
+def held_before_step_mib(net, size, dims):
+    """What a training step starts from: parameters, gradients, AdamW's two moments, input
+    (2 channels) and target (1), float (bench_scaling's parameters + optimizer_state + other)."""
+    parameters = sum(p.numel() for p in net.parameters())
+    return (4 * parameters + 3 * size ** dims) * 4 / 2**20
+
+
+def train_peak_total_mib(args, model_cfg, run_cfg, size):
+    """The whole of what one steady training step holds at its peak (MiB), or None if the step
+    runs out of memory."""
+    device = torch.device(args.device)
+    try:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            train_step, _, net = make_steps(model_cfg, run_cfg, size, args.dims, device,
+                                            args.precision, args.channels_last)
+            train_step()  # the optimizer's state exists from here on
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            train_step()
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() / 2**20
+        train_step, _, net = make_steps(model_cfg, run_cfg, size, args.dims, device,
+                                        args.precision, args.channels_last)
+        train_step()
+        return held_before_step_mib(net, size, args.dims) + allocation_peak_mib(train_step)
+    except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as error:
+        if "out of memory" not in str(error).lower() and not isinstance(error, MemoryError):
+            raise
+        return None
+
+
+def capacity(args, model_cfg, run_cfg):
+    """The largest cube edge (a multiple of 2^depth) whose training step fits --capacity-mib
+    (or, on a GPU with --capacity-mib 0, the device): doubling from --size, then bisection."""
+    multiple = 2 ** int(model_cfg.get("depth", 4))
+    fits = {}
+
+    def probe(edge):
+        if edge not in fits:
+            peak = train_peak_total_mib(args, model_cfg, run_cfg, edge)
+            fits[edge] = peak if peak is not None and (
+                args.capacity_mib <= 0 or peak <= args.capacity_mib) else None
+            print(f"  edge {edge}: " + (f"{peak:.1f} MiB" if peak is not None else "out of memory"),
+                  file=sys.stderr, flush=True)
+        return fits[edge] is not None
+
+    lo, hi = 0, None
+    edge = max(multiple, int(args.size.split(",")[0]) // multiple * multiple)
+    while hi is None:
+        if probe(edge):
+            lo, edge = edge, edge * 2
+        else:
+            hi = edge
+    while hi - lo > multiple:
+        mid = (lo + hi) // 2 // multiple * multiple
+        if mid <= lo:
+            break
+        lo, hi = (mid, hi) if probe(mid) else (lo, mid)
+    record = {"peer": "pytorch_unet", "mode": "capacity", "device": args.device,
+              "torch": torch.__version__, "config": args.config, "dims": args.dims,
+              "precision": args.precision, "recompute": bool(model_cfg.get("recompute")),
+              "channels_last": args.channels_last, "budget_mib": args.capacity_mib,
+              "edge": lo, "voxels": lo ** args.dims,
+              "peak_mib": round(fits[lo], 1) if lo else None}
     print(json.dumps(record), flush=True)
 
 
@@ -196,9 +285,23 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (--device cpu)")
+    parser.add_argument("--precision", choices=("float", "bf16"), default="float",
+                        help="bf16: torch.autocast(bfloat16), AMP")
+    parser.add_argument("--recompute", action="store_true",
+                        help="torch.utils.checkpoint per U-Net level (model.recompute)")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="channels-last memory format for the model and input")
+    parser.add_argument("--capacity-mib", type=float, default=None,
+                        help="print the largest cube whose training step holds at most this "
+                             "much (0 on a GPU: what fits the device), starting from --size")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     model_cfg, run_cfg = load_run_config(args.config)
+    if args.recompute:
+        model_cfg = dict(model_cfg, recompute=True)
+    if args.capacity_mib is not None:
+        torch.set_num_threads(args.threads)
+        return capacity(args, model_cfg, run_cfg or {})
     for size in (int(s) for s in args.size.split(",")):
         for tf32 in (False, True) if args.device == "cuda" else (False,):
             run(args, model_cfg, run_cfg or {}, size, tf32)

@@ -108,7 +108,8 @@ class Runner:
                     "--channels-out", str(a.channels_out), "--batch", str(a.batch),
                     "--warmup", str(a.warmup if warmup is None else warmup),
                     "--iters", str(a.iters if iters is None else iters),
-                    "--overlap", overlap] + list(extra))
+                    "--overlap", overlap] +
+                   (["--precision", a.precision] if a.precision else []) + list(extra))
         print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
         busy = busy_fraction(a.idle_check) if a.idle_check > 0 else float("nan")
         try:
@@ -431,6 +432,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--overlap", default="on", choices=("on", "off", "both"))
+    ap.add_argument("--precision", default="", choices=("", "float", "double", "bf16"),
+                    help="training.precision for bench_scaling (default: the config's)")
     ap.add_argument("--budget-mib", type=float, default=0, help="capacity: per-rank budget")
     ap.add_argument("--capacity-start", type=int, default=32, help="capacity: first cube edge")
     ap.add_argument("--mpirun", default="mpirun")

@@ -38,6 +38,7 @@ import collections
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -70,7 +71,7 @@ NORMS = ["group", "batch", "layer", "none"]
 DOWN_MODES = ["maxpool", "avgpool", "conv"]
 UP_MODES = ["transpose", "nearest", "linear"]
 UNET_KEYS = ["type", "depth", "base_channels", "norm", "norm_groups", "activation", "down",
-             "up", "padding", "blocks", "seed", "input_skip"]
+             "up", "padding", "blocks", "seed", "input_skip", "recompute"]
 SEQUENTIAL_KEYS = ["type", "layers", "seed"]
 LAYER_KEYS = {
     "conv": ["type", "out_channels", "kernel", "stride", "dilation", "padding", "padding_mode",
@@ -289,8 +290,11 @@ class UNet(nn.Module):
 
     def __init__(self, dims=2, in_channels=1, out_channels=1, depth=4, base_channels=32,
                  norm="group", norm_groups=8, activation="relu", down="maxpool",
-                 up="transpose", padding="zeros", blocks=2, input_skip=False):
+                 up="transpose", padding="zeros", blocks=2, input_skip=False, recompute=False):
         super().__init__()
+        # recompute: each level's blocks through torch.utils.checkpoint (PyTorch's per-level
+        # activation checkpointing, the peer of ShardTensor's model.recompute).
+        self.recompute = recompute
         self.dims, self.depth, self.base_channels = dims, depth, base_channels
         self.norm, self.norm_groups, self.activation = norm, norm_groups, activation
         self.down_mode, self.up_mode, self.padding = down, up, padding
@@ -361,16 +365,21 @@ class UNet(nn.Module):
             if n % factor:
                 raise RuntimeError(f"UNet: field extent {n} along dim {d} is not divisible by "
                                    f"2^depth = {factor}")
+        def block(module, h):
+            if self.recompute and self.training and torch.is_grad_enabled():
+                return torch.utils.checkpoint.checkpoint(module, h, use_reentrant=False)
+            return module(h)
+
         skips = []
         h = x
         for l in range(self.depth):
-            h = getattr(self, f"down{l}")(h)
+            h = block(getattr(self, f"down{l}"), h)
             skips.append(h)
             h = getattr(self, f"downsample{l}")(h)
-        h = self.bottom(h)
+        h = block(self.bottom, h)
         for l in reversed(range(self.depth)):
             h = getattr(self, f"upsample{l}")(h)
-            h = getattr(self, f"up{l}")(torch.cat([skips[l], h], dim=1))  # the skip first
+            h = block(getattr(self, f"up{l}"), torch.cat([skips[l], h], dim=1))  # the skip first
         h = self.head(h)
         return h + self.skip(x) if self.skip is not None else h
 
@@ -400,7 +409,8 @@ def build_unet(model: dict, dims: int, in_channels: int, out_channels: int,
                 up=m.choice("up", "transpose", UP_MODES),
                 padding=m.choice("padding", "zeros", PADDING_MODES),
                 blocks=m.integer("blocks", 2, 1),
-                input_skip=m.boolean("input_skip", False))
+                input_skip=m.boolean("input_skip", False),
+                recompute=m.boolean("recompute", False))
 
 
 class _SequentialBuilder:
