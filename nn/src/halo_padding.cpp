@@ -171,7 +171,9 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
 template <class T>
 void HaloPadding<T>::finish(const ShardTensor<T>& padded) {
   plan_for(padded).finish(padded);
-  fill_boundary_padding(padded, boundary_);
+  // Zeros padding is already there (start() zero-fills the shell): filling it again was a
+  // pass over every padding cell per layer call.
+  if (!padding_ready_after_start()) fill_boundary_padding(padded, boundary_);
 }
 
 template <class T>
@@ -184,7 +186,9 @@ std::vector<Box> HaloPadding<T>::exchanged_boxes(const ShardTensor<T>& padded) {
 
 template <class T>
 void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad) {
-  unfill_boundary_padding(padded_grad, boundary_);
+  // Zeros padding copies no cell: its gradient goes nowhere (and is never read), so there is
+  // nothing to return.
+  if (boundary_.mode != PaddingMode::zeros) unfill_boundary_padding(padded_grad, boundary_);
   plan_for(padded_grad).reverse_accumulate(padded_grad);
   add_interior(padded_grad, input_grad);
 }
@@ -222,7 +226,7 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
     unpack_box(ExecutionSpace(), shell.values, padded.view(), b, UnpackMode::assign, offset);
     offset += static_cast<std::size_t>(b.size() * per_cell);
   }
-  fill_boundary_padding(padded, boundary_);
+  if (!padding_ready_after_start()) fill_boundary_padding(padded, boundary_);
   return padded;
 }
 

@@ -74,7 +74,7 @@ class HaloPadding {
 
   /// Adjoint of forward: gradients of padding cells go to the cells they copied, ghost
   /// gradients go back to their owners, and the owned part is added into `input_grad`.
-  /// Overwrites `padded_grad`. Collective.
+  /// Overwrites `padded_grad` (whose cells past the owned ones are garbage after). Collective.
   void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad);
 
   /// A finished padded buffer's shell: what a layer keeps for its backward instead of the
