@@ -1,5 +1,7 @@
 #include "shardtensor/kernels/conv_transpose.hpp"
 
+#include "conv_transpose_gemm.hpp"  // private to kernels/src
+
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/kernels/channel_sums.hpp"
 
@@ -9,6 +11,7 @@ template <class T>
 void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
                             const FieldView<T>& xp, const ReplicatedView<T>& w,
                             const ReplicatedView<T>& bias, const FieldView<T>& y) {
+  if (conv_transpose_gemm_applies(g)) return conv_transpose_gemm_forward(space, g, xp, w, bias, y);
   const bool has_bias = bias.extent(0) > 0;
   const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
   Kokkos::parallel_for(
@@ -43,6 +46,8 @@ template <class T>
 void conv_transpose_backward_data(const ExecutionSpace& space, const ConvTransposeShape& g,
                                   const FieldView<T>& gy, const ReplicatedView<T>& w,
                                   const FieldView<T>& gxp) {
+  if (conv_transpose_gemm_applies(g))
+    return conv_transpose_gemm_backward(space, g, gy, FieldView<T>(), w, ReplicatedView<T>(), gxp);
   const Index rows = g.batch * g.in_channels * g.padded[0] * g.padded[1];
   Kokkos::parallel_for(
       "ConvTranspose::backward_data", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
@@ -74,7 +79,9 @@ template <class T>
 void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvTransposeShape& g,
                                         const FieldView<T>& gy, const FieldView<T>& xp,
                                         const ReplicatedView<T>& gw, const ReplicatedView<T>& gb) {
-  if (gw.extent(0) > 0) {
+  if (gw.extent(0) > 0 && conv_transpose_gemm_applies(g)) {
+    conv_transpose_gemm_backward(space, g, gy, xp, ReplicatedView<T>(), gw, FieldView<T>());
+  } else if (gw.extent(0) > 0) {
     // One team per weight (a thread per weight walked 2M cells alone, uncoalesced: 14 ms per
     // call at 128^3 on an H100), its threads over the input rows (n, x, y), vector lanes
     // along z. A host team is one thread: the same order as a plain loop.
