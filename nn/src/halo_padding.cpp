@@ -32,46 +32,54 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
       });
 }
 
-/// Sets every cell outside the owned ones (ghosts, padding) to zero, in one kernel over the
-/// lines of the buffer along its innermost axis longer than one cell: a line outside the
-/// interior is zeroed whole, a line through it only at its two ends.
+/// A value as the padded buffer holds it: rounded to bfloat16 where asked (float only).
 template <class T>
-void zero_shell(const ShardTensor<T>& field) {
-  const Box inner = field.interior_box();
-  const auto v = field.view();
-  const Index e[3] = {field.allocated_extent(0), field.allocated_extent(1),
-                      field.allocated_extent(2)};
+struct PaddedValue {
+  bool to_bfloat16;
+  KOKKOS_INLINE_FUNCTION T operator()(T value) const {
+    if constexpr (std::is_same<T, float>::value)
+      return to_bfloat16 ? round_to_bfloat16(value) : value;
+    return value;
+  }
+};
+
+/// padded = the input's owned cells (rounded to bfloat16 if asked) with zeros around them (its
+/// ghost and padding cells), in one pass over the lines of the buffer along its innermost axis
+/// longer than one cell: a line outside the interior is zeroed whole, a line through it copied
+/// with its two ends zeroed.
+template <class T>
+void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool to_bfloat16) {
+  const Box inner = padded.interior_box();
+  const auto v = padded.view();
+  const auto s = input.interior();
+  const Index e[3] = {padded.allocated_extent(0), padded.allocated_extent(1),
+                      padded.allocated_extent(2)};
   const Lines lines(v.extent(0), v.extent(1), e);
   const int axis = lines.axis;
   const Index lo[3] = {inner.lower[0], inner.lower[1], inner.lower[2]};
   const Index hi[3] = {inner.upper(0), inner.upper(1), inner.upper(2)};
-  const Index length = lines.length, step = v.stride(2 + axis);
+  const Index length = lines.length, step = v.stride(2 + axis), from_step = s.stride(2 + axis);
+  const PaddedValue<T> value{to_bfloat16};
   Kokkos::parallel_for(
-      "zero_shell", lines.count, KOKKOS_LAMBDA(const Index line) {
+      "fill_padded", lines.count, KOKKOS_LAMBDA(const Index line) {
         const CellIndex c = lines.start(line);
         const Index at[3] = {c.x, c.y, c.z};
         bool through_interior = true;
         for (int a = 0; a < 3; ++a)
           if (a != axis) through_interior = through_interior && at[a] >= lo[a] && at[a] < hi[a];
         T* p = &v(c.n, c.c, c.x, c.y, c.z);
-        const Index below = through_interior ? lo[axis] : length;
-        const Index above = through_interior ? hi[axis] : length;
-        for (Index i = 0; i < below; ++i) p[i * step] = T(0);
-        for (Index i = above; i < length; ++i) p[i * step] = T(0);
+        if (!through_interior) {
+          for (Index i = 0; i < length; ++i) p[i * step] = T(0);
+          return;
+        }
+        for (Index i = 0; i < lo[axis]; ++i) p[i * step] = T(0);
+        for (Index i = hi[axis]; i < length; ++i) p[i * step] = T(0);
+        Index from_at[3];
+        for (int a = 0; a < 3; ++a) from_at[a] = a == axis ? 0 : at[a] - lo[a];
+        const T* from = &s(c.n, c.c, from_at[0], from_at[1], from_at[2]);
+        T* to = p + lo[axis] * step;
+        for (Index i = 0; i < hi[axis] - lo[axis]; ++i) to[i * step] = value(from[i * from_step]);
       });
-}
-
-/// target.interior() = source.interior() (same owned cells, any ghost widths), each value
-/// rounded to bfloat16 if `to_bfloat16` (float only).
-template <class T>
-void copy_interior(const ShardTensor<T>& source, const ShardTensor<T>& target, bool to_bfloat16) {
-  if constexpr (std::is_same<T, float>::value)
-    if (to_bfloat16)
-      return for_each_interior_pair(
-          "copy_interior_bfloat16", source, target,
-          KOKKOS_LAMBDA(const T& from, T& to) { to = round_to_bfloat16(from); });
-  for_each_interior_pair(
-      "copy_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
 }
 
 /// target.interior() += source.interior() (same owned cells, any ghost widths).
@@ -158,12 +166,12 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
     return input;
   }
   // Only the shell around the owned cells starts at zero (the ghosts and the zeros padding):
-  // the owned cells are copied next, and zero-filling them too was a second pass over the field.
+  // the owned cells are copied in the same pass (zero-filling them too was a second pass over
+  // the field).
   ShardTensor<T> padded =
       ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
                                     ghosts_, where_ + " padded input");
-  zero_shell(padded);
-  copy_interior(input, padded, bfloat16_);
+  fill_padded(input, padded, bfloat16_);
   plan_for(padded).start(padded);
   return padded;
 }
@@ -218,8 +226,7 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
   ShardTensor<T> padded = ShardTensor<T>::uninitialized(
       padded_decomposition(input.decomposition()), input.rank(), input.batch(), input.channels(),
       ghosts_, where_ + " padded input");
-  zero_shell(padded);
-  copy_interior(input, padded, bfloat16_);
+  fill_padded(input, padded, bfloat16_);
   const Index per_cell = padded.batch() * padded.channels();
   std::size_t offset = 0;
   for (const Box& b : shell.boxes) {
