@@ -41,6 +41,69 @@ std::vector<double> sums_per_block(const ExecutionSpace& space, const char* labe
   return std::vector<double>(host.data(), host.data() + blocks);
 }
 
+/// Two sums per block at once (the reduction's value type).
+struct TwoSums {
+  double first = 0, second = 0;
+  KOKKOS_INLINE_FUNCTION TwoSums& operator+=(const TwoSums& other) {
+    first += other.first;
+    second += other.second;
+    return *this;
+  }
+  KOKKOS_INLINE_FUNCTION void operator+=(const volatile TwoSums& other) volatile {
+    first += other.first;
+    second += other.second;
+  }
+};
+
+}  // namespace
+}  // namespace shardtensor::kernels
+
+template <>
+struct Kokkos::reduction_identity<shardtensor::kernels::TwoSums> {
+  KOKKOS_FORCEINLINE_FUNCTION static shardtensor::kernels::TwoSums sum() { return {}; }
+};
+
+namespace shardtensor::kernels {
+namespace {
+
+/// sums_per_block for two sums of one pass over the cells: out[b] and out[blocks + b], each
+/// summed in the order sums_per_block would (the same bits as two passes).
+template <class Cells, class F>
+std::vector<double> two_sums_per_block(const ExecutionSpace& space, const char* label,
+                                       const Cells& like, F f) {
+  const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
+  const Index ey = like.extent(3), ez = like.extent(4);
+  const Index rows = Index(like.extent(2)) * ey;
+  BlockDoubles out(std::string(label), 2 * blocks);
+  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  Kokkos::parallel_for(
+      label, Policy(space, static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Policy::member_type& team) {
+        const Index b = team.league_rank();
+        const Index n = b / channels, c = b % channels;
+        TwoSums s;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, rows),
+            [&](const Index row, TwoSums& acc) {
+              const Index i = row / ey, j = row % ey;
+              TwoSums row_sum;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, ez),
+                  [&](const Index k, TwoSums& partial) { partial += f(n, c, i, j, k); },
+                  row_sum);
+              acc += row_sum;
+            },
+            s);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          out(b) = s.first;
+          out(blocks + b) = s.second;
+        });
+      });
+  space.fence();
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  return std::vector<double>(host.data(), host.data() + 2 * blocks);
+}
+
 /// Every owned cell of every block, as (block, x, y, z).
 template <class Cells>
 Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<4>> cells_of(const ExecutionSpace& space,
@@ -65,19 +128,12 @@ template <class T>
 std::vector<double> block_deviation_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
                                          const BlockDoubles& mean) {
   const Index channels = x.extent(1);
-  std::vector<double> sums = sums_per_block(
-      space, "normalization_deviation_sum", x,
-      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-        return static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
-      });
-  const std::vector<double> squares = sums_per_block(
-      space, "normalization_square_sum", x,
+  return two_sums_per_block(
+      space, "normalization_deviation_sums", x,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         const double d = static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
-        return d * d;
+        return TwoSums{d, d * d};
       });
-  sums.insert(sums.end(), squares.begin(), squares.end());
-  return sums;
 }
 
 template <class T>
@@ -101,20 +157,14 @@ std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
                                             const OwnedCells<const T>& x, const BlockDoubles& mean,
                                             const BlockDoubles& rstd) {
   const Index channels = x.extent(1);
-  std::vector<double> sums = sums_per_block(
-      space, "normalization_backward_dy", dy,
-      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
-        return static_cast<double>(dy(n, c, i, j, k));
-      });
-  const std::vector<double> dy_xhat = sums_per_block(
-      space, "normalization_backward_dy_xhat", dy,
+  return two_sums_per_block(
+      space, "normalization_backward_sums", dy,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         const Index b = n * channels + c;
         const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
-        return static_cast<double>(dy(n, c, i, j, k)) * xhat;
+        const double g = static_cast<double>(dy(n, c, i, j, k));
+        return TwoSums{g, g * xhat};
       });
-  sums.insert(sums.end(), dy_xhat.begin(), dy_xhat.end());
-  return sums;
 }
 
 template <class T>
