@@ -163,7 +163,9 @@ TEST_CASE("bf16 convolutions: sharded equals one rank, near float, bf16 outputs"
       {{10, 8, 21}, conv_options(20, 17, {1, 1, 1}, {})},         // pointwise
   };
   const Communicator world;
-  for (const auto& [extents, options] : cases) {
+  for (const auto& one : cases) {
+    const std::vector<Index>& extents = one.first;  // no structured bindings: lambdas capture
+    const ConvOptions& options = one.second;         // them only from C++20 (nvcc warns)
     INFO("kernel " << options.kernel.size() << "-D " << options.kernel[0] << ", "
                    << options.in_channels << " -> " << options.out_channels);
     const std::vector<bool> periodic(extents.size(), options.padding_mode == PaddingMode::periodic);

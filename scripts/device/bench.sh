@@ -11,8 +11,10 @@
 #              tools/pytorch_gpu_conv.py
 #   unet       bench_scaling on bench/scaling_unet3d.yaml at 128^3, training step and
 #              inference (median of 7 after 3) and tools/pytorch_gpu_unet.py
-#   capacity   the same U-Net at growing cubes until one does not fit in 90 % of the GPU's
-#              memory (bench_scaling --budget-mib), and PyTorch at the same sizes
+#   capacity   the same U-Net in float and bf16, each with and without recomputation, at
+#              growing cubes until one does not fit in 90 % of the GPU's memory
+#              (bench_scaling --budget-mib), and PyTorch's largest under the same budget
+#              (float, AMP bf16 channels-last, each with and without checkpointing)
 #   vit        bench_scaling on examples/02_train_config/heat2d_vit.yaml at 1024^2 and
 #              tools/pytorch_gpu_vit.py (flex_attention, torch.compile)
 #   attention  bench_attention at 16384 and 65536 tokens, and PyTorch's
@@ -75,13 +77,21 @@ if [[ $parts == *,unet,* ]]; then
   run python3 "$root/tools/pytorch_gpu_unet.py" --size 128
 fi
 if [[ $parts == *,capacity,* ]]; then
+  # float and bf16, each without and with recomputation, against PyTorch's float, AMP bf16
+  # (channels-last) and torch.utils.checkpoint per level, under the same budget.
   budget=$((memory_mib * 9 / 10))
-  for size in 192 256 320 384 448 512; do
-    run mpiexec -n 1 "$bin/bench_scaling" "${unet[@]}" --warmup 1 --iters 3 --size $size \
-      --budget-mib $budget
-    grep -q '"fits":true' "$unpacked/bench.out" || break
+  for recompute in "" _recompute; do
+    for precision in float bf16; do
+      for size in 192 256 320 384 448 512 576; do
+        run mpiexec -n 1 "$bin/bench_scaling" "${unet[@]/scaling_unet3d.yaml/scaling_unet3d$recompute.yaml}" \
+          --precision $precision --warmup 1 --iters 1 --infer-iters 0 --size $size --budget-mib $budget
+        grep -q '"fits":true' "$unpacked/bench.out" || break
+      done
+      run python3 "$root/tools/pytorch_gpu_unet.py" --size 128 --capacity-mib $budget \
+        --precision $precision ${recompute:+--recompute} \
+        $([ $precision = bf16 ] && echo --channels-last)
+    done
   done
-  run python3 "$root/tools/pytorch_gpu_unet.py" --size 192,256,320,384,448,512 --warmup 1 --iters 3
 fi
 if [[ $parts == *,vit,* ]]; then
   for tf32 in off on; do
