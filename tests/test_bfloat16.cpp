@@ -9,11 +9,9 @@
 #include <random>
 
 #include "equivalence.hpp"
+#include "model_options.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/nn/saved_field.hpp"
-#include "shardtensor/models/fno.hpp"
-#include "shardtensor/models/unet.hpp"
-#include "shardtensor/models/vit.hpp"
 
 using namespace shardtensor;
 using models::UNet;
@@ -218,14 +216,7 @@ TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", 
 }
 
 TEST_CASE("a bf16 U-Net: sharded equals one rank within bf16 rounding", "[bf16][unet]") {
-  UNetOptions o;
-  o.dims = 2;
-  o.in_channels = 2;
-  o.out_channels = 3;
-  o.depth = 2;
-  o.base_channels = 4;
-  o.norm_groups = 2;
-  o.seed = 7;
+  const UNetOptions o = test::small_unet(2, 2);
   const auto bf16 = [o](const Communicator& comm) {
     auto model = std::make_shared<UNet<float>>(comm, o);
     model->compute_in_bf16(true);
@@ -250,18 +241,8 @@ TEST_CASE("a bf16 ViT (both attentions) and FNO: sharded equals one rank within 
     return model;
   };
   for (const AttentionKind attention : {AttentionKind::global, AttentionKind::neighborhood}) {
-    models::ViTOptions o;
-    o.dims = 2;
-    o.in_channels = 3;
-    o.out_channels = 2;
-    o.patch = {2};
-    o.embed_dim = 8;
-    o.depth = 2;
-    o.heads = 2;
-    o.mlp_channels = 12;
-    o.attention = attention;
-    o.window = {3};
-    o.seed = 7;
+    models::ViTOptions o = test::small_vit(2, attention, PositionKind::sincos, {});
+    o.final_norm = false;
     const auto vit = [o, in_bf16](const Communicator& comm) {
       return in_bf16(std::make_shared<models::ViT<float>>(comm, o));
     };
@@ -270,15 +251,7 @@ TEST_CASE("a bf16 ViT (both attentions) and FNO: sharded equals one rank within 
       test::check_equivalence<float>(vit, d, 1, 3, test::weighted_sum<float>,
                                      {4 * bf16_step, 4 * bf16_step});
   }
-  models::FNOOptions f;
-  f.dims = 2;
-  f.in_channels = 2;
-  f.out_channels = 1;
-  f.width = 4;
-  f.modes = {3};
-  f.layers = 2;
-  f.projection_channels = 6;
-  f.seed = 5;
+  const models::FNOOptions f = test::small_fno(2);
   const auto fno = [f, in_bf16](const Communicator& comm) {
     return in_bf16(std::make_shared<models::FNO<float>>(comm, f, "fno"));
   };

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "equivalence.hpp"
+#include "model_options.hpp"
 #include "shardtensor/models.hpp"
 
 using namespace shardtensor;
@@ -30,17 +31,6 @@ test::ModuleFactory<T> unet_factory(const UNetOptions& options) {
   return [options](const Communicator& comm) { return std::make_shared<UNet<T>>(comm, options); };
 }
 
-UNetOptions small_unet(int dims, int depth) {
-  UNetOptions o;
-  o.dims = dims;
-  o.in_channels = 2;
-  o.out_channels = 3;
-  o.depth = depth;
-  o.base_channels = 4;
-  o.norm_groups = 2;
-  o.seed = 7;
-  return o;
-}
 
 template <class T>
 std::shared_ptr<Module<T>> from_yaml(const std::string& text, const Communicator& comm,
@@ -76,7 +66,7 @@ TEMPLATE_TEST_CASE("UNet 2-D sharded equals one rank, every norm, down and up mo
        PaddingMode::reflect},
   };
   for (const Case& c : cases) {
-    UNetOptions o = small_unet(2, c.depth);
+    UNetOptions o = test::small_unet(2, c.depth);
     o.norm = c.norm;
     o.activation = c.activation;
     o.down = c.down;
@@ -93,12 +83,12 @@ TEMPLATE_TEST_CASE("UNet 2-D sharded equals one rank, every norm, down and up mo
 
 TEMPLATE_TEST_CASE("UNet 3-D and 1-D sharded equal one rank", "[models][unet][equivalence]", float,
                    double) {
-  UNetOptions o = small_unet(3, 1);
+  UNetOptions o = test::small_unet(3, 1);
   o.up = UpMode::linear;
   o.activation = Activation::tanh;
   for (const Decomposition& d : unet_decompositions({8, 8, 8}, 1, 0, 3))
     test::check_equivalence<TestType>(unet_factory<TestType>(o), d, 1, 2);
-  UNetOptions line = small_unet(1, 3);
+  UNetOptions line = test::small_unet(1, 3);
   // Not batch norm with periodic padding: there the bias of the downsampling conv shifts
   // whole channels, which the batch norm after the next conv removes, so its gradient is
   // 0 up to rounding and cannot be compared relatively.
@@ -112,7 +102,7 @@ TEMPLATE_TEST_CASE("UNet 3-D and 1-D sharded equal one rank", "[models][unet][eq
     for (const Decomposition& d : unet_decompositions({64}, 3, 0, 3))
       test::check_equivalence<TestType>(unet_factory<TestType>(line), d, 2, 2);
   // The input skip (a 1x1 convolution of the input added to the output).
-  UNetOptions skip = small_unet(2, 1);
+  UNetOptions skip = test::small_unet(2, 1);
   skip.norm = NormKind::none;
   skip.input_skip = true;
   for (const Decomposition& d : unet_decompositions({16, 16}, 1, 0, 2))
@@ -129,7 +119,7 @@ TEMPLATE_TEST_CASE("UNet on odd split points equals one rank", "[models][unet][e
   points.push_back(4 * p + 4);
   const Decomposition d = Decomposition::from_split_points({points, {0, 6}});
   for (UpMode up : {UpMode::transpose, UpMode::nearest}) {
-    UNetOptions o = small_unet(2, 1);
+    UNetOptions o = test::small_unet(2, 1);
     o.up = up;
     o.down = DownMode::conv;
     test::check_equivalence<TestType>(unet_factory<TestType>(o), d, 1, 2);
@@ -143,7 +133,7 @@ TEMPLATE_TEST_CASE("a UNet gives the same numbers on every run (no race-dependen
   const Communicator world;
   const Decomposition d = Decomposition::automatic({Index(24), Index(20)}, world.size());
   for (int dims : {2, 3}) {
-    UNetOptions o = small_unet(dims, 1);
+    UNetOptions o = test::small_unet(dims, 1);
     o.base_channels = 8;
     const Decomposition field =
         dims == 2 ? d : Decomposition::automatic({Index(12), Index(8), Index(20)}, world.size());
@@ -172,7 +162,7 @@ TEMPLATE_TEST_CASE("a UNet with recomputed blocks gives the same numbers bit for
   for (int dims : {2, 3})
     for (NormKind norm : {NormKind::group, NormKind::batch, NormKind::none}) {
       INFO(dims << "-D, norm " << to_string(norm));
-      UNetOptions o = small_unet(dims, 2);
+      UNetOptions o = test::small_unet(dims, 2);
       o.norm = norm;
       o.input_skip = dims == 2;  // the input then has two readers
       const Decomposition field =
@@ -256,7 +246,7 @@ TEST_CASE("Sequential's recomputed ranges give the same numbers and refuse overl
 TEMPLATE_TEST_CASE("a UNet under NoGradGuard gives the same output and records no graph",
                    "[models][unet][no_grad]", float, double) {
   const Communicator world;
-  UNetOptions o = small_unet(2, 2);
+  UNetOptions o = test::small_unet(2, 2);
   o.down = DownMode::maxpool;  // its argmax is only for backward
   o.up = UpMode::transpose;
   const Decomposition d = Decomposition::automatic({Index(16), Index(24)}, world.size());
@@ -354,7 +344,7 @@ TEST_CASE("UNet parameter names and counts", "[models][unet]") {
 
 TEST_CASE("UNet rejects fields it cannot halve and shards that vanish", "[models][unet][errors]") {
   const Communicator comm;
-  UNet<float> unet(comm, small_unet(2, 2));
+  UNet<float> unet(comm, test::small_unet(2, 2));
   const Decomposition odd = Decomposition::automatic({16, 18}, comm.size());
   const auto x = Variable<float>::field(ShardTensor<float>(odd, comm.rank(), 1, 2), false, "x");
   const std::string message = test::error_message_of([&] { unet.forward(x); });
@@ -373,7 +363,7 @@ TEST_CASE("UNet rejects fields it cannot halve and shards that vanish", "[models
     CHECK(test::ranks_with_error(vanish) == comm.size());
   }
   const Communicator self(MPI_COMM_SELF);
-  UNetOptions bad = small_unet(2, 1);
+  UNetOptions bad = test::small_unet(2, 1);
   bad.norm_groups = 3;
   CHECK_THROWS_WITH(UNet<float>(self, bad),
                     Contains("norm_groups 3 does not divide base_channels 4"));
@@ -574,8 +564,8 @@ TEMPLATE_TEST_CASE("two models in one process share its caches without interferi
   // each model's numbers alone, bit for bit.
   const Communicator world;
   const Decomposition field = Decomposition::automatic({Index(16), Index(24)}, world.size());
-  UNetOptions a = small_unet(2, 2);
-  UNetOptions b = small_unet(2, 1);
+  UNetOptions a = test::small_unet(2, 2);
+  UNetOptions b = test::small_unet(2, 1);
   b.base_channels = 6;
   b.seed = 11;
   const auto make_a = unet_factory<TestType>(a);

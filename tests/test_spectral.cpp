@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "equivalence.hpp"
+#include "model_options.hpp"
 #include "shardtensor/models.hpp"
 #include "shardtensor/spectral.hpp"
 
@@ -204,15 +205,7 @@ test::ModuleFactory<T> spectral_factory(const SpectralConvOptions& o) {
 template <class T>
 test::ModuleFactory<T> fno_factory(int dims) {
   return [dims](const Communicator& comm) {
-    models::FNOOptions o;
-    o.dims = dims;
-    o.in_channels = 2;
-    o.out_channels = 1;
-    o.width = 4;
-    o.modes = {3};
-    o.layers = 2;
-    o.projection_channels = 6;
-    o.seed = 5;
+    const models::FNOOptions o = test::small_fno(dims);
     return std::make_shared<models::FNO<T>>(comm, o, "fno");
   };
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "equivalence.hpp"
+#include "model_options.hpp"
 #include "shardtensor/models.hpp"
 
 using namespace shardtensor;
@@ -69,27 +70,6 @@ class PatchRoundTrip : public Module<T> {
   std::shared_ptr<PatchUnembedding<T>> unembed_;
 };
 
-template <class T>
-models::ViTOptions small_vit(int dims, AttentionKind attention, PositionKind position,
-                             const std::vector<Index>& extents, bool input_skip = false) {
-  models::ViTOptions o;
-  o.dims = dims;
-  o.in_channels = 3;
-  o.out_channels = 2;
-  o.patch = {2};
-  o.embed_dim = 8;
-  o.depth = 2;
-  o.heads = 2;
-  o.mlp_channels = 12;
-  o.attention = attention;
-  o.window = {3};
-  o.position = position;
-  o.extents = extents;
-  o.input_skip = input_skip;
-  o.final_norm = !input_skip;  // both ways
-  o.seed = 7;
-  return o;
-}
 
 }  // namespace
 
@@ -295,7 +275,7 @@ TEMPLATE_TEST_CASE("ViT: sharded equals one rank", "[vit][model]", float, double
           [&](const Communicator& comm) {
             return std::make_shared<models::ViT<TestType>>(
                 comm,
-                small_vit<TestType>(int(c.extents.size()), c.attention, c.position, c.extents,
+                test::small_vit(int(c.extents.size()), c.attention, c.position, c.extents,
                                     c.input_skip),
                 "vit");
           },
@@ -308,7 +288,7 @@ TEST_CASE("ViT gradients match finite differences", "[vit][model][gradient]") {
     test::check_gradients_by_finite_differences(
         [&](const Communicator& comm) {
           return std::make_shared<models::ViT<double>>(
-              comm, small_vit<double>(2, attention, PositionKind::learned, {8, 12}, true), "vit");
+              comm, test::small_vit(2, attention, PositionKind::learned, {8, 12}, true), "vit");
         },
         decompositions_of({8, 12}, 2).back(), batch, 3);
 }
@@ -351,7 +331,7 @@ seed: 3
   CHECK_THAT(build_error("{type: vit, patchs: 2}", shape), Contains("did you mean 'patch'"));
 
   // A field extent that is not a multiple of the patch, on every rank.
-  models::ViTOptions o = small_vit<float>(2, AttentionKind::global, PositionKind::sincos, {});
+  models::ViTOptions o = test::small_vit(2, AttentionKind::global, PositionKind::sincos, {});
   o.patch = {4};
   models::ViT<float> bad(comm, o, "vit");
   const Decomposition odd = Decomposition::automatic({10, 8}, comm.size(), {}, {0, 1});
@@ -362,14 +342,14 @@ seed: 3
   CHECK(test::ranks_with_error(message) == comm.size());
   // A learned table is for one grid only.
   models::ViT<float> learned(
-      comm, small_vit<float>(2, AttentionKind::global, PositionKind::learned, {8, 8}), "vit");
+      comm, test::small_vit(2, AttentionKind::global, PositionKind::learned, {8, 8}), "vit");
   const Decomposition other = Decomposition::automatic({16, 12}, comm.size(), {}, {0, 1});
   CHECK_THROWS_WITH(
       learned(Variable<float>::field(test::random_shard<float>(other, comm.rank(), 1, 3, 2))),
       Contains("learned table is for a token grid"));
   CHECK_THROWS_WITH(models::ViT<float>(comm,
                                        [] {
-                                         auto o = small_vit<float>(2, AttentionKind::global,
+                                         auto o = test::small_vit(2, AttentionKind::global,
                                                                    PositionKind::sincos, {});
                                          o.heads = 3;
                                          return o;

@@ -6,41 +6,6 @@ namespace shardtensor::kernels {
 
 namespace {
 
-/// out[n * channels + c] = sum over the owned cells of f(n, c, x, y, z), in double: one team
-/// per block, its threads over the (x, y) rows, vector lanes along z (no index division per
-/// cell).
-template <class Cells, class F>
-std::vector<double> sums_per_block(const ExecutionSpace& space, const char* label,
-                                   const Cells& like, F f) {
-  const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
-  const Index ey = like.extent(3), ez = like.extent(4);
-  const Index rows = Index(like.extent(2)) * ey;
-  BlockDoubles out(std::string(label), blocks);
-  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
-  Kokkos::parallel_for(
-      label, Policy(space, static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const Policy::member_type& team) {
-        const Index b = team.league_rank();
-        const Index n = b / channels, c = b % channels;
-        double s = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, rows),
-            [&](const Index row, double& acc) {
-              const Index i = row / ey, j = row % ey;
-              double row_sum = 0;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(team, ez),
-                  [&](const Index k, double& partial) { partial += f(n, c, i, j, k); }, row_sum);
-              acc += row_sum;
-            },
-            s);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
-      });
-  space.fence();
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-  return std::vector<double>(host.data(), host.data() + blocks);
-}
-
 /// Two sums per block at once (the reduction's value type).
 struct TwoSums {
   double first = 0, second = 0;
@@ -68,42 +33,58 @@ struct Kokkos::reduction_identity<shardtensor::kernels::TwoSums> {
 namespace shardtensor::kernels {
 namespace {
 
-/// sums_per_block for two sums of one pass over the cells: out[b] and out[blocks + b], each
-/// summed in the order sums_per_block would (the same bits as two passes).
-template <class Cells, class F>
-std::vector<double> two_sums_per_block(const ExecutionSpace& space, const char* label,
-                                       const Cells& like, F f) {
+/// out[n * channels + c] = sum over the owned cells of f(n, c, x, y, z) (a double, or TwoSums
+/// for two sums of one pass, each in the order a single sum takes): one team per block, its
+/// threads over the (x, y) rows, vector lanes along z (no index division per cell).
+template <class V, class Cells, class F>
+std::vector<V> reduce_per_block(const ExecutionSpace& space, const char* label, const Cells& like,
+                                F f) {
   const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
   const Index ey = like.extent(3), ez = like.extent(4);
   const Index rows = Index(like.extent(2)) * ey;
-  BlockDoubles out(std::string(label), 2 * blocks);
+  Kokkos::View<V*, DefaultMemorySpace> out(std::string(label), blocks);
   using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
   Kokkos::parallel_for(
       label, Policy(space, static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
       KOKKOS_LAMBDA(const Policy::member_type& team) {
         const Index b = team.league_rank();
         const Index n = b / channels, c = b % channels;
-        TwoSums s;
+        V s{};
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, rows),
-            [&](const Index row, TwoSums& acc) {
+            [&](const Index row, V& acc) {
               const Index i = row / ey, j = row % ey;
-              TwoSums row_sum;
+              V row_sum{};
               Kokkos::parallel_reduce(
                   Kokkos::ThreadVectorRange(team, ez),
-                  [&](const Index k, TwoSums& partial) { partial += f(n, c, i, j, k); },
-                  row_sum);
+                  [&](const Index k, V& partial) { partial += f(n, c, i, j, k); }, row_sum);
               acc += row_sum;
             },
             s);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() {
-          out(b) = s.first;
-          out(blocks + b) = s.second;
-        });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
       });
   space.fence();
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-  return std::vector<double>(host.data(), host.data() + 2 * blocks);
+  return std::vector<V>(host.data(), host.data() + blocks);
+}
+
+template <class Cells, class F>
+std::vector<double> sums_per_block(const ExecutionSpace& space, const char* label,
+                                   const Cells& like, F f) {
+  return reduce_per_block<double>(space, label, like, f);
+}
+
+/// Two sums per block of one pass: out[b] the first ones, out[blocks + b] the second.
+template <class Cells, class F>
+std::vector<double> two_sums_per_block(const ExecutionSpace& space, const char* label,
+                                       const Cells& like, F f) {
+  const std::vector<TwoSums> sums = reduce_per_block<TwoSums>(space, label, like, f);
+  std::vector<double> out(2 * sums.size());
+  for (std::size_t b = 0; b < sums.size(); ++b) {
+    out[b] = sums[b].first;
+    out[sums.size() + b] = sums[b].second;
+  }
+  return out;
 }
 
 /// Every owned cell of every block, as (block, x, y, z).
