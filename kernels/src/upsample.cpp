@@ -111,6 +111,25 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
   const auto lower = table.lower;
   const auto weight = table.weight;
   const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
+  if (g.in[2] == 1 && g.out[2] == 1) {
+    // 1-D and 2-D fields: z is unused (weight 1 on its one cell), so the four sources of the
+    // x-y plane are all there is; the trilinear form below reads each twice and adds
+    // 1 * v + 0 * v, the same value for every finite v.
+    for_each_cell_by_lines(
+        space, "Upsample::forward_planar", y.extent(0), g.channels, extents,
+        KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index) {
+          const Index lx = lower(f0 + ox), ly = lower(f1 + oy);
+          const T wx = weight(f0 + ox), wy = weight(f1 + oy);
+          const Index hx = g.in[0] > 1 ? lx + 1 : lx, hy = g.in[1] > 1 ? ly + 1 : ly;
+          const T* p = &x(n, c, 0, 0, 0);
+          const Index sx = x.stride(2), sy = x.stride(3);
+          const T lxly = p[lx * sx + ly * sy], lxhy = p[lx * sx + hy * sy];
+          const T hxly = p[hx * sx + ly * sy], hxhy = p[hx * sx + hy * sy];
+          y(n, c, ox, oy, 0) = wx * (wy * lxly + (1 - wy) * lxhy) +
+                               (1 - wx) * (wy * hxly + (1 - wy) * hxhy);
+        });
+    return;
+  }
   for_each_cell_by_lines(
       space, "Upsample::forward", y.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
