@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""PyTorch's memory-bound layers of a U-Net step: the peer of bench_memory_ops.
+
+The same ops on the same shapes (1 x C x N^3 float, random values): max pooling 2, nearest
+upsampling 2 (of the N/2 field), GroupNorm of 4 groups (affine), GELU (exact, erf), the
+concatenation of two fields along channels and the MSE loss; forward, then backward from a
+random output gradient (the loss: from 1). Time: the best of --iters after --warmup, each
+direction on its own, on --threads threads. Bytes: bench_memory_ops's count (each op's values
+read and written once), so GB/s compare directly. Prints a table and, last, one JSON line.
+
+    /usr/bin/python3 tools/pytorch_memory_ops.py --size 64
+    /usr/bin/python3 tools/pytorch_memory_ops.py --size 64 --threads 2
+"""
+import argparse
+import json
+import time
+
+import torch
+
+
+def timed(make_output, iters, warmup):
+    """(forward s, backward s), each the best over the timed runs, measured apart."""
+    forward = backward = float("inf")
+    for it in range(warmup + iters):
+        start = time.perf_counter()
+        out = make_output()
+        forward_s = time.perf_counter() - start
+        gradient = torch.rand_like(out) if out.dim() > 0 else None
+        start = time.perf_counter()
+        out.backward(gradient)
+        backward_s = time.perf_counter() - start
+        if it >= warmup:
+            forward, backward = min(forward, forward_s), min(backward, backward_s)
+    return forward, backward
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--channels", type=int, default=32)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+    n, c = args.size, args.channels
+    x = torch.rand(1, c, n, n, n)
+    x2 = torch.rand(1, c, n, n, n)
+    small = torch.rand(1, c, n // 2, n // 2, n // 2)
+    norm = torch.nn.GroupNorm(4, c, eps=1e-5, affine=True)
+    field = x.numel() * 4.0
+    eighth = small.numel() * 4.0
+
+    def leaf(t):
+        return t.detach().requires_grad_(True)
+
+    ops = [
+        ("maxpool 2", field + eighth, eighth + field,
+         lambda: torch.nn.functional.max_pool3d(leaf(x), 2)),
+        ("upsample nearest 2", eighth + field, field + eighth,
+         lambda: torch.nn.functional.interpolate(leaf(small), scale_factor=2, mode="nearest")),
+        ("group norm", 2 * field, 3 * field, lambda: norm(leaf(x))),
+        ("gelu", 2 * field, 3 * field, lambda: torch.nn.functional.gelu(leaf(x))),
+        ("concat 2", 4 * field, 4 * field, lambda: torch.cat([leaf(x), leaf(x2)], dim=1)),
+        ("mse loss", 2 * field, 3 * field,
+         lambda: torch.nn.functional.mse_loss(leaf(x), x2)),
+    ]
+    records = []
+    print(f"pytorch_memory_ops: {n}^3 cells, C = {c}, batch 1, float, {args.threads} thread(s), "
+          f"PyTorch {torch.__version__}")
+    print(f"  {'op':<22} {'fwd ms':>9} {'GB/s':>8} {'bwd ms':>9} {'GB/s':>8}")
+    for name, forward_bytes, backward_bytes, make in ops:
+        forward_s, backward_s = timed(make, args.iters, args.warmup)
+        records.append({"op": name, "forward_s": forward_s,
+                        "forward_gbytes_per_s": forward_bytes / forward_s / 1e9,
+                        "backward_s": backward_s,
+                        "backward_gbytes_per_s": backward_bytes / backward_s / 1e9})
+        print(f"  {name:<22} {forward_s * 1e3:9.3f} {forward_bytes / forward_s / 1e9:8.2f} "
+              f"{backward_s * 1e3:9.3f} {backward_bytes / backward_s / 1e9:8.2f}")
+    print(json.dumps({"peer": "pytorch_memory_ops", "torch": torch.__version__, "size": n,
+                      "channels": c, "threads": args.threads, "ops": records}))
+
+
+if __name__ == "__main__":
+    main()
