@@ -46,8 +46,6 @@ template <class T>
 void conv_transpose_backward_data(const ExecutionSpace& space, const ConvTransposeShape& g,
                                   const FieldView<T>& gy, const ReplicatedView<T>& w,
                                   const FieldView<T>& gxp) {
-  if (conv_transpose_gemm_applies(g))
-    return conv_transpose_gemm_backward(space, g, gy, FieldView<T>(), w, ReplicatedView<T>(), gxp);
   const Index rows = g.batch * g.in_channels * g.padded[0] * g.padded[1];
   Kokkos::parallel_for(
       "ConvTranspose::backward_data", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
@@ -79,9 +77,7 @@ template <class T>
 void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvTransposeShape& g,
                                         const FieldView<T>& gy, const FieldView<T>& xp,
                                         const ReplicatedView<T>& gw, const ReplicatedView<T>& gb) {
-  if (gw.extent(0) > 0 && conv_transpose_gemm_applies(g)) {
-    conv_transpose_gemm_backward(space, g, gy, xp, ReplicatedView<T>(), gw, FieldView<T>());
-  } else if (gw.extent(0) > 0) {
+  if (gw.extent(0) > 0) {
     // One team per weight (a thread per weight walked 2M cells alone, uncoalesced: 14 ms per
     // call at 128^3 on an H100), its threads over the input rows (n, x, y), vector lanes
     // along z. A host team is one thread: the same order as a plain loop.
@@ -124,7 +120,26 @@ void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvT
     add_channel_sums(space, "ConvTranspose::backward_bias", gy, g.batch, g.out, gb);
 }
 
+template <class T>
+void conv_transpose_backward(const ExecutionSpace& space, const ConvTransposeShape& g,
+                             const FieldView<T>& gy, const FieldView<T>& xp,
+                             const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
+                             const ReplicatedView<T>& gb, const FieldView<T>& gxp) {
+  if (conv_transpose_gemm_applies(g)) {
+    // One gather of gy into tap order serves both GEMMs.
+    conv_transpose_gemm_backward(space, g, gy, xp, w, gw, gxp);
+    conv_transpose_backward_parameters(space, g, gy, xp, ReplicatedView<T>(), gb);  // bias
+    return;
+  }
+  conv_transpose_backward_parameters(space, g, gy, xp, gw, gb);
+  if (gxp.extent(0) > 0) conv_transpose_backward_data(space, g, gy, w, gxp);
+}
+
 #define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template void conv_transpose_backward(const ExecutionSpace&, const ConvTransposeShape&,         \
+                                        const FieldView<T>&, const FieldView<T>&,                 \
+                                        const ReplicatedView<T>&, const ReplicatedView<T>&,       \
+                                        const ReplicatedView<T>&, const FieldView<T>&);           \
   template void conv_transpose_forward(const ExecutionSpace&, const ConvTransposeShape&,          \
                                        const FieldView<T>&, const ReplicatedView<T>&,             \
                                        const ReplicatedView<T>&, const FieldView<T>&);            \

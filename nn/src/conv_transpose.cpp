@@ -243,14 +243,14 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
-      kernels::conv_transpose_backward_parameters(ExecutionSpace(), shape, gy, padded.view(), gw,
-                                                  gb);
-      if (x_node->requires_grad) {
-        ShardTensor<T> grad_padded(padded.decomposition(), padded.rank(), padded.batch(),
-                                   padded.channels(), padded.ghosts(), name + ".padded_grad");
-        kernels::conv_transpose_backward_data(ExecutionSpace(), shape, gy, w, grad_padded.view());
+      ShardTensor<T> grad_padded;
+      if (x_node->requires_grad)
+        grad_padded = ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
+                                     padded.channels(), padded.ghosts(), name + ".padded_grad");
+      kernels::conv_transpose_backward(ExecutionSpace(), shape, gy, padded.view(), w, gw, gb,
+                                       grad_padded.view());
+      if (x_node->requires_grad)
         halo->backward(grad_padded, x_node->grad_field());  // shared: may outlive the layer
-      }
     };
   }
   return Variable<T>(node);

@@ -77,15 +77,24 @@ void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShap
                             const FieldView<T>& xp, const ReplicatedView<T>& w,
                             const ReplicatedView<T>& bias, const FieldView<T>& y);
 
-/// Gradient of the padded input (`gxp`, zero on entry): each padded row gathers from the
-/// owned outputs it feeds.
+/// Both directions of backward: the weight and bias gradients' partial sums (gw, gb) and the
+/// padded input's gradient (gxp, zero on entry); an empty View is not computed. Where the taps
+/// tile the output, the GEMM path (one gather of gy for both); else the two kernels below.
+template <class T>
+void conv_transpose_backward(const ExecutionSpace& space, const ConvTransposeShape& g,
+                             const FieldView<T>& gy, const FieldView<T>& xp,
+                             const ReplicatedView<T>& w, const ReplicatedView<T>& gw,
+                             const ReplicatedView<T>& gb, const FieldView<T>& gxp);
+
+/// Gradient of the padded input (`gxp`, zero on entry), the direct kernel: each padded row
+/// gathers from the owned outputs it feeds.
 template <class T>
 void conv_transpose_backward_data(const ExecutionSpace& space, const ConvTransposeShape& g,
                                   const FieldView<T>& gy, const ReplicatedView<T>& w,
                                   const FieldView<T>& gxp);
 
-/// This rank's partial sums of the weight and bias gradients (over its own outputs), in
-/// double: they add up every output cell, and float sums in different orders on different
+/// This rank's partial sums of the weight and bias gradients (over its own outputs), the
+/// direct kernels, in double: they add up every output cell, and float sums in different orders on different
 /// decompositions would differ by more than float precision.
 template <class T>
 void conv_transpose_backward_parameters(const ExecutionSpace& space, const ConvTransposeShape& g,
