@@ -249,10 +249,11 @@ TEST_CASE("a U-Net's activation peak per rank falls as 1/P", "[memory][unet]") {
 TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step falls",
           "[memory][unet][recompute]") {
   // A 3-D U-Net of two levels on 32^3 cells, sharded over the ranks. With recomputation each
-  // block keeps only its input, and inside a block being recomputed each normalization and
-  // activation pair keeps only the conv output before it; what remains at the peak is level
-  // 0's up block in backward. 18.4 -> 9.5 MiB on one rank (0.52); bench_scaling's 64^3 U-Net:
-  // 149.0 -> 77.5 MiB.
+  // block keeps only its input, which goes once the block's first conv has rebuilt its padded
+  // copy in backward; what remains at the peak is level 0's up block being recomputed. The
+  // normalizations carry their activation (fuse_activation), so even without recomputation no
+  // normalized field is kept: 13.2 -> 8.7 MiB on one rank (0.66; before the fusion 18.4 ->
+  // 9.5). bench_scaling's 64^3 U-Net: 108.0 -> 70.2 MiB.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -265,16 +266,16 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   const std::uint64_t with = max_over(world, activation_peak(world, recomputed, 2, extents));
   INFO("activation peak per rank: " << to_mib(without) << " MiB without, " << to_mib(with)
                                     << " MiB with recomputation");
-  CHECK(double(with) <= 0.55 * double(without));
+  CHECK(double(with) <= 0.7 * double(without));
 }
 
 TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",
           "[memory][unet][bf16]") {
   // Convolutions keep their rounded input packed, normalizations their input (a bf16 conv's
   // output) packed; the activations' inputs stay float, as in PyTorch's autocast.
-  // 18.4 -> 14.6 MiB per rank on one rank; at 8 ranks (16^3 cells each) the ghosts and shells
-  // of each op weigh more: 2.47 -> 2.31 MiB. bench_scaling's 64^3 U-Net: 149.0 -> 118.4 MiB,
-  // and 73.0 MiB with recomputation.
+  // 13.2 -> 10.4 MiB per rank on one rank; at 8 ranks (16^3 cells each) the ghosts, shells
+  // and padded copies, which stay float, weigh more: 1.84 -> 1.80 MiB. bench_scaling's 64^3
+  // U-Net: 108.0 -> 85.4 MiB, and 69.0 MiB with recomputation.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -287,7 +288,7 @@ TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",
   const std::uint64_t bf16_peak = max_over(world, activation_peak(world, low, 2, extents));
   INFO("activation peak per rank: " << to_mib(float_peak) << " MiB float, " << to_mib(bf16_peak)
                                     << " MiB bf16");
-  CHECK(double(bf16_peak) <= (world.size() <= 2 ? 0.85 : 0.95) * double(float_peak));
+  CHECK(double(bf16_peak) <= (world.size() <= 2 ? 0.85 : 0.99) * double(float_peak));
 }
 
 TEST_CASE("a forward under NoGradGuard frees each activation once it is read",

@@ -1,6 +1,11 @@
 #include "shardtensor/kernels/normalization.hpp"
 
 #include <string>
+#include <type_traits>
+
+#include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/vector_kernels.hpp"
+#include "shardtensor/kernels/vector_isa.hpp"
 
 namespace shardtensor::kernels {
 
@@ -97,6 +102,28 @@ Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<4>> cells_of(const ExecutionS
        Index(x.extent(4))});
 }
 
+/// The normalized value of cell x of block b, rounded to T as normalize_forward writes it.
+template <class T>
+KOKKOS_INLINE_FUNCTION T normalized(T x, double mean, double rstd, double scale, double shift) {
+  return static_cast<T>((static_cast<double>(x) - mean) * rstd * scale + shift);
+}
+
+/// The owned cells as lines for the host's vector rows: along z, or along y where z has one
+/// cell (2-D fields); `contiguous` where every view has unit stride along them.
+template <class T>
+struct CellLines {
+  bool along_y, contiguous;
+  Index length, per_block, count;
+  CellLines(const OwnedCells<const T>& x, const OwnedCells<const T>& dy, const OwnedCells<T>& dn) {
+    along_y = x.extent(4) == 1;
+    const int axis = along_y ? 3 : 4;
+    length = Index(x.extent(axis));
+    per_block = Index(x.extent(2)) * (along_y ? 1 : Index(x.extent(3)));
+    count = Index(x.extent(0) * x.extent(1)) * per_block;
+    contiguous = x.stride(axis) == 1 && dy.stride(axis) == 1 && dn.stride(axis) == 1;
+  }
+};
+
 }  // namespace
 
 template <class T>
@@ -129,8 +156,63 @@ void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x
       "normalization_forward", cells_of(space, x),
       KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
         const Index n = b / channels, c = b % channels;
-        const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
-        y(n, c, i, j, k) = static_cast<T>(xhat * scale(c) + shift(c));
+        y(n, c, i, j, k) = normalized(x(n, c, i, j, k), mean(b), rstd(b), scale(c), shift(c));
+      });
+}
+
+template <class T>
+void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells<const T>& dy,
+                                   const OwnedCells<const T>& x, const BlockDoubles& mean,
+                                   const BlockDoubles& rstd, const BlockDoubles& scale,
+                                   const BlockDoubles& shift, const ActivationFunction<T>& f,
+                                   const OwnedCells<T>& dn) {
+  const Index channels = x.extent(1);
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
+    const CellLines<T> lines(x, dy, dn);
+    if (f.kind == Activation::gelu && vector_kernels_on() &&
+        lines.contiguous) {
+      // The activation's backward on chunks of a line: n into a buffer, its gradient added
+      // to zeros (the activation's own input gradient starts at zero), then stored.
+      space.fence();
+      const auto mean_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mean);
+      const auto rstd_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rstd);
+      const auto scale_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), scale);
+      const auto shift_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), shift);
+      constexpr Index chunk = 64;
+      host::split_over_threads(
+          std::min<Index>(host::host_threads(), lines.count), lines.count,
+          [&](int, Index first, Index last) {
+            float n[chunk], g[chunk];
+            for (Index line = first; line < last; ++line) {
+              const Index b = line / lines.per_block, r = line % lines.per_block;
+              const Index s = b / channels, c = b % channels;
+              const Index i = lines.along_y ? r : r / x.extent(3);
+              const Index j = lines.along_y ? 0 : r % x.extent(3);
+              const float* xs = &x(s, c, i, j, 0);
+              const float* gs = &dy(s, c, i, j, 0);
+              float* out = &dn(s, c, i, j, 0);
+              for (Index k0 = 0; k0 < lines.length; k0 += chunk) {
+                const Index m = std::min(chunk, lines.length - k0);
+                for (Index k = 0; k < m; ++k) {
+                  n[k] = normalized(xs[k0 + k], mean_h(b), rstd_h(b), scale_h(c), shift_h(c));
+                  g[k] = 0;
+                }
+                host::gelu_backward_rows(n, gs + k0, g, std::size_t(m));
+                for (Index k = 0; k < m; ++k) out[k0 + k] = g[k];
+              }
+            }
+          });
+      return;
+    }
+  }
+  Kokkos::parallel_for(
+      "normalization_activation_gradient", cells_of(space, x),
+      KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
+        const Index n = b / channels, c = b % channels;
+        T g = 0;  // as the activation's backward: added to its zero input gradient
+        g += dy(n, c, i, j, k) *
+             f.derivative(normalized(x(n, c, i, j, k), mean(b), rstd(b), scale(c), shift(c)));
+        dn(n, c, i, j, k) = g;
       });
 }
 
@@ -173,6 +255,10 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
   template void normalize_forward(const ExecutionSpace&, const OwnedCells<const T>&,              \
                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
                                   const BlockDoubles&, const OwnedCells<T>&);                     \
+  template void normalize_activation_gradient(                                                     \
+      const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,              \
+      const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,         \
+      const ActivationFunction<T>&, const OwnedCells<T>&);                                        \
   template std::vector<double> normalize_gradient_sums(                                           \
       const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,              \
       const BlockDoubles&, const BlockDoubles&);                                                  \

@@ -110,19 +110,25 @@ std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in
         make_conv(name + ".conv" + index, i == 0 ? in : out, out, 3, 1, !normalized);
     block->add("conv" + index, conv);
     const std::string norm = "norm" + index;
-    if (options_.norm == NormKind::group)
-      block->add(norm, std::make_shared<GroupNorm<T>>(comm_, options_.norm_groups, int(out), 1e-5,
-                                                      true, path + "." + norm));
-    else if (options_.norm == NormKind::layer)
-      block->add(norm,
-                 std::make_shared<LayerNorm<T>>(comm_, int(out), 1e-5, true, path + "." + norm));
-    else if (options_.norm == NormKind::batch)
-      block->add(norm, std::make_shared<BatchNorm<T>>(comm_, int(out), 0.1, 1e-5, true,
-                                                      path + "." + norm));
-    block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
-    // Recomputing, the normalization's output (the activation's input) is not kept either: the
-    // pair runs again from the conv's output, which the normalization keeps anyway.
-    if (options_.recompute && normalized) block->recompute_range(block->size() - 2, block->size());
+    // The activation runs inside the normalization (fuse_activation): the normalized field,
+    // the activation's input, is never stored, so a block keeps one field less per conv.
+    if (options_.norm == NormKind::group) {
+      auto layer = std::make_shared<GroupNorm<T>>(comm_, options_.norm_groups, int(out), 1e-5,
+                                                  true, path + "." + norm);
+      layer->fuse_activation(options_.activation);
+      block->add(norm, layer);
+    } else if (options_.norm == NormKind::layer) {
+      auto layer = std::make_shared<LayerNorm<T>>(comm_, int(out), 1e-5, true, path + "." + norm);
+      layer->fuse_activation(options_.activation);
+      block->add(norm, layer);
+    } else if (options_.norm == NormKind::batch) {
+      auto layer =
+          std::make_shared<BatchNorm<T>>(comm_, int(out), 0.1, 1e-5, true, path + "." + norm);
+      layer->fuse_activation(options_.activation);
+      block->add(norm, layer);
+    } else {
+      block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
+    }
   }
   this->register_module(name, block);
   return block;

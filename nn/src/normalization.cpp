@@ -6,6 +6,7 @@
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/kernels/normalization.hpp"
+#include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
 
@@ -114,14 +115,19 @@ Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
   return s;
 }
 
-/// y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c] with the given statistics, and its
-/// backward: through the statistics when they are the batch's (`batch_stats`), else (fixed
-/// statistics, BatchNorm in evaluation) a per-channel scale.
+/// The output of a normalization, with an activation applied when one is fused.
+template <class T>
+using FusedActivation = std::optional<kernels::ActivationFunction<T>>;
+
+/// y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c] with the given statistics (then
+/// y = f(y) with a fused activation f), and its backward: through the statistics when they are
+/// the batch's (`batch_stats`), else (fixed statistics, BatchNorm in evaluation) a per-channel
+/// scale.
 template <class T>
 Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const StatLayout& layout,
                       const Statistics& stats, bool batch_stats, double eps,
                       const std::string& name, const Variable<T>& weight, const Variable<T>& bias,
-                      SavedPacking input_packing) {
+                      SavedPacking input_packing, const FusedActivation<T>& activation) {
   const ShardTensor<T>& x = input.value();
   const Index blocks = layout.blocks(), channels = layout.channels;
   const HostDoubles w = host_values(weight, channels, 1.0);
@@ -142,6 +148,7 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
   const kernels::OwnedCells<const T> xi = x.interior();
   kernels::normalize_forward(ExecutionSpace(), xi, mean, rstd, scale, shift,
                              kernels::OwnedCells<T>(y.interior()));
+  if (activation) impl::apply_activation(*activation, y, y);
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node()};
   if (weight.defined()) inputs.push_back(weight.node());
@@ -157,10 +164,24 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     // layer's output).
     SavedField<T> saved_input(input, input_packing, name + ".saved_input");
     node->backward = [=](impl::Node<T>& self) mutable {
+      const bool in_place = self.grad_field().view().use_count() == 1;
       const ShardTensor<T> x_again = saved_input.value();
       saved_input = {};
       const kernels::OwnedCells<const T> x_cells = x_again.interior();
-      const kernels::OwnedCells<const T> gy = self.grad_field().interior();
+      kernels::OwnedCells<const T> gy = self.grad_field().interior();
+      if (activation) {
+        // The gradient at the normalized values: in place of the output's where only this
+        // node holds that, else in a field of its own.
+        ShardTensor<T> normalized_grad = self.grad_field();
+        if (!in_place)
+          normalized_grad = ShardTensor<T>::uninitialized(
+              x_again.decomposition(), x_again.rank(), x_again.batch(), x_again.channels(),
+              x_again.ghosts(), name + ".normalized_grad");
+        kernels::normalize_activation_gradient(
+            ExecutionSpace(), gy, x_cells, mean, rstd, scale, shift, *activation,
+            kernels::OwnedCells<T>(normalized_grad.interior()));
+        gy = normalized_grad.interior();
+      }
       // This rank's sums of dy and dy * xhat per block.
       const HostDoubles sums =
           kernels::normalize_gradient_sums(ExecutionSpace(), gy, x_cells, mean, rstd);
@@ -260,7 +281,8 @@ Variable<T> GroupNorm<T>::forward(const Variable<T>& input) {
   layout.channels = channels_;
   layout.groups = num_groups_;
   const Statistics stats = batch_statistics(comm_, input.value(), layout);
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing());
+  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
+                   input_packing(), activation_);
 }
 
 template <class T>
@@ -310,7 +332,7 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
     running.var = host_values(running_var_);
     running.count = double(x.batch()) * double(x.decomposition().global_cells());
     return normalize(comm_, input, layout, running, false, eps_, name_, weight_, bias_,
-                     input_packing());
+                     input_packing(), activation_);
   }
   const Index global_cells = x.decomposition().global_cells();
   SHARDTENSOR_REQUIRE(x.batch() * global_cells > 1, where_,
@@ -320,7 +342,8 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
   // A recomputed forward (nn/recompute.hpp) normalizes alike but updates nothing: the step's
   // first forward did.
   if (impl::recomputing_flag())
-    return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing());
+    return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
+                   input_packing(), activation_);
   // Running estimates: PyTorch's update, with the unbiased variance.
   auto mean_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_mean_);
   auto var_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_var_);
@@ -334,7 +357,8 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
   Kokkos::deep_copy(running_mean_, mean_host);
   Kokkos::deep_copy(running_var_, var_host);
   ++batches_tracked_;
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing());
+  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
+                   input_packing(), activation_);
 }
 
 template class GroupNorm<float>;

@@ -10,6 +10,7 @@
 
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
+#include "shardtensor/kernels/activation.hpp"
 
 namespace shardtensor::kernels {
 
@@ -37,6 +38,18 @@ void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x
                        const BlockDoubles& mean, const BlockDoubles& rstd,
                        const BlockDoubles& scale, const BlockDoubles& shift,
                        const OwnedCells<T>& y);
+
+/// dn = dy f'(n) with n the normalized value of each cell, n = (x - mean(b)) rstd(b) scale(c) +
+/// shift(c) rounded as normalize_forward rounds it: the gradient at the input of an activation
+/// fused after the normalization, from the normalization's input alone (the normalized field
+/// is never stored). Bit for bit what the activation's own backward gives from a stored n (on
+/// the host, GELU on float through the same vector rows). `dn` may be `dy` (in place).
+template <class T>
+void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells<const T>& dy,
+                                   const OwnedCells<const T>& x, const BlockDoubles& mean,
+                                   const BlockDoubles& rstd, const BlockDoubles& scale,
+                                   const BlockDoubles& shift, const ActivationFunction<T>& f,
+                                   const OwnedCells<T>& dn);
 
 /// Per block, the sum of dy, then (appended) the sum of dy * xhat, xhat = (x - mean) rstd.
 template <class T>

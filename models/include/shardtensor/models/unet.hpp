@@ -42,7 +42,7 @@ struct UNetOptions {
                             ///< the linear part of a surrogate, learned directly
   /// Each level's blocks (down, bottom, up) keep only their input in forward and run again
   /// in backward (nn/recompute.hpp): the same numbers bit for bit, less memory (the 64^3
-  /// bench U-Net's training peak 157 -> 100 MiB), one more forward of the blocks per step
+  /// bench U-Net's training peak 108 -> 70 MiB), one more forward of the blocks per step
   /// (1.2x the step). Config: model.recompute.
   bool recompute = false;
 };
@@ -57,8 +57,8 @@ struct UNetOptions {
 ///   head                      1x1 convolution: c_0 -> out_channels
 ///
 /// A block is `blocks` times conv{i} (3-wide, padding 1, the padding mode) -> norm{i} ->
-/// activation. Convolutions followed by a normalization have no bias (the normalization
-/// removes it). Parameter names: "down0.conv0.weight", "down0.norm0.bias",
+/// activation (inside norm{i}: fuse_activation; activation{i} of its own with norm none).
+/// Convolutions followed by a normalization have no bias (the normalization removes it). Parameter names: "down0.conv0.weight", "down0.norm0.bias",
 /// "downsample1.weight", "upsample0.weight" (transpose) or "upsample0.conv.weight",
 /// "up0.conv1.weight", "head.bias", ... (see docs/models.md).
 ///

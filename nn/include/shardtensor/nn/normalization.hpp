@@ -21,10 +21,12 @@
 // Fields may carry ghost cells: only the owned cells are read and written.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/kernels/activation.hpp"
 #include "shardtensor/nn/module.hpp"
 #include "shardtensor/nn/saved_field.hpp"
 
@@ -44,6 +46,12 @@ class GroupNorm : public Module<T> {
   /// In a bf16 model the statistics and the output stay float (autocast's normalization);
   /// the input kept for backward is packed into 16 bits where it is a bf16 layer's output.
   void compute_in_bf16(bool on) override { bf16_inputs_ = on; }
+  /// Applies `kind` to the output in the same op (normalization then activation, as in a
+  /// U-Net block): the normalized field is never stored, backward recomputes it from the
+  /// input, so the pair keeps one field less. The same numbers as the two layers apart.
+  void fuse_activation(Activation kind, double slope = 0.01) {
+    activation_ = kernels::ActivationFunction<T>{kind, static_cast<T>(slope)};
+  }
 
   int num_groups() const { return num_groups_; }
   int channels() const { return channels_; }
@@ -67,6 +75,7 @@ class GroupNorm : public Module<T> {
   std::string name_;
   Variable<T> weight_, bias_;
   bool bf16_inputs_ = false;
+  std::optional<kernels::ActivationFunction<T>> activation_;
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }
@@ -107,6 +116,10 @@ class BatchNorm : public Module<T> {
   Variable<T> forward(const Variable<T>& input) override;
   /// As GroupNorm's: float statistics and output, the saved input in 16 bits where exact.
   void compute_in_bf16(bool on) override { bf16_inputs_ = on; }
+  /// As GroupNorm's: the activation in the same op, the normalized field not stored.
+  void fuse_activation(Activation kind, double slope = 0.01) {
+    activation_ = kernels::ActivationFunction<T>{kind, static_cast<T>(slope)};
+  }
 
   int channels() const { return channels_; }
   double momentum() const { return momentum_; }
@@ -133,6 +146,7 @@ class BatchNorm : public Module<T> {
   ReplicatedView<T> running_mean_, running_var_;
   Index batches_tracked_ = 0;
   bool bf16_inputs_ = false;
+  std::optional<kernels::ActivationFunction<T>> activation_;
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }

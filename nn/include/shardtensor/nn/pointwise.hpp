@@ -6,65 +6,16 @@
 #include <string>
 #include <type_traits>
 
-#include "shardtensor/core/kokkos_math.hpp"
+#include "shardtensor/kernels/activation.hpp"
 #include "shardtensor/kernels/gelu.hpp"
 #include "shardtensor/nn/module.hpp"
 
 namespace shardtensor {
 
-enum class Activation { relu, leaky_relu, gelu, silu, tanh, sigmoid };
-
 namespace impl {
 
-/// f(x) and f'(x) of each activation. GELU is the exact (erf) form, PyTorch's default,
-/// written x erfc(-x / sqrt 2) / 2: 1 + erf(x / sqrt 2) would cancel to nothing for x < -5.
 template <class T>
-struct ActivationFunction {
-  Activation kind;
-  T slope;  // leaky_relu only
-
-  KOKKOS_INLINE_FUNCTION T value(T x) const {
-    switch (kind) {
-      case Activation::relu:
-        return x > T(0) ? x : T(0);
-      case Activation::leaky_relu:
-        return x > T(0) ? x : slope * x;
-      case Activation::gelu:
-        return T(0.5) * x * math::erfc(-x * T(0.70710678118654752440));
-      case Activation::silu:
-        return x / (T(1) + math::exp(-x));
-      case Activation::tanh:
-        return math::tanh(x);
-      default:
-        return T(1) / (T(1) + math::exp(-x));
-    }
-  }
-  KOKKOS_INLINE_FUNCTION T derivative(T x) const {
-    switch (kind) {
-      case Activation::relu:
-        return x > T(0) ? T(1) : T(0);
-      case Activation::leaky_relu:
-        return x > T(0) ? T(1) : slope;
-      case Activation::gelu: {
-        const T cdf = T(0.5) * math::erfc(-x * T(0.70710678118654752440));
-        const T pdf = math::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
-        return cdf + x * pdf;
-      }
-      case Activation::silu: {
-        const T s = T(1) / (T(1) + math::exp(-x));
-        return s * (T(1) + x * (T(1) - s));
-      }
-      case Activation::tanh: {
-        const T t = math::tanh(x);
-        return T(1) - t * t;
-      }
-      default: {
-        const T s = T(1) / (T(1) + math::exp(-x));
-        return s * (T(1) - s);
-      }
-    }
-  }
-};
+using ActivationFunction = kernels::ActivationFunction<T>;
 
 template <class T>
 void require_field(const Variable<T>& v, const char* where) {
@@ -96,6 +47,19 @@ ShardTensor<T> field_like(const ShardTensor<T>& like, const std::string& label,
                                        label);
 }
 
+/// y = f(x) for every value, ghosts included (y may be x: in place).
+template <class T>
+void apply_activation(const ActivationFunction<T>& f, const ShardTensor<T>& x,
+                      const ShardTensor<T>& y) {
+  const auto xv = x.view(), yv = y.view();
+  if constexpr (std::is_same<T, float>::value)
+    if (f.kind == Activation::gelu && kernels::gelu_kernel(xv.data(), yv.data(), xv.span()))
+      return;
+  Kokkos::parallel_for(
+      "activate", xv.span(),
+      KOKKOS_LAMBDA(const std::size_t i) { yv.data()[i] = f.value(xv.data()[i]); });
+}
+
 }  // namespace impl
 
 /// Elementwise activation.
@@ -105,14 +69,7 @@ Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0
   const ShardTensor<T>& x = input.value();
   const impl::ActivationFunction<T> f{kind, static_cast<T>(slope)};
   ShardTensor<T> y = impl::field_like(x, "activation");
-  const auto xv = x.view(), yv = y.view();
-  bool done = false;
-  if constexpr (std::is_same<T, float>::value)
-    done = kind == Activation::gelu && kernels::gelu_kernel(xv.data(), yv.data(), xv.span());
-  if (!done)
-    Kokkos::parallel_for(
-        "activate", xv.span(),
-        KOKKOS_LAMBDA(const std::size_t i) { yv.data()[i] = f.value(xv.data()[i]); });
+  impl::apply_activation(f, x, y);
   auto node = make_result_node<T>("activation", {input.node()});
   node->field = y;
   if (node->requires_grad) {

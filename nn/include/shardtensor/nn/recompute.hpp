@@ -36,13 +36,12 @@ auto with_graph_recomputing(const Function& block) {
 /// Adds the gradient `gradient` (of a leaf standing for `input`) to the input's. The first is
 /// taken as it is (0 + g is g, and there is no second buffer); later ones add to it.
 template <class T>
-void add_input_gradient(const Variable<T>& input, const ShardTensor<T>& gradient) {
-  impl::Node<T>& target = *input.node();
-  if (target.field_grad.view().span() == 0) {  // the leaf's layout is the input's
-    target.field_grad = gradient;
+void add_input_gradient(impl::Node<T>& input, const ShardTensor<T>& gradient) {
+  if (input.field_grad.view().span() == 0) {  // the leaf's layout is the input's
+    input.field_grad = gradient;
     return;
   }
-  const auto from = gradient.view(), to = target.grad_field().view();
+  const auto from = gradient.view(), to = input.grad_field().view();
   Kokkos::parallel_for(
       "recompute::input_grad", to.span(),
       KOKKOS_LAMBDA(const std::size_t i) { to.data()[i] += from.data()[i]; });
@@ -64,18 +63,29 @@ Variable<T> recompute(const std::shared_ptr<Module<T>>& block, const Variable<T>
   auto node = make_result_node<T>("recompute", std::move(inputs));
   node->field = output.value();
   if (node->requires_grad) {
-    node->backward = [block, input](impl::Node<T>& self) {
-      // The block again, with a graph, on a leaf that shares the input's values.
-      const Variable<T> leaf = Variable<T>::field(input.value(), input.requires_grad(),
-                                                  input.name() + ".recomputed");
-      Variable<T> again = impl::with_graph_recomputing([&] { return block->forward(leaf); });
+    node->backward = [block, input = Variable<T>(input)](impl::Node<T>& self) mutable {
+      const std::shared_ptr<impl::Node<T>> input_node = input.node();
+      const bool input_requires_grad = input.requires_grad();
+      // The block again, with a graph, on a leaf that shares the input's values. Then neither
+      // the input nor the leaf is held here any more: the value lives in what the block's ops
+      // saved of it (unless a caller holds the input), so it goes when the first op's backward
+      // is done with it, before that op allocates the input's gradient.
+      std::shared_ptr<impl::Node<T>> leaf_node;
+      Variable<T> again;
+      {
+        const Variable<T> leaf = Variable<T>::field(input.value(), input_requires_grad,
+                                                    input.name() + ".recomputed");
+        input = Variable<T>();
+        again = impl::with_graph_recomputing([&] { return block->forward(leaf); });
+        leaf_node = leaf.node();
+      }
       // Parameters' gradients accumulate as usual. The output's value (no op of the block
       // reads it in backward) and gradient are handed over: they go as the sweep passes them
       // (so, like any node's inside the graph, this output's gradient is not kept after).
       ShardTensor<T> gradient = self.grad_field();  // allocated (zero) if nothing reached it
       self.field_grad = ShardTensor<T>();
       backward(std::move(again), std::move(gradient));
-      if (input.requires_grad()) impl::add_input_gradient(input, leaf.grad());
+      if (input_requires_grad) impl::add_input_gradient(*input_node, leaf_node->grad_field());
     };
   }
   return Variable<T>(node);
