@@ -194,6 +194,28 @@ void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, Upsa
               axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i);
       });
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
+  if (g.in[2] == 1 && g.out[2] == 1) {
+    // 1-D and 2-D fields: z is unused (one output, weight 1), so its loop and its factor go
+    // (w * 1 * g is w * g: the same sums).
+    for_each_cell_by_lines(
+        space, "Upsample::backward_planar", gx.extent(0), g.channels, extents,
+        KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index) {
+          const Index ex = in_first[0] + ix, ey = in_first[1] + iy;
+          const Index bx = begin(ex), by = begin(ey);
+          const Index nx = end(ex) - bx, ny = end(ey) - by;
+          const T* wx = weights.data() + ex * room;
+          const T* wy = weights.data() + ey * room;
+          const Index sx = gy.stride(2), sy = gy.stride(3);
+          const T* g = &gy(n, c, 0, 0, 0) + bx * sx + by * sy;
+          T sum = 0;
+          for (Index i = 0; i < nx; ++i) {
+            const T weight_x = T(1) * wx[i];
+            for (Index j = 0; j < ny; ++j) sum += weight_x * wy[j] * g[i * sx + j * sy];
+          }
+          gx(n, c, ix, iy, 0) += sum;
+        });
+    return;
+  }
   for_each_cell_by_lines(
       space, "Upsample::backward", gx.extent(0), g.channels, extents,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index iz) {
