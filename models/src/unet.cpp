@@ -112,23 +112,20 @@ std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in
     const std::string norm = "norm" + index;
     // The activation runs inside the normalization (fuse_activation): the normalized field,
     // the activation's input, is never stored, so a block keeps one field less per conv.
-    if (options_.norm == NormKind::group) {
-      auto layer = std::make_shared<GroupNorm<T>>(comm_, options_.norm_groups, int(out), 1e-5,
-                                                  true, path + "." + norm);
+    const auto add_fused = [&](const auto& layer) {
       layer->fuse_activation(options_.activation);
       block->add(norm, layer);
-    } else if (options_.norm == NormKind::layer) {
-      auto layer = std::make_shared<LayerNorm<T>>(comm_, int(out), 1e-5, true, path + "." + norm);
-      layer->fuse_activation(options_.activation);
-      block->add(norm, layer);
-    } else if (options_.norm == NormKind::batch) {
-      auto layer =
-          std::make_shared<BatchNorm<T>>(comm_, int(out), 0.1, 1e-5, true, path + "." + norm);
-      layer->fuse_activation(options_.activation);
-      block->add(norm, layer);
-    } else {
+    };
+    if (options_.norm == NormKind::group)
+      add_fused(std::make_shared<GroupNorm<T>>(comm_, options_.norm_groups, int(out), 1e-5, true,
+                                               path + "." + norm));
+    else if (options_.norm == NormKind::layer)
+      add_fused(std::make_shared<LayerNorm<T>>(comm_, int(out), 1e-5, true, path + "." + norm));
+    else if (options_.norm == NormKind::batch)
+      add_fused(
+          std::make_shared<BatchNorm<T>>(comm_, int(out), 0.1, 1e-5, true, path + "." + norm));
+    else
       block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
-    }
   }
   this->register_module(name, block);
   return block;
