@@ -3,6 +3,7 @@
 // run one work item per cell of a field.
 
 #include <Kokkos_Core.hpp>
+#include <cstdint>
 
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/types.hpp"
@@ -13,18 +14,35 @@ struct CellIndex {
   Index n, c, x, y, z;
 };
 
+namespace impl {
+/// flat % extent, and flat /= extent. An extent of 1 (a 2-D field's z, a line's across
+/// extents) divides by nothing, and a quotient that fits 32 bits is taken in 32 bits: a
+/// 64-bit division costs several times a 32-bit one on x86 and is emulated on GPUs, and the
+/// divisions were most of a short line's work (the main job's padded copies).
+KOKKOS_INLINE_FUNCTION Index take_remainder(Index& flat, Index extent) {
+  if (extent == 1) return 0;
+  Index remainder;
+  if (flat <= Index(0xffffffff) && extent <= Index(0xffffffff)) {
+    const auto f = static_cast<std::uint32_t>(flat), e = static_cast<std::uint32_t>(extent);
+    remainder = Index(f % e);
+    flat = Index(f / e);
+  } else {
+    remainder = flat % extent;
+    flat /= extent;
+  }
+  return remainder;
+}
+}  // namespace impl
+
 /// Position of `flat` in a (batch, channels, nx, ny, nz) array in C order.
 KOKKOS_INLINE_FUNCTION CellIndex unflatten(Index flat, Index channels, Index nx, Index ny,
                                            Index nz) {
   CellIndex i;
-  i.z = flat % nz;
-  flat /= nz;
-  i.y = flat % ny;
-  flat /= ny;
-  i.x = flat % nx;
-  flat /= nx;
-  i.c = flat % channels;
-  i.n = flat / channels;
+  i.z = impl::take_remainder(flat, nz);
+  i.y = impl::take_remainder(flat, ny);
+  i.x = impl::take_remainder(flat, nx);
+  i.c = impl::take_remainder(flat, channels);
+  i.n = flat;
   return i;
 }
 
@@ -49,6 +67,25 @@ struct Lines {
   /// The first cell of line `line`.
   KOKKOS_INLINE_FUNCTION CellIndex start(Index line) const {
     return unflatten(line, channels, across[0], across[1], across[2]);
+  }
+  /// Moves `at`, the first cell of a line, to the first cell of the next line: no division.
+  KOKKOS_INLINE_FUNCTION void advance(CellIndex& at) const {
+    if (++at.z < across[2]) return;
+    at.z = 0;
+    if (++at.y < across[1]) return;
+    at.y = 0;
+    if (++at.x < across[0]) return;
+    at.x = 0;
+    if (++at.c < channels) return;
+    at.c = 0;
+    ++at.n;
+  }
+  /// Lines per work item for kernels whose lines are short: on the host, enough lines for
+  /// about `cells` cells (a work item's index decomposition and loop set-up cost as much as
+  /// a short line's work); on a GPU one line, every line its own thread.
+  Index lines_per_item(Index cells = 512) const {
+    if constexpr (!kernels_run_on_host) return 1;
+    return length >= cells ? 1 : cells / length;
   }
 };
 
