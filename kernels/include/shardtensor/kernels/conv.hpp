@@ -132,13 +132,18 @@ KOKKOS_INLINE_FUNCTION Index slot_of(Index sx, Index slots) {
 
 /// Weight of a correlation of group `group`: output o, source channel j, taps (a, b, c). The
 /// forward's weight, or (transposed) the input gradient's flipped one.
+KOKKOS_INLINE_FUNCTION Index correlation_weight_index(const ConvShape& g, Index group,
+                                                     bool transposed, Index o, Index j, Index a,
+                                                     Index b, Index c) {
+  return transposed ? g.weight_index(group * g.out_per_group + j, o, g.k[0] - 1 - a,
+                                     g.k[1] - 1 - b, g.k[2] - 1 - c)
+                    : g.weight_index(group * g.out_per_group + o, j, a, b, c);
+}
 template <class T>
 KOKKOS_INLINE_FUNCTION T correlation_weight(const ConvShape& g, const ReplicatedView<T>& w,
                                             Index group, bool transposed, Index o, Index j, Index a,
                                             Index b, Index c) {
-  return transposed ? w(g.weight_index(group * g.out_per_group + j, o, g.k[0] - 1 - a,
-                                       g.k[1] - 1 - b, g.k[2] - 1 - c))
-                    : w(g.weight_index(group * g.out_per_group + o, j, a, b, c));
+  return w(correlation_weight_index(g, group, transposed, o, j, a, b, c));
 }
 
 /// Extent along axis a (1: y, 2: z) of the source cells that a correlation's outputs read.
