@@ -114,19 +114,39 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
   if (g.in[2] == 1 && g.out[2] == 1) {
     // 1-D and 2-D fields: z is unused (weight 1 on its one cell), so the four sources of the
     // x-y plane are all there is; the trilinear form below reads each twice and adds
-    // 1 * v + 0 * v, the same value for every finite v.
-    for_each_cell_by_lines(
-        space, "Upsample::forward_planar", y.extent(0), g.channels, extents,
-        KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index) {
-          const Index lx = lower(f0 + ox), ly = lower(f1 + oy);
-          const T wx = weight(f0 + ox), wy = weight(f1 + oy);
-          const Index hx = g.in[0] > 1 ? lx + 1 : lx, hy = g.in[1] > 1 ? ly + 1 : ly;
-          const T* p = &x(n, c, 0, 0, 0);
-          const Index sx = x.stride(2), sy = x.stride(3);
-          const T lxly = p[lx * sx + ly * sy], lxhy = p[lx * sx + hy * sy];
-          const T hxly = p[hx * sx + ly * sy], hxhy = p[hx * sx + hy * sy];
-          y(n, c, ox, oy, 0) = wx * (wy * lxly + (1 - wy) * lxhy) +
-                               (1 - wx) * (wy * hxly + (1 - wy) * hxhy);
+    // 1 * v + 0 * v, the same value for every finite v. One work item per output line along
+    // the line axis (y in 2-D, x in 1-D): the other axis's sources and weight once per line.
+    const Lines lines(y.extent(0), g.channels, extents);
+    const int axis = lines.axis;
+    const Index length = lines.length;
+    const Index along = table.first[axis], across = table.first[1 - axis];
+    const Index in_steps[2] = {Index(x.stride(2)), Index(x.stride(3))},
+                out_step = y.stride(2 + axis);
+    const Index step = in_steps[axis], across_step = in_steps[1 - axis];
+    const bool has_upper[2] = {g.in[0] > 1, g.in[1] > 1};
+    const bool upper_along = has_upper[axis], upper_across = has_upper[1 - axis];
+    Kokkos::parallel_for(
+        "Upsample::forward_planar", kernel_range(space, lines.count),
+        KOKKOS_LAMBDA(const Index line) {
+          const CellIndex c = lines.start(line);
+          const Index o_across = axis == 1 ? c.x : c.y;
+          const Index l = lower(across + o_across), h = upper_across ? l + 1 : l;
+          const T w = weight(across + o_across);
+          const T* const p = &x(c.n, c.c, 0, 0, 0);
+          const T* const low = p + l * across_step;  // the lines of the two sources across
+          const T* const high = p + h * across_step;
+          T* const out = &y(c.n, c.c, c.x, c.y, 0);
+          for (Index i = 0; i < length; ++i) {
+            const Index la = lower(along + i), ha = upper_along ? la + 1 : la;
+            const T wa = weight(along + i);
+            // As the 2-D form reads: x's weight outside, y's inside.
+            const T ll = low[la * step], lh = low[ha * step];
+            const T hl = high[la * step], hh = high[ha * step];
+            out[i * out_step] = axis == 1 ? w * (wa * ll + (1 - wa) * lh) +
+                                                (1 - w) * (wa * hl + (1 - wa) * hh)
+                                          : wa * (w * ll + (1 - w) * hl) +
+                                                (1 - wa) * (w * lh + (1 - w) * hh);
+          }
         });
     return;
   }
