@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <string>
 
+#include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -53,29 +54,38 @@ Box padding_band(const ShardTensor<T>& t, int dim, bool upper, int width) {
 }
 
 /// Applies `op(n, c, local cell, local source cell)` to each padding cell of the band, with
-/// the band's axis walked sequentially inside one work item (adjoint adds stay race-free).
+/// the band's axis walked sequentially inside one work item (adjoint adds stay race-free). A
+/// work item is a line of the band along its innermost other axis (contiguous cells where that
+/// is z): one index decomposition per line, not per cell (per-cell work items spent most of
+/// their time on it and on the multidimensional range).
 template <class T, class Op>
 void for_each_padding_line(const ShardTensor<T>& t, int dim, bool upper, int width,
                            PaddingMode mode, Op op) {
   const Box band = padding_band(t, dim, upper, width);
   if (band.empty()) return;
-  Index lines[3] = {band.extent[0], band.extent[1], band.extent[2]};
-  lines[dim] = 1;
-  const Index nc = t.batch() * t.channels(), channels = t.channels();
+  Index extents[3] = {band.extent[0], band.extent[1], band.extent[2]};
+  extents[dim] = 1;
+  const Lines lines(t.batch(), t.channels(), extents);  // along the innermost other axis
+  const int axis = lines.axis;
+  const Index length = lines.length;
   const Index global_n = t.decomposition().global_extent(dim);
   const Index to_global = t.global_box().lower[dim] - t.ghosts().lower[dim];
   const Index band_lower = band.lower[dim];
   Kokkos::parallel_for(
-      "padding_lines",
-      Kokkos::MDRangePolicy<Kokkos::Rank<4>>({0, 0, 0, 0}, {nc, lines[0], lines[1], lines[2]}),
-      KOKKOS_LAMBDA(const Index s, const Index x, const Index y, const Index z) {
-        Index cell[3] = {x, y, z};
+      "padding_lines", kernel_range(ExecutionSpace(), lines.count),
+      KOKKOS_LAMBDA(const Index line) {
+        const CellIndex start = lines.start(line);
+        Index cell[3] = {start.x, start.y, start.z};
         for (Index p = 0; p < width; ++p) {
           cell[dim] = band_lower + p;
-          Index source[3] = {cell[0], cell[1], cell[2]};
           const Index g = padding_source(mode, cell[dim] + to_global, global_n);
-          source[dim] = g < 0 ? -1 : g - to_global;
-          op(s / channels, s % channels, cell, source);
+          const Index source_along_dim = g < 0 ? -1 : g - to_global;
+          for (Index i = 0; i < length; ++i) {
+            cell[axis] = axis == dim ? cell[axis] : i;
+            Index source[3] = {cell[0], cell[1], cell[2]};
+            source[dim] = source_along_dim;
+            op(start.n, start.c, cell, source);
+          }
         }
       });
 }
