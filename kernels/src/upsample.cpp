@@ -216,23 +216,46 @@ void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, Upsa
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
   if (g.in[2] == 1 && g.out[2] == 1) {
     // 1-D and 2-D fields: z is unused (one output, weight 1), so its loop and its factor go
-    // (w * 1 * g is w * g: the same sums).
-    for_each_cell_by_lines(
-        space, "Upsample::backward_planar", gx.extent(0), g.channels, extents,
-        KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy, const Index) {
-          const Index ex = in_first[0] + ix, ey = in_first[1] + iy;
-          const Index bx = begin(ex), by = begin(ey);
-          const Index nx = end(ex) - bx, ny = end(ey) - by;
-          const T* wx = weights.data() + ex * room;
-          const T* wy = weights.data() + ey * room;
-          const Index sx = gy.stride(2), sy = gy.stride(3);
-          const T* g = &gy(n, c, 0, 0, 0) + bx * sx + by * sy;
-          T sum = 0;
-          for (Index i = 0; i < nx; ++i) {
-            const T weight_x = T(1) * wx[i];
-            for (Index j = 0; j < ny; ++j) sum += weight_x * wy[j] * g[i * sx + j * sy];
+    // (w * 1 * g is w * g: the same sums). One work item per input line along the line axis
+    // (y in 2-D, x in 1-D): the across axis's range and weights once per line.
+    const Lines lines(gx.extent(0), g.channels, extents);
+    const int axis = lines.axis;
+    const Index length = lines.length;
+    const Index along_first = in_first[axis], across_first = in_first[1 - axis];
+    const Index steps[2] = {Index(gy.stride(2)), Index(gy.stride(3))};
+    const Index along_step = steps[axis], across_step = steps[1 - axis];
+    const Index in_step = gx.stride(2 + axis);
+    Kokkos::parallel_for(
+        "Upsample::backward_planar", kernel_range(space, lines.count),
+        KOKKOS_LAMBDA(const Index line) {
+          const CellIndex c = lines.start(line);
+          const Index e_across = across_first + (axis == 1 ? c.x : c.y);
+          const Index b_across = begin(e_across), n_across = end(e_across) - b_across;
+          const T* w_across = weights.data() + e_across * room;
+          const T* const g_line = &gy(c.n, c.c, 0, 0, 0) + b_across * across_step;
+          T* const out = &gx(c.n, c.c, c.x, c.y, 0);
+          for (Index i = 0; i < length; ++i) {
+            const Index e = along_first + i;
+            const Index b = begin(e), count = end(e) - b;
+            const T* w = weights.data() + e * room;
+            const T* g0 = g_line + b * along_step;
+            // The sum in x-major order, as the 3-D loops take it: x's weight outside.
+            T sum = 0;
+            if (axis == 1) {
+              for (Index p = 0; p < n_across; ++p) {
+                const T weight_x = T(1) * w_across[p];
+                for (Index q = 0; q < count; ++q)
+                  sum += weight_x * w[q] * g0[p * across_step + q * along_step];
+              }
+            } else {
+              for (Index p = 0; p < count; ++p) {
+                const T weight_x = T(1) * w[p];
+                for (Index q = 0; q < n_across; ++q)
+                  sum += weight_x * w_across[q] * g0[p * along_step + q * across_step];
+              }
+            }
+            out[i * in_step] += sum;
           }
-          gx(n, c, ix, iy, 0) += sum;
         });
     return;
   }
