@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 
@@ -200,16 +201,28 @@ void Adam<T>::update(std::size_t index, const ReplicatedView<T>& value,
   const T l2 = decoupled_ ? T(0) : static_cast<T>(options_.weight_decay);
   const T shrink = decoupled_ ? static_cast<T>(1 - lr * options_.weight_decay) : T(1);
   const ReplicatedView<T> m = exp_avg_[index], v = exp_avg_sq_[index];
+  // On the host a work item updates a run of values through restrict pointers, a loop the
+  // compiler vectorises (one value per item, with the four Views possibly aliasing, ran its
+  // divisions and square root one at a time: 2 % of the main job's step); on a GPU one value
+  // per thread. The same operations in the same order either way: the same bits.
+  const std::size_t n = value.extent(0), run = kernels_run_on_host ? 256 : 1;
   Kokkos::parallel_for(
-      "Adam::update", value.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
-        const T p = value(i) * shrink;
-        const T g = grad(i) + l2 * p;
-        const T mi = beta1 * m(i) + one_minus_beta1 * g;
-        const T vi = beta2 * v(i) + one_minus_beta2 * g * g;
-        m(i) = mi;
-        v(i) = vi;
-        const T denom = math::sqrt(vi) / bias_correction2_sqrt + eps;
-        value(i) = p - step_size * (mi / denom);
+      "Adam::update", (n + run - 1) / run, KOKKOS_LAMBDA(const std::size_t item) {
+        T* __restrict__ const pv = value.data();
+        const T* __restrict__ const pg = grad.data();
+        T* __restrict__ const pm = m.data();
+        T* __restrict__ const ps = v.data();
+        const std::size_t last = (item + 1) * run < n ? (item + 1) * run : n;
+        for (std::size_t i = item * run; i < last; ++i) {
+          const T p = pv[i] * shrink;
+          const T g = pg[i] + l2 * p;
+          const T mi = beta1 * pm[i] + one_minus_beta1 * g;
+          const T vi = beta2 * ps[i] + one_minus_beta2 * g * g;
+          pm[i] = mi;
+          ps[i] = vi;
+          const T denom = math::sqrt(vi) / bias_correction2_sqrt + eps;
+          pv[i] = p - step_size * (mi / denom);
+        }
       });
 }
 
