@@ -232,7 +232,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                 : ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                  padded.channels(), padded.ghosts(), name_ + ".padded_grad");
       kernels.backward(gy, xp, w, gw, gb, rotation.apply(grad_padded.view()));
-      if (x_node->requires_grad && !direct) halo->backward(grad_padded, x_node->grad_field());
+      if (x_node->requires_grad && !direct) {
+        const bool first = x_node->take_unfilled_grad_field();  // written, not added to
+        halo->backward(grad_padded, x_node->grad_field(), first);
+      }
     };
   }
   return Variable<T>(node);

@@ -249,8 +249,10 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
                                      padded.channels(), padded.ghosts(), name + ".padded_grad");
       kernels::conv_transpose_backward(ExecutionSpace(), shape, gy, padded.view(), w, gw, gb,
                                        grad_padded.view());
-      if (x_node->requires_grad)
-        halo->backward(grad_padded, x_node->grad_field());  // shared: may outlive the layer
+      if (x_node->requires_grad) {
+        const bool first = x_node->take_unfilled_grad_field();  // written, not added to
+        halo->backward(grad_padded, x_node->grad_field(), first);  // shared: may outlive the layer
+      }
     };
   }
   return Variable<T>(node);

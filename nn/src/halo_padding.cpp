@@ -23,13 +23,36 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
   const Lines lines(s.extent(0), s.extent(1), e);
   const Index length = lines.length, s_step = s.stride(2 + lines.axis),
               t_step = t.stride(2 + lines.axis);
+  const Index per_item = lines.lines_per_item(), count = lines.count;
   Kokkos::parallel_for(
-      label, lines.count, KOKKOS_LAMBDA(const Index line) {
-        const CellIndex c = lines.start(line);
-        const T* from = &s(c.n, c.c, c.x, c.y, c.z);
-        T* to = &t(c.n, c.c, c.x, c.y, c.z);
-        for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
+      label, (count + per_item - 1) / per_item, KOKKOS_LAMBDA(const Index item) {
+        const Index end = (item + 1) * per_item, last = end < count ? end : count;
+        CellIndex c = lines.start(item * per_item);
+        for (Index line = item * per_item; line < last; ++line, lines.advance(c)) {
+          const T* from = &s(c.n, c.c, c.x, c.y, c.z);
+          T* to = &t(c.n, c.c, c.x, c.y, c.z);
+          if (s_step == 1 && t_step == 1) {  // a loop the compiler vectorises
+            for (Index i = 0; i < length; ++i) op(from[i], to[i]);
+            continue;
+          }
+          for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
+        }
       });
+}
+
+/// p[i * step] = 0 for i in [0, count). One or two cells (the padding of a 3- or 5-wide
+/// window) are stored directly: as a loop they became a memset call per line, most of a
+/// short line's time (2 % of the main job's step).
+template <class T>
+KOKKOS_INLINE_FUNCTION void zero_cells(T* p, Index count, Index step) {
+  if (count == 1) {
+    p[0] = T(0);
+  } else if (count == 2) {
+    p[0] = T(0);
+    p[step] = T(0);
+  } else {
+    for (Index i = 0; i < count; ++i) p[i * step] = T(0);
+  }
 }
 
 /// A value as the padded buffer holds it: rounded to bfloat16 where asked (float only).
@@ -75,8 +98,8 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
             for (Index i = 0; i < length; ++i) p[i * step] = T(0);
             continue;
           }
-          for (Index i = 0; i < lo[axis]; ++i) p[i * step] = T(0);
-          for (Index i = hi[axis]; i < length; ++i) p[i * step] = T(0);
+          zero_cells(p, lo[axis], step);
+          zero_cells(p + hi[axis] * step, length - hi[axis], step);
           Index from_at[3];
           for (int a = 0; a < 3; ++a) from_at[a] = a == axis ? 0 : at[a] - lo[a];
           const T* from = &s(c.n, c.c, from_at[0], from_at[1], from_at[2]);
@@ -97,6 +120,12 @@ template <class T>
 void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
   for_each_interior_pair(
       "add_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to += from; });
+}
+/// target.interior() = source.interior().
+template <class T>
+void copy_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
+  for_each_interior_pair(
+      "copy_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
 }
 
 /// Zeros / periodic / replicate / reflect padding of a window's width on both sides.
@@ -203,12 +232,16 @@ std::vector<Box> HaloPadding<T>::exchanged_boxes(const ShardTensor<T>& padded) {
 }
 
 template <class T>
-void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad) {
+void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad,
+                              bool overwrite) {
   // Zeros padding copies no cell: its gradient goes nowhere (and is never read), so there is
   // nothing to return.
   if (boundary_.mode != PaddingMode::zeros) unfill_boundary_padding(padded_grad, boundary_);
   plan_for(padded_grad).reverse_accumulate(padded_grad);
-  add_interior(padded_grad, input_grad);
+  if (overwrite)
+    copy_interior(padded_grad, input_grad);
+  else
+    add_interior(padded_grad, input_grad);
 }
 
 template <class T>

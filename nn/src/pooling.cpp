@@ -100,7 +100,8 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
       ShardTensor<T> grad_padded(padded_layout, rank, batch, channels, padded_ghosts, label);
       kernels::pool_backward(ExecutionSpace(), shape, kind, self.grad_field().view(), argmax,
                              grad_padded.view());
-      halo->backward(grad_padded, x_node->grad_field());
+      const bool first = x_node->take_unfilled_grad_field();  // written, not added to
+      halo->backward(grad_padded, x_node->grad_field(), first);
     };
   }
   return Variable<T>(node);

@@ -75,7 +75,8 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
                                  source.channels(), source.ghosts(), label);
       kernels::upsample_backward(ExecutionSpace(), shape, mode, self.grad_field().view(),
                                  grad_source.view());
-      halo->backward(grad_source, x_node->grad_field());
+      const bool first = x_node->take_unfilled_grad_field();  // written, not added to
+      halo->backward(grad_source, x_node->grad_field(), first);
     };
   }
   return Variable<T>(node);

@@ -71,6 +71,24 @@ struct Node {
     }
     return field_grad;
   }
+  /// For a backward that writes, rather than adds to, every owned cell of this gradient: true
+  /// where no gradient has reached this node yet and the field has no ghost cells, with the
+  /// buffer allocated without its zero fill (a pass over it that the write makes useless);
+  /// false where the backward must add into grad_field().
+  bool take_unfilled_grad_field() {
+    if (field_grad.view().span() != 0) return false;
+    const bool has_field = field.view().span() != 0;
+    if (!has_field && !released) return false;
+    const GhostWidths& ghosts = has_field ? field.ghosts() : released->ghosts;
+    if (!(ghosts == GhostWidths{})) return false;
+    field_grad = has_field ? ShardTensor<T>::uninitialized(field.decomposition(), field.rank(),
+                                                           field.batch(), field.channels(), {},
+                                                           op + ".grad")
+                           : ShardTensor<T>::uninitialized(released->decomposition, released->rank,
+                                                           released->batch, released->channels,
+                                                           {}, op + ".grad");
+    return true;
+  }
   /// Lets the field's value go (this node's copy of it), keeping its layout for the gradient.
   void release_value() {
     if (field.view().span() == 0) return;

@@ -73,9 +73,11 @@ class HaloPadding {
   }
 
   /// Adjoint of forward: gradients of padding cells go to the cells they copied, ghost
-  /// gradients go back to their owners, and the owned part is added into `input_grad`.
+  /// gradients go back to their owners, and the owned part is added into `input_grad` (with
+  /// `overwrite`, written into it: its owned cells' old values are not read).
   /// Overwrites `padded_grad` (whose cells past the owned ones are garbage after). Collective.
-  void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad);
+  void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad,
+                bool overwrite = false);
 
   /// A finished padded buffer's shell: what a layer keeps for its backward instead of the
   /// buffer (its exchanged ghosts: a surface, not a second copy of the volume, and nothing on
