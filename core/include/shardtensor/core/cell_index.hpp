@@ -100,10 +100,14 @@ void for_each_cell_by_lines(const ExecutionSpace& space, const char* label, Inde
   Kokkos::parallel_for(
       label, kernel_range(space, lines.count), KOKKOS_LAMBDA(const Index line) {
         const CellIndex start = lines.start(line);
-        Index at[3] = {start.x, start.y, start.z};
-        for (Index i = 0; i < length; ++i) {
-          at[axis] = i;
-          cell(start.n, start.c, at[0], at[1], at[2]);
+        // One loop per line axis, the coordinates as values: an array written at a run-time
+        // index and read back as a wider load stalled every cell on store forwarding.
+        if (axis == 2) {
+          for (Index i = 0; i < length; ++i) cell(start.n, start.c, start.x, start.y, i);
+        } else if (axis == 1) {
+          for (Index i = 0; i < length; ++i) cell(start.n, start.c, start.x, i, start.z);
+        } else {
+          for (Index i = 0; i < length; ++i) cell(start.n, start.c, i, start.y, start.z);
         }
       });
 }

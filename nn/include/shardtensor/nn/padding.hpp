@@ -75,15 +75,20 @@ void for_each_padding_line(const ShardTensor<T>& t, int dim, bool upper, int wid
       "padding_lines", kernel_range(ExecutionSpace(), lines.count),
       KOKKOS_LAMBDA(const Index line) {
         const CellIndex start = lines.start(line);
-        Index cell[3] = {start.x, start.y, start.z};
+        const Index first[3] = {start.x, start.y, start.z};
         for (Index p = 0; p < width; ++p) {
-          cell[dim] = band_lower + p;
-          const Index g = padding_source(mode, cell[dim] + to_global, global_n);
-          const Index source_along_dim = g < 0 ? -1 : g - to_global;
+          const Index at_dim = band_lower + p;
+          const Index g = padding_source(mode, at_dim + to_global, global_n);
+          const Index source_at_dim = g < 0 ? -1 : g - to_global;
           for (Index i = 0; i < length; ++i) {
-            cell[axis] = axis == dim ? cell[axis] : i;
-            Index source[3] = {cell[0], cell[1], cell[2]};
-            source[dim] = source_along_dim;
+            // Built whole per cell: writing one entry of an array at a run-time index and
+            // reading it back as a wider load stalled every cell on store forwarding.
+            Index cell[3], source[3];
+            for (int a = 0; a < 3; ++a) {
+              const Index at = a == dim ? at_dim : a == axis ? i : first[a];
+              cell[a] = at;
+              source[a] = a == dim ? source_at_dim : at;
+            }
             op(start.n, start.c, cell, source);
           }
         }
