@@ -142,6 +142,36 @@ TEST_CASE("linear upsampling matches PyTorch's align_corners=False values", "[up
   for (int i = 0; i < 9; ++i) CHECK(z(0, 0, i, 0, 0) == double(i / 3));
 }
 
+TEST_CASE("nearest upsampling's gradient sums each input's outputs, in order", "[upsample]") {
+  // Against a loop over the outputs: the kernels sum a line's cells side by side in chunks of
+  // 32, so the z extent crosses a chunk; float, so a change of summation order would show.
+  const Communicator self(MPI_COMM_SELF);
+  const std::vector<int> scale{2, 3, 2};
+  const Decomposition d({3, 2, 37}, {1, 1, 1});
+  const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, 3, 5);
+  Upsample<float> up(self, scale, UpsampleMode::nearest);
+  const Variable<float> input = Variable<float>::field(x, true);
+  const Variable<float> y = up.forward(input);
+  const ShardTensor<float> gy =
+      test::random_shard<float>(y.value().decomposition(), 0, 2, 3, 6);
+  backward(y, gy);
+  const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gy.view());
+  const auto gx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
+                                                      input.node()->grad_field().view());
+  Kokkos::View<float*****, Kokkos::HostSpace> expected("expected", 2, 3, 3, 2, 37);
+  for (Index n = 0; n < 2; ++n)
+    for (Index c = 0; c < 3; ++c)
+      for (Index ox = 0; ox < 6; ++ox)
+        for (Index oy = 0; oy < 6; ++oy)
+          for (Index oz = 0; oz < 74; ++oz)
+            expected(n, c, ox / 2, oy / 3, oz / 2) += g(n, c, ox, oy, oz);
+  for (Index n = 0; n < 2; ++n)
+    for (Index c = 0; c < 3; ++c)
+      for (Index ix = 0; ix < 3; ++ix)
+        for (Index iy = 0; iy < 2; ++iy)
+          for (Index iz = 0; iz < 37; ++iz) REQUIRE(gx(n, c, ix, iy, iz) == expected(n, c, ix, iy, iz));
+}
+
 TEST_CASE("dropout keeps about 1 - p of the values, scaled, and is the identity in eval",
           "[dropout]") {
   const Communicator comm;
