@@ -36,12 +36,18 @@ void for_each_box_cell(const Space& space, const char* label, const FieldView& f
   const Index i_step = lines.axis == 2   ? 1
                        : lines.axis == 1 ? e[2]
                                          : e[1] * e[2];  // i along a line
+  // Short lines (a face's) several to a host work item: Lines::lines_per_item.
+  const Index per_item = lines.lines_per_item(), count = lines.count;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<Space>(space, 0, lines.count), KOKKOS_LAMBDA(const Index line) {
-        const CellIndex c = lines.start(line);
-        auto* cell = &field(c.n, c.c, lower[0] + c.x, lower[1] + c.y, lower[2] + c.z);
-        const Index first = (((c.n * nc + c.c) * e[0] + c.x) * e[1] + c.y) * e[2] + c.z;
-        for (Index k = 0; k < length; ++k) cell_op(first + k * i_step, cell[k * step]);
+      label, Kokkos::RangePolicy<Space>(space, 0, (count + per_item - 1) / per_item),
+      KOKKOS_LAMBDA(const Index item) {
+        const Index end = (item + 1) * per_item, last = end < count ? end : count;
+        CellIndex c = lines.start(item * per_item);
+        for (Index line = item * per_item; line < last; ++line, lines.advance(c)) {
+          auto* cell = &field(c.n, c.c, lower[0] + c.x, lower[1] + c.y, lower[2] + c.z);
+          const Index first = (((c.n * nc + c.c) * e[0] + c.x) * e[1] + c.y) * e[2] + c.z;
+          for (Index k = 0; k < length; ++k) cell_op(first + k * i_step, cell[k * step]);
+        }
       });
 }
 
