@@ -221,8 +221,17 @@ HWY_INLINE V Exp(V x) {
   return hn::Mul(p, hn::BitCast(d, exponent));
 }
 
-/// Phi(x), and exp(-x^2 / 2) (for the density) when `density` is given: see kernels/gelu.hpp.
-HWY_INLINE V NormalCdf(V x, V* density) {
+/// Phi(x) in two stages (see kernels/gelu.hpp): the first without exp, the second with it.
+/// The row loops run the first stage on a block of vectors, then the second: each stage's
+/// chain of dependent operations is half as long, so more vectors are in flight (1.5x on
+/// AVX2, 1.2x on AVX-512), with the same operations in the same order.
+struct CdfParts {
+  V t;         // 1 / (1 + z / 2), z = |x| / sqrt 2
+  V exponent;  // of erfc(z) = t exp(exponent)
+  V square;    // -x^2 / 2 (hi + lo), the density's exponent
+};
+
+HWY_INLINE CdfParts CdfStage1(V x) {
   const D d;
   // -x^2 / 2 as hi + lo (hi = fl(x^2), lo = its rounding error): the exponent's absolute
   // error is what becomes the tail's relative error, and x^2 reaches ~170 there.
@@ -245,55 +254,80 @@ HWY_INLINE V NormalCdf(V x, V* density) {
   p = hn::MulAdd(p, t, hn::Set(d, 0.37409196f));
   p = hn::MulAdd(p, t, hn::Set(d, 1.00002368f));
   p = hn::MulAdd(p, t, hn::Set(d, -1.26551223f));
-  // erfc(z) / 2 = t exp(-z^2 + P) / 2; exp underflows to 0 below -87 (Exp clamps there).
-  const V floor = hn::Set(d, -87.0f);
-  const V exponent = hn::Add(hn::Add(p, lo), hi);
-  const V tail = hn::IfThenElseZero(hn::Ge(exponent, floor),
-                                    hn::Mul(hn::Mul(hn::Set(d, 0.5f), t), Exp(exponent)));
-  if (density) {
-    const V e = hn::Add(hi, lo);
-    *density = hn::IfThenElseZero(hn::Ge(e, floor), Exp(e));
-  }
-  // Phi(x) = tail for x < 0, 1 - tail otherwise.
-  return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), tail, hn::Sub(one, tail));
+  return {t, hn::Add(hn::Add(p, lo), hi), hn::Add(hi, lo)};
 }
 
-HWY_INLINE V Gelu(V x) {
-  return hn::Mul(x, NormalCdf(x, nullptr));
+/// Phi(x) from the first stage, and exp(-x^2 / 2) (for the density) when `density` is given.
+HWY_INLINE V CdfStage2(V x, const CdfParts& parts, V* density) {
+  const D d;
+  // erfc(z) / 2 = t exp(-z^2 + P) / 2; exp underflows to 0 below -87 (Exp clamps there).
+  const V floor = hn::Set(d, -87.0f);
+  const V tail = hn::IfThenElseZero(hn::Ge(parts.exponent, floor),
+                                    hn::Mul(hn::Mul(hn::Set(d, 0.5f), parts.t), Exp(parts.exponent)));
+  if (density) *density = hn::IfThenElseZero(hn::Ge(parts.square, floor), Exp(parts.square));
+  // Phi(x) = tail for x < 0, 1 - tail otherwise.
+  return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), tail, hn::Sub(hn::Set(d, 1.0f), tail));
+}
+
+HWY_INLINE V GeluFromParts(V x, const CdfParts& parts) {
+  return hn::Mul(x, CdfStage2(x, parts, nullptr));
 }
 
 /// gx + gy (Phi(x) + x phi(x)).
-HWY_INLINE V GeluGradient(V x, V gy, V gx) {
+HWY_INLINE V GeluGradientFromParts(V x, const CdfParts& parts, V gy, V gx) {
   V density;
-  const V cdf = NormalCdf(x, &density);
+  const V cdf = CdfStage2(x, parts, &density);
   const V pdf = hn::Mul(density, hn::Set(D(), 0.39894228040143267794f));
   return hn::MulAdd(gy, hn::MulAdd(x, pdf, cdf), gx);
 }
 
+/// Vectors per block of the two-stage row loops.
+constexpr int cdf_block = 8;
+
+/// finish(i, CdfStage1(x[i, i + lanes))) for every whole vector of x[0, n), the first stages of
+/// a block of vectors before its finishes. The caller does the last partial vector.
+template <class Finish>
+HWY_INLINE void CdfRows(const float* x, std::size_t n, const Finish& finish) {
+  const D d;
+  CdfParts parts[cdf_block];
+  std::size_t i = 0;
+  for (; i + cdf_block * lanes <= n; i += cdf_block * lanes) {
+    for (int k = 0; k < cdf_block; ++k) parts[k] = CdfStage1(hn::LoadU(d, x + i + k * lanes));
+    for (int k = 0; k < cdf_block; ++k) finish(i + k * lanes, parts[k]);
+  }
+  for (; i + lanes <= n; i += lanes) finish(i, CdfStage1(hn::LoadU(d, x + i)));
+}
+
 void GeluRows(const float* x, float* y, std::size_t n) {
   const D d;
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) hn::StoreU(Gelu(hn::LoadU(d, x + i)), d, y + i);
+  CdfRows(x, n, [&](std::size_t i, const CdfParts& parts) {
+    hn::StoreU(GeluFromParts(hn::LoadU(d, x + i), parts), d, y + i);
+  });
+  const std::size_t i = n / lanes * lanes;
   if (i == n) return;
   HWY_ALIGN float tail[lanes] = {};
   std::copy(x + i, x + n, tail);
-  hn::Store(Gelu(hn::Load(d, tail)), d, tail);
+  const V v = hn::Load(d, tail);
+  hn::Store(GeluFromParts(v, CdfStage1(v)), d, tail);
   std::copy(tail, tail + (n - i), y + i);
 }
 
 void GeluBackwardRows(const float* x, const float* gy, float* gx, std::size_t n) {
   const D d;
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes)
-    hn::StoreU(GeluGradient(hn::LoadU(d, x + i), hn::LoadU(d, gy + i), hn::LoadU(d, gx + i)), d,
-               gx + i);
+  CdfRows(x, n, [&](std::size_t i, const CdfParts& parts) {
+    hn::StoreU(GeluGradientFromParts(hn::LoadU(d, x + i), parts, hn::LoadU(d, gy + i),
+                                     hn::LoadU(d, gx + i)),
+               d, gx + i);
+  });
+  const std::size_t i = n / lanes * lanes;
   if (i == n) return;
   HWY_ALIGN float tails[3][lanes] = {};
   std::copy(x + i, x + n, tails[0]);
   std::copy(gy + i, gy + n, tails[1]);
   std::copy(gx + i, gx + n, tails[2]);
-  hn::Store(GeluGradient(hn::Load(d, tails[0]), hn::Load(d, tails[1]), hn::Load(d, tails[2])), d,
-            tails[2]);
+  const V v = hn::Load(d, tails[0]);
+  hn::Store(GeluGradientFromParts(v, CdfStage1(v), hn::Load(d, tails[1]), hn::Load(d, tails[2])),
+            d, tails[2]);
   std::copy(tails[2], tails[2] + (n - i), gx + i);
 }
 
