@@ -95,10 +95,8 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
     const int axis = lines.axis;
     const Index length = lines.length, along = table.first[axis];
     const Index in_step = x.stride(2 + axis), out_step = y.stride(2 + axis);
-    Kokkos::parallel_for(
-        "Upsample::forward_nearest", kernel_range(space, lines.count),
-        KOKKOS_LAMBDA(const Index line) {
-          const CellIndex c = lines.start(line);
+    for_each_line(
+        space, "Upsample::forward_nearest", lines, KOKKOS_LAMBDA(const CellIndex& c) {
           Index from[3] = {source(f0 + c.x), source(f1 + c.y), source(f2 + c.z)};
           from[axis] = 0;
           const T* in = &x(c.n, c.c, from[0], from[1], from[2]);
@@ -114,7 +112,7 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
   if (g.in[2] == 1 && g.out[2] == 1) {
     // 1-D and 2-D fields: z is unused (weight 1 on its one cell), so the four sources of the
     // x-y plane are all there is; the trilinear form below reads each twice and adds
-    // 1 * v + 0 * v, the same value for every finite v. One work item per output line along
+    // 1 * v + 0 * v, the same value for every finite v. One line at a time along
     // the line axis (y in 2-D, x in 1-D): the other axis's sources and weight once per line.
     const Lines lines(y.extent(0), g.channels, extents);
     const int axis = lines.axis;
@@ -125,10 +123,8 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
     const Index step = in_steps[axis], across_step = in_steps[1 - axis];
     const bool has_upper[2] = {g.in[0] > 1, g.in[1] > 1};
     const bool upper_along = has_upper[axis], upper_across = has_upper[1 - axis];
-    Kokkos::parallel_for(
-        "Upsample::forward_planar", kernel_range(space, lines.count),
-        KOKKOS_LAMBDA(const Index line) {
-          const CellIndex c = lines.start(line);
+    for_each_line(
+        space, "Upsample::forward_planar", lines, KOKKOS_LAMBDA(const CellIndex& c) {
           const Index o_across = axis == 1 ? c.x : c.y;
           const Index l = lower(across + o_across), h = upper_across ? l + 1 : l;
           const T w = weight(across + o_across);
@@ -216,7 +212,7 @@ void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, Upsa
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
   if (g.in[2] == 1 && g.out[2] == 1) {
     // 1-D and 2-D fields: z is unused (one output, weight 1), so its loop and its factor go
-    // (w * 1 * g is w * g: the same sums). One work item per input line along the line axis
+    // (w * 1 * g is w * g: the same sums). One input line at a time along the line axis
     // (y in 2-D, x in 1-D): the across axis's range and weights once per line.
     const Lines lines(gx.extent(0), g.channels, extents);
     const int axis = lines.axis;
@@ -225,10 +221,8 @@ void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, Upsa
     const Index steps[2] = {Index(gy.stride(2)), Index(gy.stride(3))};
     const Index along_step = steps[axis], across_step = steps[1 - axis];
     const Index in_step = gx.stride(2 + axis);
-    Kokkos::parallel_for(
-        "Upsample::backward_planar", kernel_range(space, lines.count),
-        KOKKOS_LAMBDA(const Index line) {
-          const CellIndex c = lines.start(line);
+    for_each_line(
+        space, "Upsample::backward_planar", lines, KOKKOS_LAMBDA(const CellIndex& c) {
           const Index e_across = across_first + (axis == 1 ? c.x : c.y);
           const Index b_across = begin(e_across), n_across = end(e_across) - b_across;
           const T* w_across = weights.data() + e_across * room;

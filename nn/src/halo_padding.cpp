@@ -23,21 +23,15 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
   const Lines lines(s.extent(0), s.extent(1), e);
   const Index length = lines.length, s_step = s.stride(2 + lines.axis),
               t_step = t.stride(2 + lines.axis);
-  const Index per_item = lines.lines_per_item(), count = lines.count;
-  Kokkos::parallel_for(
-      label, (count + per_item - 1) / per_item, KOKKOS_LAMBDA(const Index item) {
-        const Index end = (item + 1) * per_item, last = end < count ? end : count;
-        CellIndex c = lines.start(item * per_item);
-        for (Index line = item * per_item; line < last; ++line, lines.advance(c)) {
-          const T* from = &s(c.n, c.c, c.x, c.y, c.z);
-          T* to = &t(c.n, c.c, c.x, c.y, c.z);
-          if (s_step == 1 && t_step == 1) {  // a loop the compiler vectorises
-            for (Index i = 0; i < length; ++i) op(from[i], to[i]);
-            continue;
-          }
-          for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
-        }
-      });
+  for_each_line(ExecutionSpace(), label, lines, KOKKOS_LAMBDA(const CellIndex& c) {
+    const T* from = &s(c.n, c.c, c.x, c.y, c.z);
+    T* to = &t(c.n, c.c, c.x, c.y, c.z);
+    if (s_step == 1 && t_step == 1) {  // a loop the compiler vectorises
+      for (Index i = 0; i < length; ++i) op(from[i], to[i]);
+      return;
+    }
+    for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
+  });
 }
 
 /// p[i * step] = 0 for i in [0, count). One or two cells (the padding of a 3- or 5-wide
@@ -83,35 +77,29 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
   const Index hi[3] = {inner.upper(0), inner.upper(1), inner.upper(2)};
   const Index length = lines.length, step = v.stride(2 + axis), from_step = s.stride(2 + axis);
   const PaddedValue<T> value{to_bfloat16};
-  const Index per_item = lines.lines_per_item(), count = lines.count;
-  Kokkos::parallel_for(
-      "fill_padded", (count + per_item - 1) / per_item, KOKKOS_LAMBDA(const Index item) {
-        const Index end = (item + 1) * per_item, last = end < count ? end : count;
-        CellIndex c = lines.start(item * per_item);
-        for (Index line = item * per_item; line < last; ++line, lines.advance(c)) {
-          const Index at[3] = {c.x, c.y, c.z};
-          bool through_interior = true;
-          for (int a = 0; a < 3; ++a)
-            if (a != axis) through_interior = through_interior && at[a] >= lo[a] && at[a] < hi[a];
-          T* p = &v(c.n, c.c, c.x, c.y, c.z);
-          if (!through_interior) {
-            for (Index i = 0; i < length; ++i) p[i * step] = T(0);
-            continue;
-          }
-          zero_cells(p, lo[axis], step);
-          zero_cells(p + hi[axis] * step, length - hi[axis], step);
-          Index from_at[3];
-          for (int a = 0; a < 3; ++a) from_at[a] = a == axis ? 0 : at[a] - lo[a];
-          const T* from = &s(c.n, c.c, from_at[0], from_at[1], from_at[2]);
-          T* to = p + lo[axis] * step;
-          const Index owned = hi[axis] - lo[axis];
-          if (step == 1 && from_step == 1 && !value.to_bfloat16) {
-            // The common case, unit strides and no rounding: a loop the compiler vectorises.
-            for (Index i = 0; i < owned; ++i) to[i] = from[i];
-            continue;
-          }
-          for (Index i = 0; i < owned; ++i) to[i * step] = value(from[i * from_step]);
+  for_each_line(
+      ExecutionSpace(), "fill_padded", lines, KOKKOS_LAMBDA(const CellIndex& c) {
+        // Scalars, not arrays indexed by the axis (a store and reload per line).
+        const bool through_interior = (axis == 0 || (c.x >= lo[0] && c.x < hi[0])) &&
+                                      (axis == 1 || (c.y >= lo[1] && c.y < hi[1])) &&
+                                      (axis == 2 || (c.z >= lo[2] && c.z < hi[2]));
+        T* p = &v(c.n, c.c, c.x, c.y, c.z);
+        if (!through_interior) {
+          for (Index i = 0; i < length; ++i) p[i * step] = T(0);
+          return;
         }
+        zero_cells(p, lo[axis], step);
+        zero_cells(p + hi[axis] * step, length - hi[axis], step);
+        const T* from = &s(c.n, c.c, axis == 0 ? 0 : c.x - lo[0], axis == 1 ? 0 : c.y - lo[1],
+                           axis == 2 ? 0 : c.z - lo[2]);
+        T* to = p + lo[axis] * step;
+        const Index owned = hi[axis] - lo[axis];
+        if (step == 1 && from_step == 1 && !value.to_bfloat16) {
+          // The common case, unit strides and no rounding: a loop the compiler vectorises.
+          for (Index i = 0; i < owned; ++i) to[i] = from[i];
+          return;
+        }
+        for (Index i = 0; i < owned; ++i) to[i * step] = value(from[i * from_step]);
       });
 }
 

@@ -89,6 +89,22 @@ struct Lines {
   }
 };
 
+/// Calls line(start) with the first cell of every line of `lines`, in parallel on `space`:
+/// several short lines to a host work item (Lines::lines_per_item), in order within it. For
+/// kernels that set up per line what each cell reuses (row pointers, strides).
+template <class LineOp>
+void for_each_line(const ExecutionSpace& space, const char* label, const Lines& lines,
+                   const LineOp& line) {
+  const Index per_item = lines.lines_per_item(), count = lines.count;
+  Kokkos::parallel_for(
+      label, kernel_range(space, (count + per_item - 1) / per_item),
+      KOKKOS_LAMBDA(const Index item) {
+        const Index end = (item + 1) * per_item, last = end < count ? end : count;
+        CellIndex at = lines.start(item * per_item);
+        for (Index l = item * per_item; l < last; ++l, lines.advance(at)) line(at);
+      });
+}
+
 /// Calls cell(n, c, x, y, z) for every cell of a (batch, channels, extents...) index space, in
 /// parallel over its Lines on `space` and in order along each line.
 template <class CellOp>
