@@ -263,11 +263,12 @@ template <class T>
 void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const Correlation& r,
                       Index rows, const ConvShape& g, const FieldView<T>& src,
                       const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
-                      const FieldView<T>& out, T* workspace, const PlaneFilter& keep) {
+                      const FieldView<T>& out, T* workspace, const PlaneFilter& keep,
+                      bool weights_packed) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
-                                         plan.band_copies, keep);
+                                         plan.band_copies, keep, weights_packed);
   plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }
 
@@ -290,7 +291,7 @@ bool conv_vector_kernels_available() {
   template void correlate_planes(const ExecutionSpace&, const PlanePlan&, const Correlation&,     \
                                  Index, const ConvShape&, const FieldView<T>&,                    \
                                  const ReplicatedView<T>&, bool, const ReplicatedView<T>&,        \
-                                 const FieldView<T>&, T*, const PlaneFilter&);                    \
+                                 const FieldView<T>&, T*, const PlaneFilter&, bool);              \
   template void weight_gradient_planes(const ExecutionSpace&, const PlanePlan&, const ConvShape&, \
                                        const FieldView<T>&, const FieldView<T>&,                  \
                                        const ReplicatedView<T>&, T*);                             \

@@ -178,7 +178,8 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, const PlaneFilter& keep) {
+                           float* workspace, bool band_copies, const PlaneFilter& keep,
+                           bool weights_packed) {
   const ConvTileShape shape = conv_tile_shape();
   const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
@@ -205,7 +206,7 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
                        b_step = weight_at(0, 0, 0, 0, 1, 0) - weight_at(0, 0, 0, 0, 0, 0),
                        c_step = weight_at(0, 0, 0, 0, 0, 1) - weight_at(0, 0, 0, 0, 0, 0);
   for (Index group = 0; group < r.groups; ++group) {  // weights packed once per group
-    for (Index block = 0; block < blocks; ++block)
+    for (Index block = 0; block < blocks && !(weights_packed && r.groups == 1); ++block)
       for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
         const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
         const Index o0 = block * rows_per_tile,

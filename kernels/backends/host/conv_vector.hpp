@@ -18,11 +18,14 @@ bool conv_vector_available();
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
                                bool band_copies);
 
-/// out = the correlation of src (plus bias when given), every kept output cell written.
+/// out = the correlation of src (plus bias when given), every kept output cell written. The
+/// weights are packed at the start of the workspace, unless `weights_packed`: an earlier call
+/// with the same correlation, weights and workspace left them there.
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, const PlaneFilter& keep);
+                           float* workspace, bool band_copies, const PlaneFilter& keep,
+                           bool weights_packed = false);
 
 /// gw += this rank's weight gradient of the forward correlation r over the padded input xp
 /// (whose windows lie inside it, reads_inside(r)).

@@ -187,12 +187,15 @@ using PlaneFilter = std::function<bool(Index x, Index y0, Index y1)>;
 
 /// The plane path's correlation (plan.forward or plan.data; `rows` per GEMM chunk): out =
 /// the correlation of src with w (flipped and transposed if `transposed`) plus bias when
-/// given, every kept cell of out written. `workspace` holds plan.values values.
+/// given, every kept cell of out written. `workspace` holds plan.values values. With
+/// `weights_packed`, the vector kernels reuse the weights packed into the workspace by an
+/// earlier call with the same correlation and weights (forward in halo-overlap chunks).
 template <class T>
 void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const Correlation& r,
                       Index rows, const ConvShape& g, const FieldView<T>& src,
                       const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
-                      const FieldView<T>& out, T* workspace, const PlaneFilter& keep);
+                      const FieldView<T>& out, T* workspace, const PlaneFilter& keep,
+                      bool weights_packed = false);
 
 /// The plane path's weight gradient: gw += this rank's partial sum.
 template <class T>
