@@ -508,6 +508,49 @@ TEST_CASE("the halo overlap is a layer's option and changes no bit", "[conv]") {
   CHECK_FALSE(layer.options().overlap_halo);
 }
 
+TEST_CASE("a layer's kept packed weights follow its weights and the vector path", "[conv]") {
+  // The host vector kernels keep a layer's forward weights packed between calls
+  // (kernels::PackedWeights): weights changed in place (an optimizer step) or another
+  // instruction set must pack again. Each output is compared with a fresh layer's, bit for bit.
+  const Communicator world;
+  ConvOptions o;
+  o.in_channels = 3;
+  o.out_channels = 5;
+  o.kernel = {3, 3};
+  o.padding = {1, 1};
+  o.library_kernels = false;
+  const Decomposition d = Decomposition::automatic({12, 10}, world.size());
+  const auto x =
+      Variable<float>::field(test::random_shard<float>(d, world.rank(), 2, 3, 7), false, "x");
+  Conv<float> kept(world, o, "conv");
+  const auto output_of = [&](Conv<float>& layer) {
+    return test::host_values(layer.forward(x).value().view());
+  };
+  const auto before = output_of(kept);
+  for (const auto& [name, p] : kept.named_parameters()) {  // w = 0.5 - w, in place
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p.data());
+    for (std::size_t i = 0; i < host.span(); ++i) host.data()[i] = 0.5f - host.data()[i];
+    Kokkos::deep_copy(p.data(), host);
+  }
+  const auto fresh_output = [&] {
+    Conv<float> fresh(world, o, "conv");
+    const auto from = kept.named_parameters(), to = fresh.named_parameters();
+    for (std::size_t i = 0; i < from.size(); ++i)
+      Kokkos::deep_copy(to[i].second.data(), from[i].second.data());
+    return output_of(fresh);
+  };
+  const auto after = output_of(kept);
+  CHECK(after != before);
+  CHECK(after == fresh_output());
+  const std::string initial = kernels::vector_isa();
+  for (const std::string& isa : kernels::vector_isas()) {
+    INFO("vector path " << isa);
+    kernels::select_vector_isa(isa);
+    CHECK(output_of(kept) == fresh_output());
+  }
+  kernels::select_vector_isa(initial);
+}
+
 TEMPLATE_TEST_CASE("channels-last packs of a box are the transpose, and unpack inverts them",
                    "[conv][channels_last]", float, double) {
   // The copies around a tensor-core convolution engine (NDHWC): boxes of a padded patch that

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -259,16 +260,50 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   return plan;
 }
 
+namespace {
+
+/// A one-group correlation's weights packed for the vector kernels: the cache's where they
+/// were packed from the same weights, bit for bit, in the same layout; else packed into it now.
+const float* packed_weights(const Correlation& r, const ConvShape& g,
+                            const ReplicatedView<float>& w, bool transposed,
+                            PackedWeights<float>& cache) {
+  const std::array<Index, 8> layout{r.k[0],           r.k[1],
+                                    r.k[2],           r.src_per_group,
+                                    r.out_per_group,  Index(transposed),
+                                    Index(w.extent(0)), Index(host::conv_vector_packing())};
+  const std::size_t n = w.extent(0);
+  if (cache.layout == layout && cache.source.extent(0) == n &&
+      std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
+    return cache.packed.data();
+  const MemoryCategoryScope scope(MemoryCategory::workspaces);
+  const std::size_t values = host::conv_vector_packed_values(r);
+  const auto no_init = Kokkos::WithoutInitializing;
+  if (cache.source.extent(0) != n)
+    cache.source = decltype(cache.source)(Kokkos::view_alloc(no_init, "conv.packed_from"), n);
+  if (cache.packed.extent(0) != values)
+    cache.packed = decltype(cache.packed)(Kokkos::view_alloc(no_init, "conv.packed_weights"), values);
+  cache.layout = {};  // invalid until both are written
+  std::memcpy(cache.source.data(), w.data(), n * sizeof(float));
+  host::conv_vector_pack_weights(r, g, w, transposed, cache.packed.data());
+  cache.layout = layout;
+  return cache.packed.data();
+}
+
+}  // namespace
+
 template <class T>
 void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const Correlation& r,
                       Index rows, const ConvShape& g, const FieldView<T>& src,
                       const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
                       const FieldView<T>& out, T* workspace, const PlaneFilter& keep,
-                      bool weights_packed) {
+                      PackedWeights<T>* cache) {
   if constexpr (std::is_same<T, float>::value)
-    if (plan.vector_kernels)
+    if (plan.vector_kernels) {
+      const float* packed = cache && r.groups == 1 ? packed_weights(r, g, w, transposed, *cache)
+                                                   : nullptr;
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
-                                         plan.band_copies, keep, weights_packed);
+                                         plan.band_copies, keep, packed);
+    }
   plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }
 
@@ -291,7 +326,7 @@ bool conv_vector_kernels_available() {
   template void correlate_planes(const ExecutionSpace&, const PlanePlan&, const Correlation&,     \
                                  Index, const ConvShape&, const FieldView<T>&,                    \
                                  const ReplicatedView<T>&, bool, const ReplicatedView<T>&,        \
-                                 const FieldView<T>&, T*, const PlaneFilter&, bool);              \
+                                 const FieldView<T>&, T*, const PlaneFilter&, PackedWeights<T>*); \
   template void weight_gradient_planes(const ExecutionSpace&, const PlanePlan&, const ConvShape&, \
                                        const FieldView<T>&, const FieldView<T>&,                  \
                                        const ReplicatedView<T>&, T*);                             \

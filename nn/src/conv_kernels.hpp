@@ -58,12 +58,9 @@ class ConvKernels {
     const auto keep = [&](Index ox, Index y0, Index y1) {
       return filter(kernels::plane_reads(shape_, ox, y0, y1));
     };
-    T* const scratch = workspace_->reserve(planes_.values);
     kernels::correlate_planes<T>(space, planes_, planes_.forward, planes_.forward_rows, shape_, xp,
-                                 w, false, bias, y, scratch, keep,
-                                 /*weights_packed=*/w.data() == packed_.weights &&
-                                     scratch == packed_.scratch);
-    packed_ = {w.data(), scratch};
+                                 w, false, bias, y, workspace_->reserve(planes_.values), keep,
+                                 &workspace_->forward_weights);
   }
 
   /// The gradients from gy: of the weight (gw), the bias (gb) and the padded input (gxp);
@@ -108,14 +105,6 @@ class ConvKernels {
   std::shared_ptr<kernels::ConvWorkspace<T>> workspace_;
   kernels::ConvLibraryPlan<T> library_;
   kernels::PlanePlan planes_;
-  // The weights and scratch of the last forward call: the forward of one layer call in
-  // halo-overlap chunks (two calls in a row, nothing between them using the scratch) packs
-  // its weights once.
-  struct Packed {
-    const T* weights = nullptr;
-    const T* scratch = nullptr;
-  };
-  mutable Packed packed_;
 };
 
 }  // namespace shardtensor::impl

@@ -169,17 +169,68 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
   while (vectors.size() % shape.tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
 }
 
+/// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`)
+/// for the current path's tiles: [block of R outputs][pass][a][(j, b, c) of the pass][R]
+/// (R = the tile's rows; outputs past out_per_group zero).
+void pack_correlation_weights(const Correlation& r, const ConvShape& g,
+                              const ReplicatedView<float>& w, bool transposed, Index group,
+                              float* packed) {
+  const Index rows_per_tile = conv_tile_shape().tile_rows;
+  const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2];
+  const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
+  // The weight index is linear in (o, b, c): walked by strides (an index computed per weight
+  // was most of the packing, a tenth of a small field's convolution).
+  const auto weight_at = [&](Index grp, Index o, Index j, Index a, Index b, Index c) {
+    return correlation_weight_index(g, grp, transposed, o, j, a, b, c);
+  };
+  const std::ptrdiff_t o_step = weight_at(0, 1, 0, 0, 0, 0) - weight_at(0, 0, 0, 0, 0, 0),
+                       b_step = weight_at(0, 0, 0, 0, 1, 0) - weight_at(0, 0, 0, 0, 0, 0),
+                       c_step = weight_at(0, 0, 0, 0, 0, 1) - weight_at(0, 0, 0, 0, 0, 0);
+  for (Index block = 0; block < blocks; ++block)
+    for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+      const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
+      const Index o0 = block * rows_per_tile,
+                  rows = std::min(rows_per_tile, r.out_per_group - o0);  // the rest are zero
+      float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+      for (Index a = 0; a < kx; ++a)
+        for (Index j = j0; j < j0 + pass; ++j)
+          for (Index b = 0; b < r.k[1]; ++b)
+            for (Index c = 0; c < r.k[2]; ++c, p += rows_per_tile) {
+              const float* from =
+                  w.data() + weight_at(group, o0, j, a, 0, 0) + b * b_step + c * c_step;
+              for (Index i = 0; i < rows; ++i) p[i] = from[i * o_step];
+              std::fill(p + rows, p + rows_per_tile, 0.0f);
+            }
+    }
+}
+
 }  // namespace
+
+std::size_t conv_vector_packed_values(const Correlation& r) {
+  const Index blocks = (r.out_per_group + max_tile_rows - 1) / max_tile_rows;
+  return static_cast<std::size_t>(blocks * max_tile_rows * r.k[0] * r.src_per_group * r.k[1] *
+                                  r.k[2]);
+}
+
+int conv_vector_packing() {
+  return conv_tile_shape().tile_rows;
+}
+
+void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
+                              const ReplicatedView<float>& w, bool transposed, float* packed) {
+  SHARDTENSOR_REQUIRE(r.groups == 1, "conv_vector_pack_weights",
+                      "kept packed weights need one group, not " << r.groups);
+  pack_correlation_weights(r, g, w, transposed, 0, packed);
+}
 
 /// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
 /// and band of rows, tiles of output vectors, one pass per channels_per_pass(r) source channels.
-/// Weights are packed per group as [block of R outputs][pass][a][(j, b, c) of the pass][R]
-/// (R = the tile's rows; outputs past out_per_group zero).
+/// Weights packed per group into the workspace (pack_correlation_weights), or given packed.
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
                            float* workspace, bool band_copies, const PlaneFilter& keep,
-                           bool weights_packed) {
+                           const float* packed_weights) {
   const ConvTileShape shape = conv_tile_shape();
   const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
@@ -197,31 +248,10 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
   for (int t = 0; t < threads; ++t)
     sources.emplace_back(r, src, rings + t * ring_size, band_copies);
   const Index batch = out.extent(0), per_sample = r.out[0] * bands;
-  // The weight index is linear in (o, b, c): walked by strides (an index computed per weight
-  // was most of the packing, a tenth of a small field's convolution).
-  const auto weight_at = [&](Index group, Index o, Index j, Index a, Index b, Index c) {
-    return correlation_weight_index(g, group, transposed, o, j, a, b, c);
-  };
-  const std::ptrdiff_t o_step = weight_at(0, 1, 0, 0, 0, 0) - weight_at(0, 0, 0, 0, 0, 0),
-                       b_step = weight_at(0, 0, 0, 0, 1, 0) - weight_at(0, 0, 0, 0, 0, 0),
-                       c_step = weight_at(0, 0, 0, 0, 0, 1) - weight_at(0, 0, 0, 0, 0, 0);
-  for (Index group = 0; group < r.groups; ++group) {  // weights packed once per group
-    for (Index block = 0; block < blocks && !(weights_packed && r.groups == 1); ++block)
-      for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
-        const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
-        const Index o0 = block * rows_per_tile,
-                    rows = std::min(rows_per_tile, r.out_per_group - o0);  // the rest are zero
-        float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
-        for (Index a = 0; a < kx; ++a)
-          for (Index j = j0; j < j0 + pass; ++j)
-            for (Index b = 0; b < r.k[1]; ++b)
-              for (Index c = 0; c < r.k[2]; ++c, p += rows_per_tile) {
-                const float* from =
-                    w.data() + weight_at(group, o0, j, a, 0, 0) + b * b_step + c * c_step;
-                for (Index i = 0; i < rows; ++i) p[i] = from[i * o_step];
-                std::fill(p + rows, p + rows_per_tile, 0.0f);
-              }
-      }
+  for (Index group = 0; group < r.groups; ++group) {
+    // The kept packed weights (one group), else this group's packed into the workspace.
+    const float* const weights_of_group = packed_weights ? packed_weights : packed;
+    if (!packed_weights) pack_correlation_weights(r, g, w, transposed, group, packed);
     // Each thread computes whole bands of output rows (disjoint outputs) of every sample, in
     // order.
     split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
@@ -244,7 +274,7 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
           for (Index block = 0; block < blocks; ++block) {
             const Index o0 = block * rows_per_tile;
             const float* weights =
-                packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+                weights_of_group + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
             const float* block_bias =
                 bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
             for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)

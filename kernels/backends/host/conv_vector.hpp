@@ -18,14 +18,23 @@ bool conv_vector_available();
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
                                bool band_copies);
 
+/// Values of the packed weights of a one-group correlation (conv_vector_pack_weights), on
+/// every instruction set's tiles.
+std::size_t conv_vector_packed_values(const Correlation& r);
+/// What the packed layout depends on besides the correlation: the current path's tile rows.
+int conv_vector_packing();
+/// Packs a one-group correlation's weights for conv_vector_correlate.
+void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
+                              const ReplicatedView<float>& w, bool transposed, float* packed);
+
 /// out = the correlation of src (plus bias when given), every kept output cell written. The
-/// weights are packed at the start of the workspace, unless `weights_packed`: an earlier call
-/// with the same correlation, weights and workspace left them there.
+/// weights are packed into the start of the workspace, unless given packed (one group, by
+/// conv_vector_pack_weights for the same correlation and path).
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
                            float* workspace, bool band_copies, const PlaneFilter& keep,
-                           bool weights_packed = false);
+                           const float* packed_weights = nullptr);
 
 /// gw += this rank's weight gradient of the forward correlation r over the padded input xp
 /// (whose windows lie inside it, reads_inside(r)).

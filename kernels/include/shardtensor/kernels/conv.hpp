@@ -13,6 +13,7 @@
 // kernel reads `xp`, the padded input, whose windows for every local output lie inside it.
 
 #include <Kokkos_Core.hpp>
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -54,10 +55,23 @@ void release_conv_scratch();
 /// order on one host thread (Kokkos' host backends are not thread-safe either), so the
 /// scratch costs the largest layer's need, not the sum over layers (the 3-D U-Net's cuDNN
 /// workspaces held 337 MiB on an H100 when each layer kept its own).
+/// A layer's forward weights as the host vector kernels read them (packed into register-tile
+/// order), kept from call to call with the weights they were packed from: a call whose
+/// weights are the same bit for bit reuses them (inference, the chunks of one forward, a
+/// recomputed forward), any other packs again. Repacking every call was 5-6 % of the main
+/// job's inference; the check is one contiguous comparison. Charged to workspaces.
+template <class T>
+struct PackedWeights {
+  Kokkos::View<T*, DefaultMemorySpace> source;  // the weights `packed` was made from
+  Kokkos::View<T*, DefaultMemorySpace> packed;
+  std::array<Index, 8> layout{};  // what the packing depends on besides the values
+};
+
 template <class T>
 struct ConvWorkspace {
   std::size_t budget_bytes = std::size_t(16) << 20;
   T* reserve(std::size_t count) { return shared_conv_scratch<T>(count); }
+  PackedWeights<T> forward_weights;  // this layer's (host vector kernels only)
 };
 
 template <class T>
@@ -187,15 +201,15 @@ using PlaneFilter = std::function<bool(Index x, Index y0, Index y1)>;
 
 /// The plane path's correlation (plan.forward or plan.data; `rows` per GEMM chunk): out =
 /// the correlation of src with w (flipped and transposed if `transposed`) plus bias when
-/// given, every kept cell of out written. `workspace` holds plan.values values. With
-/// `weights_packed`, the vector kernels reuse the weights packed into the workspace by an
-/// earlier call with the same correlation and weights (forward in halo-overlap chunks).
+/// given, every kept cell of out written. `workspace` holds plan.values values. With a
+/// `cache`, the vector kernels keep the packed weights there (and reuse them while w is the
+/// same), else they pack into the workspace every call.
 template <class T>
 void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const Correlation& r,
                       Index rows, const ConvShape& g, const FieldView<T>& src,
                       const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
                       const FieldView<T>& out, T* workspace, const PlaneFilter& keep,
-                      bool weights_packed = false);
+                      PackedWeights<T>* cache = nullptr);
 
 /// The plane path's weight gradient: gw += this rank's partial sum.
 template <class T>
