@@ -289,11 +289,20 @@ constexpr int cdf_block = 8;
 template <class Finish>
 HWY_INLINE void CdfRows(const float* x, std::size_t n, const Finish& finish) {
   const D d;
-  CdfParts parts[cdf_block];
+  // The block's first stages in aligned floats: an array of vector structs would be
+  // default-constructed outside the target's attributes (GCC refuses that on NEON).
+  HWY_ALIGN float t[cdf_block * lanes], exponent[cdf_block * lanes], square[cdf_block * lanes];
   std::size_t i = 0;
   for (; i + cdf_block * lanes <= n; i += cdf_block * lanes) {
-    for (int k = 0; k < cdf_block; ++k) parts[k] = CdfStage1(hn::LoadU(d, x + i + k * lanes));
-    for (int k = 0; k < cdf_block; ++k) finish(i + k * lanes, parts[k]);
+    for (int k = 0; k < cdf_block; ++k) {
+      const CdfParts parts = CdfStage1(hn::LoadU(d, x + i + k * lanes));
+      hn::Store(parts.t, d, t + k * lanes);
+      hn::Store(parts.exponent, d, exponent + k * lanes);
+      hn::Store(parts.square, d, square + k * lanes);
+    }
+    for (int k = 0; k < cdf_block; ++k)
+      finish(i + k * lanes, CdfParts{hn::Load(d, t + k * lanes), hn::Load(d, exponent + k * lanes),
+                                     hn::Load(d, square + k * lanes)});
   }
   for (; i + lanes <= n; i += lanes) finish(i, CdfStage1(hn::LoadU(d, x + i)));
 }
