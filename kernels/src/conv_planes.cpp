@@ -271,17 +271,17 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
                                     r.k[2],           r.src_per_group,
                                     r.out_per_group,  Index(transposed),
                                     Index(w.extent(0)), Index(host::conv_vector_packing())};
-  const std::size_t n = w.extent(0);
-  if (cache.layout == layout && cache.source.extent(0) == n &&
-      std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
+  const std::size_t n = w.extent(0);  // in the layout: source holds n values where it matches
+  if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
     return cache.packed.data();
   const MemoryCategoryScope scope(MemoryCategory::workspaces);
   const std::size_t values = host::conv_vector_packed_values(r);
+  using Values = decltype(cache.source);
   const auto no_init = Kokkos::WithoutInitializing;
   if (cache.source.extent(0) != n)
-    cache.source = decltype(cache.source)(Kokkos::view_alloc(no_init, "conv.packed_from"), n);
+    cache.source = Values(Kokkos::view_alloc(no_init, "conv.packed_from"), n);
   if (cache.packed.extent(0) != values)
-    cache.packed = decltype(cache.packed)(Kokkos::view_alloc(no_init, "conv.packed_weights"), values);
+    cache.packed = Values(Kokkos::view_alloc(no_init, "conv.packed_weights"), values);
   cache.layout = {};  // invalid until both are written
   std::memcpy(cache.source.data(), w.data(), n * sizeof(float));
   host::conv_vector_pack_weights(r, g, w, transposed, cache.packed.data());

@@ -295,10 +295,7 @@ namespace {
 /// Workspace values of vector_correlate and vector_weight_gradient, for every instruction set's
 /// tiles (a plan made on one path runs on any other).
 inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies) {
-  const Index blocks = (r.out_per_group + max_tile_rows - 1) / max_tile_rows;
-  return static_cast<std::size_t>(blocks * max_tile_rows * r.k[0] * r.src_per_group * r.k[1] *
-                                  r.k[2]) +
-         PlaneSource::ring_values(r, band_copies) * host_threads();
+  return conv_vector_packed_values(r) + PlaneSource::ring_values(r, band_copies) * host_threads();
 }
 /// Taps padded to whole weight-gradient tiles (of every path: tap_padding).
 inline Index padded_taps(const Correlation& r) {

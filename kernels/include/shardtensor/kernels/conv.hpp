@@ -49,12 +49,6 @@ T* shared_conv_scratch(std::size_t count);
 /// should see the scratch allocated.
 void release_conv_scratch();
 
-/// Scratch memory of the GEMM and plane paths and of the convolution library: chunks are sized
-/// to stay within budget_bytes whatever the field size. Every layer reserves from the one
-/// process-wide buffer (no allocation once warm): layers compute one after another in stream
-/// order on one host thread (Kokkos' host backends are not thread-safe either), so the
-/// scratch costs the largest layer's need, not the sum over layers (the 3-D U-Net's cuDNN
-/// workspaces held 337 MiB on an H100 when each layer kept its own).
 /// A layer's forward weights as the host vector kernels read them (packed into register-tile
 /// order), kept from call to call with the weights they were packed from: a call whose
 /// weights are the same bit for bit reuses them (inference, the chunks of one forward, a
@@ -67,6 +61,12 @@ struct PackedWeights {
   std::array<Index, 8> layout{};  // what the packing depends on besides the values
 };
 
+/// Scratch memory of the GEMM and plane paths and of the convolution library: chunks are sized
+/// to stay within budget_bytes whatever the field size. Every layer reserves from the one
+/// process-wide buffer (no allocation once warm): layers compute one after another in stream
+/// order on one host thread (Kokkos' host backends are not thread-safe either), so the
+/// scratch costs the largest layer's need, not the sum over layers (the 3-D U-Net's cuDNN
+/// workspaces held 337 MiB on an H100 when each layer kept its own).
 template <class T>
 struct ConvWorkspace {
   std::size_t budget_bytes = std::size_t(16) << 20;
