@@ -5,6 +5,7 @@
 // double; bad input.
 
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <random>
 
@@ -393,6 +394,109 @@ TEMPLATE_TEST_CASE("a conv that reads no ghost cell reads its input in place and
       CHECK(diff <= scale * (std::is_same<TestType, float>::value ? 1e-6 : 1e-14));
     }
   }
+}
+
+TEMPLATE_TEST_CASE(
+    "a conv on one rank reads its input unpadded, zeros or wrapped around, with a padded "
+    "copy's bits",
+    "[conv][padding]", float, double) {
+  // Zeros padding, or periodic on one rank: the plane path reads the input itself (nothing is
+  // exchanged). An input with ghost cells of its own is copied into a padded buffer first, so
+  // the same layer on the same values runs both ways. The vector kernels sum in the same
+  // order either way: the outputs and all gradients are the same bit for bit. The plane
+  // path's GEMMs order their terms by ring slot, which shifts with the buffer: close. The
+  // input is left as it was.
+  const Communicator self(MPI_COMM_SELF);
+  int unpadded_cases = 0;
+  for (const ConvCase& c : all_conv_cases()) {
+    INFO(c.name);
+    const Decomposition d = Decomposition::automatic(c.extents, 1);
+    const Conv<TestType> probe(self, c.options, "conv");
+    const HaloPadding<TestType> halo(self, probe.geometry(), c.options.padding_mode, 0, "conv");
+    std::array<bool, 3> wraps{};
+    const bool unpadded = halo.reads_input_itself(
+        ShardTensor<TestType>(d, 0, 1, c.options.in_channels), wraps);
+    CHECK(unpadded == (c.options.padding_mode == PaddingMode::zeros ||
+                       c.options.padding_mode == PaddingMode::periodic));
+    CHECK(!halo.reads_input_itself(
+        ShardTensor<TestType>(d, 0, 1, c.options.in_channels, GhostWidths::uniform(1, d.ndims())),
+        wraps));
+    if (!unpadded) continue;
+    ++unpadded_cases;
+    ConvOptions gemm_planes = c.options;
+    gemm_planes.vector_kernels = false;  // the plane path's GEMMs (zeros padding only)
+    for (const ConvOptions& options : {c.options, gemm_planes}) {
+      INFO((options.vector_kernels ? "vector kernels" : "plane GEMMs"));
+      const ShardTensor<TestType> x =
+          test::random_shard<TestType>(d, 0, 2, c.options.in_channels, 4);
+      ShardTensor<TestType> before(d, 0, 2, c.options.in_channels);
+      Kokkos::deep_copy(before.view(), x.view());
+      ShardTensor<TestType> ghosted(d, 0, 2, c.options.in_channels,
+                                    GhostWidths::uniform(1, d.ndims()));
+      Kokkos::deep_copy(ghosted.interior(), x.view());
+      // Results: output, parameter gradients, then the input gradient (owned cells), as one
+      // array. Periodic: a padded copy's input gradient adds the wrapped windows' part after
+      // the rest (the halo adjoint), the unpadded read sums it in tap order: the same to
+      // rounding, not bit for bit.
+      const bool periodic = c.options.padding_mode == PaddingMode::periodic;
+      const bool same_order = options.vector_kernels && std::is_same<TestType, float>::value &&
+                              kernels::vector_isa() != "off";
+      std::size_t input_gradient_from = 0;
+      const auto results = [&](const ShardTensor<TestType>& input_value) {
+        Conv<TestType> conv(self, options, "conv");
+        const auto input = Variable<TestType>::field(input_value, true, "x");
+        const auto y = conv.forward(input);
+        backward(test::weighted_sum<TestType>(self, y));
+        ShardTensor<TestType> grad(d, 0, 2, c.options.in_channels);
+        Kokkos::deep_copy(grad.view(), input.grad().interior());
+        std::vector<double> all = test::host_values(y.value().view());
+        for (const auto& named : conv.named_parameters()) {
+          const auto g = test::host_values(named.second.data_grad());
+          all.insert(all.end(), g.begin(), g.end());
+        }
+        input_gradient_from = all.size();
+        const auto g = test::host_values(grad.view());
+        all.insert(all.end(), g.begin(), g.end());
+        return all;
+      };
+      const std::vector<double> read_unpadded = results(x), copied = results(ghosted);
+      REQUIRE(read_unpadded.size() == copied.size());
+      std::size_t differing = 0, first_difference = 0;
+      double diff = 0, scale = 0;
+      for (std::size_t i = read_unpadded.size(); i-- > 0;) {
+        if (!same_order || (periodic && i >= input_gradient_from)) {
+          diff = std::max(diff, std::abs(read_unpadded[i] - copied[i]));
+          scale = std::max(scale, std::abs(copied[i]));
+        } else if (read_unpadded[i] != copied[i]) {
+          ++differing, first_difference = i;
+        }
+      }
+      INFO("first differing value " << first_difference << " of " << copied.size());
+      CHECK(differing == 0);
+      CHECK(diff <= scale * (std::is_same<TestType, float>::value ? 1e-6 : 1e-14));
+      CHECK(test::relative_error(x.view(), before.view()) == 0);
+    }
+    // Two convolutions of one input: the first backward writes the input's gradient, the
+    // second adds its own into it.
+    const ShardTensor<TestType> x = test::random_shard<TestType>(d, 0, 2, c.options.in_channels, 5);
+    Conv<TestType> one(self, c.options, "one"), other(self, c.options, "other");
+    const auto first = Variable<TestType>::field(x, true, "x");
+    const auto second = Variable<TestType>::field(x, true, "x");
+    const auto both = Variable<TestType>::field(x, true, "x");
+    backward(test::weighted_sum<TestType>(self, one.forward(first)));
+    backward(test::weighted_sum<TestType>(self, other.forward(second)));
+    backward(test::weighted_sum<TestType>(self, add(one.forward(both), other.forward(both))));
+    const auto a = test::host_values(first.grad().view()), b = test::host_values(second.grad().view()),
+               sum = test::host_values(both.grad().view());
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      diff = std::max(diff, std::abs(sum[i] - a[i] - b[i]));
+      scale = std::max(scale, std::abs(sum[i]));
+    }
+    CHECK(scale > 0);
+    CHECK(diff <= scale * (std::is_same<TestType, float>::value ? 1e-6 : 1e-14));
+  }
+  CHECK(unpadded_cases >= 4);
 }
 
 TEST_CASE("Conv gradients match finite differences", "[conv][gradient]") {

@@ -233,6 +233,7 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     f.out[a] = d.src[a] = g.out[a];
     f.src[a] = d.out[a] = padded[a];
     d.offset[a] = -g.base[a] - (g.k[a] - 1) * g.d[a];
+    f.wrap[a] = d.wrap[a] = g.wrap[a];  // the output gradient wraps too: same extent
     // Unit strides only (the planes are shifts of each other); planes of at least 64 cells.
     if (g.s[a] != 1) return plan;
   }
@@ -242,10 +243,10 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     // Whole padded planes in the ring when they fit, else the rows of one band at a time.
     plan.band_copies = host::conv_vector_values(f, d, false) > budget;
     plan.values = host::conv_vector_values(f, d, plan.band_copies);
-    // The weight gradient reads the padded input in place (the forward's windows lie inside).
-    plan.vector_kernels = plan.values <= budget && reads_inside(f);
+    plan.vector_kernels = plan.values <= budget;
     if (plan.vector_kernels) return plan;
   }
+  if (g.wrap[0] || g.wrap[1] || g.wrap[2]) return plan;  // im2col reads zeros only
   const auto weights = [](const Correlation& r) {
     return static_cast<std::size_t>(r.slots() * r.out_per_group * r.slots() * r.column_rows());
   };
@@ -313,7 +314,8 @@ void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, 
                             const ReplicatedView<T>& gw, T* workspace) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
-      return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace);
+      return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace,
+                                               plan.band_copies);
   plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 

@@ -67,6 +67,7 @@ inline ConvShape rotated(const ConvShape& g, const AxisRotation& rotation) {
   for (int a = 0; a < 3; ++a) {
     const int s = (a + rotation.shift) % 3;
     r.k[a] = g.k[s], r.s[a] = g.s[s], r.d[a] = g.d[s], r.base[a] = g.base[s], r.out[a] = g.out[s];
+    r.wrap[a] = g.wrap[s];
   }
   return r;
 }
@@ -128,9 +129,13 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
 
-  // Post the halo exchange first; chunks of outputs whose windows read no exchanged ghost
-  // cell are computed while the messages travel.
-  const ShardTensor<T> padded = halo_->start(x);
+  // Where nothing is exchanged (zeros padding, or periodic on one rank), the plane path may
+  // read the input itself: no padded copy (a pass over the field, and its memory). Else post
+  // the halo exchange first; chunks of outputs whose windows read no exchanged ghost cell are
+  // computed while the messages travel.
+  std::array<bool, 3> wraps{};
+  const bool may_read_input = halo_->reads_input_itself(x, wraps) && !halo_->reads_in_place(x);
+  ShardTensor<T> padded = may_read_input ? x : halo_->start(x);
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
@@ -154,15 +159,45 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   }
   // From here on the kernels see the rotated axes (1-D and 2-D rows along z).
   const AxisRotation rotation = rotation_for(geometry_.ndims, padded);
+  // The kernels reading the padded buffer, or the input itself (`unpadded`: its cells start
+  // the ghost widths later; the plane path only, a library reads a padded buffer).
+  const auto kernels_for = [&](bool unpadded) {
+    ConvShape g = shape;
+    ConvOptions options = options_;
+    std::array<Index, 3> extent{};
+    const GhostWidths& ghosts = halo_->ghosts();
+    for (int d = 0; d < max_spatial_dims; ++d) {
+      extent[d] = x.local_extent(d) + (unpadded ? 0 : ghosts.lower[d] + ghosts.upper[d]);
+      if (unpadded) g.base[d] -= ghosts.lower[d];
+      if (unpadded) g.wrap[d] = wraps[d];
+    }
+    if (unpadded) options.library_kernels = false;
+    return impl::ConvKernels<T>(rotated(g, rotation), rotation.apply(extent).data(), options,
+                                workspace_);
+  };
+  impl::ConvKernels<T> kernels = kernels_for(false);
+  bool reads_input = false;
+  // A wrapped axis needs the input's extent for the outputs: the output gradient wraps
+  // around the same way (each input cell's windows are one output's, mod the extent).
+  bool same_extents = true;
+  for (int d = 0; d < max_spatial_dims; ++d)
+    if (wraps[d] && (shape.out[d] != x.local_extent(d) || shape.s[d] != 1)) same_extents = false;
+  if (may_read_input && same_extents && !kernels.uses_library()) {
+    const impl::ConvKernels<T> planes = kernels_for(true);
+    reads_input = planes.runs_planes();
+    if (reads_input) kernels = planes;
+  }
+  if (may_read_input && !reads_input) padded = halo_->start(x);  // local: nothing to exchange
   shape = rotated(shape, rotation);
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
   // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
   const ReplicatedView<T> w =
       options_.bf16 ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16") : weight_.data();
-  const Index padded_extent[3] = {Index(xp.extent(2)), Index(xp.extent(3)), Index(xp.extent(4))};
-  const impl::ConvKernels<T> kernels(shape, padded_extent, options_, workspace_);
-  if (kernels.runs_in_chunks() && options_.overlap_halo && halo_->padding_ready_after_start()) {
+  if (reads_input) {
+    kernels.forward(xp, w, bias, yv);
+  } else if (kernels.runs_in_chunks() && options_.overlap_halo &&
+             halo_->padding_ready_after_start()) {
     ChunkFilter interior{ChunkFilter::avoiding, {}};
     for (const Box& box : halo_->exchanged_boxes(padded))
       interior.boxes.push_back(rotation.apply(box));
@@ -192,14 +227,14 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     // anyway): keep only its shell, and rebuild the buffer in backward.
     SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
                               name_ + ".saved_input");
-    PaddedShell<T> shell = halo_->shell(padded);
+    PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded);
     const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
       ShardTensor<T> padded;
       bool in_place = false;  // the buffer is the input itself (HaloPadding::reads_in_place)
       {
         const ShardTensor<T> input_value = saved_input.value();  // unpacked: goes at the brace
-        padded = halo->rebuild(input_value, shell);
+        padded = reads_input ? input_value : halo->rebuild(input_value, shell);
         in_place = padded.view().data() == input_value.view().data();
       }
       // Backward runs once: free what it kept before the gradients are allocated.
@@ -217,12 +252,14 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       const ReplicatedView<T> gb =
           b_node && b_node->requires_grad ? b_node->grad_partial(comm) : ReplicatedView<T>();
       // Where the input gradient goes before the halo adjoint. A buffer that is the input
-      // itself (HaloPadding::reads_in_place) has no ghost or padding cell: if nothing has
-      // added to the input's gradient yet, that gradient takes it directly (no second
-      // buffer, no adjoint). The plane path runs the weight gradient first, so a rebuilt
-      // buffer is dead when the input gradient (which writes every cell) goes into it.
+      // itself (HaloPadding::reads_in_place, or read unpadded) has no ghost or padding cell:
+      // if nothing has added to the input's gradient yet, that gradient takes it directly
+      // (no second buffer, no adjoint). The plane path runs the weight gradient first, so a
+      // rebuilt buffer is dead when the input gradient (which writes every cell) goes into it.
       const bool direct =
           in_place && x_node->requires_grad && x_node->field_grad.view().span() == 0;
+      // The plane path writes every cell of the input gradient: no zero fill first.
+      if (direct && kernels.input_gradient_after_weights()) x_node->take_unfilled_grad_field();
       ShardTensor<T> grad_padded;
       if (x_node->requires_grad)
         grad_padded =

@@ -23,7 +23,8 @@ inline bool tensor_cores_exact_or_allowed(const ConvOptions& options) {
 template <class T>
 class ConvKernels {
  public:
-  /// `shape` in the kernels' (rotated) axes; `padded_extent` the padded input's local extents.
+  /// `shape` in the kernels' (rotated) axes; `padded_extent` the extents of the source its
+  /// base indexes (the padded input, or the input itself for the plane path).
   ConvKernels(const kernels::ConvShape& shape, const Index padded_extent[3],
               const ConvOptions& options, std::shared_ptr<kernels::ConvWorkspace<T>> workspace)
       : shape_(shape),
@@ -40,6 +41,11 @@ class ConvKernels {
                           options.vector_kernels && kernels::conv_vector_kernels_available<T>())
                     : kernels::PlanePlan{}) {}
 
+  /// Whether the backend's library runs the convolution (on a padded buffer).
+  bool uses_library() const { return library_.applies(); }
+  /// Whether the plane path runs: it reads zeros where a window reaches past its source, so
+  /// its source may be the input itself, without a padded copy.
+  bool runs_planes() const { return planes_.applies() && !library_.applies(); }
   /// Whether forward can run in chunks of outputs (those reading no exchanged ghost first,
   /// while the halo travels): not the library (one call) nor the direct loop.
   bool runs_in_chunks() const { return gemm_ && !library_.applies(); }

@@ -185,11 +185,34 @@ bool HaloPadding<T>::reads_in_place(const ShardTensor<T>& input) const {
 }
 
 template <class T>
+bool HaloPadding<T>::reads_input_itself(const ShardTensor<T>& input,
+                                        std::array<bool, 3>& wraps) const {
+  wraps = {false, false, false};
+  if (bfloat16_ || !(input.ghosts() == GhostWidths{})) return false;
+  if (boundary_.mode == PaddingMode::zeros)
+    return boundary_.constant == 0 && exchanges_nothing(input.decomposition());
+  if (boundary_.mode != PaddingMode::periodic || comm_.size() != 1) return false;
+  for (int d = 0; d < max_spatial_dims; ++d)
+    wraps[d] = ghosts_.lower[d] > 0 || ghosts_.upper[d] > 0;
+  return true;
+}
+
+template <class T>
+bool HaloPadding<T>::exchanges_nothing(const Decomposition& decomposition) const {
+  for (int d = 0; d < max_spatial_dims; ++d)
+    if ((ghosts_.lower[d] > 0 || ghosts_.upper[d] > 0) &&
+        (decomposition.process_grid(d) != 1 || boundary_.mode == PaddingMode::periodic))
+      return false;
+  return true;
+}
+
+template <class T>
 ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
   const Decomposition decomposition = padded_decomposition(input.decomposition());
   check_padding_sources(decomposition, boundary_, where_);
   if (reads_in_place(input)) {
-    plan_for(input).start(input);  // sends nothing; finish() completes it as for a copy
+    // Sends nothing; finish() completes it as for a copy.
+    if (!exchanges_nothing(decomposition)) plan_for(input).start(input);
     return input;
   }
   // Only the shell around the owned cells starts at zero (the ghosts and the zeros padding):
@@ -199,13 +222,13 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
       ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
                                     ghosts_, where_ + " padded input");
   fill_padded(input, padded, bfloat16_);
-  plan_for(padded).start(padded);
+  if (!exchanges_nothing(decomposition)) plan_for(padded).start(padded);
   return padded;
 }
 
 template <class T>
 void HaloPadding<T>::finish(const ShardTensor<T>& padded) {
-  plan_for(padded).finish(padded);
+  if (!exchanges_nothing(padded.decomposition())) plan_for(padded).finish(padded);
   // Zeros padding is already there (start() zero-fills the shell): filling it again was a
   // pass over every padding cell per layer call.
   if (!padding_ready_after_start()) fill_boundary_padding(padded, boundary_);
@@ -214,6 +237,7 @@ void HaloPadding<T>::finish(const ShardTensor<T>& padded) {
 template <class T>
 std::vector<Box> HaloPadding<T>::exchanged_boxes(const ShardTensor<T>& padded) {
   std::vector<Box> boxes;
+  if (exchanges_nothing(padded.decomposition())) return boxes;
   for (const auto& m : plan_for(padded).messages())
     if (m.recv_count > 0) boxes.push_back(m.recv_box);
   return boxes;
@@ -222,10 +246,13 @@ std::vector<Box> HaloPadding<T>::exchanged_boxes(const ShardTensor<T>& padded) {
 template <class T>
 void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad,
                               bool overwrite) {
-  // Zeros padding copies no cell: its gradient goes nowhere (and is never read), so there is
-  // nothing to return.
-  if (boundary_.mode != PaddingMode::zeros) unfill_boundary_padding(padded_grad, boundary_);
-  plan_for(padded_grad).reverse_accumulate(padded_grad);
+  // A buffer without ghost cells (the input itself, read in place or unpadded) has no
+  // padding or ghost gradient to return. Zeros padding copies no cell: its gradient goes
+  // nowhere (and is never read), so there is nothing to return either.
+  const bool shell = !(padded_grad.ghosts() == GhostWidths{});
+  if (shell && boundary_.mode != PaddingMode::zeros) unfill_boundary_padding(padded_grad, boundary_);
+  if (shell && !exchanges_nothing(padded_grad.decomposition()))
+    plan_for(padded_grad).reverse_accumulate(padded_grad);
   if (overwrite)
     copy_interior(padded_grad, input_grad);
   else

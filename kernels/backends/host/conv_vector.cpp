@@ -40,12 +40,14 @@ inline Index copied_rows(const Correlation& r, bool bands) {
 }
 
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
-/// it in y and z (the forward's padded input), else a ring of zero-padded copies of its
-/// planes (the output gradient, read by the input gradient). A plane points at the cell that
+/// it in y and z (a padded input), else a ring of zero-padded copies of its planes (the output
+/// gradient, read by the input gradient; an input read without a padded copy). A plane points at the cell that
 /// output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With `bands`, a
 /// copy holds only the rows that one band of output rows reads (start_band() before the
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
 class PlaneSource {
+  static Index wrapped(Index i, Index extent) { return ((i % extent) + extent) % extent; }
+
  public:
   PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring, bool bands = false)
       : r_(r),
@@ -81,29 +83,38 @@ class PlaneSource {
   }
   /// Source plane sx of the current sample and group; null outside the source (reads zero).
   const float* plane(Index sx) {
-    if (sx < 0 || sx >= r_.src[0]) return nullptr;
+    const Index px = r_.wrap[0] ? wrapped(sx, r_.src[0]) : sx;  // the plane's own index
+    if (px < 0 || px >= r_.src[0]) return nullptr;
     const Index c0 = group_ * r_.src_per_group;
-    if (in_place_) return &src_(n_, c0, sx, r_.offset[1], r_.offset[2]);
+    if (in_place_) return &src_(n_, c0, px, r_.offset[1], r_.offset[2]);
     const Index slot = slot_of(sx, r_.slots());
     float* copy = ring_ + slot * r_.src_per_group * channel_stride_;
     if (slot_plane_[slot] == sx) return copy;
-    // Row by row: the source's cells [z0, z1) of the row (contiguous), zeros around them.
+    // Row by row: the source's cells [z0, z1) of the row (contiguous), and around them zeros
+    // or (wrap) the cells an extent away.
     const Index rows = std::min(rows_, read_extent(r_, 1) - first_row_);
-    const Index width = read_extent(r_, 2);
+    const Index width = read_extent(r_, 2), extent = r_.src[2];
     const Index z0 = std::clamp<Index>(-r_.offset[2], 0, width);
-    const Index z1 = std::clamp<Index>(r_.src[2] - r_.offset[2], z0, width);
+    const Index z1 = std::clamp<Index>(extent - r_.offset[2], z0, width);
     for (Index j = 0; j < r_.src_per_group; ++j)
       for (Index y = 0; y < rows; ++y) {
-        const Index sy = r_.offset[1] + first_row_ + y;
+        Index sy = r_.offset[1] + first_row_ + y;
+        if (r_.wrap[1]) sy = wrapped(sy, r_.src[1]);
         float* row = copy + j * channel_stride_ + y * row_stride_;
-        if (sy < 0 || sy >= r_.src[1] || z0 == z1) {
+        if (sy < 0 || sy >= r_.src[1] || (z0 == z1 && !r_.wrap[2])) {
           std::fill(row, row + width, 0.0f);
           continue;
         }
-        const float* source_row = &src_(n_, c0 + j, sx, sy, r_.offset[2] + z0);
-        std::fill(row, row + z0, 0.0f);
-        std::copy(source_row, source_row + (z1 - z0), row + z0);
-        std::fill(row + z1, row + width, 0.0f);
+        const float* source_row = &src_(n_, c0 + j, px, sy, 0);
+        if (r_.wrap[2]) {
+          for (Index z = 0; z < z0; ++z) row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
+          for (Index z = z1; z < width; ++z)
+            row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
+        } else {
+          std::fill(row, row + z0, 0.0f);
+          std::fill(row + z1, row + width, 0.0f);
+        }
+        std::copy(source_row + r_.offset[2] + z0, source_row + r_.offset[2] + z1, row + z0);
       }
     slot_plane_[slot] = sx;
     return copy;
@@ -305,43 +316,48 @@ inline Index padded_outputs(const Correlation& r) {
   return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
 }
 /// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
-/// transposed, a plane's float sums and the double totals (an even count: doubles stay aligned).
-inline std::size_t weight_gradient_thread_values(const Correlation& r) {
+/// transposed, a plane's float sums, the double totals and the source's ring (an even count:
+/// doubles stay aligned).
+inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies) {
   const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
-  const std::size_t values =
-      static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient;
+  const std::size_t values = static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) +
+                             3 * gradient + PlaneSource::ring_values(r, band_copies);
   return values + values % 2;
 }
-inline std::size_t vector_weight_gradient_values(const Correlation& r) {
-  return weight_gradient_thread_values(r) * host_threads();
+inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies) {
+  return weight_gradient_thread_values(r, band_copies) * host_threads();
 }
 
 }  // namespace
 
-/// gw += this rank's weight gradient (forward correlation r over the padded input xp, whose
-/// windows lie inside it): per output plane and band of rows, the output gradient transposed
-/// to (cell, channel), then tiles of taps x channels summed over the band's cells. Each
-/// plane's float sums are added into double totals.
+/// gw += this rank's weight gradient (forward correlation r over its source xp): per output
+/// plane and band of rows, the output gradient transposed to (cell, channel), then tiles of
+/// taps x channels summed over the band's cells. Each plane's float sums are added into
+/// double totals.
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
-                                 const ReplicatedView<float>& gw, float* workspace) {
+                                 const ReplicatedView<float>& gw, float* workspace,
+                                 bool band_copies) {
   const ConvTileShape shape = conv_tile_shape();
   const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
   const Index taps = padded_taps(r), outs = padded_outputs(r),
               cells_per_band = band_rows * r.out[2];
   const Index gradient_size = kx * taps * outs;
-  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, PlaneSource(r, xp, nullptr));
+  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, PlaneSource(r, xp, nullptr, band_copies));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
-  const std::size_t per_thread = weight_gradient_thread_values(r);
-  // Thread t's totals: [thread t's share][transposed band | float sums | double totals].
-  std::vector<PlaneSource> sources(threads, PlaneSource(r, xp, nullptr));  // in place: no ring
+  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies);
+  // Thread t's share: [transposed band | float sums | double totals | ring].
   const auto totals_of = [&](int t) {
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
   };
+  std::vector<PlaneSource> sources;
+  for (int t = 0; t < threads; ++t)
+    sources.emplace_back(r, xp, reinterpret_cast<float*>(totals_of(t) + gradient_size),
+                         band_copies);
   const Index per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
     // Each thread sums over its own bands of rows of every sample (in order): float sums
@@ -379,14 +395,16 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
             for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = row[p];
           }
         }
+        source.start_band(y0);
         for (Index a = 0; a < kx; ++a) {
           const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
           if (!plane) continue;  // outside the source: reads zero
+          const float* band = plane + (y0 - source.first_row()) * source.row_stride();
           for (Index block = 0; block < outs / gradient_channels; ++block)
             for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
               for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
                 weight_gradient_tile(
-                    plane + y0 * source.row_stride(), offsets.data() + tap, source.row_stride(),
+                    band, offsets.data() + tap, source.row_stride(),
                     int(y1 - y0), int(r.out[2]),
                     transposed + block * cells * gradient_channels + c0,
                     sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
@@ -419,7 +437,7 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
                                bool band_copies) {
   return std::max({vector_correlate_values(forward, band_copies),
                    vector_correlate_values(data, band_copies),
-                   vector_weight_gradient_values(forward)});
+                   vector_weight_gradient_values(forward, band_copies)});
 }
 
 }  // namespace shardtensor::kernels::host

@@ -14,7 +14,8 @@ namespace shardtensor::kernels::host {
 bool conv_vector_available();
 
 /// Workspace values (floats) the kernels need for a plan's forward and data correlations
-/// (with band copies: the padded source is copied band by band, else plane by plane).
+/// and the weight gradient (a source whose windows reach past it is copied, zero-padded, with
+/// band copies band by band, else plane by plane).
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
                                bool band_copies);
 
@@ -36,10 +37,11 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
                            float* workspace, bool band_copies, const PlaneFilter& keep,
                            const float* packed_weights = nullptr);
 
-/// gw += this rank's weight gradient of the forward correlation r over the padded input xp
-/// (whose windows lie inside it, reads_inside(r)).
+/// gw += this rank's weight gradient of the forward correlation r over its source xp (read
+/// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
-                                 const ReplicatedView<float>& gw, float* workspace);
+                                 const ReplicatedView<float>& gw, float* workspace,
+                                 bool band_copies);
 
 }  // namespace shardtensor::kernels::host

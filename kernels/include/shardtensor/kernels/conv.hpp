@@ -30,8 +30,12 @@ namespace shardtensor::kernels {
 struct ConvShape {
   Index batch, in_channels, out_channels, in_per_group, out_per_group;
   Index k[3], s[3], d[3];
-  Index base[3];  // padded-buffer index of the first local output's window start
+  Index base[3];  // source index of the first local output's window start (the padded
+                  // input's; the input's own, negative, where the plane path reads it unpadded)
   Index out[3];   // local output extents
+  // Axes along which the unpadded input wraps around (periodic padding on one rank; the
+  // outputs' extent is then the input's): plane path with vector kernels only.
+  bool wrap[3] = {false, false, false};
 
   KOKKOS_INLINE_FUNCTION Index weight_index(Index co, Index cig, Index a, Index b, Index c) const {
     return (((co * in_per_group + cig) * k[0] + a) * k[1] + b) * k[2] + c;
@@ -131,10 +135,12 @@ void conv_gemm_backward(const ExecutionSpace& space, const ConvShape& g, const F
 // ---- planes -------------------------------------------------------------------------------
 
 /// out[o] = sum over taps t of W[t] . src[offset + o + t * dilation] along each axis, per
-/// group; src cells outside its extents read as zero.
+/// group; src cells outside its extents read as zero, or along a `wrap` axis as the cell an
+/// extent away (periodic).
 struct Correlation {
   Index groups, src_per_group, out_per_group;
   Index k[3], d[3], offset[3], out[3], src[3];
+  bool wrap[3] = {false, false, false};
   Index column_rows() const { return src_per_group * k[1] * k[2]; }
   Index slots() const { return (k[0] - 1) * d[0] + 1; }  // source planes one output plane spans
 };
@@ -167,6 +173,7 @@ inline Index read_extent(const Correlation& r, int a) {
 
 /// Whether every window of the outputs lies inside the source in y and z.
 inline bool reads_inside(const Correlation& r) {
+  if (r.wrap[0] || r.wrap[1] || r.wrap[2]) return false;
   for (int a = 1; a < 3; ++a)
     if (r.offset[a] < 0 || r.offset[a] + read_extent(r, a) > r.src[a]) return false;
   return true;
@@ -188,8 +195,9 @@ struct PlanePlan {
 template <class T>
 bool conv_vector_kernels_available();
 
-/// The plane path's plan for a convolution whose padded input has extents `padded`, if it
-/// applies; `vector_kernels`: may use the host backend's vector kernels.
+/// The plane path's plan for a convolution whose source has extents `padded`, if it applies;
+/// `vector_kernels`: may use the host backend's vector kernels. The source is the padded input,
+/// or the input itself: the path reads zeros where a window reaches past its source.
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
                       std::size_t budget_bytes, bool vector_kernels);
 

@@ -3,6 +3,7 @@
 // the shard plus ghost cells from the neighbours (halo exchange) and padding past the global
 // boundary -- and the adjoint that takes a gradient of that buffer back to the shard.
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +56,17 @@ class HaloPadding {
   /// convolution whose kernel is its stride, on splits at multiples of it).
   bool reads_in_place(const ShardTensor<T>& input) const;
 
+  /// Whether a kernel may read the input itself instead of a padded copy (the convolutions'
+  /// plane path): every cell the windows read outside the owned cells is a zero of the
+  /// padding (zeros padding, nothing exchanged on any rank), or, where `wraps` marks an axis,
+  /// the owned cell an extent away (periodic padding on one rank). Also needs no rounding and
+  /// an input without ghost cells. The same answer on every rank.
+  bool reads_input_itself(const ShardTensor<T>& input, std::array<bool, 3>& wraps) const;
+  /// True if no rank sends or receives a ghost cell for this decomposition: one part along
+  /// every axis with ghost cells, and no periodic wrap. Then start(), finish() and backward()
+  /// are local (no exchange plan, whose making is collective).
+  bool exchanges_nothing(const Decomposition& decomposition) const;
+
   /// forward() in two halves, so that work on cells that need no exchanged ghost can run
   /// while the messages travel: start() copies the shard and posts the exchange; finish()
   /// completes it and fills the boundary padding. Between the two, the owned cells are
@@ -75,7 +87,9 @@ class HaloPadding {
   /// Adjoint of forward: gradients of padding cells go to the cells they copied, ghost
   /// gradients go back to their owners, and the owned part is added into `input_grad` (with
   /// `overwrite`, written into it: its owned cells' old values are not read).
-  /// Overwrites `padded_grad` (whose cells past the owned ones are garbage after). Collective.
+  /// Overwrites `padded_grad` (whose cells past the owned ones are garbage after). Collective
+  /// where a rank exchanges ghosts; a `padded_grad` without ghost cells (the input itself) is
+  /// only added or copied.
   void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad,
                 bool overwrite = false);
 
