@@ -183,8 +183,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   for (int d = 0; d < max_spatial_dims; ++d)
     if (wraps[d] && (shape.out[d] != x.local_extent(d) || shape.s[d] != 1)) same_extents = false;
   if (may_read_input && same_extents && !kernels.uses_library()) {
+    // Not where the rings would push the vector kernels out of the workspace budget.
     const impl::ConvKernels<T> planes = kernels_for(true);
-    reads_input = planes.runs_planes();
+    reads_input = planes.runs_planes() &&
+                  (planes.runs_vector_kernels() || !kernels.runs_vector_kernels());
     if (reads_input) kernels = planes;
   }
   if (may_read_input && !reads_input) padded = halo_->start(x);  // local: nothing to exchange

@@ -46,6 +46,8 @@ class ConvKernels {
   /// Whether the plane path runs: it reads zeros where a window reaches past its source, so
   /// its source may be the input itself, without a padded copy.
   bool runs_planes() const { return planes_.applies() && !library_.applies(); }
+  /// Whether the plane path runs on the host's vector kernels.
+  bool runs_vector_kernels() const { return runs_planes() && planes_.vector_kernels; }
   /// Whether forward can run in chunks of outputs (those reading no exchanged ghost first,
   /// while the halo travels): not the library (one call) nor the direct loop.
   bool runs_in_chunks() const { return gemm_ && !library_.applies(); }
