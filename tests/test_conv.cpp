@@ -414,8 +414,8 @@ TEMPLATE_TEST_CASE(
     const Conv<TestType> probe(self, c.options, "conv");
     const HaloPadding<TestType> halo(self, probe.geometry(), c.options.padding_mode, 0, "conv");
     std::array<bool, 3> wraps{};
-    const bool unpadded = halo.reads_input_itself(
-        ShardTensor<TestType>(d, 0, 1, c.options.in_channels), wraps);
+    const bool unpadded =
+        halo.reads_input_itself(ShardTensor<TestType>(d, 0, 1, c.options.in_channels), wraps);
     CHECK(unpadded == (c.options.padding_mode == PaddingMode::zeros ||
                        c.options.padding_mode == PaddingMode::periodic));
     CHECK(!halo.reads_input_itself(
@@ -486,7 +486,8 @@ TEMPLATE_TEST_CASE(
     backward(test::weighted_sum<TestType>(self, one.forward(first)));
     backward(test::weighted_sum<TestType>(self, other.forward(second)));
     backward(test::weighted_sum<TestType>(self, add(one.forward(both), other.forward(both))));
-    const auto a = test::host_values(first.grad().view()), b = test::host_values(second.grad().view()),
+    const auto a = test::host_values(first.grad().view()),
+               b = test::host_values(second.grad().view()),
                sum = test::host_values(both.grad().view());
     double diff = 0, scale = 0;
     for (std::size_t i = 0; i < sum.size(); ++i) {

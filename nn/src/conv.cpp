@@ -185,8 +185,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   if (may_read_input && same_extents && !kernels.uses_library()) {
     // Not where the rings would push the vector kernels out of the workspace budget.
     const impl::ConvKernels<T> planes = kernels_for(true);
-    reads_input = planes.runs_planes() &&
-                  (planes.runs_vector_kernels() || !kernels.runs_vector_kernels());
+    reads_input =
+        planes.runs_planes() && (planes.runs_vector_kernels() || !kernels.runs_vector_kernels());
     if (reads_input) kernels = planes;
   }
   if (may_read_input && !reads_input) padded = halo_->start(x);  // local: nothing to exchange

@@ -250,7 +250,8 @@ void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTens
   // padding or ghost gradient to return. Zeros padding copies no cell: its gradient goes
   // nowhere (and is never read), so there is nothing to return either.
   const bool shell = !(padded_grad.ghosts() == GhostWidths{});
-  if (shell && boundary_.mode != PaddingMode::zeros) unfill_boundary_padding(padded_grad, boundary_);
+  if (shell && boundary_.mode != PaddingMode::zeros)
+    unfill_boundary_padding(padded_grad, boundary_);
   if (shell && !exchanges_nothing(padded_grad.decomposition()))
     plan_for(padded_grad).reverse_accumulate(padded_grad);
   if (overwrite)

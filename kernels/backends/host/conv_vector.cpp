@@ -41,9 +41,9 @@ inline Index copied_rows(const Correlation& r, bool bands) {
 
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
 /// it in y and z (a padded input), else a ring of zero-padded copies of its planes (the output
-/// gradient, read by the input gradient; an input read without a padded copy). A plane points at the cell that
-/// output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With `bands`, a
-/// copy holds only the rows that one band of output rows reads (start_band() before the
+/// gradient, read by the input gradient; an input read without a padded copy). A plane points at
+/// the cell that output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With
+/// `bands`, a copy holds only the rows that one band of output rows reads (start_band() before the
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
 class PlaneSource {
   static Index wrapped(Index i, Index extent) { return ((i % extent) + extent) % extent; }
@@ -108,8 +108,7 @@ class PlaneSource {
         const float* source_row = &src_(n_, c0 + j, px, sy, 0);
         if (r_.wrap[2]) {
           for (Index z = 0; z < z0; ++z) row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
-          for (Index z = z1; z < width; ++z)
-            row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
+          for (Index z = z1; z < width; ++z) row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
         } else {
           std::fill(row, row + z0, 0.0f);
           std::fill(row + z1, row + width, 0.0f);
@@ -404,8 +403,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
             for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
               for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
                 weight_gradient_tile(
-                    band, offsets.data() + tap, source.row_stride(),
-                    int(y1 - y0), int(r.out[2]),
+                    band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
                     transposed + block * cells * gradient_channels + c0,
                     sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
         }
