@@ -22,35 +22,55 @@ struct Chunk {
   KOKKOS_INLINE_FUNCTION Index rows() const { return last - first; }
 };
 
+/// im2col's copies for tap row `row` (cig, a, b, c) of group g and the chunk's z rows
+/// [z_first, z_last).
+template <class T>
+KOKKOS_INLINE_FUNCTION void im2col_rows(const ConvShape& g, const FieldView<T>& xp, Index n,
+                                        Index group, const Chunk& chunk,
+                                        const UnmanagedMatrix<T>& columns, Index row,
+                                        Index z_first, Index z_last) {
+  Index t = row;
+  const Index c = t % g.k[2];
+  t /= g.k[2];
+  const Index b = t % g.k[1];
+  t /= g.k[1];
+  const Index a = t % g.k[0];
+  const Index ci = group * g.in_per_group + t / g.k[0];
+  Index ox = (chunk.first + z_first) / g.out[1], oy = (chunk.first + z_first) % g.out[1];
+  const Index z0 = g.base[2] + c * g.d[2];
+  for (Index z_row = z_first; z_row < z_last; ++z_row) {
+    const Index x = g.base[0] + ox * g.s[0] + a * g.d[0];
+    const Index y = g.base[1] + oy * g.s[1] + b * g.d[1];
+    T* out = &columns(row, z_row * g.out[2]);
+    if (g.s[2] == 1) {
+      const T* in = &xp(n, ci, x, y, z0);
+      for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = in[oz];
+    } else {
+      for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = xp(n, ci, x, y, z0 + oz * g.s[2]);
+    }
+    if (++oy == g.out[1]) oy = 0, ++ox;
+  }
+}
+
 /// columns(r, p) = padded input under tap r of output p, for the chunk's outputs of group g.
 template <class T>
 void im2col(const ExecutionSpace& space, const ConvShape& g, const FieldView<T>& xp, Index n,
             Index group, const Chunk& chunk, const UnmanagedMatrix<T>& columns) {
-  const Index taps = g.k[0] * g.k[1] * g.k[2];
-  Kokkos::parallel_for(
-      "Conv::im2col", kernel_range(space, g.in_per_group * taps * chunk.rows()),
-      KOKKOS_LAMBDA(const Index flat) {
-        const Index z_row = flat % chunk.rows();  // within the chunk
-        const Index ox = (chunk.first + z_row) / g.out[1], oy = (chunk.first + z_row) % g.out[1];
-        const Index row = flat / chunk.rows();  // (cig, a, b, c)
-        Index t = row;
-        const Index c = t % g.k[2];
-        t /= g.k[2];
-        const Index b = t % g.k[1];
-        t /= g.k[1];
-        const Index a = t % g.k[0];
-        const Index ci = group * g.in_per_group + t / g.k[0];
-        const Index x = g.base[0] + ox * g.s[0] + a * g.d[0];
-        const Index y = g.base[1] + oy * g.s[1] + b * g.d[1];
-        const Index z0 = g.base[2] + c * g.d[2];
-        T* out = &columns(row, z_row * g.out[2]);
-        if (g.s[2] == 1) {
-          const T* in = &xp(n, ci, x, y, z0);
-          for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = in[oz];
-        } else {
-          for (Index oz = 0; oz < g.out[2]; ++oz) out[oz] = xp(n, ci, x, y, z0 + oz * g.s[2]);
-        }
-      });
+  const Index rows = g.in_per_group * g.k[0] * g.k[1] * g.k[2];
+  if constexpr (kernels_run_on_host) {
+    // A work item per tap row, walking the chunk's z rows: on a small field's short rows the
+    // index arithmetic per (tap, z row) cost more than the copies and the GEMM together.
+    Kokkos::parallel_for(
+        "Conv::im2col", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
+          im2col_rows(g, xp, n, group, chunk, columns, row, 0, chunk.rows());
+        });
+  } else {
+    Kokkos::parallel_for(
+        "Conv::im2col", kernel_range(space, rows * chunk.rows()), KOKKOS_LAMBDA(const Index flat) {
+          const Index z_row = flat % chunk.rows();
+          im2col_rows(g, xp, n, group, chunk, columns, flat / chunk.rows(), z_row, z_row + 1);
+        });
+  }
 }
 
 /// Output index along one axis that tap `tap` of a window reads padded index i from; -1 if
