@@ -46,7 +46,13 @@ inline Index copied_rows(const Correlation& r, bool bands) {
 /// `bands`, a copy holds only the rows that one band of output rows reads (start_band() before the
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
 class PlaneSource {
-  static Index wrapped(Index i, Index extent) { return ((i % extent) + extent) % extent; }
+  /// i modulo extent, in [0, extent). Padding reaches at most an extent past either end, so
+  /// one addition or subtraction does: the divisions were most of a small field's ring copies.
+  static Index wrapped(Index i, Index extent) {
+    if (i < 0) i += extent;
+    if (i >= extent) i -= extent;
+    return i >= 0 && i < extent ? i : ((i % extent) + extent) % extent;
+  }
 
  public:
   PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring, bool bands = false)
