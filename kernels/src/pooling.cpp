@@ -20,42 +20,62 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
               argmax_step = record ? Index(argmax.stride(2 + axis)) : 0;
   const Index tap_step[3] = {g.d[0] * Index(xp.stride(2)), g.d[1] * Index(xp.stride(3)),
                              g.d[2] * Index(xp.stride(4))};
+  if (kind == PoolKind::average) {
+    // A block of a line's outputs at a time, summed tap by tap: the same additions in the same
+    // order per output, but independent of each other (one output's four dependent adds and
+    // its division at a time left the core waiting).
+    const T divisor = T(g.constant_divisor());  // 0: it varies, per output
+    for_each_line(
+        space, "Pool::forward_average", lines, KOKKOS_LAMBDA(const CellIndex& at) {
+          constexpr Index block = 16;
+          const T* window = &xp(at.n, at.c, g.base[0] + at.x * g.s[0],
+                                g.base[1] + at.y * g.s[1], g.base[2] + at.z * g.s[2]);
+          T* out = &y(at.n, at.c, at.x, at.y, at.z);
+          for (Index i0 = 0; i0 < length; i0 += block, window += block * window_step) {
+            const Index count = length - i0 < block ? length - i0 : block;
+            T sum[block];
+            for (Index i = 0; i < count; ++i) sum[i] = 0;
+            for (Index a = 0; a < g.k[0]; ++a)
+              for (Index b = 0; b < g.k[1]; ++b)
+                for (Index e = 0; e < g.k[2]; ++e) {
+                  const T* tap = window + a * tap_step[0] + b * tap_step[1] + e * tap_step[2];
+                  for (Index i = 0; i < count; ++i) sum[i] += tap[i * window_step];
+                }
+            for (Index i = 0; i < count; ++i) {
+              const Index o = i0 + i;
+              const T d = divisor != 0 ? divisor
+                                       : T(g.divisor(axis == 0 ? o : at.x, axis == 1 ? o : at.y,
+                                                     axis == 2 ? o : at.z));
+              out[o * out_step] = sum[i] / d;
+            }
+          }
+        });
+    return;
+  }
   for_each_line(
       space, "Pool::forward", lines, KOKKOS_LAMBDA(const CellIndex& at) {
         const T* window = &xp(at.n, at.c, g.base[0] + at.x * g.s[0], g.base[1] + at.y * g.s[1],
                               g.base[2] + at.z * g.s[2]);
         T* out = &y(at.n, at.c, at.x, at.y, at.z);
         for (Index i = 0; i < length; ++i, window += window_step) {
-          if (kind == PoolKind::max) {
-            T best = -math::infinity<T>();
-            Index where = 0, tap = 0;
-            for (Index a = 0; a < g.k[0]; ++a)
-              for (Index b = 0; b < g.k[1]; ++b) {
-                const T* row = window + a * tap_step[0] + b * tap_step[1];
-                for (Index e = 0; e < g.k[2]; ++e, ++tap) {
-                  // The first maximum wins, as in PyTorch. Selects, not a branch: on random
-                  // data a branch mispredicts about twice a window.
-                  const T v = row[e * tap_step[2]];
-                  const bool larger = v > best;
-                  where = larger ? tap : where;
-                  best = larger ? v : best;
-                }
+          T best = -math::infinity<T>();
+          Index where = 0, tap = 0;
+          for (Index a = 0; a < g.k[0]; ++a)
+            for (Index b = 0; b < g.k[1]; ++b) {
+              const T* row = window + a * tap_step[0] + b * tap_step[1];
+              for (Index e = 0; e < g.k[2]; ++e, ++tap) {
+                // The first maximum wins, as in PyTorch. Selects, not a branch: on random
+                // data a branch mispredicts about twice a window.
+                const T v = row[e * tap_step[2]];
+                const bool larger = v > best;
+                where = larger ? tap : where;
+                best = larger ? v : best;
               }
-            out[i * out_step] = best;
-            if (record)
-              (&argmax(at.n, at.c, at.x, at.y, at.z))[i * argmax_step] =
-                  static_cast<std::uint16_t>(where);
-          } else {
-            T sum = 0;
-            for (Index a = 0; a < g.k[0]; ++a)
-              for (Index b = 0; b < g.k[1]; ++b) {
-                const T* row = window + a * tap_step[0] + b * tap_step[1];
-                for (Index e = 0; e < g.k[2]; ++e) sum += row[e * tap_step[2]];
-              }
-            const Index ox = axis == 0 ? i : at.x, oy = axis == 1 ? i : at.y,
-                        oz = axis == 2 ? i : at.z;
-            out[i * out_step] = sum / T(g.divisor(ox, oy, oz));
-          }
+            }
+          out[i * out_step] = best;
+          if (record)
+            (&argmax(at.n, at.c, at.x, at.y, at.z))[i * argmax_step] =
+                static_cast<std::uint16_t>(where);
         }
       });
 }

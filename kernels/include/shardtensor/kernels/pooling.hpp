@@ -51,6 +51,13 @@ struct PoolShape {
     }
     return count;
   }
+  /// Every local output's divisor where it is the same for all (count_include_pad, or no
+  /// window of this rank reaches past the global field), else 0.
+  Index constant_divisor() const {
+    for (int a = 0; a < 3 && !count_include_pad; ++a)
+      if (first_global[a] < 0 || first_global[a] + (out[a] - 1) * s[a] + k[a] > global[a]) return 0;
+    return k[0] * k[1] * k[2];
+  }
 };
 
 /// y = pooling of the padded input xp over the windows of g; argmax (max pooling), unless
