@@ -82,6 +82,37 @@ struct NearestTable {
   }
 };
 
+/// Planar linear interpolation as the 2-D form reads (x's weight outside, y's inside), with
+/// weight w across the line and wa along it; lines along y (`along_y`) or along x.
+template <bool along_y, class T>
+KOKKOS_INLINE_FUNCTION T planar_linear(T w, T wa, T ll, T lh, T hl, T hh) {
+  if (along_y) return w * (wa * ll + (1 - wa) * lh) + (1 - w) * (wa * hl + (1 - wa) * hh);
+  return wa * (w * ll + (1 - w) * hl) + (1 - wa) * (w * lh + (1 - w) * hh);
+}
+
+/// A line of scale-2 outputs from the lines `low` and `high` across it: even outputs read
+/// sources even_first + j and the next with weight w_even, odd ones odd_first + j likewise.
+template <bool along_y, class T>
+KOKKOS_INLINE_FUNCTION void planar_linear_pairs(const T* low, const T* high, T* out, Index length,
+                                                T w, Index even_first, T w_even, Index odd_first,
+                                                T w_odd) {
+  // Restricted (the output is not the input) and without table lookups: a loop the compiler
+  // vectorises.
+  const T* KOKKOS_RESTRICT const le = low + even_first;
+  const T* KOKKOS_RESTRICT const he = high + even_first;
+  const T* KOKKOS_RESTRICT const lo = low + odd_first;
+  const T* KOKKOS_RESTRICT const ho = high + odd_first;
+  T* KOKKOS_RESTRICT const to = out;
+  const Index half = length / 2;
+  for (Index j = 0; j < half; ++j) {
+    to[2 * j] = planar_linear<along_y>(w, w_even, le[j], le[j + 1], he[j], he[j + 1]);
+    to[2 * j + 1] = planar_linear<along_y>(w, w_odd, lo[j], lo[j + 1], ho[j], ho[j + 1]);
+  }
+  if (length % 2 != 0)
+    to[length - 1] = planar_linear<along_y>(w, w_even, le[half], le[half + 1], he[half],
+                                            he[half + 1]);
+}
+
 template <class T>
 void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
                       const FieldView<T>& x, const FieldView<T>& y) {
@@ -123,6 +154,23 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
     const Index step = in_steps[axis], across_step = in_steps[1 - axis];
     const bool has_upper[2] = {g.in[0] > 1, g.in[1] > 1};
     const bool upper_along = has_upper[axis], upper_across = has_upper[1 - axis];
+    // Scale 2 along contiguous lines (the U-Net's upsampling): even outputs all have one
+    // weight and odd ones another, and each pair's sources are one cell on from the last
+    // pair's. Then a line is pairs of outputs with no table lookups, a loop the compiler
+    // vectorises: the same values and operations, so the same sums.
+    bool pairs = false;
+    Index lower_even = 0, lower_odd = 0;
+    T weight_even = 0, weight_odd = 0;
+    if constexpr (kernels_run_on_host) {
+      pairs = step == 1 && out_step == 1 && upper_along && length >= 2;
+      for (Index i = 2; pairs && i < length; ++i)
+        pairs = lower(along + i) == lower(along + i - 2) + 1 &&
+                weight(along + i) == weight(along + i - 2);
+      if (pairs) {
+        lower_even = lower(along), lower_odd = lower(along + 1);
+        weight_even = weight(along), weight_odd = weight(along + 1);
+      }
+    }
     for_each_line(
         space, "Upsample::forward_planar", lines, KOKKOS_LAMBDA(const CellIndex& c) {
           const Index o_across = axis == 1 ? c.x : c.y;
@@ -132,16 +180,22 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
           const T* const low = p + l * across_step;  // the lines of the two sources across
           const T* const high = p + h * across_step;
           T* const out = &y(c.n, c.c, c.x, c.y, 0);
+          if (pairs) {
+            if (axis == 1)
+              planar_linear_pairs<true>(low, high, out, length, w, lower_even, weight_even,
+                                        lower_odd, weight_odd);
+            else
+              planar_linear_pairs<false>(low, high, out, length, w, lower_even, weight_even,
+                                         lower_odd, weight_odd);
+            return;
+          }
           for (Index i = 0; i < length; ++i) {
             const Index la = lower(along + i), ha = upper_along ? la + 1 : la;
             const T wa = weight(along + i);
-            // As the 2-D form reads: x's weight outside, y's inside.
             const T ll = low[la * step], lh = low[ha * step];
             const T hl = high[la * step], hh = high[ha * step];
-            out[i * out_step] = axis == 1 ? w * (wa * ll + (1 - wa) * lh) +
-                                                (1 - w) * (wa * hl + (1 - wa) * hh)
-                                          : wa * (w * ll + (1 - w) * hl) +
-                                                (1 - wa) * (w * lh + (1 - w) * hh);
+            out[i * out_step] = axis == 1 ? planar_linear<true>(w, wa, ll, lh, hl, hh)
+                                          : planar_linear<false>(w, wa, ll, lh, hl, hh);
           }
         });
     return;
