@@ -15,12 +15,22 @@ double clip_grad_norm(const NamedParameters<T>& parameters, double max_norm) {
   for (const auto& named : parameters) {
     if (!named.second.requires_grad()) continue;
     const ReplicatedView<T> grad = named.second.data_grad();
+    // Eight values per work item, summed as a tree: one dependent addition per eight values
+    // (one per value was 3 % of the main job's step on one core).
+    constexpr std::size_t block = 8;
+    const std::size_t count = grad.extent(0);
     double partial = 0;
     Kokkos::parallel_reduce(
-        "clip_grad_norm::sum_of_squares", grad.extent(0),
-        KOKKOS_LAMBDA(const std::size_t i, double& sum) {
-          const double g = static_cast<double>(grad(i));
-          sum += g * g;
+        "clip_grad_norm::sum_of_squares", (count + block - 1) / block,
+        KOKKOS_LAMBDA(const std::size_t b, double& sum) {
+          double squares[block];
+          for (std::size_t j = 0; j < block; ++j) {
+            const std::size_t i = b * block + j;
+            const double g = i < count ? static_cast<double>(grad(i)) : 0.0;
+            squares[j] = g * g;
+          }
+          sum += ((squares[0] + squares[1]) + (squares[2] + squares[3])) +
+                 ((squares[4] + squares[5]) + (squares[6] + squares[7]));
         },
         partial);
     sum_of_squares += partial;
