@@ -27,8 +27,8 @@ struct Chunk {
 template <class T>
 KOKKOS_INLINE_FUNCTION void im2col_rows(const ConvShape& g, const FieldView<T>& xp, Index n,
                                         Index group, const Chunk& chunk,
-                                        const UnmanagedMatrix<T>& columns, Index row,
-                                        Index z_first, Index z_last) {
+                                        const UnmanagedMatrix<T>& columns, Index row, Index z_first,
+                                        Index z_last) {
   Index t = row;
   const Index c = t % g.k[2];
   t /= g.k[2];

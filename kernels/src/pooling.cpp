@@ -28,8 +28,8 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
     for_each_line(
         space, "Pool::forward_average", lines, KOKKOS_LAMBDA(const CellIndex& at) {
           constexpr Index block = 16;
-          const T* window = &xp(at.n, at.c, g.base[0] + at.x * g.s[0],
-                                g.base[1] + at.y * g.s[1], g.base[2] + at.z * g.s[2]);
+          const T* window = &xp(at.n, at.c, g.base[0] + at.x * g.s[0], g.base[1] + at.y * g.s[1],
+                                g.base[2] + at.z * g.s[2]);
           T* out = &y(at.n, at.c, at.x, at.y, at.z);
           for (Index i0 = 0; i0 < length; i0 += block, window += block * window_step) {
             const Index count = length - i0 < block ? length - i0 : block;

@@ -109,8 +109,8 @@ KOKKOS_INLINE_FUNCTION void planar_linear_pairs(const T* low, const T* high, T* 
     to[2 * j + 1] = planar_linear<along_y>(w, w_odd, lo[j], lo[j + 1], ho[j], ho[j + 1]);
   }
   if (length % 2 != 0)
-    to[length - 1] = planar_linear<along_y>(w, w_even, le[half], le[half + 1], he[half],
-                                            he[half + 1]);
+    to[length - 1] =
+        planar_linear<along_y>(w, w_even, le[half], le[half + 1], he[half], he[half + 1]);
 }
 
 template <class T>
