@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
             "\"infer_collective_fraction\":%s,\"peak_mib\":%s,\"infer_peak_mib\":%s,"
             "\"peak_rss_mib\":%s,\"base_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,"
             "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s,\"vector_isa\":\"%s\","
-            "\"vector_lanes\":%d,\"train_launches\":%lld,\"train_fences\":%lld,"
+            "\"vector_lanes\":%d,\"bf16_dot\":%s,\"train_launches\":%lld,\"train_fences\":%lld,"
             "\"train_deep_copies\":%lld,\"infer_launches\":%lld,\"infer_fences\":%lld,"
             "\"infer_deep_copies\":%lld}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
@@ -381,10 +381,10 @@ int main(int argc, char** argv) {
             json_number(s.budget_mib).c_str(), r.fits ? "true" : "false",
             (long long)r.size_multiple, json_number(r.fits ? r.loss : NAN, 9).c_str(),
             json_number(load_average()).c_str(), kernels::vector_isa().c_str(),
-            kernels::vector_lanes(), (long long)r.train_counts.launches,
-            (long long)r.train_counts.fences, (long long)r.train_counts.deep_copies,
-            (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
-            (long long)r.infer_counts.deep_copies);
+            kernels::vector_lanes(), kernels::bf16_dot_products() ? "true" : "false",
+            (long long)r.train_counts.launches, (long long)r.train_counts.fences,
+            (long long)r.train_counts.deep_copies, (long long)r.infer_counts.launches,
+            (long long)r.infer_counts.fences, (long long)r.infer_counts.deep_copies);
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

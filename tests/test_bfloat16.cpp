@@ -11,6 +11,7 @@
 #include "equivalence.hpp"
 #include "model_options.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
+#include "shardtensor/kernels/vector_isa.hpp"
 #include "shardtensor/nn/saved_field.hpp"
 
 using namespace shardtensor;
@@ -191,6 +192,52 @@ TEST_CASE("bf16 convolutions: sharded equals one rank, near float, bf16 outputs"
     CHECK(gradient_error <= 1e-2);
     CHECK(test::relative_error(low.module->named_parameters()[0].second.data_grad(),
                                full.module->named_parameters()[0].second.data_grad()) <= 1e-2);
+  }
+}
+
+TEST_CASE(
+    "bf16 convolutions on the vector kernels: the same bits on every path, with or "
+    "without bf16 dot products",
+    "[bf16]") {
+  // The vector kernels read bf16 operands as channel pairs (odd channel counts too: 5 in, 7
+  // out), on bf16 dot products where the CPU has them (AVX512_BF16), else on multiply-adds
+  // that sum in the same order; the weight gradient sums in float. Random data has no
+  // subnormal products, where the two would differ.
+  const std::string initial = kernels::vector_isa();
+  if (initial == "off") return;  // the run turned the vector paths off: nothing to compare
+  const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
+      {{9, 8, 20}, conv_options(5, 7, {3, 3, 3}, {1, 1, 1})},
+      {{24, 40}, conv_options(9, 4, {3, 3}, {1, 1}, PaddingMode::periodic)},
+  };
+  const Communicator self(MPI_COMM_SELF);
+  for (const auto& one : cases) {
+    const ConvOptions& options = one.second;
+    INFO(options.kernel.size() << "-D, " << options.in_channels << " -> " << options.out_channels);
+    const std::vector<bool> periodic(one.first.size(),
+                                     options.padding_mode == PaddingMode::periodic);
+    const Decomposition whole =
+        test::unsharded(test::test_decompositions(one.first, 1, periodic, 3).front());
+    std::vector<double> first;
+    for (const std::string& isa : kernels::vector_isas())
+      for (bool dot : {false, true}) {
+        INFO("path " << isa << ", dot products allowed " << dot);
+        kernels::select_vector_isa(isa);
+        kernels::allow_bf16_dot_products(dot);
+        const auto run =
+            test::run_module<float>(bf16_factory<Conv<float>>(options, true), self, whole, 2,
+                                    options.in_channels, test::weighted_sum<float>);
+        std::vector<double> bits = test::host_values(run.output.value().view());
+        for (const auto& values :
+             {test::host_values(run.input.grad().view()),
+              test::host_values(run.module->named_parameters()[0].second.data_grad())})
+          bits.insert(bits.end(), values.begin(), values.end());
+        if (first.empty())
+          first = bits;
+        else
+          CHECK(bits == first);
+      }
+    kernels::allow_bf16_dot_products(true);
+    kernels::select_vector_isa(initial);
   }
 }
 

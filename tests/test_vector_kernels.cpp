@@ -58,6 +58,33 @@ void on_every_path(const Run& run) {
   select_vector_isa("best");
 }
 
+/// A tile's output vectors as output_vectors makes them: whole ones within row 0, or (`mixed`)
+/// one whole vector, one that runs from the end of row 0 (`row` cells, a source `stride` and an
+/// output `out_row` apart) into row 1, and padding (no lanes).
+std::vector<host::OutputVector> tile_vectors(bool mixed, int row, int stride, int out_row) {
+  const host::ConvTileShape shape = host::conv_tile_shape();
+  const int lanes = shape.lanes;
+  std::vector<host::OutputVector> vectors;
+  const unsigned all = lanes >= 32 ? ~0u : (1u << lanes) - 1u;
+  for (int v = 0; v < shape.tile_vectors; ++v) {
+    const int z = v * lanes;
+    if (!mixed || v == 0) {
+      vectors.push_back({z, z, 0, all, 0});
+    } else if (v == 1) {  // the end of row 0 and the start of row 1
+      const int z0 = row - lanes / 2;
+      unsigned mask = 0, next = 0;
+      for (int i = 0; i < lanes; ++i) {
+        if (z0 + i < row) mask |= 1u << i;
+        if (z0 + i - stride >= 0 && z0 + i - stride < row) next |= 1u << i;
+      }
+      vectors.push_back({z0, z0, out_row + z0 - stride, mask, next});
+    } else {
+      vectors.push_back({0, 0, 0, 0, 0});
+    }
+  }
+  return vectors;
+}
+
 double gelu_exact(double x) {
   return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
 }
@@ -159,26 +186,8 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
         const float* planes[x_taps] = {source.data(), nullptr, source.data() + 2 * channels *
                                                                                   channel_stride};
         if (case_index == 1) planes[1] = source.data() + channels * channel_stride;
-        // Vectors: whole ones within row 0, then one that runs from row 0 into row 1, and
-        // padding (no lanes), as output_vectors makes them.
-        std::vector<host::OutputVector> vectors;
-        const unsigned all = lanes >= 32 ? ~0u : (1u << lanes) - 1u;
-        for (int v = 0; v < shape.tile_vectors; ++v) {
-          const int z = v * lanes;
-          if (case_index == 0 || v == 0) {
-            vectors.push_back({z, z, 0, all, 0});
-          } else if (v == 1) {  // the end of row 0 and the start of row 1
-            const int z0 = row - lanes / 2;
-            unsigned mask = 0, next = 0;
-            for (int i = 0; i < lanes; ++i) {
-              if (z0 + i < row) mask |= 1u << i;
-              if (z0 + i - stride >= 0 && z0 + i - stride < row) next |= 1u << i;
-            }
-            vectors.push_back({z0, z0, out_row + z0 - stride, mask, next});
-          } else {
-            vectors.push_back({0, 0, 0, 0, 0});
-          }
-        }
+        const std::vector<host::OutputVector> vectors =
+            tile_vectors(case_index != 0, row, stride, out_row);
         const std::ptrdiff_t out_stride = 2 * out_row;
         std::vector<float> out = random_floats(R * out_stride, 34), expected = out;
         host::correlate_tile(planes, x_taps, offsets.data(), taps, weights.data(), vectors.data(),
@@ -206,6 +215,97 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
         return std::vector<float>();
       });
     }
+}
+
+TEST_CASE(
+    "a bf16 pair tile equals the scalar sums in pair order, bit for bit, with or without "
+    "dot products") {
+  // Pair planes of 2 x-taps (one outside the source), 3 pairs of 7 x 40 cells; 2 x 3 (y, z)
+  // taps per pair; bf16 values of both signs. Each output adds channel 2p's product, then
+  // 2p + 1's, per pair tap: what vdpbf16ps computes (bar subnormals, which these avoid).
+  constexpr int x_taps = 2, pairs = 3, plane_rows = 7, stride = 40, row = 39, out_row = 50;
+  const std::ptrdiff_t pair_stride = plane_rows * stride;
+  const auto bf16 = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u & 0xFFFF0000u;  // truncated: a bf16 value
+  };
+  const auto value = [](std::uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  const std::vector<float> upper = random_floats(x_taps * pairs * pair_stride, 51),
+                           lower = random_floats(x_taps * pairs * pair_stride, 52);
+  std::vector<std::uint32_t> source(upper.size());
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = bf16(upper[i]) | bf16(lower[i]) >> 16;
+  std::vector<std::ptrdiff_t> offsets;
+  for (int p = 0; p < pairs; ++p)
+    for (int b = 0; b < 2; ++b)
+      for (int c = 0; c < 3; ++c) offsets.push_back(p * pair_stride + b * stride + c);
+  const int taps = static_cast<int>(offsets.size());
+  const std::vector<bool> dots = shardtensor::kernels::bf16_dot_products()
+                                     ? std::vector<bool>{false, true}
+                                     : std::vector<bool>{false};
+  for (bool dot : dots)
+    for (bool accumulate : {false, true})
+      for (int case_index = 0; case_index < 3; ++case_index) {
+        INFO("dot products " << dot << ", accumulate " << accumulate << ", case " << case_index);
+        shardtensor::kernels::allow_bf16_dot_products(dot);
+        on_every_path([&] {
+          const host::ConvTileShape shape = host::conv_tile_shape();
+          const int R = shape.tile_rows, lanes = shape.lanes;
+          REQUIRE(host::pair_tiles_use_dot() == (dot && vector_isa() == "avx512"));
+          const int rows = case_index == 2 ? R - 1 : R;
+          // Channel 2p's and 2p + 1's weights per (a, t, r), then packed as the path reads them.
+          std::vector<std::uint32_t> wu(x_taps * taps * R), wl(wu.size());
+          const std::vector<float> wu_values = random_floats(wu.size(), 53),
+                                   wl_values = random_floats(wu.size(), 54);
+          for (std::size_t i = 0; i < wu.size(); ++i)
+            wu[i] = bf16(wu_values[i]), wl[i] = bf16(wl_values[i]);
+          std::vector<std::uint32_t> packed;
+          for (int e = 0; e < x_taps * taps; ++e) {
+            if (host::pair_tiles_use_dot()) {
+              for (int r = 0; r < R; ++r) packed.push_back(wu[e * R + r] | wl[e * R + r] >> 16);
+            } else {
+              for (int r = 0; r < R; ++r) packed.push_back(wu[e * R + r]);
+              for (int r = 0; r < R; ++r) packed.push_back(wl[e * R + r]);
+            }
+          }
+          const std::vector<float> bias = random_floats(R, 55);
+          const std::uint32_t* planes[x_taps] = {source.data(), nullptr};
+          if (case_index == 1) planes[1] = source.data() + pairs * pair_stride;
+          const std::vector<host::OutputVector> vectors =
+              tile_vectors(case_index != 0, row, stride, out_row);
+          const std::ptrdiff_t out_stride = 2 * out_row;
+          std::vector<float> out = random_floats(R * out_stride, 56), expected = out;
+          host::correlate_pairs_tile(planes, x_taps, offsets.data(), taps, packed.data(),
+                                     vectors.data(), out.data(), out_stride, rows, bias.data(),
+                                     accumulate);
+          for (int r = 0; r < rows; ++r)
+            for (const host::OutputVector& v : vectors)
+              for (int i = 0; i < lanes; ++i) {
+                const bool here = v.mask >> i & 1u, next = v.next_mask >> i & 1u;
+                if (!here && !next) continue;
+                float acc = 0;
+                for (int a = 0; a < x_taps; ++a) {
+                  if (!planes[a]) continue;
+                  for (int t = 0; t < taps; ++t) {
+                    const std::uint32_t x = planes[a][v.source + i + offsets[t]];
+                    const int e = (a * taps + t) * R + r;
+                    acc = std::fma(value(wu[e]), value(x & 0xFFFF0000u), acc);
+                    acc = std::fma(value(wl[e]), value(x << 16), acc);
+                  }
+                }
+                float& cell = expected[r * out_stride + (here ? v.output : v.next_output) + i];
+                const float sum = acc + bias[r];
+                cell = accumulate ? sum + cell : sum;
+              }
+          CHECK(same_bits(out, expected));
+          return std::vector<float>();
+        });
+      }
+  shardtensor::kernels::allow_bf16_dot_products(true);
 }
 
 TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit for bit") {

@@ -219,7 +219,7 @@ Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1) {
 }
 
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
-                      std::size_t budget_bytes, bool vector_kernels) {
+                      std::size_t budget_bytes, bool vector_kernels, bool bf16_operands) {
   PlanePlan plan;
   const Index groups = g.out_channels / g.out_per_group;
   Correlation& f = plan.forward;
@@ -241,10 +241,12 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   const std::size_t budget = budget_bytes / value_size;
   if (vector_kernels) {
     // Whole padded planes in the ring when they fit, else the rows of one band at a time.
-    plan.band_copies = host::conv_vector_values(f, d, false) > budget;
-    plan.values = host::conv_vector_values(f, d, plan.band_copies);
+    plan.bf16_pairs = bf16_operands;
+    plan.band_copies = host::conv_vector_values(f, d, false, plan.bf16_pairs) > budget;
+    plan.values = host::conv_vector_values(f, d, plan.band_copies, plan.bf16_pairs);
     plan.vector_kernels = plan.values <= budget;
     if (plan.vector_kernels) return plan;
+    plan.bf16_pairs = false;
   }
   if (g.wrap[0] || g.wrap[1] || g.wrap[2]) return plan;  // im2col reads zeros only
   const auto weights = [](const Correlation& r) {
@@ -266,12 +268,17 @@ namespace {
 /// A one-group correlation's weights packed for the vector kernels: the cache's where they
 /// were packed from the same weights, bit for bit, in the same layout; else packed into it now.
 const float* packed_weights(const Correlation& r, const ConvShape& g,
-                            const ReplicatedView<float>& w, bool transposed,
+                            const ReplicatedView<float>& w, bool transposed, bool pairs,
                             PackedWeights<float>& cache) {
-  const std::array<Index, 8> layout{r.k[0],           r.k[1],
-                                    r.k[2],           r.src_per_group,
-                                    r.out_per_group,  Index(transposed),
-                                    Index(w.extent(0)), Index(host::conv_vector_packing())};
+  const std::array<Index, 9> layout{r.k[0],
+                                    r.k[1],
+                                    r.k[2],
+                                    r.src_per_group,
+                                    r.out_per_group,
+                                    Index(transposed),
+                                    Index(w.extent(0)),
+                                    Index(pairs),
+                                    Index(host::conv_vector_packing(pairs))};
   const std::size_t n = w.extent(0);  // in the layout: source holds n values where it matches
   if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
     return cache.packed.data();
@@ -285,7 +292,7 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
     cache.packed = Values(Kokkos::view_alloc(no_init, "conv.packed_weights"), values);
   cache.layout = {};  // invalid until both are written
   std::memcpy(cache.source.data(), w.data(), n * sizeof(float));
-  host::conv_vector_pack_weights(r, g, w, transposed, cache.packed.data());
+  host::conv_vector_pack_weights(r, g, w, transposed, pairs, cache.packed.data());
   cache.layout = layout;
   return cache.packed.data();
 }
@@ -300,10 +307,11 @@ void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const 
                       PackedWeights<T>* cache) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels) {
-      const float* packed = cache && r.groups == 1 ? packed_weights(r, g, w, transposed, *cache)
-                                                   : nullptr;
+      const float* packed = cache && r.groups == 1
+                                ? packed_weights(r, g, w, transposed, plan.bf16_pairs, *cache)
+                                : nullptr;
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
-                                         plan.band_copies, keep, packed);
+                                         plan.band_copies, plan.bf16_pairs, keep, packed);
     }
   plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }

@@ -38,7 +38,8 @@ class ConvKernels {
         planes_(gemm_ && !library_.applies()
                     ? kernels::plan_planes(
                           shape, padded_extent, sizeof(T), workspace_->budget_bytes,
-                          options.vector_kernels && kernels::conv_vector_kernels_available<T>())
+                          options.vector_kernels && kernels::conv_vector_kernels_available<T>(),
+                          options.bf16)
                     : kernels::PlanePlan{}) {}
 
   /// Whether the backend's library runs the convolution (on a padded buffer).

@@ -1,10 +1,14 @@
 #include "conv_vector.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "host_threads.hpp"
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
 #include "vector_kernels.hpp"
 
@@ -39,13 +43,27 @@ inline Index copied_rows(const Correlation& r, bool bands) {
   return bands ? std::min(read_extent(r, 1), band_reads) : read_extent(r, 1);
 }
 
+/// A float's bf16 value in the upper half of 32 bits (rounded to nearest even, as
+/// round_to_bfloat16: exact for the bf16 values a bf16 convolution's operands are).
+inline uint32_t upper_bf16(float x) {
+  return uint32_t(bfloat16_bits(x)) << 16;
+}
+/// Two channels' values as one cell of a pair plane (vector_kernels.hpp: correlate_pairs_tile).
+inline uint32_t bf16_pair(float upper, float lower) {
+  return upper_bf16(upper) | bfloat16_bits(lower);
+}
+
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
 /// it in y and z (a padded input), else a ring of zero-padded copies of its planes (the output
 /// gradient, read by the input gradient; an input read without a padded copy). A plane points at
 /// the cell that output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With
 /// `bands`, a copy holds only the rows that one band of output rows reads (start_band() before the
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
+/// Value uint32_t: the copies are pair planes (bf16 channel pairs, correlate_pairs_tile), always
+/// copied; a copy "channel" is a pair of the group's channels (an odd last one pairs with zeros).
+template <class Value>
 class PlaneSource {
+  static constexpr bool pairs = std::is_same<Value, uint32_t>::value;
   /// i modulo extent, in [0, extent). Padding reaches at most an extent past either end, so
   /// one addition or subtraction does: the divisions were most of a small field's ring copies.
   static Index wrapped(Index i, Index extent) {
@@ -53,13 +71,17 @@ class PlaneSource {
     if (i >= extent) i -= extent;
     return i >= 0 && i < extent ? i : ((i % extent) + extent) % extent;
   }
+  static Index copy_channels(const Correlation& r) {
+    return pairs ? (r.src_per_group + 1) / 2 : r.src_per_group;
+  }
+  static bool reads_in_place(const Correlation& r) { return !pairs && reads_inside(r); }
 
  public:
-  PlaneSource(const Correlation& r, const FieldView<float>& src, float* ring, bool bands = false)
+  PlaneSource(const Correlation& r, const FieldView<float>& src, Value* ring, bool bands = false)
       : r_(r),
         src_(src),
         ring_(ring),
-        in_place_(reads_inside(r)),
+        in_place_(reads_in_place(r)),
         rows_(copied_rows(r, bands)),
         slot_plane_(r.slots()) {
     channel_stride_ = in_place_ ? src.stride(1) : rows_ * read_extent(r, 2);
@@ -67,10 +89,12 @@ class PlaneSource {
   }
   /// Workspace values the ring needs (none when the source is read in place).
   static std::size_t ring_values(const Correlation& r, bool bands) {
-    return reads_inside(r) ? 0
-                           : static_cast<std::size_t>(r.slots() * r.src_per_group *
-                                                      copied_rows(r, bands) * read_extent(r, 2));
+    return reads_in_place(r) ? 0
+                             : static_cast<std::size_t>(r.slots() * copy_channels(r) *
+                                                        copied_rows(r, bands) * read_extent(r, 2));
   }
+  /// Channels (pairs for pair planes) of a plane, a channel_stride() apart.
+  Index channels() const { return copy_channels(r_); }
   std::ptrdiff_t channel_stride() const { return channel_stride_; }
   std::ptrdiff_t row_stride() const { return row_stride_; }
   /// The output row that a plane's first row belongs to.
@@ -88,13 +112,14 @@ class PlaneSource {
     std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
   }
   /// Source plane sx of the current sample and group; null outside the source (reads zero).
-  const float* plane(Index sx) {
+  const Value* plane(Index sx) {
     const Index px = r_.wrap[0] ? wrapped(sx, r_.src[0]) : sx;  // the plane's own index
     if (px < 0 || px >= r_.src[0]) return nullptr;
     const Index c0 = group_ * r_.src_per_group;
-    if (in_place_) return &src_(n_, c0, px, r_.offset[1], r_.offset[2]);
+    if constexpr (!pairs)
+      if (in_place_) return &src_(n_, c0, px, r_.offset[1], r_.offset[2]);
     const Index slot = slot_of(sx, r_.slots());
-    float* copy = ring_ + slot * r_.src_per_group * channel_stride_;
+    Value* copy = ring_ + slot * channels() * channel_stride_;
     if (slot_plane_[slot] == sx) return copy;
     // Row by row: the source's cells [z0, z1) of the row (contiguous), and around them zeros
     // or (wrap) the cells an extent away.
@@ -102,33 +127,51 @@ class PlaneSource {
     const Index width = read_extent(r_, 2), extent = r_.src[2];
     const Index z0 = std::clamp<Index>(-r_.offset[2], 0, width);
     const Index z1 = std::clamp<Index>(extent - r_.offset[2], z0, width);
-    for (Index j = 0; j < r_.src_per_group; ++j)
+    for (Index j = 0; j < channels(); ++j)
       for (Index y = 0; y < rows; ++y) {
         Index sy = r_.offset[1] + first_row_ + y;
         if (r_.wrap[1]) sy = wrapped(sy, r_.src[1]);
-        float* row = copy + j * channel_stride_ + y * row_stride_;
+        Value* row = copy + j * channel_stride_ + y * row_stride_;
         if (sy < 0 || sy >= r_.src[1] || (z0 == z1 && !r_.wrap[2])) {
-          std::fill(row, row + width, 0.0f);
+          std::fill(row, row + width, Value(0));
           continue;
         }
-        const float* source_row = &src_(n_, c0 + j, px, sy, 0);
-        if (r_.wrap[2]) {
-          for (Index z = 0; z < z0; ++z) row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
-          for (Index z = z1; z < width; ++z) row[z] = source_row[wrapped(r_.offset[2] + z, extent)];
+        if constexpr (pairs) {
+          const float* upper = &src_(n_, c0 + 2 * j, px, sy, 0);
+          const float* lower =
+              2 * j + 1 < r_.src_per_group ? &src_(n_, c0 + 2 * j + 1, px, sy, 0) : nullptr;
+          const auto cell = [&](Index sz) {
+            return lower ? bf16_pair(upper[sz], lower[sz]) : upper_bf16(upper[sz]);
+          };
+          copy_row(row, width, z0, z1, extent, cell);
         } else {
-          std::fill(row, row + z0, 0.0f);
-          std::fill(row + z1, row + width, 0.0f);
+          const float* source_row = &src_(n_, c0 + j, px, sy, 0);
+          copy_row(row, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; });
         }
-        std::copy(source_row + r_.offset[2] + z0, source_row + r_.offset[2] + z1, row + z0);
       }
     slot_plane_[slot] = sx;
     return copy;
   }
 
  private:
+  /// row[z] = cell(offset + z) for z in [z0, z1); around it zeros, or (wrap) the cells an
+  /// extent away.
+  template <class Cell>
+  void copy_row(Value* row, Index width, Index z0, Index z1, Index extent, const Cell& cell) const {
+    const Index offset = r_.offset[2];
+    if (r_.wrap[2]) {
+      for (Index z = 0; z < z0; ++z) row[z] = cell(wrapped(offset + z, extent));
+      for (Index z = z1; z < width; ++z) row[z] = cell(wrapped(offset + z, extent));
+    } else {
+      std::fill(row, row + z0, Value(0));
+      std::fill(row + z1, row + width, Value(0));
+    }
+    for (Index z = z0; z < z1; ++z) row[z] = cell(offset + z);
+  }
+
   const Correlation& r_;
   FieldView<float> src_;
-  float* ring_;
+  Value* ring_;
   bool in_place_;
   Index rows_;  // rows per copy
   std::ptrdiff_t channel_stride_, row_stride_;
@@ -136,11 +179,12 @@ class PlaneSource {
   Index n_ = 0, group_ = 0, first_row_ = 0;
 };
 
-/// Offsets from a source plane of the (y, z) taps of source channels [0, channels): entry
+/// Offsets from a source plane of the (y, z) taps of its channels (or pairs) j: entry
 /// (j, b, c) = j * channel stride + b * dy * row stride + c * dz.
-inline std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const PlaneSource& source) {
+template <class Value>
+std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const PlaneSource<Value>& source) {
   std::vector<std::ptrdiff_t> offsets;
-  for (Index j = 0; j < r.src_per_group; ++j)
+  for (Index j = 0; j < source.channels(); ++j)
     for (Index b = 0; b < r.k[1]; ++b)
       for (Index c = 0; c < r.k[2]; ++c)
         offsets.push_back(j * source.channel_stride() + b * r.d[1] * source.row_stride() +
@@ -187,13 +231,20 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
 
 /// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`)
 /// for the current path's tiles: [block of R outputs][pass][a][(j, b, c) of the pass][R]
-/// (R = the tile's rows; outputs past out_per_group zero).
+/// (R = the tile's rows; outputs past out_per_group zero). With `pairs` (for pair planes),
+/// (j, b, c) runs over channel pairs j, each entry a tile's weight pairs for bf16 dot
+/// products (pair_tiles_use_dot()), else the R weights of channel 2j (as float bits, rounded
+/// to bf16) and the R of channel 2j + 1.
 void pack_correlation_weights(const Correlation& r, const ConvShape& g,
                               const ReplicatedView<float>& w, bool transposed, Index group,
-                              float* packed) {
+                              bool pairs, void* packed) {
   const Index rows_per_tile = conv_tile_shape().tile_rows;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2];
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
+  const bool dot = pairs && pair_tiles_use_dot();
+  // Values per (a, j, b, c) entry, and channels per j.
+  const Index entry = dot ? rows_per_tile : pairs ? 2 * rows_per_tile : rows_per_tile;
+  const Index step = pairs ? 2 : 1, entries = (r.src_per_group + step - 1) / step;
   // The weight index is linear in (o, b, c): walked by strides (an index computed per weight
   // was most of the packing, a tenth of a small field's convolution).
   const auto weight_at = [&](Index grp, Index o, Index j, Index a, Index b, Index c) {
@@ -207,72 +258,76 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
       const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
       const Index o0 = block * rows_per_tile,
                   rows = std::min(rows_per_tile, r.out_per_group - o0);  // the rest are zero
-      float* p = packed + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+      // Channel j's weights of the block's outputs at tap (a, b, c), an o_step apart; null
+      // past the channels (zeros).
+      const auto column = [&](Index j, Index a, Index b, Index c) -> const float* {
+        return j < r.src_per_group
+                   ? w.data() + weight_at(group, o0, j, a, 0, 0) + b * b_step + c * c_step
+                   : nullptr;
+      };
+      const Index first = (block * entries + j0 / step) * kx * yz_taps * entry;
+      float* p = static_cast<float*>(packed) + first;
+      uint32_t* q = static_cast<uint32_t*>(packed) + first;
       for (Index a = 0; a < kx; ++a)
-        for (Index j = j0; j < j0 + pass; ++j)
+        for (Index j = j0; j < j0 + pass; j += step)
           for (Index b = 0; b < r.k[1]; ++b)
-            for (Index c = 0; c < r.k[2]; ++c, p += rows_per_tile) {
-              const float* from =
-                  w.data() + weight_at(group, o0, j, a, 0, 0) + b * b_step + c * c_step;
-              for (Index i = 0; i < rows; ++i) p[i] = from[i * o_step];
-              std::fill(p + rows, p + rows_per_tile, 0.0f);
+            for (Index c = 0; c < r.k[2]; ++c, p += entry, q += entry) {
+              const float* upper = column(j, a, b, c);
+              const float* lower = pairs ? column(j + 1, a, b, c) : nullptr;
+              for (Index i = 0; i < rows_per_tile; ++i) {
+                const float u = i < rows ? upper[i * o_step] : 0.0f,
+                            l = i < rows && lower ? lower[i * o_step] : 0.0f;
+                if (!pairs) {
+                  p[i] = u;
+                } else if (dot) {
+                  q[i] = bf16_pair(u, l);
+                } else {
+                  q[i] = upper_bf16(u);
+                  q[rows_per_tile + i] = upper_bf16(l);
+                }
+              }
             }
     }
 }
 
-}  // namespace
-
-std::size_t conv_vector_packed_values(const Correlation& r) {
-  const Index blocks = (r.out_per_group + max_tile_rows - 1) / max_tile_rows;
-  return static_cast<std::size_t>(blocks * max_tile_rows * r.k[0] * r.src_per_group * r.k[1] *
-                                  r.k[2]);
-}
-
-int conv_vector_packing() {
-  return conv_tile_shape().tile_rows;
-}
-
-void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
-                              const ReplicatedView<float>& w, bool transposed, float* packed) {
-  SHARDTENSOR_REQUIRE(r.groups == 1, "conv_vector_pack_weights",
-                      "kept packed weights need one group, not " << r.groups);
-  pack_correlation_weights(r, g, w, transposed, 0, packed);
-}
-
-/// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
-/// and band of rows, tiles of output vectors, one pass per channels_per_pass(r) source channels.
-/// Weights packed per group into the workspace (pack_correlation_weights), or given packed.
-void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
-                           const ReplicatedView<float>& w, bool transposed,
-                           const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, const PlaneFilter& keep,
-                           const float* packed_weights) {
+/// The correlation on float planes (correlate_tile) or on pair planes (correlate_pairs_tile).
+template <class Value>
+void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+               const ReplicatedView<float>& w, bool transposed, const ReplicatedView<float>& bias,
+               const FieldView<float>& out, float* workspace, bool band_copies,
+               const PlaneFilter& keep, const void* packed_weights) {
+  constexpr bool pairs = std::is_same<Value, uint32_t>::value;
   const ConvTileShape shape = conv_tile_shape();
   const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
-  const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2], taps = r.src_per_group * yz_taps;
+  const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2];
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
-  float* const packed = workspace;  // the weights, then a ring per thread
-  float* const rings = packed + blocks * rows_per_tile * kx * taps;
-  const std::size_t ring_size = PlaneSource::ring_values(r, band_copies);
+  // Values of a weight entry (a tile's weights at one tap of one channel or pair), channels
+  // per entry.
+  const Index entry = pairs && !pair_tiles_use_dot() ? 2 * rows_per_tile : rows_per_tile;
+  const Index step = pairs ? 2 : 1, entries = (r.src_per_group + step - 1) / step;
+  Value* const packed = reinterpret_cast<Value*>(workspace);  // the weights, then the rings
+  Value* const rings = packed + blocks * kx * entries * yz_taps * entry;
+  const std::size_t ring_size = PlaneSource<Value>::ring_values(r, band_copies);
   const std::vector<std::ptrdiff_t> offsets =
-      tap_offsets(r, PlaneSource(r, src, rings, band_copies));
+      tap_offsets(r, PlaneSource<Value>(r, src, rings, band_copies));
   const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
   // One source per thread, made here: no View is copied inside the threads.
-  std::vector<PlaneSource> sources;
+  std::vector<PlaneSource<Value>> sources;
   for (int t = 0; t < threads; ++t)
     sources.emplace_back(r, src, rings + t * ring_size, band_copies);
   const Index batch = out.extent(0), per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
     // The kept packed weights (one group), else this group's packed into the workspace.
-    const float* const weights_of_group = packed_weights ? packed_weights : packed;
-    if (!packed_weights) pack_correlation_weights(r, g, w, transposed, group, packed);
+    const Value* const weights_of_group =
+        packed_weights ? static_cast<const Value*>(packed_weights) : packed;
+    if (!packed_weights) pack_correlation_weights(r, g, w, transposed, group, pairs, packed);
     // Each thread computes whole bands of output rows (disjoint outputs) of every sample, in
     // order.
     split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
-      PlaneSource& source = sources[t];
-      std::vector<const float*> planes(kx);
+      PlaneSource<Value>& source = sources[t];
+      std::vector<const Value*> planes(kx);
       std::vector<OutputVector> vectors;
       for (Index item = first; item < last; ++item) {
         const Index n = item / per_sample, x = (item % per_sample) / bands,
@@ -287,18 +342,25 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
         float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
         for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
           const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
+          const Index pass_entries = (pass + step - 1) / step;
           for (Index block = 0; block < blocks; ++block) {
             const Index o0 = block * rows_per_tile;
-            const float* weights =
-                weights_of_group + (block * r.src_per_group + j0) * kx * yz_taps * rows_per_tile;
+            const Value* weights =
+                weights_of_group + (block * entries + j0 / step) * kx * yz_taps * entry;
             const float* block_bias =
                 bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
-            for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile)
-              correlate_tile(
-                  planes.data(), int(kx), offsets.data() + j0 * yz_taps, int(pass * yz_taps),
-                  weights, &vectors[v], out_plane + o0 * out_channel_stride, out_channel_stride,
-                  int(std::min(rows_per_tile, r.out_per_group - o0)), block_bias,
+            const int rows = int(std::min(rows_per_tile, r.out_per_group - o0));
+            for (std::size_t v = 0; v < vectors.size(); v += vectors_per_tile) {
+              const auto args = std::make_tuple(
+                  planes.data(), int(kx), offsets.data() + j0 / step * yz_taps,
+                  int(pass_entries * yz_taps), weights, &vectors[v],
+                  out_plane + o0 * out_channel_stride, out_channel_stride, rows, block_bias,
                   /*accumulate=*/j0 > 0);
+              if constexpr (pairs)
+                std::apply(correlate_pairs_tile, args);
+              else
+                std::apply(correlate_tile, args);
+            }
           }
         }
       }
@@ -306,12 +368,51 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
   }
 }
 
+}  // namespace
+
+std::size_t conv_vector_packed_values(const Correlation& r) {
+  // Channels rounded up to pairs: room for the pair layouts too.
+  const Index blocks = (r.out_per_group + max_tile_rows - 1) / max_tile_rows;
+  return static_cast<std::size_t>(blocks * max_tile_rows * r.k[0] * (r.src_per_group + 1) / 2 * 2 *
+                                  r.k[1] * r.k[2]);
+}
+
+int conv_vector_packing(bool pairs) {
+  return conv_tile_shape().tile_rows + (pairs ? 16 * (1 + pair_tiles_use_dot()) : 0);
+}
+
+void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
+                              const ReplicatedView<float>& w, bool transposed, bool pairs,
+                              float* packed) {
+  SHARDTENSOR_REQUIRE(r.groups == 1, "conv_vector_pack_weights",
+                      "kept packed weights need one group, not " << r.groups);
+  pack_correlation_weights(r, g, w, transposed, 0, pairs, packed);
+}
+
+/// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
+/// and band of rows, tiles of output vectors, one pass per channels_per_pass(r) source channels.
+/// Weights packed per group into the workspace (pack_correlation_weights), or given packed.
+void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+                           const ReplicatedView<float>& w, bool transposed,
+                           const ReplicatedView<float>& bias, const FieldView<float>& out,
+                           float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
+                           const float* packed_weights) {
+  if (pairs)
+    correlate<uint32_t>(r, g, src, w, transposed, bias, out, workspace, band_copies, keep,
+                        packed_weights);
+  else
+    correlate<float>(r, g, src, w, transposed, bias, out, workspace, band_copies, keep,
+                     packed_weights);
+}
+
 namespace {
 
 /// Workspace values of vector_correlate and vector_weight_gradient, for every instruction set's
 /// tiles (a plan made on one path runs on any other).
-inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies) {
-  return conv_vector_packed_values(r) + PlaneSource::ring_values(r, band_copies) * host_threads();
+inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies, bool pairs) {
+  const std::size_t ring = pairs ? PlaneSource<uint32_t>::ring_values(r, band_copies)
+                                 : PlaneSource<float>::ring_values(r, band_copies);
+  return conv_vector_packed_values(r) + ring * host_threads();
 }
 /// Taps padded to whole weight-gradient tiles (of every path: tap_padding).
 inline Index padded_taps(const Correlation& r) {
@@ -326,7 +427,7 @@ inline Index padded_outputs(const Correlation& r) {
 inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies) {
   const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
   const std::size_t values = static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) +
-                             3 * gradient + PlaneSource::ring_values(r, band_copies);
+                             3 * gradient + PlaneSource<float>::ring_values(r, band_copies);
   return values + values % 2;
 }
 inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies) {
@@ -349,7 +450,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   const Index taps = padded_taps(r), outs = padded_outputs(r),
               cells_per_band = band_rows * r.out[2];
   const Index gradient_size = kx * taps * outs;
-  std::vector<std::ptrdiff_t> offsets = tap_offsets(r, PlaneSource(r, xp, nullptr, band_copies));
+  std::vector<std::ptrdiff_t> offsets =
+      tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
@@ -359,7 +461,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
   };
-  std::vector<PlaneSource> sources;
+  std::vector<PlaneSource<float>> sources;
   for (int t = 0; t < threads; ++t)
     sources.emplace_back(r, xp, reinterpret_cast<float*>(totals_of(t) + gradient_size),
                          band_copies);
@@ -372,7 +474,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
       float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
       float* const sums = transposed + outs * cells_per_band;
       double* const totals = totals_of(t);
-      PlaneSource& source = sources[t];
+      PlaneSource<float>& source = sources[t];
       Index zeroed_cells = -1;  // the band size whose padding lanes are zero
       std::fill(totals, totals + gradient_size, 0.0);
       std::fill(sums, sums + gradient_size, 0.0f);
@@ -438,9 +540,9 @@ bool conv_vector_available() {
 }
 
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
-                               bool band_copies) {
-  return std::max({vector_correlate_values(forward, band_copies),
-                   vector_correlate_values(data, band_copies),
+                               bool band_copies, bool pairs) {
+  return std::max({vector_correlate_values(forward, band_copies, pairs),
+                   vector_correlate_values(data, band_copies, pairs),
                    vector_weight_gradient_values(forward, band_copies)});
 }
 

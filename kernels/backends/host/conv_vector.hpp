@@ -15,26 +15,31 @@ bool conv_vector_available();
 
 /// Workspace values (floats) the kernels need for a plan's forward and data correlations
 /// and the weight gradient (a source whose windows reach past it is copied, zero-padded, with
-/// band copies band by band, else plane by plane).
+/// band copies band by band, else plane by plane; `pairs`: the correlations copy every source
+/// into pair planes).
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
-                               bool band_copies);
+                               bool band_copies, bool pairs);
 
 /// Values of the packed weights of a one-group correlation (conv_vector_pack_weights), on
 /// every instruction set's tiles.
 std::size_t conv_vector_packed_values(const Correlation& r);
-/// What the packed layout depends on besides the correlation: the current path's tile rows.
-int conv_vector_packing();
-/// Packs a one-group correlation's weights for conv_vector_correlate.
+/// What the packed layout depends on besides the correlation and `pairs`: the current path's
+/// tile rows and (pairs) whether its pair tiles run on bf16 dot products.
+int conv_vector_packing(bool pairs);
+/// Packs a one-group correlation's weights for conv_vector_correlate (with the same `pairs`).
 void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
-                              const ReplicatedView<float>& w, bool transposed, float* packed);
+                              const ReplicatedView<float>& w, bool transposed, bool pairs,
+                              float* packed);
 
 /// out = the correlation of src (plus bias when given), every kept output cell written. The
 /// weights are packed into the start of the workspace, unless given packed (one group, by
-/// conv_vector_pack_weights for the same correlation and path).
+/// conv_vector_pack_weights for the same correlation and path). `pairs`: src and w hold bf16
+/// values (a bf16 convolution's operands), read as channel pairs (correlate_pairs_tile: bf16
+/// dot products where the CPU has them); each output then adds its products pair by pair.
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, const PlaneFilter& keep,
+                           float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
                            const float* packed_weights = nullptr);
 
 /// gw += this rank's weight gradient of the forward correlation r over its source xp (read

@@ -97,6 +97,45 @@ ConvTileShape TileShape() {
   return {lanes, tile_rows, tile_vectors, gradient_taps, gradient_vectors};
 }
 
+/// out[r][vector v] = acc[r][v] + bias[r] (+ out when `accumulate`) for the tile's `rows`
+/// rows: the lanes of each vector's own row, and of the next row where it runs on.
+HWY_INLINE void store_tile(V (&acc)[tile_rows][tile_vectors], const OutputVector* vectors,
+                           float* out, std::ptrdiff_t out_channel_stride, int rows,
+                           const float* bias, bool accumulate) {
+  constexpr int R = tile_rows, T = tile_vectors;
+  const D d;
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) {  // constant bounds: acc stays in registers
+    if (r >= rows) break;
+    const V b = hn::Set(d, bias ? bias[r] : 0.0f);
+    HWY_UNROLL(16)
+    for (int v = 0; v < T; ++v) {
+      const OutputVector& vector = vectors[v];
+      float* const p = out + r * out_channel_stride + vector.output;
+      float* const next = out + r * out_channel_stride + vector.next_output;
+      V sum = hn::Add(acc[r][v], b);
+      if (vector.next_mask == 0) {
+        if (accumulate) sum = hn::Add(sum, load_lanes(vector.mask, p));
+        store_lanes(sum, vector.mask, p);
+      } else {  // lanes of two output rows
+        if (accumulate)
+          sum =
+              hn::Add(sum, hn::Or(load_lanes(vector.mask, p), load_lanes(vector.next_mask, next)));
+        store_lanes(sum, vector.mask, p);
+        store_lanes(sum, vector.next_mask, next);
+      }
+    }
+  }
+}
+
+/// Whether every vector's lanes are all read (plain loads).
+HWY_INLINE bool whole_tile(const OutputVector* vectors) {
+  bool whole = true;
+  for (int v = 0; v < tile_vectors; ++v)
+    whole = whole && (vectors[v].mask | vectors[v].next_mask) == all_lanes;
+  return whole;
+}
+
 /// The correlate tile's sums; `whole`: every vector's lanes are all read (plain loads).
 template <bool whole>
 HWY_INLINE void correlate_sums(const float* const* planes, int x_taps,
@@ -133,39 +172,161 @@ void CorrelateTile(const float* const* planes, int x_taps, const std::ptrdiff_t*
                    int taps, const float* weights, const OutputVector* vectors, float* out,
                    std::ptrdiff_t out_channel_stride, int rows, const float* bias,
                    bool accumulate) {
-  constexpr int R = tile_rows, T = tile_vectors;
-  const D d;
-  V acc[R][T];
+  V acc[tile_rows][tile_vectors];
   HWY_UNROLL(16)
-  for (int r = 0; r < R; ++r) HWY_UNROLL(16) for (int v = 0; v < T; ++v) acc[r][v] = hn::Zero(d);
-  bool whole = true;
-  for (int v = 0; v < T; ++v) whole = whole && (vectors[v].mask | vectors[v].next_mask) == all_lanes;
-  if (whole)
+  for (int r = 0; r < tile_rows; ++r)
+    HWY_UNROLL(16) for (int v = 0; v < tile_vectors; ++v) acc[r][v] = hn::Zero(D());
+  if (whole_tile(vectors))
     correlate_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
   else
     correlate_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+}
+
+// ---- bf16 channel pairs --------------------------------------------------------------------
+// A pair plane holds two source channels' bf16 values in each 32-bit cell: channel 2p's in the
+// upper half (where a float keeps them), channel 2p + 1's in the lower. A pair tap adds channel
+// 2p's product, then 2p + 1's: two multiply-adds on every path, or one bf16 dot product where
+// the CPU has them (AVX512_BF16's vdpbf16ps adds the upper product first; each product of two
+// bf16 values is exact, each add rounded once: the same bits, except that it flushes subnormal
+// values to zero).
+
+using DU = hn::RebindToUnsigned<D>;
+using VU = hn::Vec<DU>;
+
+HWY_INLINE VU load_pair_lanes(unsigned bits, const uint32_t* p) {
+  const DU du;
+  if (bits == all_lanes) return hn::LoadU(du, p);
+  if constexpr (native_masks) {
+    return hn::MaskedLoad(hn::RebindMask(du, mask_of(bits)), du, p);
+  } else {
+    HWY_ALIGN uint32_t copy[lanes] = {};
+    for (int i = 0; i < lanes; ++i)
+      if (bits >> i & 1u) copy[i] = p[i];
+    return hn::Load(du, copy);
+  }
+}
+
+/// The pair tile's sums on multiply-adds. Weights: per pair tap, the tile's R weights of
+/// channel 2p as floats, then the R of channel 2p + 1.
+template <bool whole>
+HWY_INLINE void pair_sums(const uint32_t* const* planes, int x_taps,
+                          const std::ptrdiff_t* tap_offsets, int taps, const uint32_t* weights,
+                          const OutputVector* vectors, V (&acc)[tile_rows][tile_vectors]) {
+  constexpr int R = tile_rows, T = tile_vectors;
+  const D d;
+  const DU du;
+  const VU upper = hn::Set(du, 0xFFFF0000u);
+  unsigned read[T];
   HWY_UNROLL(16)
-  for (int r = 0; r < R; ++r) {  // constant bounds: acc stays in registers
-    if (r >= rows) break;
-    const V b = hn::Set(d, bias ? bias[r] : 0.0f);
+  for (int v = 0; v < T; ++v) read[v] = vectors[v].mask | vectors[v].next_mask;
+  for (int a = 0; a < x_taps; ++a) {
+    if (!planes[a]) continue;
+    const uint32_t* source[T];
     HWY_UNROLL(16)
-    for (int v = 0; v < T; ++v) {
-      const OutputVector& vector = vectors[v];
-      float* const p = out + r * out_channel_stride + vector.output;
-      float* const next = out + r * out_channel_stride + vector.next_output;
-      V sum = hn::Add(acc[r][v], b);
-      if (vector.next_mask == 0) {
-        if (accumulate) sum = hn::Add(sum, load_lanes(vector.mask, p));
-        store_lanes(sum, vector.mask, p);
-      } else {  // lanes of two output rows
-        if (accumulate)
-          sum = hn::Add(sum, hn::Or(load_lanes(vector.mask, p), load_lanes(vector.next_mask, next)));
-        store_lanes(sum, vector.mask, p);
-        store_lanes(sum, vector.next_mask, next);
+    for (int v = 0; v < T; ++v) source[v] = planes[a] + vectors[v].source;
+    const uint32_t* w = weights + std::ptrdiff_t(a) * taps * 2 * R;
+    for (int t = 0; t < taps; ++t) {
+      const std::ptrdiff_t offset = tap_offsets[t];
+      HWY_UNROLL(16)
+      for (int half = 0; half < 2; ++half, w += R) {  // channel 2p, then 2p + 1
+        V x[T];
+        HWY_UNROLL(16)
+        for (int v = 0; v < T; ++v) {
+          const VU bits = whole ? hn::LoadU(du, source[v] + offset)
+                                : load_pair_lanes(read[v], source[v] + offset);
+          x[v] = hn::BitCast(d, half == 0 ? hn::And(bits, upper) : hn::ShiftLeft<16>(bits));
+        }
+        HWY_UNROLL(16)
+        for (int r = 0; r < R; ++r) {
+          const V weight = hn::BitCast(d, hn::Set(du, w[r]));
+          HWY_UNROLL(16)
+          for (int v = 0; v < T; ++v) acc[r][v] = hn::MulAdd(weight, x[v], acc[r][v]);
+        }
       }
     }
   }
 }
+
+void CorrelatePairsTile(const uint32_t* const* planes, int x_taps,
+                        const std::ptrdiff_t* tap_offsets, int taps, const uint32_t* weights,
+                        const OutputVector* vectors, float* out, std::ptrdiff_t out_channel_stride,
+                        int rows, const float* bias, bool accumulate) {
+  V acc[tile_rows][tile_vectors];
+  HWY_UNROLL(16)
+  for (int r = 0; r < tile_rows; ++r)
+    HWY_UNROLL(16) for (int v = 0; v < tile_vectors; ++v) acc[r][v] = hn::Zero(D());
+  if (whole_tile(vectors))
+    pair_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  else
+    pair_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+}
+
+#if HWY_TARGET == HWY_AVX3
+// Compiled for AVX512_BF16 besides the target's own instructions (Highway 1.0.3 has no op for
+// vdpbf16ps); run only where the CPU has it (bf16_dot_products()).
+#define SHARDTENSOR_BF16_DOT __attribute__((target("avx512bf16")))
+
+/// The pair tile's sums on bf16 dot products. Weights: per pair tap, the tile's R pairs.
+template <bool whole>
+SHARDTENSOR_BF16_DOT HWY_INLINE void pair_dot_sums(const uint32_t* const* planes, int x_taps,
+                                                   const std::ptrdiff_t* tap_offsets, int taps,
+                                                   const uint32_t* weights,
+                                                   const OutputVector* vectors,
+                                                   V (&acc)[tile_rows][tile_vectors]) {
+  constexpr int R = tile_rows, T = tile_vectors;
+  const DU du;
+  unsigned read[T];
+  HWY_UNROLL(16)
+  for (int v = 0; v < T; ++v) read[v] = vectors[v].mask | vectors[v].next_mask;
+  for (int a = 0; a < x_taps; ++a) {
+    if (!planes[a]) continue;
+    const uint32_t* source[T];
+    HWY_UNROLL(16)
+    for (int v = 0; v < T; ++v) source[v] = planes[a] + vectors[v].source;
+    const uint32_t* w = weights + std::ptrdiff_t(a) * taps * R;
+    for (int t = 0; t < taps; ++t, w += R) {
+      const std::ptrdiff_t offset = tap_offsets[t];
+      VU x[T];
+      HWY_UNROLL(16)
+      for (int v = 0; v < T; ++v)
+        x[v] = whole ? hn::LoadU(du, source[v] + offset)
+                     : load_pair_lanes(read[v], source[v] + offset);
+      HWY_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        const __m512bh pair = (__m512bh)hn::Set(du, w[r]).raw;
+        HWY_UNROLL(16)
+        for (int v = 0; v < T; ++v)
+          acc[r][v].raw = _mm512_dpbf16_ps(acc[r][v].raw, (__m512bh)x[v].raw, pair);
+      }
+    }
+  }
+}
+
+SHARDTENSOR_BF16_DOT void CorrelatePairsTileDot(const uint32_t* const* planes, int x_taps,
+                                                const std::ptrdiff_t* tap_offsets, int taps,
+                                                const uint32_t* weights,
+                                                const OutputVector* vectors, float* out,
+                                                std::ptrdiff_t out_channel_stride, int rows,
+                                                const float* bias, bool accumulate) {
+  V acc[tile_rows][tile_vectors];
+  HWY_UNROLL(16)
+  for (int r = 0; r < tile_rows; ++r)
+    HWY_UNROLL(16) for (int v = 0; v < tile_vectors; ++v) acc[r][v] = hn::Zero(D());
+  if (whole_tile(vectors))
+    pair_dot_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  else
+    pair_dot_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+}
+#undef SHARDTENSOR_BF16_DOT
+#else
+void CorrelatePairsTileDot(const uint32_t* const*, int, const std::ptrdiff_t*, int, const uint32_t*,
+                           const OutputVector*, float*, std::ptrdiff_t, int, const float*, bool) {
+  SHARDTENSOR_FAIL("correlate_pairs_tile", "this path has no bf16 dot products");
+}
+#endif
 
 void WeightGradientTile(const float* source, const std::ptrdiff_t* tap_offsets,
                         std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
@@ -402,6 +563,8 @@ namespace shardtensor::kernels::host {
 
 HWY_EXPORT(TileShape);
 HWY_EXPORT(CorrelateTile);
+HWY_EXPORT(CorrelatePairsTile);
+HWY_EXPORT(CorrelatePairsTileDot);
 HWY_EXPORT(WeightGradientTile);
 HWY_EXPORT(GeluRows);
 HWY_EXPORT(GeluBackwardRows);
@@ -462,7 +625,33 @@ std::atomic<int64_t>& selected() {
   return target;
 }
 
+/// Whether this CPU has bf16 dot products (AVX512_BF16).
+bool cpu_has_bf16_dot() {
+#if HWY_ARCH_X86 && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+/// Whether bf16 dot products may run: SHARDTENSOR_BF16_DOT=off forbids them on first use.
+std::atomic<bool>& bf16_dot_allowed() {
+  static std::atomic<bool> allowed = [] {
+    const char* env = std::getenv("SHARDTENSOR_BF16_DOT");
+    const std::string value = env ? env : "";
+    SHARDTENSOR_REQUIRE(value.empty() || value == "on" || value == "off", "SHARDTENSOR_BF16_DOT",
+                        "'" << value << "' is not on or off");
+    return value != "off";
+  }();
+  return allowed;
+}
+
 }  // namespace
+
+bool pair_tiles_use_dot() {
+  return selected().load() == HWY_AVX3 && cpu_has_bf16_dot() && bf16_dot_allowed().load();
+}
 
 ConvTileShape conv_tile_shape() {
   return HWY_DYNAMIC_DISPATCH(TileShape)();
@@ -474,6 +663,17 @@ void correlate_tile(const float* const* planes, int x_taps, const std::ptrdiff_t
   HWY_DYNAMIC_DISPATCH(CorrelateTile)
   (planes, x_taps, tap_offsets, taps, weights, vectors, out, out_channel_stride, rows, bias,
    accumulate);
+}
+void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
+                          const std::ptrdiff_t* tap_offsets, int taps, const uint32_t* weights,
+                          const OutputVector* vectors, float* out,
+                          std::ptrdiff_t out_channel_stride, int rows, const float* bias,
+                          bool accumulate) {
+  if (pair_tiles_use_dot()) HWY_DYNAMIC_DISPATCH(CorrelatePairsTileDot)
+  (planes, x_taps, tap_offsets, taps, weights, vectors, out, out_channel_stride, rows, bias,
+   accumulate);
+  else HWY_DYNAMIC_DISPATCH(CorrelatePairsTile)(planes, x_taps, tap_offsets, taps, weights, vectors,
+                                                out, out_channel_stride, rows, bias, accumulate);
 }
 void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
@@ -523,6 +723,14 @@ void select_vector_isa(const std::string& isa) {
   host::selected().store(host::dispatch_to(host::target_named(isa, "select_vector_isa")));
 }
 
+bool bf16_dot_products() {
+  return host::pair_tiles_use_dot();
+}
+
+void allow_bf16_dot_products(bool allow) {
+  host::bf16_dot_allowed().store(allow);
+}
+
 }  // namespace shardtensor::kernels
 #endif  // HWY_ONCE
 
@@ -543,6 +751,10 @@ int vector_lanes() {
 std::vector<std::string> vector_isas() {
   return {};
 }
+bool bf16_dot_products() {
+  return false;
+}
+void allow_bf16_dot_products(bool) {}
 void select_vector_isa(const std::string& isa) {
   SHARDTENSOR_REQUIRE(isa == "off" || isa == "best", "select_vector_isa",
                       "instruction set '" << isa
@@ -558,6 +770,13 @@ ConvTileShape conv_tile_shape() {
 void correlate_tile(const float* const*, int, const std::ptrdiff_t*, int, const float*,
                     const OutputVector*, float*, std::ptrdiff_t, int, const float*, bool) {
   SHARDTENSOR_FAIL("correlate_tile", "this build has no host vector kernels");
+}
+bool pair_tiles_use_dot() {
+  return false;
+}
+void correlate_pairs_tile(const uint32_t* const*, int, const std::ptrdiff_t*, int, const uint32_t*,
+                          const OutputVector*, float*, std::ptrdiff_t, int, const float*, bool) {
+  SHARDTENSOR_FAIL("correlate_pairs_tile", "this build has no host vector kernels");
 }
 void weight_gradient_tile(const float*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
                           const float*, float*, std::ptrdiff_t) {

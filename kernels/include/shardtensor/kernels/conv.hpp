@@ -62,7 +62,7 @@ template <class T>
 struct PackedWeights {
   Kokkos::View<T*, DefaultMemorySpace> source;  // the weights `packed` was made from
   Kokkos::View<T*, DefaultMemorySpace> packed;
-  std::array<Index, 8> layout{};  // what the packing depends on besides the values
+  std::array<Index, 9> layout{};  // what the packing depends on besides the values
 };
 
 /// Scratch memory of the GEMM and plane paths and of the convolution library: chunks are sized
@@ -186,6 +186,7 @@ struct PlanePlan {
   Index forward_rows = 0, data_rows = 0;
   bool vector_kernels = false;  // the host backend's vector kernels instead of im2col + GEMM
   bool band_copies = false;     // vector kernels copy padded sources band by band
+  bool bf16_pairs = false;      // vector kernels read bf16 operands as channel pairs
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
 };
@@ -198,8 +199,10 @@ bool conv_vector_kernels_available();
 /// The plane path's plan for a convolution whose source has extents `padded`, if it applies;
 /// `vector_kernels`: may use the host backend's vector kernels. The source is the padded input,
 /// or the input itself: the path reads zeros where a window reaches past its source.
+/// `bf16_operands`: the sources and weights hold bf16 values (ConvOptions::bf16), which the
+/// vector kernels read as channel pairs, on bf16 dot products where the CPU has them.
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
-                      std::size_t budget_bytes, bool vector_kernels);
+                      std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false);
 
 /// The padded-buffer cells that output rows [y0, y1) of output plane ox read (plane path).
 Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1);
