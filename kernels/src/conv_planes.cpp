@@ -323,7 +323,7 @@ void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, 
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace,
-                                               plan.band_copies);
+                                               plan.band_copies, plan.bf16_pairs);
   plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 

@@ -421,17 +421,64 @@ inline Index padded_taps(const Correlation& r) {
 inline Index padded_outputs(const Correlation& r) {
   return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
 }
+/// Rows of a weight-gradient pair plane: those one band of output rows reads.
+inline Index pair_plane_rows(const Correlation& r) {
+  return band_rows + (r.k[1] - 1) * r.d[1];
+}
 /// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
-/// transposed, a plane's float sums, the double totals and the source's ring (an even count:
-/// doubles stay aligned).
-inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies) {
+/// transposed, a plane's float sums, the double totals, the source's ring and (`pairs`) the
+/// band's pair plane (an even count: doubles stay aligned).
+inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies,
+                                                 bool pairs) {
   const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
+  const std::size_t pair_plane =
+      pairs ? static_cast<std::size_t>(r.src_per_group * pair_plane_rows(r) * read_extent(r, 2))
+            : 0;
   const std::size_t values = static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) +
-                             3 * gradient + PlaneSource<float>::ring_values(r, band_copies);
+                             3 * gradient + PlaneSource<float>::ring_values(r, band_copies) +
+                             pair_plane;
   return values + values % 2;
 }
-inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies) {
-  return weight_gradient_thread_values(r, band_copies) * host_threads();
+inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies,
+                                                 bool pairs) {
+  return weight_gradient_thread_values(r, band_copies, pairs) * host_threads();
+}
+
+/// The band's output gradient transposed as pairs of a row's cells (weight_gradient_pairs_tile):
+/// [32-channel block][row][pair of cells][32], padding channels and the pair past an odd row's
+/// end zero.
+void transpose_gradient_pairs(const Correlation& r, const FieldView<float>& gy, Index n,
+                              Index first_channel, Index x, Index y0, Index rows, Index outs,
+                              uint32_t* transposed) {
+  const Index row = r.out[2], pairs = (row + 1) / 2, per_block = rows * pairs;
+  for (Index o = 0; o < outs; ++o) {
+    uint32_t* column = transposed + (o / gradient_channels) * per_block * gradient_channels +
+                       o % gradient_channels;
+    if (o >= r.out_per_group) {
+      for (Index i = 0; i < per_block; ++i) column[i * gradient_channels] = 0;
+      continue;
+    }
+    for (Index y = 0; y < rows; ++y) {
+      const float* cells = &gy(n, first_channel + o, x, y0 + y, 0);
+      uint32_t* to = column + y * pairs * gradient_channels;
+      for (Index q = 0; q < row / 2; ++q)
+        to[q * gradient_channels] = bf16_pair(cells[2 * q], cells[2 * q + 1]);
+      if (row % 2) to[(pairs - 1) * gradient_channels] = upper_bf16(cells[row - 1]);
+    }
+  }
+}
+
+/// The pair plane of a band's source rows (`rows` rows of `width` cells, channels a
+/// channel_stride apart): cell k holds k's bf16 value and k + 1's (zero past the row's end).
+void make_pair_plane(const float* band, std::ptrdiff_t channel_stride, std::ptrdiff_t row_stride,
+                     Index channels, Index rows, Index width, Index plane_rows, uint32_t* pairs) {
+  for (Index j = 0; j < channels; ++j)
+    for (Index y = 0; y < rows; ++y) {
+      const float* from = band + j * channel_stride + y * row_stride;
+      uint32_t* to = pairs + (j * plane_rows + y) * width;
+      for (Index z = 0; z + 1 < width; ++z) to[z] = bf16_pair(from[z], from[z + 1]);
+      to[width - 1] = upper_bf16(from[width - 1]);
+    }
 }
 
 }  // namespace
@@ -443,7 +490,10 @@ inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies) {
+                                 bool band_copies, bool bf16_pairs) {
+  // bf16 operands on bf16 dot products: pairs of a row's cells (the same sums in the same
+  // order: without dot products the float tiles give the same bits).
+  const bool pairs = bf16_pairs && pair_tiles_use_dot();
   const ConvTileShape shape = conv_tile_shape();
   const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
@@ -452,11 +502,21 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   const Index gradient_size = kx * taps * outs;
   std::vector<std::ptrdiff_t> offsets =
       tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
+  // A pair plane's taps: its rows are `width` cells, its channels plane_rows rows.
+  const Index width = read_extent(r, 2), plane_rows = pair_plane_rows(r);
+  if (pairs) {
+    offsets.clear();
+    for (Index j = 0; j < r.src_per_group; ++j)
+      for (Index b = 0; b < ky; ++b)
+        for (Index c = 0; c < kz; ++c)
+          offsets.push_back((j * plane_rows + b * r.d[1]) * width + c * r.d[2]);
+  }
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
-  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies);
-  // Thread t's share: [transposed band | float sums | double totals | ring].
+  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies, bf16_pairs);
+  const std::size_t ring_values = PlaneSource<float>::ring_values(r, band_copies);
+  // Thread t's share: [transposed band | float sums | double totals | ring | pair plane].
   const auto totals_of = [&](int t) {
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
@@ -474,6 +534,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
       float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
       float* const sums = transposed + outs * cells_per_band;
       double* const totals = totals_of(t);
+      uint32_t* const pair_plane =
+          reinterpret_cast<uint32_t*>(totals + gradient_size) + ring_values;
       PlaneSource<float>& source = sources[t];
       Index zeroed_cells = -1;  // the band size whose padding lanes are zero
       std::fill(totals, totals + gradient_size, 0.0);
@@ -483,37 +545,58 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                     y0 = (item % bands) * band_rows;
         if (item == first || item % per_sample == 0) source.start(n, group);
         const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
-        // The lanes of padding channels (past out_per_group) are zero; no band writes them
-        // again, so they stay zero until the band size (so the layout) changes.
-        const Index written = cells == zeroed_cells ? r.out_per_group : outs;
-        zeroed_cells = cells;
-        // The band's output gradient transposed, 16 cells at a time (their rows of 32
-        // channels stay in L1 while every channel's 16 values are written into them).
-        for (Index p0 = 0; p0 < cells; p0 += 16) {
-          const Index p1 = std::min(p0 + 16, cells);
-          for (Index o = 0; o < written; ++o) {
-            float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
-                            o % gradient_channels;
-            if (o >= r.out_per_group) {
-              for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = 0.0f;
-              continue;
-            }
-            const float* row = &gy(n, group * r.out_per_group + o, x, y0, 0);
-            for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = row[p];
+        if (pairs) {
+          const Index rows = y1 - y0, pairs_per_row = (r.out[2] + 1) / 2;
+          uint32_t* const dy_pairs = reinterpret_cast<uint32_t*>(transposed);
+          transpose_gradient_pairs(r, gy, n, group * r.out_per_group, x, y0, rows, outs, dy_pairs);
+          source.start_band(y0);
+          for (Index a = 0; a < kx; ++a) {
+            const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+            if (!plane) continue;  // outside the source: reads zero
+            make_pair_plane(plane + (y0 - source.first_row()) * source.row_stride(),
+                            source.channel_stride(), source.row_stride(), r.src_per_group,
+                            rows + (ky - 1) * r.d[1], width, plane_rows, pair_plane);
+            for (Index block = 0; block < outs / gradient_channels; ++block)
+              for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
+                for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
+                  weight_gradient_pairs_tile(
+                      pair_plane, offsets.data() + tap, width, int(rows), int(pairs_per_row),
+                      dy_pairs + block * rows * pairs_per_row * gradient_channels + c0,
+                      sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
           }
-        }
-        source.start_band(y0);
-        for (Index a = 0; a < kx; ++a) {
-          const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
-          if (!plane) continue;  // outside the source: reads zero
-          const float* band = plane + (y0 - source.first_row()) * source.row_stride();
-          for (Index block = 0; block < outs / gradient_channels; ++block)
-            for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
-              for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
-                weight_gradient_tile(
-                    band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
-                    transposed + block * cells * gradient_channels + c0,
-                    sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
+        } else {
+          // The lanes of padding channels (past out_per_group) are zero; no band writes them
+          // again, so they stay zero until the band size (so the layout) changes.
+          const Index written = cells == zeroed_cells ? r.out_per_group : outs;
+          zeroed_cells = cells;
+          // The band's output gradient transposed, 16 cells at a time (their rows of 32
+          // channels stay in L1 while every channel's 16 values are written into them).
+          for (Index p0 = 0; p0 < cells; p0 += 16) {
+            const Index p1 = std::min(p0 + 16, cells);
+            for (Index o = 0; o < written; ++o) {
+              float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
+                              o % gradient_channels;
+              if (o >= r.out_per_group) {
+                for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = 0.0f;
+                continue;
+              }
+              const float* row = &gy(n, group * r.out_per_group + o, x, y0, 0);
+              for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = row[p];
+            }
+          }
+          source.start_band(y0);
+          for (Index a = 0; a < kx; ++a) {
+            const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+            if (!plane) continue;  // outside the source: reads zero
+            const float* band = plane + (y0 - source.first_row()) * source.row_stride();
+            for (Index block = 0; block < outs / gradient_channels; ++block)
+              for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
+                for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
+                  weight_gradient_tile(
+                      band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
+                      transposed + block * cells * gradient_channels + c0,
+                      sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
+          }
         }
         if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band
           for (Index i = 0; i < gradient_size; ++i) totals[i] += sums[i];
@@ -543,7 +626,7 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
                                bool band_copies, bool pairs) {
   return std::max({vector_correlate_values(forward, band_copies, pairs),
                    vector_correlate_values(data, band_copies, pairs),
-                   vector_weight_gradient_values(forward, band_copies)});
+                   vector_weight_gradient_values(forward, band_copies, pairs)});
 }
 
 }  // namespace shardtensor::kernels::host

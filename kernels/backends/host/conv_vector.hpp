@@ -44,9 +44,11 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
 
 /// gw += this rank's weight gradient of the forward correlation r over its source xp (read
 /// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
+/// `bf16_pairs`: xp and gy hold bf16 values, summed on bf16 dot products where the CPU has them
+/// (over pairs of a row's cells: the same bits as without).
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies);
+                                 bool band_copies, bool bf16_pairs);
 
 }  // namespace shardtensor::kernels::host

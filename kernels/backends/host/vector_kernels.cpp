@@ -320,8 +320,48 @@ SHARDTENSOR_BF16_DOT void CorrelatePairsTileDot(const uint32_t* const* planes, i
     pair_dot_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
   store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
 }
+
+/// WeightGradientTile on bf16 dot products, over pairs of a row's cells (z, z + 1): the
+/// source as a pair plane of its own cells (cell k: k's bf16 value upper, k + 1's lower) and
+/// the output gradient transposed as pairs (per row, per pair of cells, gradient_channels
+/// pairs). Each sum adds cell z's product, then z + 1's, as WeightGradientTile does.
+SHARDTENSOR_BF16_DOT void WeightGradientPairsTileDot(const uint32_t* source,
+                                                     const std::ptrdiff_t* tap_offsets,
+                                                     std::ptrdiff_t row_stride, int rows, int pairs,
+                                                     const uint32_t* dy_pairs, float* gradient,
+                                                     std::ptrdiff_t gradient_stride) {
+  constexpr int T = gradient_taps, O = gradient_vectors;
+  const D d;
+  const DU du;
+  V acc[T][O];
+  HWY_UNROLL(16)
+  for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) acc[t][o] = hn::Zero(d);
+  const uint32_t* row = source;
+  for (int y = 0; y < rows; ++y, row += row_stride) {
+    for (int q = 0; q < pairs; ++q, dy_pairs += gradient_channels) {
+      __m512bh g[O];
+      HWY_UNROLL(16)
+      for (int o = 0; o < O; ++o) g[o] = (__m512bh)hn::LoadU(du, dy_pairs + o * lanes).raw;
+      HWY_UNROLL(16)
+      for (int t = 0; t < T; ++t) {
+        const __m512bh x = (__m512bh)hn::Set(du, row[tap_offsets[t] + 2 * q]).raw;
+        HWY_UNROLL(16)
+        for (int o = 0; o < O; ++o) acc[t][o].raw = _mm512_dpbf16_ps(acc[t][o].raw, x, g[o]);
+      }
+    }
+  }
+  HWY_UNROLL(16)
+  for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) {
+      float* p = gradient + t * gradient_stride + o * lanes;
+      hn::StoreU(hn::Add(hn::LoadU(d, p), acc[t][o]), d, p);
+    }
+}
 #undef SHARDTENSOR_BF16_DOT
 #else
+void WeightGradientPairsTileDot(const uint32_t*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
+                                const uint32_t*, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("weight_gradient_pairs_tile", "this path has no bf16 dot products");
+}
 void CorrelatePairsTileDot(const uint32_t* const*, int, const std::ptrdiff_t*, int, const uint32_t*,
                            const OutputVector*, float*, std::ptrdiff_t, int, const float*, bool) {
   SHARDTENSOR_FAIL("correlate_pairs_tile", "this path has no bf16 dot products");
@@ -566,6 +606,7 @@ HWY_EXPORT(CorrelateTile);
 HWY_EXPORT(CorrelatePairsTile);
 HWY_EXPORT(CorrelatePairsTileDot);
 HWY_EXPORT(WeightGradientTile);
+HWY_EXPORT(WeightGradientPairsTileDot);
 HWY_EXPORT(GeluRows);
 HWY_EXPORT(GeluBackwardRows);
 HWY_EXPORT(RowMax);
@@ -681,6 +722,15 @@ void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets
   HWY_DYNAMIC_DISPATCH(WeightGradientTile)
   (source, tap_offsets, row_stride, rows, columns, dy_t, gradient, gradient_stride);
 }
+void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* tap_offsets,
+                                std::ptrdiff_t row_stride, int rows, int pairs,
+                                const uint32_t* dy_pairs, float* gradient,
+                                std::ptrdiff_t gradient_stride) {
+  SHARDTENSOR_REQUIRE(pair_tiles_use_dot(), "weight_gradient_pairs_tile",
+                      "bf16 dot products do not run here");
+  HWY_DYNAMIC_DISPATCH(WeightGradientPairsTileDot)
+  (source, tap_offsets, row_stride, rows, pairs, dy_pairs, gradient, gradient_stride);
+}
 void gelu_rows(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);
 }
@@ -781,6 +831,10 @@ void correlate_pairs_tile(const uint32_t* const*, int, const std::ptrdiff_t*, in
 void weight_gradient_tile(const float*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
                           const float*, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("weight_gradient_tile", "this build has no host vector kernels");
+}
+void weight_gradient_pairs_tile(const uint32_t*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
+                                const uint32_t*, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("weight_gradient_pairs_tile", "this build has no host vector kernels");
 }
 void gelu_rows(const float*, float*, std::size_t) {
   SHARDTENSOR_FAIL("gelu_rows", "this build has no host vector kernels");

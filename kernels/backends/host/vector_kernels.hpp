@@ -75,6 +75,17 @@ void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
                           float* gradient, std::ptrdiff_t gradient_stride);
 
+/// weight_gradient_tile on bf16 dot products (only where pair_tiles_use_dot()), over pairs of
+/// a row's cells: `source` a pair plane of the source's own cells (cell k holds k's bf16 value
+/// in its upper half, k + 1's in the lower), `dy_pairs` the output gradient transposed as
+/// pairs (per row, `pairs` pairs of cells (z, z + 1), gradient_channels 32-bit pairs each; the
+/// pair past an odd row's end is zero). The same sums in the same order: the same bits as
+/// weight_gradient_tile on bf16 values (bar subnormal products).
+void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* tap_offsets,
+                                std::ptrdiff_t row_stride, int rows, int pairs,
+                                const uint32_t* dy_pairs, float* gradient,
+                                std::ptrdiff_t gradient_stride);
+
 // ---- rows of float ------------------------------------------------------------------------
 
 /// y[i] = x[i] Phi(x[i]) (GELU) for i < n.
