@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "host_threads.hpp"
-#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
 #include "vector_kernels.hpp"
 
@@ -43,14 +43,17 @@ inline Index copied_rows(const Correlation& r, bool bands) {
   return bands ? std::min(read_extent(r, 1), band_reads) : read_extent(r, 1);
 }
 
-/// A float's bf16 value in the upper half of 32 bits (rounded to nearest even, as
-/// round_to_bfloat16: exact for the bf16 values a bf16 convolution's operands are).
+/// A bf16 value (a float whose lower 16 bits are zero: a bf16 convolution's operands, which
+/// the layer rounded) in the upper half of 32 bits: its own bits. Without a branch, so that the
+/// copies into pair planes vectorize.
 inline uint32_t upper_bf16(float x) {
-  return uint32_t(bfloat16_bits(x)) << 16;
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u & 0xFFFF0000u;
 }
-/// Two channels' values as one cell of a pair plane (vector_kernels.hpp: correlate_pairs_tile).
+/// Two bf16 values as one cell of a pair plane (vector_kernels.hpp: correlate_pairs_tile).
 inline uint32_t bf16_pair(float upper, float lower) {
-  return upper_bf16(upper) | bfloat16_bits(lower);
+  return upper_bf16(upper) | upper_bf16(lower) >> 16;
 }
 
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
@@ -446,26 +449,28 @@ inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band
 
 /// The band's output gradient transposed as pairs of a row's cells (weight_gradient_pairs_tile):
 /// [32-channel block][row][pair of cells][32], padding channels and the pair past an odd row's
-/// end zero.
+/// end zero. 16 pairs at a time: their 16 rows of 32 channels stay in L1 while every channel
+/// writes into them.
 void transpose_gradient_pairs(const Correlation& r, const FieldView<float>& gy, Index n,
                               Index first_channel, Index x, Index y0, Index rows, Index outs,
                               uint32_t* transposed) {
   const Index row = r.out[2], pairs = (row + 1) / 2, per_block = rows * pairs;
-  for (Index o = 0; o < outs; ++o) {
-    uint32_t* column = transposed + (o / gradient_channels) * per_block * gradient_channels +
-                       o % gradient_channels;
-    if (o >= r.out_per_group) {
-      for (Index i = 0; i < per_block; ++i) column[i * gradient_channels] = 0;
-      continue;
+  for (Index y = 0; y < rows; ++y)
+    for (Index q0 = 0; q0 < pairs; q0 += 16) {
+      const Index q1 = std::min(q0 + 16, pairs), whole = std::min(q1, row / 2);
+      for (Index o = 0; o < outs; ++o) {
+        uint32_t* to = transposed + (o / gradient_channels) * per_block * gradient_channels +
+                       y * pairs * gradient_channels + o % gradient_channels;
+        if (o >= r.out_per_group) {
+          for (Index q = q0; q < q1; ++q) to[q * gradient_channels] = 0;
+          continue;
+        }
+        const float* cells = &gy(n, first_channel + o, x, y0 + y, 0);
+        for (Index q = q0; q < whole; ++q)
+          to[q * gradient_channels] = bf16_pair(cells[2 * q], cells[2 * q + 1]);
+        if (whole < q1) to[(q1 - 1) * gradient_channels] = upper_bf16(cells[row - 1]);
+      }
     }
-    for (Index y = 0; y < rows; ++y) {
-      const float* cells = &gy(n, first_channel + o, x, y0 + y, 0);
-      uint32_t* to = column + y * pairs * gradient_channels;
-      for (Index q = 0; q < row / 2; ++q)
-        to[q * gradient_channels] = bf16_pair(cells[2 * q], cells[2 * q + 1]);
-      if (row % 2) to[(pairs - 1) * gradient_channels] = upper_bf16(cells[row - 1]);
-    }
-  }
 }
 
 /// The pair plane of a band's source rows (`rows` rows of `width` cells, channels a
