@@ -196,13 +196,14 @@ TEST_CASE("bf16 convolutions: sharded equals one rank, near float, bf16 outputs"
 }
 
 TEST_CASE(
-    "bf16 convolutions on the vector kernels: the same bits on every path, with or "
-    "without bf16 dot products",
+    "bf16 convolutions on the vector kernels: every path alike, bf16 dot products near "
+    "them",
     "[bf16]") {
-  // The vector kernels read bf16 operands as channel pairs (odd channel counts too: 5 in, 7
-  // out), on bf16 dot products where the CPU has them (AVX512_BF16), else on multiply-adds
-  // that sum in the same order; the weight gradient sums in float. Random data has no
-  // subnormal products, where the two would differ.
+  // Without bf16 dot products every path runs the float tiles on bf16 values: the same bits.
+  // With them (AVX512_BF16), forward and input gradient add their products channel pair by
+  // pair (another order: outputs within a bf16 step, the input gradient within float
+  // rounding) and the weight gradient adds the float tiles' products in their order (the same
+  // bits). Odd channel counts (5 in, 7 out) pair the last channel with zeros.
   const std::string initial = kernels::vector_isa();
   if (initial == "off") return;  // the run turned the vector paths off: nothing to compare
   const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
@@ -217,25 +218,31 @@ TEST_CASE(
                                      options.padding_mode == PaddingMode::periodic);
     const Decomposition whole =
         test::unsharded(test::test_decompositions(one.first, 1, periodic, 3).front());
-    std::vector<double> first;
-    for (const std::string& isa : kernels::vector_isas())
-      for (bool dot : {false, true}) {
-        INFO("path " << isa << ", dot products allowed " << dot);
-        kernels::select_vector_isa(isa);
-        kernels::allow_bf16_dot_products(dot);
-        const auto run =
-            test::run_module<float>(bf16_factory<Conv<float>>(options, true), self, whole, 2,
-                                    options.in_channels, test::weighted_sum<float>);
-        std::vector<double> bits = test::host_values(run.output.value().view());
-        for (const auto& values :
-             {test::host_values(run.input.grad().view()),
-              test::host_values(run.module->named_parameters()[0].second.data_grad())})
-          bits.insert(bits.end(), values.begin(), values.end());
-        if (first.empty())
-          first = bits;
-        else
-          CHECK(bits == first);
-      }
+    const auto run = [&](const std::string& isa, bool dot) {
+      kernels::select_vector_isa(isa);
+      kernels::allow_bf16_dot_products(dot);
+      return test::run_module<float>(bf16_factory<Conv<float>>(options, true), self, whole, 2,
+                                     options.in_channels, test::weighted_sum<float>);
+    };
+    const auto weight_gradient = [](const auto& r) {
+      return test::host_values(r.module->named_parameters()[0].second.data_grad());
+    };
+    const auto reference = run(kernels::vector_isas().front(), false);
+    for (const std::string& isa : kernels::vector_isas()) {
+      INFO("path " << isa);
+      const auto plain = run(isa, false);
+      CHECK(test::host_values(plain.output.value().view()) ==
+            test::host_values(reference.output.value().view()));
+      CHECK(test::host_values(plain.input.grad().view()) ==
+            test::host_values(reference.input.grad().view()));
+      CHECK(weight_gradient(plain) == weight_gradient(reference));
+      const auto dot = run(isa, true);
+      if (!kernels::bf16_dot_products()) continue;
+      CHECK(test::relative_error(dot.output.value().view(), reference.output.value().view()) <=
+            bf16_step);
+      CHECK(test::relative_error(dot.input.grad().view(), reference.input.grad().view()) <= 1e-6);
+      CHECK(weight_gradient(dot) == weight_gradient(reference));
+    }
     kernels::allow_bf16_dot_products(true);
     kernels::select_vector_isa(initial);
   }

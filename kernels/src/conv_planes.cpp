@@ -241,7 +241,7 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   const std::size_t budget = budget_bytes / value_size;
   if (vector_kernels) {
     // Whole padded planes in the ring when they fit, else the rows of one band at a time.
-    plan.bf16_pairs = bf16_operands;
+    plan.bf16_pairs = bf16_operands && host::conv_vector_bf16_pairs();
     plan.band_copies = host::conv_vector_values(f, d, false, plan.bf16_pairs) > budget;
     plan.values = host::conv_vector_values(f, d, plan.band_copies, plan.bf16_pairs);
     plan.vector_kernels = plan.values <= budget;
@@ -278,7 +278,7 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
                                     Index(transposed),
                                     Index(w.extent(0)),
                                     Index(pairs),
-                                    Index(host::conv_vector_packing(pairs))};
+                                    Index(host::conv_vector_packing())};
   const std::size_t n = w.extent(0);  // in the layout: source holds n values where it matches
   if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
     return cache.packed.data();

@@ -235,18 +235,14 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
 /// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`)
 /// for the current path's tiles: [block of R outputs][pass][a][(j, b, c) of the pass][R]
 /// (R = the tile's rows; outputs past out_per_group zero). With `pairs` (for pair planes),
-/// (j, b, c) runs over channel pairs j, each entry a tile's weight pairs for bf16 dot
-/// products (pair_tiles_use_dot()), else the R weights of channel 2j (as float bits, rounded
-/// to bf16) and the R of channel 2j + 1.
+/// (j, b, c) runs over channel pairs j, each entry the tile's R weight pairs.
 void pack_correlation_weights(const Correlation& r, const ConvShape& g,
                               const ReplicatedView<float>& w, bool transposed, Index group,
                               bool pairs, void* packed) {
   const Index rows_per_tile = conv_tile_shape().tile_rows;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2];
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
-  const bool dot = pairs && pair_tiles_use_dot();
-  // Values per (a, j, b, c) entry, and channels per j.
-  const Index entry = dot ? rows_per_tile : pairs ? 2 * rows_per_tile : rows_per_tile;
+  // Channels per (a, j, b, c) entry of R values.
   const Index step = pairs ? 2 : 1, entries = (r.src_per_group + step - 1) / step;
   // The weight index is linear in (o, b, c): walked by strides (an index computed per weight
   // was most of the packing, a tenth of a small field's convolution).
@@ -268,26 +264,22 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
                    ? w.data() + weight_at(group, o0, j, a, 0, 0) + b * b_step + c * c_step
                    : nullptr;
       };
-      const Index first = (block * entries + j0 / step) * kx * yz_taps * entry;
+      const Index first = (block * entries + j0 / step) * kx * yz_taps * rows_per_tile;
       float* p = static_cast<float*>(packed) + first;
       uint32_t* q = static_cast<uint32_t*>(packed) + first;
       for (Index a = 0; a < kx; ++a)
         for (Index j = j0; j < j0 + pass; j += step)
           for (Index b = 0; b < r.k[1]; ++b)
-            for (Index c = 0; c < r.k[2]; ++c, p += entry, q += entry) {
+            for (Index c = 0; c < r.k[2]; ++c, p += rows_per_tile, q += rows_per_tile) {
               const float* upper = column(j, a, b, c);
               const float* lower = pairs ? column(j + 1, a, b, c) : nullptr;
               for (Index i = 0; i < rows_per_tile; ++i) {
                 const float u = i < rows ? upper[i * o_step] : 0.0f,
                             l = i < rows && lower ? lower[i * o_step] : 0.0f;
-                if (!pairs) {
-                  p[i] = u;
-                } else if (dot) {
+                if (pairs)
                   q[i] = bf16_pair(u, l);
-                } else {
-                  q[i] = upper_bf16(u);
-                  q[rows_per_tile + i] = upper_bf16(l);
-                }
+                else
+                  p[i] = u;
               }
             }
     }
@@ -304,12 +296,10 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
   const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2];
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
-  // Values of a weight entry (a tile's weights at one tap of one channel or pair), channels
-  // per entry.
-  const Index entry = pairs && !pair_tiles_use_dot() ? 2 * rows_per_tile : rows_per_tile;
+  // Channels per weight entry (a tile's R weights at one tap of one channel or pair).
   const Index step = pairs ? 2 : 1, entries = (r.src_per_group + step - 1) / step;
   Value* const packed = reinterpret_cast<Value*>(workspace);  // the weights, then the rings
-  Value* const rings = packed + blocks * kx * entries * yz_taps * entry;
+  Value* const rings = packed + blocks * kx * entries * yz_taps * rows_per_tile;
   const std::size_t ring_size = PlaneSource<Value>::ring_values(r, band_copies);
   const std::vector<std::ptrdiff_t> offsets =
       tap_offsets(r, PlaneSource<Value>(r, src, rings, band_copies));
@@ -349,7 +339,7 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
           for (Index block = 0; block < blocks; ++block) {
             const Index o0 = block * rows_per_tile;
             const Value* weights =
-                weights_of_group + (block * entries + j0 / step) * kx * yz_taps * entry;
+                weights_of_group + (block * entries + j0 / step) * kx * yz_taps * rows_per_tile;
             const float* block_bias =
                 bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
             const int rows = int(std::min(rows_per_tile, r.out_per_group - o0));
@@ -380,8 +370,12 @@ std::size_t conv_vector_packed_values(const Correlation& r) {
                                   r.k[1] * r.k[2]);
 }
 
-int conv_vector_packing(bool pairs) {
-  return conv_tile_shape().tile_rows + (pairs ? 16 * (1 + pair_tiles_use_dot()) : 0);
+int conv_vector_packing() {
+  return conv_tile_shape().tile_rows;
+}
+
+bool conv_vector_bf16_pairs() {
+  return pair_tiles_use_dot();
 }
 
 void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
@@ -496,9 +490,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
                                  bool band_copies, bool bf16_pairs) {
-  // bf16 operands on bf16 dot products: pairs of a row's cells (the same sums in the same
-  // order: without dot products the float tiles give the same bits).
-  const bool pairs = bf16_pairs && pair_tiles_use_dot();
+  // bf16 dot products over pairs of a row's cells: the float tiles' sums in the same order.
+  const bool pairs = bf16_pairs;
   const ConvTileShape shape = conv_tile_shape();
   const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];

@@ -24,8 +24,11 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
 /// every instruction set's tiles.
 std::size_t conv_vector_packed_values(const Correlation& r);
 /// What the packed layout depends on besides the correlation and `pairs`: the current path's
-/// tile rows and (pairs) whether its pair tiles run on bf16 dot products.
-int conv_vector_packing(bool pairs);
+/// tile rows.
+int conv_vector_packing();
+/// Whether bf16 operands run on the pair tiles (bf16 dot products) now; else on the float
+/// tiles, whose products of bf16 values are the same.
+bool conv_vector_bf16_pairs();
 /// Packs a one-group correlation's weights for conv_vector_correlate (with the same `pairs`).
 void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
                               const ReplicatedView<float>& w, bool transposed, bool pairs,
@@ -33,9 +36,9 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
 
 /// out = the correlation of src (plus bias when given), every kept output cell written. The
 /// weights are packed into the start of the workspace, unless given packed (one group, by
-/// conv_vector_pack_weights for the same correlation and path). `pairs`: src and w hold bf16
-/// values (a bf16 convolution's operands), read as channel pairs (correlate_pairs_tile: bf16
-/// dot products where the CPU has them); each output then adds its products pair by pair.
+/// conv_vector_pack_weights for the same correlation and path). `pairs` (only where
+/// conv_vector_bf16_pairs()): src and w hold bf16 values (a bf16 convolution's operands), read
+/// as channel pairs on bf16 dot products; each output then adds its products pair by pair.
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
@@ -44,8 +47,8 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
 
 /// gw += this rank's weight gradient of the forward correlation r over its source xp (read
 /// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
-/// `bf16_pairs`: xp and gy hold bf16 values, summed on bf16 dot products where the CPU has them
-/// (over pairs of a row's cells: the same bits as without).
+/// `bf16_pairs` (only where conv_vector_bf16_pairs()): xp and gy hold bf16 values, summed on
+/// bf16 dot products over pairs of a row's cells (the same bits as the float tiles).
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,

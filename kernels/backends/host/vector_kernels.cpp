@@ -183,13 +183,12 @@ void CorrelateTile(const float* const* planes, int x_taps, const std::ptrdiff_t*
   store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
 }
 
-// ---- bf16 channel pairs --------------------------------------------------------------------
-// A pair plane holds two source channels' bf16 values in each 32-bit cell: channel 2p's in the
-// upper half (where a float keeps them), channel 2p + 1's in the lower. A pair tap adds channel
-// 2p's product, then 2p + 1's: two multiply-adds on every path, or one bf16 dot product where
-// the CPU has them (AVX512_BF16's vdpbf16ps adds the upper product first; each product of two
-// bf16 values is exact, each add rounded once: the same bits, except that it flushes subnormal
-// values to zero).
+// ---- bf16 dot products ----------------------------------------------------------------------
+// A pair plane holds two bf16 values in each 32-bit cell (two source channels for the
+// correlation, two neighbouring cells for the weight gradient), the first in the upper half
+// (where a float keeps it). AVX512_BF16's vdpbf16ps adds the upper pair's product, then the
+// lower's, each exact (bf16 x bf16 fits a float) and each add rounded once: the bits of two
+// multiply-adds in that order, except that it flushes subnormal values to zero.
 
 using DU = hn::RebindToUnsigned<D>;
 using VU = hn::Vec<DU>;
@@ -205,62 +204,6 @@ HWY_INLINE VU load_pair_lanes(unsigned bits, const uint32_t* p) {
       if (bits >> i & 1u) copy[i] = p[i];
     return hn::Load(du, copy);
   }
-}
-
-/// The pair tile's sums on multiply-adds. Weights: per pair tap, the tile's R weights of
-/// channel 2p as floats, then the R of channel 2p + 1.
-template <bool whole>
-HWY_INLINE void pair_sums(const uint32_t* const* planes, int x_taps,
-                          const std::ptrdiff_t* tap_offsets, int taps, const uint32_t* weights,
-                          const OutputVector* vectors, V (&acc)[tile_rows][tile_vectors]) {
-  constexpr int R = tile_rows, T = tile_vectors;
-  const D d;
-  const DU du;
-  const VU upper = hn::Set(du, 0xFFFF0000u);
-  unsigned read[T];
-  HWY_UNROLL(16)
-  for (int v = 0; v < T; ++v) read[v] = vectors[v].mask | vectors[v].next_mask;
-  for (int a = 0; a < x_taps; ++a) {
-    if (!planes[a]) continue;
-    const uint32_t* source[T];
-    HWY_UNROLL(16)
-    for (int v = 0; v < T; ++v) source[v] = planes[a] + vectors[v].source;
-    const uint32_t* w = weights + std::ptrdiff_t(a) * taps * 2 * R;
-    for (int t = 0; t < taps; ++t) {
-      const std::ptrdiff_t offset = tap_offsets[t];
-      HWY_UNROLL(16)
-      for (int half = 0; half < 2; ++half, w += R) {  // channel 2p, then 2p + 1
-        V x[T];
-        HWY_UNROLL(16)
-        for (int v = 0; v < T; ++v) {
-          const VU bits = whole ? hn::LoadU(du, source[v] + offset)
-                                : load_pair_lanes(read[v], source[v] + offset);
-          x[v] = hn::BitCast(d, half == 0 ? hn::And(bits, upper) : hn::ShiftLeft<16>(bits));
-        }
-        HWY_UNROLL(16)
-        for (int r = 0; r < R; ++r) {
-          const V weight = hn::BitCast(d, hn::Set(du, w[r]));
-          HWY_UNROLL(16)
-          for (int v = 0; v < T; ++v) acc[r][v] = hn::MulAdd(weight, x[v], acc[r][v]);
-        }
-      }
-    }
-  }
-}
-
-void CorrelatePairsTile(const uint32_t* const* planes, int x_taps,
-                        const std::ptrdiff_t* tap_offsets, int taps, const uint32_t* weights,
-                        const OutputVector* vectors, float* out, std::ptrdiff_t out_channel_stride,
-                        int rows, const float* bias, bool accumulate) {
-  V acc[tile_rows][tile_vectors];
-  HWY_UNROLL(16)
-  for (int r = 0; r < tile_rows; ++r)
-    HWY_UNROLL(16) for (int v = 0; v < tile_vectors; ++v) acc[r][v] = hn::Zero(D());
-  if (whole_tile(vectors))
-    pair_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
-  else
-    pair_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
-  store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -603,7 +546,6 @@ namespace shardtensor::kernels::host {
 
 HWY_EXPORT(TileShape);
 HWY_EXPORT(CorrelateTile);
-HWY_EXPORT(CorrelatePairsTile);
 HWY_EXPORT(CorrelatePairsTileDot);
 HWY_EXPORT(WeightGradientTile);
 HWY_EXPORT(WeightGradientPairsTileDot);
@@ -710,11 +652,11 @@ void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
                           const OutputVector* vectors, float* out,
                           std::ptrdiff_t out_channel_stride, int rows, const float* bias,
                           bool accumulate) {
-  if (pair_tiles_use_dot()) HWY_DYNAMIC_DISPATCH(CorrelatePairsTileDot)
+  SHARDTENSOR_REQUIRE(pair_tiles_use_dot(), "correlate_pairs_tile",
+                      "bf16 dot products do not run here");
+  HWY_DYNAMIC_DISPATCH(CorrelatePairsTileDot)
   (planes, x_taps, tap_offsets, taps, weights, vectors, out, out_channel_stride, rows, bias,
    accumulate);
-  else HWY_DYNAMIC_DISPATCH(CorrelatePairsTile)(planes, x_taps, tap_offsets, taps, weights, vectors,
-                                                out, out_channel_stride, rows, bias, accumulate);
 }
 void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,

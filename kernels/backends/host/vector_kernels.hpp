@@ -54,17 +54,18 @@ void correlate_tile(const float* const* planes, int x_taps, const std::ptrdiff_t
                     std::ptrdiff_t out_channel_stride, int rows, const float* bias,
                     bool accumulate);
 
-/// correlate_tile on planes of bf16 channel pairs (a 32-bit cell holds channel 2p's bf16 value
-/// in its upper half, 2p + 1's in the lower; a tap is a pair's (y, z) tap): each output adds
-/// channel 2p's product, then 2p + 1's, per pair tap. Weights per x tap and pair tap: where
-/// pair_tiles_use_dot(), the R weight pairs in the planes' layout; else R floats (their bits)
-/// of channel 2p, then R of channel 2p + 1. Both give the same bits (bar subnormal products).
+/// correlate_tile on bf16 dot products (only where pair_tiles_use_dot()), over planes of bf16
+/// channel pairs (a 32-bit cell holds channel 2p's bf16 value in its upper half, 2p + 1's in
+/// the lower; a tap is a pair's (y, z) tap; weights: per x tap and pair tap, the tile's R
+/// weight pairs in the same layout). Each output adds channel 2p's product, then 2p + 1's, per
+/// pair tap.
 void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
                           const std::ptrdiff_t* tap_offsets, int taps, const uint32_t* weights,
                           const OutputVector* vectors, float* out,
                           std::ptrdiff_t out_channel_stride, int rows, const float* bias,
                           bool accumulate);
-/// Whether correlate_pairs_tile runs on the CPU's bf16 dot products (kernels::bf16_dot_products).
+/// Whether the pair tiles run: the avx512 path of a CPU with AVX512_BF16, unless forbidden
+/// (kernels::bf16_dot_products).
 bool pair_tiles_use_dot();
 
 /// gradient[t][o] += sum over cells of source[tap[t] + cell] * dy_t[cell][o] for

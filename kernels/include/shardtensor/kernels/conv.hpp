@@ -186,7 +186,7 @@ struct PlanePlan {
   Index forward_rows = 0, data_rows = 0;
   bool vector_kernels = false;  // the host backend's vector kernels instead of im2col + GEMM
   bool band_copies = false;     // vector kernels copy padded sources band by band
-  bool bf16_pairs = false;      // vector kernels read bf16 operands as channel pairs
+  bool bf16_pairs = false;      // vector kernels run bf16 operands on bf16 dot products
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
 };
@@ -199,8 +199,8 @@ bool conv_vector_kernels_available();
 /// The plane path's plan for a convolution whose source has extents `padded`, if it applies;
 /// `vector_kernels`: may use the host backend's vector kernels. The source is the padded input,
 /// or the input itself: the path reads zeros where a window reaches past its source.
-/// `bf16_operands`: the sources and weights hold bf16 values (ConvOptions::bf16), which the
-/// vector kernels read as channel pairs, on bf16 dot products where the CPU has them.
+/// `bf16_operands`: the sources and weights hold bf16 values (ConvOptions::bf16): where the CPU
+/// has bf16 dot products, the vector kernels read them in pairs (bf16_pairs).
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
                       std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false);
 
