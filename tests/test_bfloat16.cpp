@@ -248,6 +248,65 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a bf16 conv on one rank reads its unrounded input unpadded, with a padded copy's "
+    "bits",
+    "[bf16][padding]") {
+  // Where bf16 dot products run, the pair planes round as they copy, so a bf16 convolution on
+  // one rank reads its input itself (zeros padding, or periodic); an input with ghost cells of
+  // its own goes through a padded, rounded copy. Random floats, not bf16 values: the rounding
+  // is the kernels'. Periodic: the padded copy's input gradient adds the wrapped windows' part
+  // in the halo adjoint, after the rest: close, not the same bits.
+  if (!kernels::bf16_dot_products()) return;  // elsewhere a bf16 conv always copies
+  const Communicator self(MPI_COMM_SELF);
+  const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
+      {{9, 8, 20}, conv_options(5, 7, {3, 3, 3}, {1, 1, 1})},
+      {{24, 40}, conv_options(9, 4, {3, 3}, {1, 1}, PaddingMode::periodic)},
+  };
+  for (const auto& one : cases) {
+    const ConvOptions& options = one.second;
+    const bool periodic = options.padding_mode == PaddingMode::periodic;
+    INFO(options.kernel.size() << "-D, periodic " << periodic);
+    const Decomposition d = Decomposition::automatic(one.first, 1);
+    const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, options.in_channels, 4);
+    ShardTensor<float> ghosted(d, 0, 2, options.in_channels, GhostWidths::uniform(1, d.ndims()));
+    Kokkos::deep_copy(ghosted.interior(), x.view());
+    std::size_t input_gradient_from = 0;
+    const auto results = [&](const ShardTensor<float>& input_value) {
+      Conv<float> conv(self, options, "conv");
+      conv.compute_in_bf16(true);
+      const auto input = Variable<float>::field(input_value, true, "x");
+      const auto y = conv.forward(input);
+      backward(test::weighted_sum<float>(self, y));
+      std::vector<double> all = test::host_values(y.value().view());
+      for (const auto& named : conv.named_parameters()) {
+        const auto g = test::host_values(named.second.data_grad());
+        all.insert(all.end(), g.begin(), g.end());
+      }
+      input_gradient_from = all.size();
+      ShardTensor<float> grad(d, 0, 2, options.in_channels);
+      Kokkos::deep_copy(grad.view(), input.grad().interior());
+      const auto g = test::host_values(grad.view());
+      all.insert(all.end(), g.begin(), g.end());
+      return all;
+    };
+    const std::vector<double> unpadded = results(x), copied = results(ghosted);
+    REQUIRE(unpadded.size() == copied.size());
+    const std::vector<double> head(unpadded.begin(), unpadded.begin() + input_gradient_from),
+        copied_head(copied.begin(), copied.begin() + input_gradient_from);
+    CHECK(head == copied_head);
+    double diff = 0, scale = 0;
+    std::size_t differing = 0;
+    for (std::size_t i = input_gradient_from; i < unpadded.size(); ++i) {
+      diff = std::max(diff, std::abs(unpadded[i] - copied[i]));
+      scale = std::max(scale, std::abs(copied[i]));
+      differing += unpadded[i] != copied[i];
+    }
+    CHECK(diff <= 1e-6 * scale);
+    if (!periodic) CHECK(differing == 0);
+  }
+}
+
 TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", "[bf16]") {
   ConvTransposeOptions o;
   o.in_channels = 4;

@@ -134,7 +134,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   // the halo exchange first; chunks of outputs whose windows read no exchanged ghost cell are
   // computed while the messages travel.
   std::array<bool, 3> wraps{};
-  const bool may_read_input = halo_->reads_input_itself(x, wraps) && !halo_->reads_in_place(x);
+  // bf16: only kernels that round as they read (below).
+  const bool may_read_input =
+      halo_->reads_input_itself(x, wraps, options_.bf16) && !halo_->reads_in_place(x);
   ShardTensor<T> padded = may_read_input ? x : halo_->start(x);
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
@@ -185,8 +187,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   if (may_read_input && same_extents && !kernels.uses_library()) {
     // Not where the rings would push the vector kernels out of the workspace budget.
     const impl::ConvKernels<T> planes = kernels_for(true);
-    reads_input =
-        planes.runs_planes() && (planes.runs_vector_kernels() || !kernels.runs_vector_kernels());
+    reads_input = planes.runs_planes() &&
+                  (planes.runs_vector_kernels() || !kernels.runs_vector_kernels()) &&
+                  (!options_.bf16 || planes.rounds_bf16_as_it_reads());
     if (reads_input) kernels = planes;
   }
   if (may_read_input && !reads_input) padded = halo_->start(x);  // local: nothing to exchange

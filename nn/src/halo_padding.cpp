@@ -185,10 +185,10 @@ bool HaloPadding<T>::reads_in_place(const ShardTensor<T>& input) const {
 }
 
 template <class T>
-bool HaloPadding<T>::reads_input_itself(const ShardTensor<T>& input,
-                                        std::array<bool, 3>& wraps) const {
+bool HaloPadding<T>::reads_input_itself(const ShardTensor<T>& input, std::array<bool, 3>& wraps,
+                                        bool reader_rounds) const {
   wraps = {false, false, false};
-  if (bfloat16_ || !(input.ghosts() == GhostWidths{})) return false;
+  if ((bfloat16_ && !reader_rounds) || !(input.ghosts() == GhostWidths{})) return false;
   if (boundary_.mode == PaddingMode::zeros)
     return boundary_.constant == 0 && exchanges_nothing(input.decomposition());
   if (boundary_.mode != PaddingMode::periodic || comm_.size() != 1) return false;

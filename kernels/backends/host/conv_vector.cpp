@@ -43,15 +43,17 @@ inline Index copied_rows(const Correlation& r, bool bands) {
   return bands ? std::min(read_extent(r, 1), band_reads) : read_extent(r, 1);
 }
 
-/// A bf16 value (a float whose lower 16 bits are zero: a bf16 convolution's operands, which
-/// the layer rounded) in the upper half of 32 bits: its own bits. Without a branch, so that the
-/// copies into pair planes vectorize.
+/// x rounded to the nearest bf16 (ties to even; a NaN stays a quiet NaN) in the upper half of
+/// 32 bits: round_to_bfloat16's bits, without a branch, so that the copies into pair planes
+/// vectorize. The pair planes round as they copy: a bf16 convolution may read its input itself.
 inline uint32_t upper_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  return u & 0xFFFF0000u;
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  const uint32_t quiet_nan = (u | 0x00400000u) & 0xFFFF0000u;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded;
 }
-/// Two bf16 values as one cell of a pair plane (vector_kernels.hpp: correlate_pairs_tile).
+/// Two values rounded to bf16 as one cell of a pair plane (correlate_pairs_tile).
 inline uint32_t bf16_pair(float upper, float lower) {
   return upper_bf16(upper) | upper_bf16(lower) >> 16;
 }

@@ -59,9 +59,11 @@ class HaloPadding {
   /// Whether a kernel may read the input itself instead of a padded copy (the convolutions'
   /// plane path): every cell the windows read outside the owned cells is a zero of the
   /// padding (zeros padding, nothing exchanged on any rank), or, where `wraps` marks an axis,
-  /// the owned cell an extent away (periodic padding on one rank). Also needs no rounding and
-  /// an input without ghost cells. The same answer on every rank.
-  bool reads_input_itself(const ShardTensor<T>& input, std::array<bool, 3>& wraps) const;
+  /// the owned cell an extent away (periodic padding on one rank). Also needs an input without
+  /// ghost cells, and no rounding unless the kernel rounds as it reads (`reader_rounds`: the
+  /// bf16 dot-product tiles). The same answer on every rank.
+  bool reads_input_itself(const ShardTensor<T>& input, std::array<bool, 3>& wraps,
+                          bool reader_rounds = false) const;
   /// True if no rank sends or receives a ghost cell for this decomposition: one part along
   /// every axis with ghost cells, and no periodic wrap. Then start(), finish() and backward()
   /// are local (no exchange plan, whose making is collective).
