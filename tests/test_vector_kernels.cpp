@@ -85,6 +85,24 @@ std::vector<host::OutputVector> tile_vectors(bool mixed, int row, int stride, in
   return vectors;
 }
 
+/// What a correlate tile writes: for each of its `rows` rows and each lane a vector reads,
+/// sum(row, source offset of the lane) + bias[row], added to the old value when `accumulate`.
+template <class Sum>
+void expect_tile(const std::vector<host::OutputVector>& vectors, int rows,
+                 std::ptrdiff_t out_stride, const std::vector<float>& bias, bool accumulate,
+                 std::vector<float>& expected, const Sum& sum) {
+  const int lanes = host::conv_tile_shape().lanes;
+  for (int r = 0; r < rows; ++r)
+    for (const host::OutputVector& v : vectors)
+      for (int i = 0; i < lanes; ++i) {
+        const bool here = v.mask >> i & 1u, next = v.next_mask >> i & 1u;
+        if (!here && !next) continue;
+        float& cell = expected[r * out_stride + (here ? v.output : v.next_output) + i];
+        const float total = sum(r, v.source + i) + bias[r];
+        cell = accumulate ? total + cell : total;
+      }
+}
+
 double gelu_exact(double x) {
   return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
 }
@@ -179,7 +197,7 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
       INFO("accumulate " << accumulate << ", case " << case_index);
       on_every_path([&] {
         const host::ConvTileShape shape = host::conv_tile_shape();
-        const int R = shape.tile_rows, lanes = shape.lanes;
+        const int R = shape.tile_rows;
         const int rows = case_index == 2 ? R - 1 : R;  // a tile short of its rows
         const std::vector<float> weights = random_floats(x_taps * taps * R, 32);
         const std::vector<float> bias = random_floats(R, 33);
@@ -192,23 +210,17 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
         std::vector<float> out = random_floats(R * out_stride, 34), expected = out;
         host::correlate_tile(planes, x_taps, offsets.data(), taps, weights.data(), vectors.data(),
                              out.data(), out_stride, rows, bias.data(), accumulate);
-        for (int r = 0; r < rows; ++r)
-          for (const host::OutputVector& v : vectors)
-            for (int i = 0; i < lanes; ++i) {
-              const bool here = v.mask >> i & 1u, next = v.next_mask >> i & 1u;
-              if (!here && !next) continue;
-              float acc = 0;
-              for (int a = 0; a < x_taps; ++a) {
-                if (!planes[a]) continue;
-                for (int t = 0; t < taps; ++t)
-                  acc = std::fma(weights[(a * taps + t) * R + r],
-                                 planes[a][v.source + i + offsets[t]], acc);
-              }
-              float& cell =
-                  expected[r * out_stride + (here ? v.output : v.next_output) + i];
-              const float sum = acc + bias[r];
-              cell = accumulate ? sum + cell : sum;
-            }
+        expect_tile(vectors, rows, out_stride, bias, accumulate, expected,
+                    [&](int r, std::ptrdiff_t source) {
+                      float acc = 0;
+                      for (int a = 0; a < x_taps; ++a) {
+                        if (!planes[a]) continue;
+                        for (int t = 0; t < taps; ++t)
+                          acc = std::fma(weights[(a * taps + t) * R + r],
+                                         planes[a][source + offsets[t]], acc);
+                      }
+                      return acc;
+                    });
         CHECK(same_bits(out, expected));
         // The tile (its rows and vectors) is the path's own: each path equals the same-order
         // sums, so every path gives the same bits (test_conv compares whole layers).
@@ -248,7 +260,7 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
       for (int c = 0; c < 3; ++c) offsets.push_back(p * pair_stride + b * stride + c);
   const int taps = static_cast<int>(offsets.size());
   const host::ConvTileShape shape = host::conv_tile_shape();
-  const int R = shape.tile_rows, lanes = shape.lanes;
+  const int R = shape.tile_rows;
   for (bool accumulate : {false, true})
     for (int case_index = 0; case_index < 3; ++case_index) {
       INFO("accumulate " << accumulate << ", case " << case_index);
@@ -268,25 +280,20 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
       host::correlate_pairs_tile(planes, x_taps, offsets.data(), taps, packed.data(),
                                  vectors.data(), out.data(), out_stride, rows, bias.data(),
                                  accumulate);
-      for (int r = 0; r < rows; ++r)
-        for (const host::OutputVector& v : vectors)
-          for (int i = 0; i < lanes; ++i) {
-            const bool here = v.mask >> i & 1u, next = v.next_mask >> i & 1u;
-            if (!here && !next) continue;
-            float acc = 0;
-            for (int a = 0; a < x_taps; ++a) {
-              if (!planes[a]) continue;
-              for (int t = 0; t < taps; ++t) {
-                const std::uint32_t x = planes[a][v.source + i + offsets[t]];
-                const std::uint32_t w = packed[(a * taps + t) * R + r];
-                acc = std::fma(value(w & 0xFFFF0000u), value(x & 0xFFFF0000u), acc);
-                acc = std::fma(value(w << 16), value(x << 16), acc);
-              }
-            }
-            float& cell = expected[r * out_stride + (here ? v.output : v.next_output) + i];
-            const float sum = acc + bias[r];
-            cell = accumulate ? sum + cell : sum;
-          }
+      expect_tile(vectors, rows, out_stride, bias, accumulate, expected,
+                  [&](int r, std::ptrdiff_t source) {
+                    float acc = 0;
+                    for (int a = 0; a < x_taps; ++a) {
+                      if (!planes[a]) continue;
+                      for (int t = 0; t < taps; ++t) {
+                        const std::uint32_t x = planes[a][source + offsets[t]];
+                        const std::uint32_t w = packed[(a * taps + t) * R + r];
+                        acc = std::fma(value(w & 0xFFFF0000u), value(x & 0xFFFF0000u), acc);
+                        acc = std::fma(value(w << 16), value(x << 16), acc);
+                      }
+                    }
+                    return acc;
+                  });
       CHECK(same_bits(out, expected));
     }
 }
