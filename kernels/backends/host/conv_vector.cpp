@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "host_threads.hpp"
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
 #include "vector_kernels.hpp"
 
@@ -43,19 +43,15 @@ inline Index copied_rows(const Correlation& r, bool bands) {
   return bands ? std::min(read_extent(r, 1), band_reads) : read_extent(r, 1);
 }
 
-/// x rounded to the nearest bf16 (ties to even; a NaN stays a quiet NaN) in the upper half of
-/// 32 bits: round_to_bfloat16's bits, without a branch, so that the copies into pair planes
-/// vectorize. The pair planes round as they copy: a bf16 convolution may read its input itself.
+/// x rounded to the nearest bf16 (bfloat16_bits: branch-free, so the copies into pair planes
+/// vectorize) in the upper half of 32 bits. The pair planes round as they copy: a bf16
+/// convolution may read its input itself.
 inline uint32_t upper_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  const uint32_t quiet_nan = (u | 0x00400000u) & 0xFFFF0000u;
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded;
+  return uint32_t(bfloat16_bits(x)) << 16;
 }
 /// Two values rounded to bf16 as one cell of a pair plane (correlate_pairs_tile).
 inline uint32_t bf16_pair(float upper, float lower) {
-  return upper_bf16(upper) | upper_bf16(lower) >> 16;
+  return upper_bf16(upper) | bfloat16_bits(lower);
 }
 
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
