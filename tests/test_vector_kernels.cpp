@@ -300,33 +300,38 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
 
 TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit for bit") {
   constexpr int rows = 3, columns = 13, stride = 20;
-  const std::vector<float> source = random_floats((rows + 3) * stride, 41);
+  const std::vector<float> source = random_floats((rows + 5) * stride, 41);
   on_every_path([&] {
     const host::ConvTileShape shape = host::conv_tile_shape();
-    const int T = shape.gradient_taps, channels = shape.gradient_vectors * shape.lanes;
-    std::vector<std::ptrdiff_t> offsets;
-    for (int t = 0; t < T; ++t) offsets.push_back((t % 3) * stride + t / 3);
-    const std::vector<float> dy_t =
-        random_floats(rows * columns * host::gradient_channels, 42);
-    const std::ptrdiff_t gradient_stride = host::gradient_channels + 3;
-    std::vector<float> gradient = random_floats(T * gradient_stride, 43), expected = gradient;
-    host::weight_gradient_tile(source.data(), offsets.data(), stride, rows, columns, dy_t.data(),
-                               gradient.data(), gradient_stride);
-    for (int t = 0; t < T; ++t)
-      for (int o = 0; o < channels; ++o) {
-        float acc = 0;
-        for (int y = 0; y < rows; ++y)
-          for (int z = 0; z < columns; ++z)
-            acc = std::fma(source[y * stride + offsets[t] + z],
-                           dy_t[(y * columns + z) * host::gradient_channels + o], acc);
-        expected[t * gradient_stride + o] += acc;
-      }
-    CHECK(same_bits(gradient, expected));
-    // Every path's tile covers its own channel count: compare the first 8 channels of 12 taps
-    // at most across paths (what every path computes).
     std::vector<float> common;
-    for (int t = 0; t < std::min(T, 6); ++t)
-      for (int o = 0; o < 8; ++o) common.push_back(gradient[t * gradient_stride + o]);
+    // A whole tile, and a narrow one (one vector of channels, tap_padding taps); the
+    // transposed gradient's cells a dy_channels stride apart, more than a tile reads.
+    for (const int vectors : {shape.gradient_vectors, 1}) {
+      const int T = vectors == 1 ? host::tap_padding : shape.gradient_taps,
+                channels = vectors * shape.lanes, dy_channels = host::gradient_channels + 5;
+      CAPTURE(vectors);
+      std::vector<std::ptrdiff_t> offsets;
+      for (int t = 0; t < T; ++t) offsets.push_back((t % 3) * stride + t / 3);
+      const std::vector<float> dy_t = random_floats(rows * columns * dy_channels, 42);
+      const std::ptrdiff_t gradient_stride = host::gradient_channels + 3;
+      std::vector<float> gradient = random_floats(T * gradient_stride, 43), expected = gradient;
+      host::weight_gradient_tile(source.data(), offsets.data(), stride, rows, columns, dy_t.data(),
+                                 dy_channels, vectors, gradient.data(), gradient_stride);
+      for (int t = 0; t < T; ++t)
+        for (int o = 0; o < channels; ++o) {
+          float acc = 0;
+          for (int y = 0; y < rows; ++y)
+            for (int z = 0; z < columns; ++z)
+              acc = std::fma(source[y * stride + offsets[t] + z],
+                             dy_t[(y * columns + z) * dy_channels + o], acc);
+          expected[t * gradient_stride + o] += acc;
+        }
+      CHECK(same_bits(gradient, expected));  // the lanes past the tile's too (untouched)
+      // Every path's tile covers its own channel count: compare the first 4 channels of 6 taps
+      // (what every path computes).
+      for (int t = 0; t < 6; ++t)
+        for (int o = 0; o < 4; ++o) common.push_back(gradient[t * gradient_stride + o]);
+    }
     return common;
   });
 }

@@ -16,8 +16,8 @@
 // on the instruction set the CPU runs). The same correlations without im2col or a GEMM
 // library: a tile of output channels x vectors of output cells (8 x 3 vectors of 16 on
 // AVX-512) accumulates in registers over the taps, loading the source straight from its planes
-// (a tap is an offset). The weight gradient keeps taps x output channels (12 x 32 on AVX-512)
-// in registers while it streams a band of cells. Each output's sum runs in the same order on
+// (a tap is an offset). The weight gradient keeps taps x output channels (12 x 32 on AVX-512;
+// 12 x 16 for 16 outputs or fewer) in registers while it streams a band of cells. Each output's sum runs in the same order on
 // every instruction set: the paths give the same bits. See docs/performance.md for what the
 // kernels reach against sgemm and PyTorch.
 
@@ -416,6 +416,13 @@ inline Index padded_taps(const Correlation& r) {
 inline Index padded_outputs(const Correlation& r) {
   return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
 }
+/// Output channels per cell of the transposed output gradient (a block of a group's outputs):
+/// the group's, rounded up to whole vectors, at most gradient_channels. A group of 8 or 16
+/// outputs has no 32-channel tiles of which most lanes sum zeros.
+inline Index block_channels(const Correlation& r, const ConvTileShape& shape) {
+  const Index vectors = (r.out_per_group + shape.lanes - 1) / shape.lanes;
+  return std::min<Index>(gradient_channels, vectors * shape.lanes);
+}
 /// Rows of a weight-gradient pair plane: those one band of output rows reads.
 inline Index pair_plane_rows(const Correlation& r) {
   return band_rows + (r.k[1] - 1) * r.d[1];
@@ -440,27 +447,25 @@ inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band
 }
 
 /// The band's output gradient transposed as pairs of a row's cells (weight_gradient_pairs_tile):
-/// [32-channel block][row][pair of cells][32], padding channels and the pair past an odd row's
-/// end zero. 16 pairs at a time: their 16 rows of 32 channels stay in L1 while every channel
-/// writes into them.
+/// [block of B channels][row][pair of cells][B], padding channels and the pair past an odd
+/// row's end zero. 16 pairs at a time: their 16 rows of B channels stay in L1 while every
+/// channel writes into them.
 void transpose_gradient_pairs(const Correlation& r, const FieldView<float>& gy, Index n,
                               Index first_channel, Index x, Index y0, Index rows, Index outs,
-                              uint32_t* transposed) {
+                              Index B, uint32_t* transposed) {
   const Index row = r.out[2], pairs = (row + 1) / 2, per_block = rows * pairs;
   for (Index y = 0; y < rows; ++y)
     for (Index q0 = 0; q0 < pairs; q0 += 16) {
       const Index q1 = std::min(q0 + 16, pairs), whole = std::min(q1, row / 2);
       for (Index o = 0; o < outs; ++o) {
-        uint32_t* to = transposed + (o / gradient_channels) * per_block * gradient_channels +
-                       y * pairs * gradient_channels + o % gradient_channels;
+        uint32_t* to = transposed + (o / B) * per_block * B + y * pairs * B + o % B;
         if (o >= r.out_per_group) {
-          for (Index q = q0; q < q1; ++q) to[q * gradient_channels] = 0;
+          for (Index q = q0; q < q1; ++q) to[q * B] = 0;
           continue;
         }
         const float* cells = &gy(n, first_channel + o, x, y0 + y, 0);
-        for (Index q = q0; q < whole; ++q)
-          to[q * gradient_channels] = bf16_pair(cells[2 * q], cells[2 * q + 1]);
-        if (whole < q1) to[(q1 - 1) * gradient_channels] = upper_bf16(cells[row - 1]);
+        for (Index q = q0; q < whole; ++q) to[q * B] = bf16_pair(cells[2 * q], cells[2 * q + 1]);
+        if (whole < q1) to[(q1 - 1) * B] = upper_bf16(cells[row - 1]);
       }
     }
 }
@@ -493,8 +498,23 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   const ConvTileShape shape = conv_tile_shape();
   const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
-  const Index taps = padded_taps(r), outs = padded_outputs(r),
+  // Blocks of B output channels (the transposed gradient's per cell), each summed by tiles of
+  // tile_channels and, where fewer are left, a narrow tile of one vector.
+  const Index B = block_channels(r, shape);
+  const Index taps = padded_taps(r), outs = (r.out_per_group + B - 1) / B * B,
               cells_per_band = band_rows * r.out[2];
+  // Each tile of a block: its first channel, vectors and taps.
+  struct GradientTile {
+    Index c0;
+    int vectors;
+    Index taps;
+  };
+  std::vector<GradientTile> block_tiles;
+  for (Index c0 = 0; c0 < B; c0 += tile_channels) {
+    const bool narrow = c0 + tile_channels > B;
+    block_tiles.push_back({c0, narrow ? 1 : shape.gradient_vectors,
+                           narrow ? Index(tap_padding) : Index(shape.gradient_taps)});
+  }
   const Index gradient_size = kx * taps * outs;
   std::vector<std::ptrdiff_t> offsets =
       tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
@@ -544,7 +564,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
         if (pairs) {
           const Index rows = y1 - y0, pairs_per_row = (r.out[2] + 1) / 2;
           uint32_t* const dy_pairs = reinterpret_cast<uint32_t*>(transposed);
-          transpose_gradient_pairs(r, gy, n, group * r.out_per_group, x, y0, rows, outs, dy_pairs);
+          transpose_gradient_pairs(r, gy, n, group * r.out_per_group, x, y0, rows, outs, B,
+                                   dy_pairs);
           source.start_band(y0);
           for (Index a = 0; a < kx; ++a) {
             const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
@@ -552,32 +573,31 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
             make_pair_plane(plane + (y0 - source.first_row()) * source.row_stride(),
                             source.channel_stride(), source.row_stride(), r.src_per_group,
                             rows + (ky - 1) * r.d[1], width, plane_rows, pair_plane);
-            for (Index block = 0; block < outs / gradient_channels; ++block)
-              for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
-                for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
+            for (Index block = 0; block < outs / B; ++block)
+              for (const GradientTile& tile : block_tiles)
+                for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_pairs_tile(
                       pair_plane, offsets.data() + tap, width, int(rows), int(pairs_per_row),
-                      dy_pairs + block * rows * pairs_per_row * gradient_channels + c0,
-                      sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
+                      dy_pairs + block * rows * pairs_per_row * B + tile.c0, int(B), tile.vectors,
+                      sums + (a * taps + tap) * outs + block * B + tile.c0, outs);
           }
         } else {
           // The lanes of padding channels (past out_per_group) are zero; no band writes them
           // again, so they stay zero until the band size (so the layout) changes.
           const Index written = cells == zeroed_cells ? r.out_per_group : outs;
           zeroed_cells = cells;
-          // The band's output gradient transposed, 16 cells at a time (their rows of 32
+          // The band's output gradient transposed, 16 cells at a time (their rows of B
           // channels stay in L1 while every channel's 16 values are written into them).
           for (Index p0 = 0; p0 < cells; p0 += 16) {
             const Index p1 = std::min(p0 + 16, cells);
             for (Index o = 0; o < written; ++o) {
-              float* column = transposed + (o / gradient_channels) * cells * gradient_channels +
-                              o % gradient_channels;
+              float* column = transposed + (o / B) * cells * B + o % B;
               if (o >= r.out_per_group) {
-                for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = 0.0f;
+                for (Index p = p0; p < p1; ++p) column[p * B] = 0.0f;
                 continue;
               }
               const float* row = &gy(n, group * r.out_per_group + o, x, y0, 0);
-              for (Index p = p0; p < p1; ++p) column[p * gradient_channels] = row[p];
+              for (Index p = p0; p < p1; ++p) column[p * B] = row[p];
             }
           }
           source.start_band(y0);
@@ -585,13 +605,13 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
             const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
             if (!plane) continue;  // outside the source: reads zero
             const float* band = plane + (y0 - source.first_row()) * source.row_stride();
-            for (Index block = 0; block < outs / gradient_channels; ++block)
-              for (Index c0 = 0; c0 < gradient_channels; c0 += tile_channels)
-                for (Index tap = 0; tap < taps; tap += shape.gradient_taps)
+            for (Index block = 0; block < outs / B; ++block)
+              for (const GradientTile& tile : block_tiles)
+                for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_tile(
                       band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
-                      transposed + block * cells * gradient_channels + c0,
-                      sums + (a * taps + tap) * outs + block * gradient_channels + c0, outs);
+                      transposed + block * cells * B + tile.c0, int(B), tile.vectors,
+                      sums + (a * taps + tap) * outs + block * B + tile.c0, outs);
           }
         }
         if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band

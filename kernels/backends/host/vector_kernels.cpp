@@ -50,8 +50,11 @@ constexpr int tile_vectors = 3;
 // Weight gradient: taps x vectors accumulators, plus a load per vector and one broadcast.
 constexpr int gradient_taps = registers == 32 ? 12 : 6;
 constexpr int gradient_vectors = 2;
+// A weight-gradient tile of one vector of channels (a narrow tile, for outputs that fill no
+// more) holds tap_padding taps instead: as many accumulators or fewer.
 static_assert(tap_padding % gradient_taps == 0 && tile_rows <= max_tile_rows &&
-              gradient_vectors * lanes <= gradient_channels);
+              gradient_vectors == 2 && gradient_vectors * lanes <= gradient_channels &&
+              tap_padding <= gradient_taps * gradient_vectors);
 
 // Masked loads and stores that never touch the other lanes: native on AVX-512 and (float)
 // AVX2; elsewhere (NEON) Highway's would read or write the whole vector, so the lanes go
@@ -266,14 +269,17 @@ SHARDTENSOR_BF16_DOT void CorrelatePairsTileDot(const uint32_t* const* planes, i
 
 /// WeightGradientTile on bf16 dot products, over pairs of a row's cells (z, z + 1): the
 /// source as a pair plane of its own cells (cell k: k's bf16 value upper, k + 1's lower) and
-/// the output gradient transposed as pairs (per row, per pair of cells, gradient_channels
-/// pairs). Each sum adds cell z's product, then z + 1's, as WeightGradientTile does.
-SHARDTENSOR_BF16_DOT void WeightGradientPairsTileDot(const uint32_t* source,
-                                                     const std::ptrdiff_t* tap_offsets,
-                                                     std::ptrdiff_t row_stride, int rows, int pairs,
-                                                     const uint32_t* dy_pairs, float* gradient,
-                                                     std::ptrdiff_t gradient_stride) {
-  constexpr int T = gradient_taps, O = gradient_vectors;
+/// the output gradient transposed as pairs (per row, per pair of cells, dy_channels pairs).
+/// Each sum adds cell z's product, then z + 1's, as WeightGradientTile does. O: vectors of
+/// output channels (one vector: tap_padding taps).
+template <int O>
+SHARDTENSOR_BF16_DOT HWY_INLINE void weight_gradient_pair_sums(const uint32_t* source,
+                                                               const std::ptrdiff_t* tap_offsets,
+                                                               std::ptrdiff_t row_stride, int rows,
+                                                               int pairs, const uint32_t* dy_pairs,
+                                                               int dy_channels, float* gradient,
+                                                               std::ptrdiff_t gradient_stride) {
+  constexpr int T = O == 1 ? tap_padding : gradient_taps;
   const D d;
   const DU du;
   V acc[T][O];
@@ -281,7 +287,7 @@ SHARDTENSOR_BF16_DOT void WeightGradientPairsTileDot(const uint32_t* source,
   for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) acc[t][o] = hn::Zero(d);
   const uint32_t* row = source;
   for (int y = 0; y < rows; ++y, row += row_stride) {
-    for (int q = 0; q < pairs; ++q, dy_pairs += gradient_channels) {
+    for (int q = 0; q < pairs; ++q, dy_pairs += dy_channels) {
       __m512bh g[O];
       HWY_UNROLL(16)
       for (int o = 0; o < O; ++o) g[o] = (__m512bh)hn::LoadU(du, dy_pairs + o * lanes).raw;
@@ -299,10 +305,24 @@ SHARDTENSOR_BF16_DOT void WeightGradientPairsTileDot(const uint32_t* source,
       hn::StoreU(hn::Add(hn::LoadU(d, p), acc[t][o]), d, p);
     }
 }
+
+SHARDTENSOR_BF16_DOT void WeightGradientPairsTileDot(const uint32_t* source,
+                                                     const std::ptrdiff_t* tap_offsets,
+                                                     std::ptrdiff_t row_stride, int rows, int pairs,
+                                                     const uint32_t* dy_pairs, int dy_channels,
+                                                     int vectors, float* gradient,
+                                                     std::ptrdiff_t gradient_stride) {
+  if (vectors == gradient_vectors)
+    weight_gradient_pair_sums<gradient_vectors>(source, tap_offsets, row_stride, rows, pairs,
+                                                dy_pairs, dy_channels, gradient, gradient_stride);
+  else
+    weight_gradient_pair_sums<1>(source, tap_offsets, row_stride, rows, pairs, dy_pairs,
+                                 dy_channels, gradient, gradient_stride);
+}
 #undef SHARDTENSOR_BF16_DOT
 #else
 void WeightGradientPairsTileDot(const uint32_t*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
-                                const uint32_t*, float*, std::ptrdiff_t) {
+                                const uint32_t*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("weight_gradient_pairs_tile", "this path has no bf16 dot products");
 }
 void CorrelatePairsTileDot(const uint32_t* const*, int, const std::ptrdiff_t*, int, const uint32_t*,
@@ -311,17 +331,20 @@ void CorrelatePairsTileDot(const uint32_t* const*, int, const std::ptrdiff_t*, i
 }
 #endif
 
-void WeightGradientTile(const float* source, const std::ptrdiff_t* tap_offsets,
-                        std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
-                        float* gradient, std::ptrdiff_t gradient_stride) {
-  constexpr int T = gradient_taps, O = gradient_vectors;
+/// WeightGradientTile's sums for O vectors of output channels (one vector: tap_padding taps).
+template <int O>
+HWY_INLINE void weight_gradient_sums(const float* source, const std::ptrdiff_t* tap_offsets,
+                                     std::ptrdiff_t row_stride, int rows, int columns,
+                                     const float* dy_t, int dy_channels, float* gradient,
+                                     std::ptrdiff_t gradient_stride) {
+  constexpr int T = O == 1 ? tap_padding : gradient_taps;
   const D d;
   V acc[T][O];
   HWY_UNROLL(16)
   for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) acc[t][o] = hn::Zero(d);
   const float* row = source;
   for (int y = 0; y < rows; ++y, row += row_stride) {
-    for (int z = 0; z < columns; ++z, dy_t += gradient_channels) {
+    for (int z = 0; z < columns; ++z, dy_t += dy_channels) {
       V g[O];
       HWY_UNROLL(16)
       for (int o = 0; o < O; ++o) g[o] = hn::LoadU(d, dy_t + o * lanes);
@@ -338,6 +361,18 @@ void WeightGradientTile(const float* source, const std::ptrdiff_t* tap_offsets,
       float* p = gradient + t * gradient_stride + o * lanes;
       hn::StoreU(hn::Add(hn::LoadU(d, p), acc[t][o]), d, p);
     }
+}
+
+void WeightGradientTile(const float* source, const std::ptrdiff_t* tap_offsets,
+                        std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
+                        int dy_channels, int vectors, float* gradient,
+                        std::ptrdiff_t gradient_stride) {
+  if (vectors == gradient_vectors)
+    weight_gradient_sums<gradient_vectors>(source, tap_offsets, row_stride, rows, columns, dy_t,
+                                           dy_channels, gradient, gradient_stride);
+  else
+    weight_gradient_sums<1>(source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels,
+                            gradient, gradient_stride);
 }
 
 // ---- exp, GELU, rows -----------------------------------------------------------------------
@@ -660,18 +695,21 @@ void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
 }
 void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
-                          float* gradient, std::ptrdiff_t gradient_stride) {
+                          int dy_channels, int vectors, float* gradient,
+                          std::ptrdiff_t gradient_stride) {
   HWY_DYNAMIC_DISPATCH(WeightGradientTile)
-  (source, tap_offsets, row_stride, rows, columns, dy_t, gradient, gradient_stride);
+  (source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels, vectors, gradient,
+   gradient_stride);
 }
 void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* tap_offsets,
                                 std::ptrdiff_t row_stride, int rows, int pairs,
-                                const uint32_t* dy_pairs, float* gradient,
-                                std::ptrdiff_t gradient_stride) {
+                                const uint32_t* dy_pairs, int dy_channels, int vectors,
+                                float* gradient, std::ptrdiff_t gradient_stride) {
   SHARDTENSOR_REQUIRE(pair_tiles_use_dot(), "weight_gradient_pairs_tile",
                       "bf16 dot products do not run here");
   HWY_DYNAMIC_DISPATCH(WeightGradientPairsTileDot)
-  (source, tap_offsets, row_stride, rows, pairs, dy_pairs, gradient, gradient_stride);
+  (source, tap_offsets, row_stride, rows, pairs, dy_pairs, dy_channels, vectors, gradient,
+   gradient_stride);
 }
 void gelu_rows(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);

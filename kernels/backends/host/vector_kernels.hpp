@@ -33,8 +33,8 @@ struct ConvTileShape {
 ConvTileShape conv_tile_shape();
 /// Bounds over every path, for workspace sizes that do not depend on the path.
 constexpr int max_tile_rows = 8;
-constexpr int tap_padding = 12;       // every path's gradient_taps divides it
-constexpr int gradient_channels = 32; // the transposed output gradient's channels per cell
+constexpr int tap_padding = 12;        // every path's gradient_taps divides it
+constexpr int gradient_channels = 32;  // the most output channels per transposed cell
 
 /// One output vector of `lanes` cells: `source` is the offset (from the source plane's
 /// origin) that tap 0 of lane 0 reads. Lanes in `mask` are output cells at `output` + lane;
@@ -69,23 +69,26 @@ void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
 bool pair_tiles_use_dot();
 
 /// gradient[t][o] += sum over cells of source[tap[t] + cell] * dy_t[cell][o] for
-/// gradient_taps taps and gradient_vectors x lanes output channels (dy_t: the output gradient
-/// transposed, gradient_channels values per cell; gradient: a row every `gradient_stride`
-/// values). Cells: `rows` rows of `columns` cells, a row `row_stride` apart in the source.
+/// `vectors` x lanes output channels and gradient_taps taps where `vectors` is
+/// gradient_vectors, or (a narrow tile, for outputs one vector holds) one vector of channels
+/// and tap_padding taps. dy_t: the output gradient transposed, dy_channels values per cell;
+/// gradient: a row every `gradient_stride` values. Cells: `rows` rows of `columns` cells, a
+/// row `row_stride` apart in the source.
 void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
-                          float* gradient, std::ptrdiff_t gradient_stride);
+                          int dy_channels, int vectors, float* gradient,
+                          std::ptrdiff_t gradient_stride);
 
 /// weight_gradient_tile on bf16 dot products (only where pair_tiles_use_dot()), over pairs of
 /// a row's cells: `source` a pair plane of the source's own cells (cell k holds k's bf16 value
 /// in its upper half, k + 1's in the lower), `dy_pairs` the output gradient transposed as
-/// pairs (per row, `pairs` pairs of cells (z, z + 1), gradient_channels 32-bit pairs each; the
+/// pairs (per row, `pairs` pairs of cells (z, z + 1), dy_channels 32-bit pairs each; the
 /// pair past an odd row's end is zero). The same sums in the same order: the same bits as
 /// weight_gradient_tile on bf16 values (bar subnormal products).
 void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* tap_offsets,
                                 std::ptrdiff_t row_stride, int rows, int pairs,
-                                const uint32_t* dy_pairs, float* gradient,
-                                std::ptrdiff_t gradient_stride);
+                                const uint32_t* dy_pairs, int dy_channels, int vectors,
+                                float* gradient, std::ptrdiff_t gradient_stride);
 
 // ---- rows of float ------------------------------------------------------------------------
 
