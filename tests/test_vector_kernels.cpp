@@ -335,3 +335,46 @@ TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit 
     return common;
   });
 }
+
+TEST_CASE("bf16 pairs round to nearest even on every path, NaN quiet, infinities kept") {
+  // The reference rounds by cases, not by the kernels' carry trick.
+  const auto bits = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint32_t((u | 0x00400000u) >> 16);
+    std::uint32_t upper = u >> 16;
+    const std::uint32_t lower = u & 0xffffu;
+    if (lower > 0x8000u || (lower == 0x8000u && (upper & 1u))) ++upper;
+    return upper;
+  };
+  const auto from_bits = [](std::uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  std::vector<float> values = random_floats(45, 51, -3, 3);
+  // Ties both ways, just below and above a tie, the largest finite, the smallest subnormal,
+  // infinities, NaNs quiet and signalling, zeros.
+  for (const std::uint32_t u :
+       {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f7fffffu, 0x00000001u, 0x7f800000u,
+        0xff800000u, 0x7fc00001u, 0x7f800001u, 0xff800001u, 0x00000000u, 0x80000000u, 0x807fffffu})
+    values.push_back(from_bits(u));
+  const std::vector<float> lower = random_floats(values.size(), 52, -1e-3f, 1e-3f);
+  on_every_path([&] {
+    for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), values.size()})
+      for (const bool with_lower : {true, false}) {
+        CAPTURE(n, with_lower);
+        // Upper from values, lower from `lower`, and the other way round (specials in both).
+        for (const bool swapped : {false, true}) {
+          const float* up = swapped ? lower.data() : values.data();
+          const float* low = with_lower ? (swapped ? values.data() : lower.data()) : nullptr;
+          std::vector<std::uint32_t> pairs(n + 1, 0xdeadbeefu);
+          host::bf16_pairs(up, low, pairs.data(), n);
+          for (std::size_t i = 0; i < n; ++i)
+            CHECK(pairs[i] == (bits(up[i]) << 16 | (low ? bits(low[i]) : 0u)));
+          CHECK(pairs[n] == 0xdeadbeefu);  // nothing past the end
+        }
+      }
+    return std::vector<float>();
+  });
+}

@@ -144,10 +144,16 @@ class PlaneSource {
           const auto cell = [&](Index sz) {
             return lower ? bf16_pair(upper[sz], lower[sz]) : upper_bf16(upper[sz]);
           };
-          copy_row(row, width, z0, z1, extent, cell);
+          copy_row(row, width, z0, z1, extent, cell, [&](Index sz, Index count, Value* to) {
+            bf16_pairs(upper + sz, lower ? lower + sz : nullptr, to, std::size_t(count));
+          });
         } else {
           const float* source_row = &src_(n_, c0 + j, px, sy, 0);
-          copy_row(row, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; });
+          copy_row(
+              row, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; },
+              [&](Index sz, Index count, Value* to) {
+                std::copy(source_row + sz, source_row + sz + count, to);
+              });
         }
       }
     slot_plane_[slot] = sx;
@@ -155,10 +161,11 @@ class PlaneSource {
   }
 
  private:
-  /// row[z] = cell(offset + z) for z in [z0, z1); around it zeros, or (wrap) the cells an
-  /// extent away.
-  template <class Cell>
-  void copy_row(Value* row, Index width, Index z0, Index z1, Index extent, const Cell& cell) const {
+  /// row[z] = cell(offset + z) for z in [z0, z1) (cells(sz, count, to): the cells from sz,
+  /// contiguous); around it zeros, or (wrap) the cells an extent away.
+  template <class Cell, class Cells>
+  void copy_row(Value* row, Index width, Index z0, Index z1, Index extent, const Cell& cell,
+                const Cells& cells) const {
     const Index offset = r_.offset[2];
     if (r_.wrap[2]) {
       for (Index z = 0; z < z0; ++z) row[z] = cell(wrapped(offset + z, extent));
@@ -167,7 +174,7 @@ class PlaneSource {
       std::fill(row, row + z0, Value(0));
       std::fill(row + z1, row + width, Value(0));
     }
-    for (Index z = z0; z < z1; ++z) row[z] = cell(offset + z);
+    cells(offset + z0, z1 - z0, row + z0);
   }
 
   const Correlation& r_;
@@ -478,7 +485,7 @@ void make_pair_plane(const float* band, std::ptrdiff_t channel_stride, std::ptrd
     for (Index y = 0; y < rows; ++y) {
       const float* from = band + j * channel_stride + y * row_stride;
       uint32_t* to = pairs + (j * plane_rows + y) * width;
-      for (Index z = 0; z + 1 < width; ++z) to[z] = bf16_pair(from[z], from[z + 1]);
+      bf16_pairs(from, from + 1, to, std::size_t(width - 1));
       to[width - 1] = upper_bf16(from[width - 1]);
     }
 }

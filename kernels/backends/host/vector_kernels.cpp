@@ -569,6 +569,51 @@ float ExpRow(float* x, std::size_t n, float shift) {
   return sum_of_16(partial);
 }
 
+// ---- bf16 pairs ----------------------------------------------------------------------------
+
+/// x's bf16 bits in the upper half (the lower zero): rounded to nearest even on the lower
+/// half, carrying into the exponent where it must (to inf past the top); NaN stays NaN, quiet.
+/// core/bfloat16.hpp's bfloat16_bits, a vector at a time.
+HWY_INLINE VU UpperBf16(V x) {
+  const DU du;
+  const hn::RebindToSigned<D> di;
+  const VU u = hn::BitCast(du, x);
+  const VU rounded =
+      hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u))));
+  const auto nan = hn::Gt(hn::BitCast(di, hn::And(u, hn::Set(du, 0x7fffffffu))),
+                          hn::Set(di, int32_t{0x7f800000}));
+  const VU kept =
+      hn::IfThenElse(hn::RebindMask(du, nan), hn::Or(u, hn::Set(du, 0x00400000u)), rounded);
+  return hn::And(kept, hn::Set(du, 0xffff0000u));
+}
+
+void Bf16Pairs(const float* upper, const float* lower, uint32_t* to, std::size_t n) {
+  const D d;
+  const DU du;
+  const auto pair = [&](V u, V l) {
+    return hn::Or(UpperBf16(u), hn::ShiftRight<16>(UpperBf16(l)));
+  };
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(pair(hn::LoadU(d, upper + i), lower ? hn::LoadU(d, lower + i) : hn::Zero(d)), du,
+               to + i);
+  if (i == n) return;
+  // The last, partial vector (rows of 64 cells and their padding end in one).
+  if constexpr (native_masks) {
+    const M m = hn::FirstN(d, n - i);
+    const V u = hn::MaskedLoad(m, d, upper + i);
+    const V l = lower ? hn::MaskedLoad(m, d, lower + i) : hn::Zero(d);
+    hn::BlendedStore(pair(u, l), hn::RebindMask(du, m), du, to + i);
+  } else {
+    HWY_ALIGN float tails[2][lanes] = {};
+    std::copy(upper + i, upper + n, tails[0]);
+    if (lower) std::copy(lower + i, lower + n, tails[1]);
+    HWY_ALIGN uint32_t out[lanes];
+    hn::Store(pair(hn::Load(d, tails[0]), hn::Load(d, tails[1])), du, out);
+    std::copy(out, out + (n - i), to + i);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace shardtensor::kernels::host
 HWY_AFTER_NAMESPACE();
@@ -588,6 +633,7 @@ HWY_EXPORT(GeluRows);
 HWY_EXPORT(GeluBackwardRows);
 HWY_EXPORT(RowMax);
 HWY_EXPORT(ExpRow);
+HWY_EXPORT(Bf16Pairs);
 
 namespace {
 
@@ -722,6 +768,9 @@ float row_max(const float* x, std::size_t n) {
 }
 float exp_row(float* x, std::size_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpRow)(x, n, shift);
+}
+void bf16_pairs(const float* upper, const float* lower, uint32_t* to, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(Bf16Pairs)(upper, lower, to, n);
 }
 
 }  // namespace shardtensor::kernels::host

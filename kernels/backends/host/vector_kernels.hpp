@@ -100,5 +100,9 @@ void gelu_backward_rows(const float* x, const float* gy, float* gx, std::size_t 
 float row_max(const float* x, std::size_t n);
 /// x[j] = exp(x[j] - shift) for j < n; returns their sum.
 float exp_row(float* x, std::size_t n, float shift);
+/// to[i] = upper[i]'s bf16 bits in the upper half and lower[i]'s in the lower half (zero
+/// where lower is null), for i < n: rounded to nearest even, NaN kept (quiet), as
+/// core/bfloat16.hpp's bfloat16_bits. The pair planes of the bf16 dot-product tiles.
+void bf16_pairs(const float* upper, const float* lower, uint32_t* to, std::size_t n);
 
 }  // namespace shardtensor::kernels::host
