@@ -858,11 +858,11 @@ void correlate_pairs_tile(const uint32_t* const*, int, const std::ptrdiff_t*, in
   SHARDTENSOR_FAIL("correlate_pairs_tile", "this build has no host vector kernels");
 }
 void weight_gradient_tile(const float*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
-                          const float*, float*, std::ptrdiff_t) {
+                          const float*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("weight_gradient_tile", "this build has no host vector kernels");
 }
 void weight_gradient_pairs_tile(const uint32_t*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
-                                const uint32_t*, float*, std::ptrdiff_t) {
+                                const uint32_t*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("weight_gradient_pairs_tile", "this build has no host vector kernels");
 }
 void gelu_rows(const float*, float*, std::size_t) {
@@ -876,6 +876,9 @@ float row_max(const float*, std::size_t) {
 }
 float exp_row(float*, std::size_t, float) {
   SHARDTENSOR_FAIL("exp_row", "this build has no host vector kernels");
+}
+void bf16_pairs(const float*, const float*, uint32_t*, std::size_t) {
+  SHARDTENSOR_FAIL("bf16_pairs", "this build has no host vector kernels");
 }
 
 }  // namespace host
