@@ -304,19 +304,21 @@ TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit 
   on_every_path([&] {
     const host::ConvTileShape shape = host::conv_tile_shape();
     std::vector<float> common;
-    // A whole tile, and a narrow one (one vector of channels, tap_padding taps); the
-    // transposed gradient's cells a dy_channels stride apart, more than a tile reads.
-    for (const int vectors : {shape.gradient_vectors, 1}) {
-      const int T = vectors == 1 ? host::tap_padding : shape.gradient_taps,
-                channels = vectors * shape.lanes, dy_channels = host::gradient_channels + 5;
-      CAPTURE(vectors);
+    // A whole tile, and the narrow ones (one vector of channels or narrow_lanes of them,
+    // tap_padding taps); the transposed gradient's cells a dy_channels stride apart, more than
+    // a tile reads.
+    const int whole = shape.gradient_vectors * shape.lanes;
+    for (const int channels : {whole, shape.lanes, shape.narrow_lanes}) {
+      const int T = channels == whole ? shape.gradient_taps : host::tap_padding,
+                dy_channels = host::gradient_channels + 5;
+      CAPTURE(channels);
       std::vector<std::ptrdiff_t> offsets;
       for (int t = 0; t < T; ++t) offsets.push_back((t % 3) * stride + t / 3);
       const std::vector<float> dy_t = random_floats(rows * columns * dy_channels, 42);
       const std::ptrdiff_t gradient_stride = host::gradient_channels + 3;
       std::vector<float> gradient = random_floats(T * gradient_stride, 43), expected = gradient;
       host::weight_gradient_tile(source.data(), offsets.data(), stride, rows, columns, dy_t.data(),
-                                 dy_channels, vectors, gradient.data(), gradient_stride);
+                                 dy_channels, channels, gradient.data(), gradient_stride);
       for (int t = 0; t < T; ++t)
         for (int o = 0; o < channels; ++o) {
           float acc = 0;

@@ -424,11 +424,11 @@ inline Index padded_outputs(const Correlation& r) {
   return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
 }
 /// Output channels per cell of the transposed output gradient (a block of a group's outputs):
-/// the group's, rounded up to whole vectors, at most gradient_channels. A group of 8 or 16
-/// outputs has no 32-channel tiles of which most lanes sum zeros.
+/// the group's, rounded up to the narrowest tile's channels, at most gradient_channels. A
+/// group of 8 or 16 outputs has no 32-channel tiles of which most lanes sum zeros.
 inline Index block_channels(const Correlation& r, const ConvTileShape& shape) {
-  const Index vectors = (r.out_per_group + shape.lanes - 1) / shape.lanes;
-  return std::min<Index>(gradient_channels, vectors * shape.lanes);
+  const Index narrow = shape.narrow_lanes;
+  return std::min<Index>(gradient_channels, (r.out_per_group + narrow - 1) / narrow * narrow);
 }
 /// Rows of a weight-gradient pair plane: those one band of output rows reads.
 inline Index pair_plane_rows(const Correlation& r) {
@@ -506,21 +506,26 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
   // Blocks of B output channels (the transposed gradient's per cell), each summed by tiles of
-  // tile_channels and, where fewer are left, a narrow tile of one vector.
+  // tile_channels and, where fewer are left, narrow tiles of a vector or of narrow_lanes.
   const Index B = block_channels(r, shape);
   const Index taps = padded_taps(r), outs = (r.out_per_group + B - 1) / B * B,
               cells_per_band = band_rows * r.out[2];
-  // Each tile of a block: its first channel, vectors and taps.
+  // Each tile of a block: its first channel, channels and taps.
   struct GradientTile {
     Index c0;
-    int vectors;
+    int channels;
     Index taps;
   };
   std::vector<GradientTile> block_tiles;
-  for (Index c0 = 0; c0 < B; c0 += tile_channels) {
-    const bool narrow = c0 + tile_channels > B;
-    block_tiles.push_back({c0, narrow ? 1 : shape.gradient_vectors,
-                           narrow ? Index(tap_padding) : Index(shape.gradient_taps)});
+  for (Index c0 = 0; c0 < B;) {
+    const Index left = B - c0;
+    const int channels = left >= tile_channels ? int(tile_channels)
+                         : left >= shape.lanes ? shape.lanes
+                                               : shape.narrow_lanes;
+    block_tiles.push_back(
+        {c0, channels,
+         channels == tile_channels ? Index(shape.gradient_taps) : Index(tap_padding)});
+    c0 += channels;
   }
   const Index gradient_size = kx * taps * outs;
   std::vector<std::ptrdiff_t> offsets =
@@ -585,7 +590,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                 for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_pairs_tile(
                       pair_plane, offsets.data() + tap, width, int(rows), int(pairs_per_row),
-                      dy_pairs + block * rows * pairs_per_row * B + tile.c0, int(B), tile.vectors,
+                      dy_pairs + block * rows * pairs_per_row * B + tile.c0, int(B), tile.channels,
                       sums + (a * taps + tap) * outs + block * B + tile.c0, outs);
           }
         } else {
@@ -617,7 +622,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                 for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_tile(
                       band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
-                      transposed + block * cells * B + tile.c0, int(B), tile.vectors,
+                      transposed + block * cells * B + tile.c0, int(B), tile.channels,
                       sums + (a * taps + tap) * outs + block * B + tile.c0, outs);
           }
         }

@@ -51,7 +51,11 @@ constexpr int tile_vectors = 3;
 constexpr int gradient_taps = registers == 32 ? 12 : 6;
 constexpr int gradient_vectors = 2;
 // A weight-gradient tile of one vector of channels (a narrow tile, for outputs that fill no
-// more) holds tap_padding taps instead: as many accumulators or fewer.
+// more) holds tap_padding taps instead: as many accumulators or fewer. Its vector is a whole
+// one, or (for 8 outputs or fewer on AVX-512) 8 lanes: on CPUs that split a 512-bit multiply-add
+// in two halves (Zen 4), half the time where half the lanes would be padding.
+using DN = hn::CappedTag<float, 8>;
+constexpr int narrow_lanes = static_cast<int>(hn::MaxLanes(DN()));
 static_assert(tap_padding % gradient_taps == 0 && tile_rows <= max_tile_rows &&
               gradient_vectors == 2 && gradient_vectors * lanes <= gradient_channels &&
               tap_padding <= gradient_taps * gradient_vectors);
@@ -97,7 +101,7 @@ HWY_INLINE void store_lanes(V v, unsigned bits, float* p) {
 // ---- convolution tiles ---------------------------------------------------------------------
 
 ConvTileShape TileShape() {
-  return {lanes, tile_rows, tile_vectors, gradient_taps, gradient_vectors};
+  return {lanes, tile_rows, tile_vectors, gradient_taps, gradient_vectors, narrow_lanes};
 }
 
 /// out[r][vector v] = acc[r][v] + bias[r] (+ out when `accumulate`) for the tile's `rows`
@@ -267,12 +271,24 @@ SHARDTENSOR_BF16_DOT void CorrelatePairsTileDot(const uint32_t* const* planes, i
   store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
 }
 
+/// acc + the bf16 dot products of a and b's pairs (vdpbf16ps), at the vector's width.
+SHARDTENSOR_BF16_DOT HWY_INLINE V DotPairs(V acc, VU a, VU b) {
+  acc.raw = _mm512_dpbf16_ps(acc.raw, (__m512bh)a.raw, (__m512bh)b.raw);
+  return acc;
+}
+SHARDTENSOR_BF16_DOT HWY_INLINE hn::Vec<DN> DotPairs(hn::Vec<DN> acc,
+                                                     hn::Vec<hn::RebindToUnsigned<DN>> a,
+                                                     hn::Vec<hn::RebindToUnsigned<DN>> b) {
+  acc.raw = _mm256_dpbf16_ps(acc.raw, (__m256bh)a.raw, (__m256bh)b.raw);
+  return acc;
+}
+
 /// WeightGradientTile on bf16 dot products, over pairs of a row's cells (z, z + 1): the
 /// source as a pair plane of its own cells (cell k: k's bf16 value upper, k + 1's lower) and
 /// the output gradient transposed as pairs (per row, per pair of cells, dy_channels pairs).
-/// Each sum adds cell z's product, then z + 1's, as WeightGradientTile does. O: vectors of
-/// output channels (one vector: tap_padding taps).
-template <int O>
+/// Each sum adds cell z's product, then z + 1's, as WeightGradientTile does. O vectors of
+/// output channels of tag DT (one vector: tap_padding taps).
+template <class DT, int O>
 SHARDTENSOR_BF16_DOT HWY_INLINE void weight_gradient_pair_sums(const uint32_t* source,
                                                                const std::ptrdiff_t* tap_offsets,
                                                                std::ptrdiff_t row_stride, int rows,
@@ -280,28 +296,29 @@ SHARDTENSOR_BF16_DOT HWY_INLINE void weight_gradient_pair_sums(const uint32_t* s
                                                                int dy_channels, float* gradient,
                                                                std::ptrdiff_t gradient_stride) {
   constexpr int T = O == 1 ? tap_padding : gradient_taps;
-  const D d;
-  const DU du;
-  V acc[T][O];
+  constexpr int L = static_cast<int>(hn::MaxLanes(DT()));
+  const DT d;
+  const hn::RebindToUnsigned<DT> du;
+  hn::Vec<DT> acc[T][O];
   HWY_UNROLL(16)
   for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) acc[t][o] = hn::Zero(d);
   const uint32_t* row = source;
   for (int y = 0; y < rows; ++y, row += row_stride) {
     for (int q = 0; q < pairs; ++q, dy_pairs += dy_channels) {
-      __m512bh g[O];
+      hn::Vec<decltype(du)> g[O];
       HWY_UNROLL(16)
-      for (int o = 0; o < O; ++o) g[o] = (__m512bh)hn::LoadU(du, dy_pairs + o * lanes).raw;
+      for (int o = 0; o < O; ++o) g[o] = hn::LoadU(du, dy_pairs + o * L);
       HWY_UNROLL(16)
       for (int t = 0; t < T; ++t) {
-        const __m512bh x = (__m512bh)hn::Set(du, row[tap_offsets[t] + 2 * q]).raw;
+        const auto x = hn::Set(du, row[tap_offsets[t] + 2 * q]);
         HWY_UNROLL(16)
-        for (int o = 0; o < O; ++o) acc[t][o].raw = _mm512_dpbf16_ps(acc[t][o].raw, x, g[o]);
+        for (int o = 0; o < O; ++o) acc[t][o] = DotPairs(acc[t][o], x, g[o]);
       }
     }
   }
   HWY_UNROLL(16)
   for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) {
-      float* p = gradient + t * gradient_stride + o * lanes;
+      float* p = gradient + t * gradient_stride + o * L;
       hn::StoreU(hn::Add(hn::LoadU(d, p), acc[t][o]), d, p);
     }
 }
@@ -310,14 +327,20 @@ SHARDTENSOR_BF16_DOT void WeightGradientPairsTileDot(const uint32_t* source,
                                                      const std::ptrdiff_t* tap_offsets,
                                                      std::ptrdiff_t row_stride, int rows, int pairs,
                                                      const uint32_t* dy_pairs, int dy_channels,
-                                                     int vectors, float* gradient,
+                                                     int channels, float* gradient,
                                                      std::ptrdiff_t gradient_stride) {
-  if (vectors == gradient_vectors)
-    weight_gradient_pair_sums<gradient_vectors>(source, tap_offsets, row_stride, rows, pairs,
-                                                dy_pairs, dy_channels, gradient, gradient_stride);
+  if (channels == gradient_vectors * lanes)
+    weight_gradient_pair_sums<D, gradient_vectors>(source, tap_offsets, row_stride, rows, pairs,
+                                                   dy_pairs, dy_channels, gradient,
+                                                   gradient_stride);
+  else if (channels == lanes)
+    weight_gradient_pair_sums<D, 1>(source, tap_offsets, row_stride, rows, pairs, dy_pairs,
+                                    dy_channels, gradient, gradient_stride);
+  else if (channels == narrow_lanes)
+    weight_gradient_pair_sums<DN, 1>(source, tap_offsets, row_stride, rows, pairs, dy_pairs,
+                                     dy_channels, gradient, gradient_stride);
   else
-    weight_gradient_pair_sums<1>(source, tap_offsets, row_stride, rows, pairs, dy_pairs,
-                                 dy_channels, gradient, gradient_stride);
+    SHARDTENSOR_FAIL("weight_gradient_pairs_tile", "no tile of " << channels << " channels");
 }
 #undef SHARDTENSOR_BF16_DOT
 #else
@@ -331,26 +354,28 @@ void CorrelatePairsTileDot(const uint32_t* const*, int, const std::ptrdiff_t*, i
 }
 #endif
 
-/// WeightGradientTile's sums for O vectors of output channels (one vector: tap_padding taps).
-template <int O>
+/// WeightGradientTile's sums for O vectors of output channels of tag DT (one vector:
+/// tap_padding taps).
+template <class DT, int O>
 HWY_INLINE void weight_gradient_sums(const float* source, const std::ptrdiff_t* tap_offsets,
                                      std::ptrdiff_t row_stride, int rows, int columns,
                                      const float* dy_t, int dy_channels, float* gradient,
                                      std::ptrdiff_t gradient_stride) {
   constexpr int T = O == 1 ? tap_padding : gradient_taps;
-  const D d;
-  V acc[T][O];
+  constexpr int L = static_cast<int>(hn::MaxLanes(DT()));
+  const DT d;
+  hn::Vec<DT> acc[T][O];
   HWY_UNROLL(16)
   for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) acc[t][o] = hn::Zero(d);
   const float* row = source;
   for (int y = 0; y < rows; ++y, row += row_stride) {
     for (int z = 0; z < columns; ++z, dy_t += dy_channels) {
-      V g[O];
+      hn::Vec<DT> g[O];
       HWY_UNROLL(16)
-      for (int o = 0; o < O; ++o) g[o] = hn::LoadU(d, dy_t + o * lanes);
+      for (int o = 0; o < O; ++o) g[o] = hn::LoadU(d, dy_t + o * L);
       HWY_UNROLL(16)
       for (int t = 0; t < T; ++t) {
-        const V x = hn::Set(d, row[tap_offsets[t] + z]);
+        const hn::Vec<DT> x = hn::Set(d, row[tap_offsets[t] + z]);
         HWY_UNROLL(16)
         for (int o = 0; o < O; ++o) acc[t][o] = hn::MulAdd(x, g[o], acc[t][o]);
       }
@@ -358,21 +383,26 @@ HWY_INLINE void weight_gradient_sums(const float* source, const std::ptrdiff_t* 
   }
   HWY_UNROLL(16)
   for (int t = 0; t < T; ++t) HWY_UNROLL(16) for (int o = 0; o < O; ++o) {
-      float* p = gradient + t * gradient_stride + o * lanes;
+      float* p = gradient + t * gradient_stride + o * L;
       hn::StoreU(hn::Add(hn::LoadU(d, p), acc[t][o]), d, p);
     }
 }
 
 void WeightGradientTile(const float* source, const std::ptrdiff_t* tap_offsets,
                         std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
-                        int dy_channels, int vectors, float* gradient,
+                        int dy_channels, int channels, float* gradient,
                         std::ptrdiff_t gradient_stride) {
-  if (vectors == gradient_vectors)
-    weight_gradient_sums<gradient_vectors>(source, tap_offsets, row_stride, rows, columns, dy_t,
-                                           dy_channels, gradient, gradient_stride);
+  if (channels == gradient_vectors * lanes)
+    weight_gradient_sums<D, gradient_vectors>(source, tap_offsets, row_stride, rows, columns, dy_t,
+                                              dy_channels, gradient, gradient_stride);
+  else if (channels == lanes)
+    weight_gradient_sums<D, 1>(source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels,
+                               gradient, gradient_stride);
+  else if (channels == narrow_lanes)
+    weight_gradient_sums<DN, 1>(source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels,
+                                gradient, gradient_stride);
   else
-    weight_gradient_sums<1>(source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels,
-                            gradient, gradient_stride);
+    SHARDTENSOR_FAIL("weight_gradient_tile", "no tile of " << channels << " channels");
 }
 
 // ---- exp, GELU, rows -----------------------------------------------------------------------
@@ -741,20 +771,20 @@ void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
 }
 void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
-                          int dy_channels, int vectors, float* gradient,
+                          int dy_channels, int channels, float* gradient,
                           std::ptrdiff_t gradient_stride) {
   HWY_DYNAMIC_DISPATCH(WeightGradientTile)
-  (source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels, vectors, gradient,
+  (source, tap_offsets, row_stride, rows, columns, dy_t, dy_channels, channels, gradient,
    gradient_stride);
 }
 void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* tap_offsets,
                                 std::ptrdiff_t row_stride, int rows, int pairs,
-                                const uint32_t* dy_pairs, int dy_channels, int vectors,
+                                const uint32_t* dy_pairs, int dy_channels, int channels,
                                 float* gradient, std::ptrdiff_t gradient_stride) {
   SHARDTENSOR_REQUIRE(pair_tiles_use_dot(), "weight_gradient_pairs_tile",
                       "bf16 dot products do not run here");
   HWY_DYNAMIC_DISPATCH(WeightGradientPairsTileDot)
-  (source, tap_offsets, row_stride, rows, pairs, dy_pairs, dy_channels, vectors, gradient,
+  (source, tap_offsets, row_stride, rows, pairs, dy_pairs, dy_channels, channels, gradient,
    gradient_stride);
 }
 void gelu_rows(const float* x, float* y, std::size_t n) {
@@ -844,7 +874,7 @@ void select_vector_isa(const std::string& isa) {
 namespace host {
 
 ConvTileShape conv_tile_shape() {
-  return {1, 1, 1, 1, 1};
+  return {1, 1, 1, 1, 1, 1};
 }
 void correlate_tile(const float* const*, int, const std::ptrdiff_t*, int, const float*,
                     const OutputVector*, float*, std::ptrdiff_t, int, const float*, bool) {

@@ -29,6 +29,7 @@ struct ConvTileShape {
   int tile_vectors;      // vectors per correlate tile (source loads)
   int gradient_taps;     // taps per weight-gradient tile
   int gradient_vectors;  // output-channel vectors per weight-gradient tile
+  int narrow_lanes;      // output channels of the narrowest weight-gradient tile (at most 8)
 };
 ConvTileShape conv_tile_shape();
 /// Bounds over every path, for workspace sizes that do not depend on the path.
@@ -68,15 +69,15 @@ void correlate_pairs_tile(const uint32_t* const* planes, int x_taps,
 /// (kernels::bf16_dot_products).
 bool pair_tiles_use_dot();
 
-/// gradient[t][o] += sum over cells of source[tap[t] + cell] * dy_t[cell][o] for
-/// `vectors` x lanes output channels and gradient_taps taps where `vectors` is
-/// gradient_vectors, or (a narrow tile, for outputs one vector holds) one vector of channels
-/// and tap_padding taps. dy_t: the output gradient transposed, dy_channels values per cell;
+/// gradient[t][o] += sum over cells of source[tap[t] + cell] * dy_t[cell][o] for `channels`
+/// output channels: gradient_vectors x lanes of them and gradient_taps taps, or (a narrow
+/// tile, for outputs that fill no more) one vector of lanes or of narrow_lanes channels and
+/// tap_padding taps. dy_t: the output gradient transposed, dy_channels values per cell;
 /// gradient: a row every `gradient_stride` values. Cells: `rows` rows of `columns` cells, a
 /// row `row_stride` apart in the source.
 void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets,
                           std::ptrdiff_t row_stride, int rows, int columns, const float* dy_t,
-                          int dy_channels, int vectors, float* gradient,
+                          int dy_channels, int channels, float* gradient,
                           std::ptrdiff_t gradient_stride);
 
 /// weight_gradient_tile on bf16 dot products (only where pair_tiles_use_dot()), over pairs of
@@ -87,7 +88,7 @@ void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets
 /// weight_gradient_tile on bf16 values (bar subnormal products).
 void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* tap_offsets,
                                 std::ptrdiff_t row_stride, int rows, int pairs,
-                                const uint32_t* dy_pairs, int dy_channels, int vectors,
+                                const uint32_t* dy_pairs, int dy_channels, int channels,
                                 float* gradient, std::ptrdiff_t gradient_stride);
 
 // ---- rows of float ------------------------------------------------------------------------
