@@ -183,7 +183,8 @@ TEST_CASE("softmax rows on every path: max exact, exp within 2 ulp, sum in one f
 TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bit") {
   // Planes of 3 x-taps, 2 channels of 9 x 40 cells (row stride 40); 3 x 3 (y, z) taps per
   // channel; output rows of 39 cells (a source stride of 40, an output stride of 50), so
-  // vectors are whole, run on from one row into the next past a skipped lane, or are padding.
+  // vectors are whole, run on from one row into the next past a skipped lane, or are padding
+  // (one or two of a band's last tile: it sums only the others).
   constexpr int x_taps = 3, channels = 2, plane_rows = 9, stride = 40, row = 39, out_row = 50;
   const std::ptrdiff_t channel_stride = plane_rows * stride;
   const std::vector<float> source = random_floats(x_taps * channels * channel_stride, 31);
@@ -193,7 +194,7 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
       for (int c = 0; c < 3; ++c) offsets.push_back(j * channel_stride + b * stride + c);
   const int taps = static_cast<int>(offsets.size());
   for (bool accumulate : {false, true})
-    for (int case_index = 0; case_index < 3; ++case_index) {
+    for (int case_index = 0; case_index < 4; ++case_index) {
       INFO("accumulate " << accumulate << ", case " << case_index);
       on_every_path([&] {
         const host::ConvTileShape shape = host::conv_tile_shape();
@@ -204,8 +205,10 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
         const float* planes[x_taps] = {source.data(), nullptr, source.data() + 2 * channels *
                                                                                   channel_stride};
         if (case_index == 1) planes[1] = source.data() + channels * channel_stride;
-        const std::vector<host::OutputVector> vectors =
+        std::vector<host::OutputVector> vectors =
             tile_vectors(case_index != 0, row, stride, out_row);
+        if (case_index == 3)  // one whole vector, then padding
+          for (std::size_t v = 1; v < vectors.size(); ++v) vectors[v] = {0, 0, 0, 0, 0};
         const std::ptrdiff_t out_stride = 2 * out_row;
         std::vector<float> out = random_floats(R * out_stride, 34), expected = out;
         host::correlate_tile(planes, x_taps, offsets.data(), taps, weights.data(), vectors.data(),

@@ -105,11 +105,13 @@ ConvTileShape TileShape() {
 }
 
 /// out[r][vector v] = acc[r][v] + bias[r] (+ out when `accumulate`) for the tile's `rows`
-/// rows: the lanes of each vector's own row, and of the next row where it runs on.
+/// rows and first T vectors: the lanes of each vector's own row, and of the next row where it
+/// runs on.
+template <int T = tile_vectors>
 HWY_INLINE void store_tile(V (&acc)[tile_rows][tile_vectors], const OutputVector* vectors,
                            float* out, std::ptrdiff_t out_channel_stride, int rows,
                            const float* bias, bool accumulate) {
-  constexpr int R = tile_rows, T = tile_vectors;
+  constexpr int R = tile_rows;
   const D d;
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {  // constant bounds: acc stays in registers
@@ -135,20 +137,22 @@ HWY_INLINE void store_tile(V (&acc)[tile_rows][tile_vectors], const OutputVector
   }
 }
 
-/// Whether every vector's lanes are all read (plain loads).
+/// Whether every one of the first T vectors' lanes are all read (plain loads).
+template <int T = tile_vectors>
 HWY_INLINE bool whole_tile(const OutputVector* vectors) {
   bool whole = true;
-  for (int v = 0; v < tile_vectors; ++v)
+  for (int v = 0; v < T; ++v)
     whole = whole && (vectors[v].mask | vectors[v].next_mask) == all_lanes;
   return whole;
 }
 
-/// The correlate tile's sums; `whole`: every vector's lanes are all read (plain loads).
-template <bool whole>
+/// The correlate tile's sums over its first T vectors; `whole`: their lanes are all read
+/// (plain loads).
+template <bool whole, int T>
 HWY_INLINE void correlate_sums(const float* const* planes, int x_taps,
                                const std::ptrdiff_t* tap_offsets, int taps, const float* weights,
                                const OutputVector* vectors, V (&acc)[tile_rows][tile_vectors]) {
-  constexpr int R = tile_rows, T = tile_vectors;
+  constexpr int R = tile_rows;
   const D d;
   unsigned read[T];
   HWY_UNROLL(16)
@@ -175,19 +179,49 @@ HWY_INLINE void correlate_sums(const float* const* planes, int x_taps,
   }
 }
 
+/// CorrelateTile on its first T vectors.
+template <int T>
+HWY_INLINE void correlate_vectors(const float* const* planes, int x_taps,
+                                  const std::ptrdiff_t* tap_offsets, int taps, const float* weights,
+                                  const OutputVector* vectors, float* out,
+                                  std::ptrdiff_t out_channel_stride, int rows, const float* bias,
+                                  bool accumulate) {
+  V acc[tile_rows][tile_vectors];
+  HWY_UNROLL(16)
+  for (int r = 0; r < tile_rows; ++r)
+    HWY_UNROLL(16) for (int v = 0; v < T; ++v) acc[r][v] = hn::Zero(D());
+  if (whole_tile<T>(vectors))
+    correlate_sums<true, T>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  else
+    correlate_sums<false, T>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  store_tile<T>(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+}
+
+/// The vectors of a tile before its padding (vectors without lanes, which only the last tile
+/// of a band has): the last tile sums and loads no padding, and its real vectors keep their
+/// plain loads.
+HWY_INLINE int vectors_in(const OutputVector* vectors) {
+  int count = tile_vectors;
+  while (count > 1 && (vectors[count - 1].mask | vectors[count - 1].next_mask) == 0) --count;
+  return count;
+}
+
 void CorrelateTile(const float* const* planes, int x_taps, const std::ptrdiff_t* tap_offsets,
                    int taps, const float* weights, const OutputVector* vectors, float* out,
                    std::ptrdiff_t out_channel_stride, int rows, const float* bias,
                    bool accumulate) {
-  V acc[tile_rows][tile_vectors];
-  HWY_UNROLL(16)
-  for (int r = 0; r < tile_rows; ++r)
-    HWY_UNROLL(16) for (int v = 0; v < tile_vectors; ++v) acc[r][v] = hn::Zero(D());
-  if (whole_tile(vectors))
-    correlate_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
-  else
-    correlate_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
-  store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+  static_assert(tile_vectors == 3, "one case per count of vectors");
+  switch (vectors_in(vectors)) {
+    case 1:
+      return correlate_vectors<1>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
+                                  out_channel_stride, rows, bias, accumulate);
+    case 2:
+      return correlate_vectors<2>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
+                                  out_channel_stride, rows, bias, accumulate);
+    default:
+      return correlate_vectors<3>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
+                                  out_channel_stride, rows, bias, accumulate);
+  }
 }
 
 // ---- bf16 dot products ----------------------------------------------------------------------
