@@ -16,10 +16,11 @@
 // on the instruction set the CPU runs). The same correlations without im2col or a GEMM
 // library: a tile of output channels x vectors of output cells (8 x 3 vectors of 16 on
 // AVX-512) accumulates in registers over the taps, loading the source straight from its planes
-// (a tap is an offset). The weight gradient keeps taps x output channels (12 x 32 on AVX-512;
-// 12 x 16 for 16 outputs or fewer) in registers while it streams a band of cells. Each output's sum runs in the same order on
-// every instruction set: the paths give the same bits. See docs/performance.md for what the
-// kernels reach against sgemm and PyTorch.
+// (a tap is an offset). The weight gradient keeps taps x output channels in registers (12 x 32
+// on AVX-512; narrow tiles of 12 x 16 or 12 x 8 where fewer outputs are left) while it streams
+// a band of cells. Each output's sum runs in the same order on every instruction set: the
+// paths give the same bits. See docs/performance.md for what the kernels reach against sgemm
+// and PyTorch.
 
 namespace shardtensor::kernels::host {
 
