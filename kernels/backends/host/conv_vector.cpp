@@ -63,9 +63,13 @@ inline uint32_t bf16_pair(float upper, float lower) {
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
 /// Value uint32_t: the copies are pair planes (bf16 channel pairs, correlate_pairs_tile), always
 /// copied; a copy "channel" is a pair of the group's channels (an odd last one pairs with zeros).
-template <class Value>
+/// With cell_pairs, the pairs are of a row's cells instead (weight_gradient_pairs_tile): cell z
+/// holds z's bf16 value and z + 1's, zero past the row's end; a copy "channel" is a channel.
+template <class Value, bool cell_pairs = false>
 class PlaneSource {
   static constexpr bool pairs = std::is_same<Value, uint32_t>::value;
+  static constexpr bool channel_pairs = pairs && !cell_pairs;
+  static_assert(pairs || !cell_pairs, "cell pairs are uint32_t");
   /// i modulo extent, in [0, extent). Padding reaches at most an extent past either end, so
   /// one addition or subtraction does: the divisions were most of a small field's ring copies.
   static Index wrapped(Index i, Index extent) {
@@ -74,7 +78,7 @@ class PlaneSource {
     return i >= 0 && i < extent ? i : ((i % extent) + extent) % extent;
   }
   static Index copy_channels(const Correlation& r) {
-    return pairs ? (r.src_per_group + 1) / 2 : r.src_per_group;
+    return channel_pairs ? (r.src_per_group + 1) / 2 : r.src_per_group;
   }
   static bool reads_in_place(const Correlation& r) { return !pairs && reads_inside(r); }
 
@@ -85,7 +89,8 @@ class PlaneSource {
         ring_(ring),
         in_place_(reads_in_place(r)),
         rows_(copied_rows(r, bands)),
-        slot_plane_(r.slots()) {
+        slot_plane_(r.slots()),
+        row_floats_(cell_pairs ? read_extent(r, 2) : 0) {
     channel_stride_ = in_place_ ? src.stride(1) : rows_ * read_extent(r, 2);
     row_stride_ = in_place_ ? src.stride(3) : read_extent(r, 2);
   }
@@ -138,7 +143,18 @@ class PlaneSource {
           std::fill(row, row + width, Value(0));
           continue;
         }
-        if constexpr (pairs) {
+        if constexpr (cell_pairs) {
+          // The row as floats (with its zeros or wrapped cells), then as pairs of cells.
+          const float* source_row = &src_(n_, c0 + j, px, sy, 0);
+          float* floats = row_floats_.data();
+          copy_row(
+              floats, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; },
+              [&](Index sz, Index count, float* to) {
+                std::copy(source_row + sz, source_row + sz + count, to);
+              });
+          bf16_pairs(floats, floats + 1, row, std::size_t(width - 1));
+          row[width - 1] = upper_bf16(floats[width - 1]);
+        } else if constexpr (pairs) {
           const float* upper = &src_(n_, c0 + 2 * j, px, sy, 0);
           const float* lower =
               2 * j + 1 < r_.src_per_group ? &src_(n_, c0 + 2 * j + 1, px, sy, 0) : nullptr;
@@ -164,16 +180,16 @@ class PlaneSource {
  private:
   /// row[z] = cell(offset + z) for z in [z0, z1) (cells(sz, count, to): the cells from sz,
   /// contiguous); around it zeros, or (wrap) the cells an extent away.
-  template <class Cell, class Cells>
-  void copy_row(Value* row, Index width, Index z0, Index z1, Index extent, const Cell& cell,
+  template <class Out, class Cell, class Cells>
+  void copy_row(Out* row, Index width, Index z0, Index z1, Index extent, const Cell& cell,
                 const Cells& cells) const {
     const Index offset = r_.offset[2];
     if (r_.wrap[2]) {
       for (Index z = 0; z < z0; ++z) row[z] = cell(wrapped(offset + z, extent));
       for (Index z = z1; z < width; ++z) row[z] = cell(wrapped(offset + z, extent));
     } else {
-      std::fill(row, row + z0, Value(0));
-      std::fill(row + z1, row + width, Value(0));
+      std::fill(row, row + z0, Out(0));
+      std::fill(row + z1, row + width, Out(0));
     }
     cells(offset + z0, z1 - z0, row + z0);
   }
@@ -185,13 +201,15 @@ class PlaneSource {
   Index rows_;  // rows per copy
   std::ptrdiff_t channel_stride_, row_stride_;
   std::vector<Index> slot_plane_;  // source plane in each ring slot
+  std::vector<float> row_floats_;  // cell pairs: a row before it is paired
   Index n_ = 0, group_ = 0, first_row_ = 0;
 };
 
 /// Offsets from a source plane of the (y, z) taps of its channels (or pairs) j: entry
 /// (j, b, c) = j * channel stride + b * dy * row stride + c * dz.
-template <class Value>
-std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r, const PlaneSource<Value>& source) {
+template <class Value, bool cell_pairs>
+std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r,
+                                        const PlaneSource<Value, cell_pairs>& source) {
   std::vector<std::ptrdiff_t> offsets;
   for (Index j = 0; j < source.channels(); ++j)
     for (Index b = 0; b < r.k[1]; ++b)
@@ -431,22 +449,20 @@ inline Index block_channels(const Correlation& r, const ConvTileShape& shape) {
   const Index narrow = shape.narrow_lanes;
   return std::min<Index>(gradient_channels, (r.out_per_group + narrow - 1) / narrow * narrow);
 }
-/// Rows of a weight-gradient pair plane: those one band of output rows reads.
-inline Index pair_plane_rows(const Correlation& r) {
-  return band_rows + (r.k[1] - 1) * r.d[1];
-}
+/// The weight gradient's source with bf16 pairs: a ring of cell-pair planes, each made once
+/// for the kx output planes that read it.
+using CellPairSource = PlaneSource<uint32_t, true>;
+
 /// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
-/// transposed, a plane's float sums, the double totals, the source's ring and (`pairs`) the
-/// band's pair plane (an even count: doubles stay aligned).
+/// transposed, a plane's float sums, the double totals and the source's ring (of cell-pair
+/// planes with `pairs`; an even count: doubles stay aligned).
 inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies,
                                                  bool pairs) {
   const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
-  const std::size_t pair_plane =
-      pairs ? static_cast<std::size_t>(r.src_per_group * pair_plane_rows(r) * read_extent(r, 2))
-            : 0;
-  const std::size_t values = static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) +
-                             3 * gradient + PlaneSource<float>::ring_values(r, band_copies) +
-                             pair_plane;
+  const std::size_t ring = pairs ? CellPairSource::ring_values(r, band_copies)
+                                 : PlaneSource<float>::ring_values(r, band_copies);
+  const std::size_t values =
+      static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient + ring;
   return values + values % 2;
 }
 inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies,
@@ -475,19 +491,6 @@ void transpose_gradient_pairs(const Correlation& r, const FieldView<float>& gy, 
         for (Index q = q0; q < whole; ++q) to[q * B] = bf16_pair(cells[2 * q], cells[2 * q + 1]);
         if (whole < q1) to[(q1 - 1) * B] = upper_bf16(cells[row - 1]);
       }
-    }
-}
-
-/// The pair plane of a band's source rows (`rows` rows of `width` cells, channels a
-/// channel_stride apart): cell k holds k's bf16 value and k + 1's (zero past the row's end).
-void make_pair_plane(const float* band, std::ptrdiff_t channel_stride, std::ptrdiff_t row_stride,
-                     Index channels, Index rows, Index width, Index plane_rows, uint32_t* pairs) {
-  for (Index j = 0; j < channels; ++j)
-    for (Index y = 0; y < rows; ++y) {
-      const float* from = band + j * channel_stride + y * row_stride;
-      uint32_t* to = pairs + (j * plane_rows + y) * width;
-      bf16_pairs(from, from + 1, to, std::size_t(width - 1));
-      to[width - 1] = upper_bf16(from[width - 1]);
     }
 }
 
@@ -530,30 +533,26 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   }
   const Index gradient_size = kx * taps * outs;
   std::vector<std::ptrdiff_t> offsets =
-      tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
-  // A pair plane's taps: its rows are `width` cells, its channels plane_rows rows.
-  const Index width = read_extent(r, 2), plane_rows = pair_plane_rows(r);
-  if (pairs) {
-    offsets.clear();
-    for (Index j = 0; j < r.src_per_group; ++j)
-      for (Index b = 0; b < ky; ++b)
-        for (Index c = 0; c < kz; ++c)
-          offsets.push_back((j * plane_rows + b * r.d[1]) * width + c * r.d[2]);
-  }
+      pairs ? tap_offsets(r, CellPairSource(r, xp, nullptr, band_copies))
+            : tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
   const std::size_t per_thread = weight_gradient_thread_values(r, band_copies, bf16_pairs);
-  const std::size_t ring_values = PlaneSource<float>::ring_values(r, band_copies);
-  // Thread t's share: [transposed band | float sums | double totals | ring | pair plane].
+  // Thread t's share: [transposed band | float sums | double totals | ring].
   const auto totals_of = [&](int t) {
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
   };
-  std::vector<PlaneSource<float>> sources;
-  for (int t = 0; t < threads; ++t)
-    sources.emplace_back(r, xp, reinterpret_cast<float*>(totals_of(t) + gradient_size),
-                         band_copies);
+  std::vector<PlaneSource<float>> sources;  // one of the two per thread
+  std::vector<CellPairSource> pair_sources;
+  for (int t = 0; t < threads; ++t) {
+    void* const ring = totals_of(t) + gradient_size;
+    if (pairs)
+      pair_sources.emplace_back(r, xp, static_cast<uint32_t*>(ring), band_copies);
+    else
+      sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies);
+  }
   const Index per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
     // Each thread sums over its own bands of rows of every sample (in order): float sums
@@ -563,38 +562,38 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
       float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
       float* const sums = transposed + outs * cells_per_band;
       double* const totals = totals_of(t);
-      uint32_t* const pair_plane =
-          reinterpret_cast<uint32_t*>(totals + gradient_size) + ring_values;
-      PlaneSource<float>& source = sources[t];
       Index zeroed_cells = -1;  // the band size whose padding lanes are zero
       std::fill(totals, totals + gradient_size, 0.0);
       std::fill(sums, sums + gradient_size, 0.0f);
       for (Index item = first; item < last; ++item) {
         const Index n = item / per_sample, x = (item % per_sample) / bands,
                     y0 = (item % bands) * band_rows;
-        if (item == first || item % per_sample == 0) source.start(n, group);
+        const bool new_sample = item == first || item % per_sample == 0;
         const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
         if (pairs) {
+          CellPairSource& source = pair_sources[t];
+          if (new_sample) source.start(n, group);
           const Index rows = y1 - y0, pairs_per_row = (r.out[2] + 1) / 2;
           uint32_t* const dy_pairs = reinterpret_cast<uint32_t*>(transposed);
           transpose_gradient_pairs(r, gy, n, group * r.out_per_group, x, y0, rows, outs, B,
                                    dy_pairs);
           source.start_band(y0);
           for (Index a = 0; a < kx; ++a) {
-            const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+            const uint32_t* plane = source.plane(r.offset[0] + x + a * r.d[0]);
             if (!plane) continue;  // outside the source: reads zero
-            make_pair_plane(plane + (y0 - source.first_row()) * source.row_stride(),
-                            source.channel_stride(), source.row_stride(), r.src_per_group,
-                            rows + (ky - 1) * r.d[1], width, plane_rows, pair_plane);
+            const uint32_t* band = plane + (y0 - source.first_row()) * source.row_stride();
             for (Index block = 0; block < outs / B; ++block)
               for (const GradientTile& tile : block_tiles)
                 for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_pairs_tile(
-                      pair_plane, offsets.data() + tap, width, int(rows), int(pairs_per_row),
-                      dy_pairs + block * rows * pairs_per_row * B + tile.c0, int(B), tile.channels,
-                      sums + (a * taps + tap) * outs + block * B + tile.c0, outs);
+                      band, offsets.data() + tap, source.row_stride(), int(rows),
+                      int(pairs_per_row), dy_pairs + block * rows * pairs_per_row * B + tile.c0,
+                      int(B), tile.channels, sums + (a * taps + tap) * outs + block * B + tile.c0,
+                      outs);
           }
         } else {
+          PlaneSource<float>& source = sources[t];
+          if (new_sample) source.start(n, group);
           // The lanes of padding channels (past out_per_group) are zero; no band writes them
           // again, so they stay zero until the band size (so the layout) changes.
           const Index written = cells == zeroed_cells ? r.out_per_group : outs;
