@@ -265,7 +265,7 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
   const host::ConvTileShape shape = host::conv_tile_shape();
   const int R = shape.tile_rows;
   for (bool accumulate : {false, true})
-    for (int case_index = 0; case_index < 3; ++case_index) {
+    for (int case_index = 0; case_index < 4; ++case_index) {
       INFO("accumulate " << accumulate << ", case " << case_index);
       const int rows = case_index == 2 ? R - 1 : R;
       // Channel 2p's and 2p + 1's weights per (a, t, r), packed in pairs.
@@ -276,8 +276,9 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
       const std::vector<float> bias = random_floats(R, 55);
       const std::uint32_t* planes[x_taps] = {source.data(), nullptr};
       if (case_index == 1) planes[1] = source.data() + pairs * pair_stride;
-      const std::vector<host::OutputVector> vectors =
-          tile_vectors(case_index != 0, row, stride, out_row);
+      std::vector<host::OutputVector> vectors = tile_vectors(case_index != 0, row, stride, out_row);
+      if (case_index == 3)  // one whole vector, then padding
+        for (std::size_t v = 1; v < vectors.size(); ++v) vectors[v] = {0, 0, 0, 0, 0};
       const std::ptrdiff_t out_stride = 2 * out_row;
       std::vector<float> out = random_floats(R * out_stride, 56), expected = out;
       host::correlate_pairs_tile(planes, x_taps, offsets.data(), taps, packed.data(),

@@ -252,14 +252,15 @@ HWY_INLINE VU load_pair_lanes(unsigned bits, const uint32_t* p) {
 // vdpbf16ps); run only where the CPU has it (bf16_dot_products()).
 #define SHARDTENSOR_BF16_DOT __attribute__((target("avx512bf16")))
 
-/// The pair tile's sums on bf16 dot products. Weights: per pair tap, the tile's R pairs.
-template <bool whole>
+/// The pair tile's sums on bf16 dot products over its first T vectors. Weights: per pair tap,
+/// the tile's R pairs.
+template <bool whole, int T>
 SHARDTENSOR_BF16_DOT HWY_INLINE void pair_dot_sums(const uint32_t* const* planes, int x_taps,
                                                    const std::ptrdiff_t* tap_offsets, int taps,
                                                    const uint32_t* weights,
                                                    const OutputVector* vectors,
                                                    V (&acc)[tile_rows][tile_vectors]) {
-  constexpr int R = tile_rows, T = tile_vectors;
+  constexpr int R = tile_rows;
   const DU du;
   unsigned read[T];
   HWY_UNROLL(16)
@@ -288,21 +289,41 @@ SHARDTENSOR_BF16_DOT HWY_INLINE void pair_dot_sums(const uint32_t* const* planes
   }
 }
 
+/// CorrelatePairsTileDot on its first T vectors.
+template <int T>
+SHARDTENSOR_BF16_DOT HWY_INLINE void correlate_pair_vectors(
+    const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* tap_offsets, int taps,
+    const uint32_t* weights, const OutputVector* vectors, float* out,
+    std::ptrdiff_t out_channel_stride, int rows, const float* bias, bool accumulate) {
+  V acc[tile_rows][tile_vectors];
+  HWY_UNROLL(16)
+  for (int r = 0; r < tile_rows; ++r)
+    HWY_UNROLL(16) for (int v = 0; v < T; ++v) acc[r][v] = hn::Zero(D());
+  if (whole_tile<T>(vectors))
+    pair_dot_sums<true, T>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  else
+    pair_dot_sums<false, T>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
+  store_tile<T>(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+}
+
 SHARDTENSOR_BF16_DOT void CorrelatePairsTileDot(const uint32_t* const* planes, int x_taps,
                                                 const std::ptrdiff_t* tap_offsets, int taps,
                                                 const uint32_t* weights,
                                                 const OutputVector* vectors, float* out,
                                                 std::ptrdiff_t out_channel_stride, int rows,
                                                 const float* bias, bool accumulate) {
-  V acc[tile_rows][tile_vectors];
-  HWY_UNROLL(16)
-  for (int r = 0; r < tile_rows; ++r)
-    HWY_UNROLL(16) for (int v = 0; v < tile_vectors; ++v) acc[r][v] = hn::Zero(D());
-  if (whole_tile(vectors))
-    pair_dot_sums<true>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
-  else
-    pair_dot_sums<false>(planes, x_taps, tap_offsets, taps, weights, vectors, acc);
-  store_tile(acc, vectors, out, out_channel_stride, rows, bias, accumulate);
+  static_assert(tile_vectors == 3, "one case per count of vectors");
+  switch (vectors_in(vectors)) {
+    case 1:
+      return correlate_pair_vectors<1>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
+                                       out_channel_stride, rows, bias, accumulate);
+    case 2:
+      return correlate_pair_vectors<2>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
+                                       out_channel_stride, rows, bias, accumulate);
+    default:
+      return correlate_pair_vectors<3>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
+                                       out_channel_stride, rows, bias, accumulate);
+  }
 }
 
 /// acc + the bf16 dot products of a and b's pairs (vdpbf16ps), at the vector's width.
