@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The host vector kernels on Arm: cross-compiles kernels/backends/host/vector_kernels.cpp (the
-# one source of the AVX2, AVX-512 and NEON paths) with its test (tests/test_vector_kernels.cpp,
-# no MPI, no Kokkos) for aarch64 and runs the test under qemu, so that the NEON path cannot
-# break unseen on x86 machines. Installs what it needs from Debian (the arm64 architecture
+# The host vector kernels on Arm: cross-compiles kernels/backends/host/vector_kernels.cpp and
+# normalization_rows.cpp (the one source of the AVX2, AVX-512 and NEON paths) with their test
+# (tests/test_vector_kernels.cpp, no MPI, no Kokkos) for aarch64 and runs the test under qemu,
+# so that the NEON path cannot break unseen on x86 machines. Installs what it needs from Debian (the arm64 architecture
 # for libhwy-dev:arm64, crossbuild-essential-arm64, qemu-user-static); idempotent.
 #
 #   bash scripts/test-arm64.sh            (build dir: build-arm64, or $ARM64_BUILD_DIR)
@@ -28,11 +28,18 @@ fi
 
 mkdir -p "$build"
 echo "test-arm64: building the vector kernels and their test for aarch64"
-aarch64-linux-gnu-g++ -std=c++17 -O2 -Wall -Wextra -Werror \
-  -DSHARDTENSOR_HOST_VECTOR_KERNELS \
-  -I "$root/kernels/backends" -I "$root/kernels/include" -I "$root/core/include" \
-  "$root/kernels/backends/host/vector_kernels.cpp" "$root/tests/test_vector_kernels.cpp" \
-  -lhwy -o "$build/test_vector_kernels"
+# The per-file flags of the CMake build: the normalization rows and the test's scalar
+# references round each product and sum (aarch64 has fused multiply-adds everywhere).
+compile() {
+  aarch64-linux-gnu-g++ -std=c++17 -O2 -Wall -Wextra -Werror -DSHARDTENSOR_HOST_VECTOR_KERNELS \
+    -I "$root/kernels/backends" -I "$root/kernels/include" -I "$root/core/include" -c "$@"
+}
+compile "$root/kernels/backends/host/vector_kernels.cpp" -o "$build/vector_kernels.o"
+compile -ffp-contract=off "$root/kernels/backends/host/normalization_rows.cpp" \
+  -o "$build/normalization_rows.o"
+compile -ffp-contract=off "$root/tests/test_vector_kernels.cpp" -o "$build/test_vector_kernels.o"
+aarch64-linux-gnu-g++ "$build/vector_kernels.o" "$build/normalization_rows.o" \
+  "$build/test_vector_kernels.o" -lhwy -o "$build/test_vector_kernels"
 
 # The arm64 loader and libraries are installed through multiarch (libhwy1:arm64 and its
 # dependencies); the cross toolchain's libstdc++ lies under /usr/aarch64-linux-gnu. The test

@@ -2,7 +2,7 @@
 // this build and CPU run, against scalar references that sum in the same order (so the
 // convolution tiles must match bit for bit) and against each other (every path the same bits).
 // No MPI, no Kokkos: the aarch64 cross-test (scripts/test-arm64.sh) builds this file with
-// vector_kernels.cpp alone and runs it under qemu, on NEON.
+// vector_kernels.cpp and normalization_rows.cpp alone and runs it under qemu, on NEON.
 
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
@@ -176,6 +176,58 @@ TEST_CASE("softmax rows on every path: max exact, exp within 2 ulp, sum in one f
       CHECK(std::abs(sum - exact_sum) <= 1e-6 * exact_sum);
       p.push_back(sum);
       return p;
+    });
+  }
+}
+
+TEST_CASE("normalization rows: the portable kernels' bits per cell, sums in one fixed order") {
+  // Each cell in double as kernels/src/normalization.cpp computes it (the same bits); a row's
+  // sums: cell j into partial sum j mod 8, in order, then the fixed tree below.
+  const auto tree = [](const std::vector<double>& s) {
+    double q[4];
+    for (int i = 0; i < 4; ++i) q[i] = s[i + 4] + s[i];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+  };
+  const auto fixed_order = [&](std::size_t n, auto term) {
+    std::vector<double> partial(8, 0.0);
+    for (std::size_t j = 0; j < n; ++j) partial[j % 8] += term(j);
+    return tree(partial);
+  };
+  const double mean = 0.37, rstd = 1.9, scale = -0.8, shift = 0.25, c1 = 1.3, c2 = -0.02, c3 = 0.6;
+  for (std::size_t n : {1, 5, 8, 13, 16, 64, 203}) {
+    INFO("n = " << n);
+    // Values far from their mean and of mixed magnitudes: the order of the sums shows.
+    std::vector<float> x = random_floats(n, 61 + n, -3, 5), dy = random_floats(n, 62 + n);
+    for (std::size_t j = 0; j < n; j += 3) x[j] *= 1000.0f;
+    on_every_path([&] {
+      std::vector<double> sums(5);
+      sums[0] = host::sum_row(x.data(), n);
+      host::deviation_sums_row(x.data(), n, mean, &sums[1]);
+      host::gradient_sums_row(dy.data(), x.data(), n, mean, rstd, &sums[3]);
+      CHECK(sums[0] == fixed_order(n, [&](std::size_t j) { return double(x[j]); }));
+      CHECK(sums[1] == fixed_order(n, [&](std::size_t j) { return double(x[j]) - mean; }));
+      CHECK(sums[2] == fixed_order(n, [&](std::size_t j) {
+              const double d = double(x[j]) - mean;
+              return d * d;
+            }));
+      CHECK(sums[3] == fixed_order(n, [&](std::size_t j) { return double(dy[j]); }));
+      CHECK(sums[4] == fixed_order(n, [&](std::size_t j) {
+              return double(dy[j]) * ((double(x[j]) - mean) * rstd);
+            }));
+      std::vector<float> y(n), dx = random_floats(n, 63 + n), dx_expected = dx;
+      host::normalize_row(x.data(), y.data(), n, mean, rstd, scale, shift);
+      host::normalize_backward_row(dy.data(), x.data(), dx.data(), n, mean, rstd, c1, c2, c3);
+      std::vector<float> y_expected(n);
+      for (std::size_t j = 0; j < n; ++j) {
+        y_expected[j] = static_cast<float>((double(x[j]) - mean) * rstd * scale + shift);
+        const double xhat = (double(x[j]) - mean) * rstd;
+        dx_expected[j] += static_cast<float>(c1 * double(dy[j]) - c2 - c3 * xhat);
+      }
+      CHECK(same_bits(y, y_expected));
+      CHECK(same_bits(dx, dx_expected));
+      y.insert(y.end(), dx.begin(), dx.end());
+      for (double s : sums) y.push_back(static_cast<float>(s));
+      return y;
     });
   }
 }

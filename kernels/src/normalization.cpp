@@ -109,25 +109,87 @@ KOKKOS_INLINE_FUNCTION T normalized(T x, double mean, double rstd, double scale,
 }
 
 /// The owned cells as lines for the host's vector rows: along z, or along y where z has one
-/// cell (2-D fields); `contiguous` where every view has unit stride along them.
-template <class T>
+/// cell (2-D fields); `contiguous` where every view has unit stride along them. Line r of
+/// block b (sample b / channels, channel b % channels) starts at line(view, b, r).
 struct CellLines {
-  bool along_y, contiguous;
-  Index length, per_block, count;
-  CellLines(const OwnedCells<const T>& x, const OwnedCells<const T>& dy, const OwnedCells<T>& dn) {
+  bool along_y, contiguous = true;
+  Index channels, ey, length, per_block, blocks, count;
+  template <class View, class... Views>
+  explicit CellLines(const View& x, const Views&... others) {
     along_y = x.extent(4) == 1;
     const int axis = along_y ? 3 : 4;
+    channels = Index(x.extent(1));
+    ey = Index(x.extent(3));
     length = Index(x.extent(axis));
-    per_block = Index(x.extent(2)) * (along_y ? 1 : Index(x.extent(3)));
-    count = Index(x.extent(0) * x.extent(1)) * per_block;
-    contiguous = x.stride(axis) == 1 && dy.stride(axis) == 1 && dn.stride(axis) == 1;
+    per_block = Index(x.extent(2)) * (along_y ? 1 : ey);
+    blocks = Index(x.extent(0)) * channels;
+    count = blocks * per_block;
+    for (const std::size_t stride :
+         {std::size_t(x.stride(axis)), std::size_t(others.stride(axis))...})
+      contiguous = contiguous && stride == 1;
+  }
+  template <class View>
+  auto* line(const View& v, Index b, Index r) const {
+    return &v(b / channels, b % channels, along_y ? r : r / ey, along_y ? 0 : r % ey, 0);
   }
 };
+
+/// Whether float cells go through the host's vector rows (vector_kernels.hpp), on a host
+/// backend: its vector paths on, every view contiguous along the lines.
+template <class T>
+bool on_vector_rows(const CellLines& lines) {
+  return std::is_same<T, float>::value && vector_kernels_on() && lines.contiguous;
+}
+
+/// The host's vector rows' sums per block, out[s * blocks + b] for S sums: row(b, r, sums)
+/// gives line r's, added line by line in order as reduce_per_block adds its rows; each
+/// thread takes whole blocks.
+template <int S, class Row>
+std::vector<double> host_sums_per_block(const ExecutionSpace& space, const CellLines& lines,
+                                        const Row& row) {
+  space.fence();
+  std::vector<double> out(S * lines.blocks);
+  host::split_over_threads(std::min<Index>(host::host_threads(), lines.blocks), lines.blocks,
+                           [&](int, Index first, Index last) {
+                             for (Index b = first; b < last; ++b) {
+                               double total[S] = {}, sums[S];
+                               for (Index r = 0; r < lines.per_block; ++r) {
+                                 row(b, r, sums);
+                                 for (int s = 0; s < S; ++s) total[s] += sums[s];
+                               }
+                               for (int s = 0; s < S; ++s) out[s * lines.blocks + b] = total[s];
+                             }
+                           });
+  return out;
+}
+
+/// The host's vector rows over every line: row(b, r) for lines [first, last) of each thread.
+template <class Row>
+void host_rows(const ExecutionSpace& space, const CellLines& lines, const Row& row) {
+  space.fence();
+  host::split_over_threads(std::min<Index>(host::host_threads(), lines.count), lines.count,
+                           [&](int, Index first, Index last) {
+                             for (Index line = first; line < last; ++line)
+                               row(line / lines.per_block, line % lines.per_block);
+                           });
+}
+
+/// A view of per-block or per-channel doubles, readable on the host.
+inline auto on_host(const BlockDoubles& v) {
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+}
 
 }  // namespace
 
 template <class T>
 std::vector<double> block_sums(const ExecutionSpace& space, const OwnedCells<const T>& x) {
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
+    const CellLines lines(x);
+    if (on_vector_rows<T>(lines))
+      return host_sums_per_block<1>(space, lines, [&](Index b, Index r, double* sums) {
+        sums[0] = host::sum_row(lines.line(x, b, r), std::size_t(lines.length));
+      });
+  }
   return sums_per_block(
       space, "normalization_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         return static_cast<double>(x(n, c, i, j, k));
@@ -138,6 +200,15 @@ template <class T>
 std::vector<double> block_deviation_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
                                          const BlockDoubles& mean) {
   const Index channels = x.extent(1);
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
+    const CellLines lines(x);
+    if (on_vector_rows<T>(lines)) {
+      const auto mean_h = on_host(mean);
+      return host_sums_per_block<2>(space, lines, [&](Index b, Index r, double* sums) {
+        host::deviation_sums_row(lines.line(x, b, r), std::size_t(lines.length), mean_h(b), sums);
+      });
+    }
+  }
   return two_sums_per_block(
       space, "normalization_deviation_sums", x,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
@@ -152,6 +223,18 @@ void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x
                        const BlockDoubles& scale, const BlockDoubles& shift,
                        const OwnedCells<T>& y) {
   const Index channels = x.extent(1);
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
+    const CellLines lines(x, y);
+    if (on_vector_rows<T>(lines)) {
+      const auto mean_h = on_host(mean), rstd_h = on_host(rstd), scale_h = on_host(scale),
+                 shift_h = on_host(shift);
+      host_rows(space, lines, [&](Index b, Index r) {
+        host::normalize_row(lines.line(x, b, r), lines.line(y, b, r), std::size_t(lines.length),
+                            mean_h(b), rstd_h(b), scale_h(b % channels), shift_h(b % channels));
+      });
+      return;
+    }
+  }
   Kokkos::parallel_for(
       "normalization_forward", cells_of(space, x),
       KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
@@ -168,40 +251,27 @@ void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells
                                    const OwnedCells<T>& dn) {
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
-    const CellLines<T> lines(x, dy, dn);
-    if (f.kind == Activation::gelu && vector_kernels_on() &&
-        lines.contiguous) {
+    const CellLines lines(x, dy, dn);
+    if (f.kind == Activation::gelu && on_vector_rows<T>(lines)) {
       // The activation's backward on chunks of a line: n into a buffer, its gradient added
       // to zeros (the activation's own input gradient starts at zero), then stored.
-      space.fence();
-      const auto mean_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mean);
-      const auto rstd_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rstd);
-      const auto scale_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), scale);
-      const auto shift_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), shift);
-      constexpr Index chunk = 64;
-      host::split_over_threads(
-          std::min<Index>(host::host_threads(), lines.count), lines.count,
-          [&](int, Index first, Index last) {
-            float n[chunk], g[chunk];
-            for (Index line = first; line < last; ++line) {
-              const Index b = line / lines.per_block, r = line % lines.per_block;
-              const Index s = b / channels, c = b % channels;
-              const Index i = lines.along_y ? r : r / x.extent(3);
-              const Index j = lines.along_y ? 0 : r % x.extent(3);
-              const float* xs = &x(s, c, i, j, 0);
-              const float* gs = &dy(s, c, i, j, 0);
-              float* out = &dn(s, c, i, j, 0);
-              for (Index k0 = 0; k0 < lines.length; k0 += chunk) {
-                const Index m = std::min(chunk, lines.length - k0);
-                for (Index k = 0; k < m; ++k) {
-                  n[k] = normalized(xs[k0 + k], mean_h(b), rstd_h(b), scale_h(c), shift_h(c));
-                  g[k] = 0;
-                }
-                host::gelu_backward_rows(n, gs + k0, g, std::size_t(m));
-                for (Index k = 0; k < m; ++k) out[k0 + k] = g[k];
-              }
-            }
-          });
+      const auto mean_h = on_host(mean), rstd_h = on_host(rstd), scale_h = on_host(scale),
+                 shift_h = on_host(shift);
+      host_rows(space, lines, [&](Index b, Index r) {
+        constexpr Index chunk = 64;
+        float n[chunk], g[chunk];
+        const Index c = b % channels;
+        const float* xs = lines.line(x, b, r);
+        const float* gs = lines.line(dy, b, r);
+        float* out = lines.line(dn, b, r);
+        for (Index k0 = 0; k0 < lines.length; k0 += chunk) {
+          const std::size_t m = std::size_t(std::min(chunk, lines.length - k0));
+          host::normalize_row(xs + k0, n, m, mean_h(b), rstd_h(b), scale_h(c), shift_h(c));
+          std::fill(g, g + m, 0.0f);
+          host::gelu_backward_rows(n, gs + k0, g, m);
+          std::copy(g, g + m, out + k0);
+        }
+      });
       return;
     }
   }
@@ -222,6 +292,16 @@ std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
                                             const OwnedCells<const T>& x, const BlockDoubles& mean,
                                             const BlockDoubles& rstd) {
   const Index channels = x.extent(1);
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
+    const CellLines lines(x, dy);
+    if (on_vector_rows<T>(lines)) {
+      const auto mean_h = on_host(mean), rstd_h = on_host(rstd);
+      return host_sums_per_block<2>(space, lines, [&](Index b, Index r, double* sums) {
+        host::gradient_sums_row(lines.line(dy, b, r), lines.line(x, b, r),
+                                std::size_t(lines.length), mean_h(b), rstd_h(b), sums);
+      });
+    }
+  }
   return two_sums_per_block(
       space, "normalization_backward_sums", dy,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
@@ -238,6 +318,19 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
                         const BlockDoubles& rstd, const BlockDoubles& c1, const BlockDoubles& c2,
                         const BlockDoubles& c3, const OwnedCells<T>& dx) {
   const Index channels = x.extent(1);
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
+    const CellLines lines(x, dy, dx);
+    if (on_vector_rows<T>(lines)) {
+      const auto mean_h = on_host(mean), rstd_h = on_host(rstd), c1_h = on_host(c1),
+                 c2_h = on_host(c2), c3_h = on_host(c3);
+      host_rows(space, lines, [&](Index b, Index r) {
+        host::normalize_backward_row(lines.line(dy, b, r), lines.line(x, b, r),
+                                     lines.line(dx, b, r), std::size_t(lines.length), mean_h(b),
+                                     rstd_h(b), c1_h(b), c2_h(b), c3_h(b));
+      });
+      return;
+    }
+  }
   Kokkos::parallel_for(
       "normalization_backward", cells_of(space, x),
       KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {

@@ -14,13 +14,7 @@
 
 #ifdef SHARDTENSOR_HOST_VECTOR_KERNELS
 
-// Targets with fused multiply-add vectors only: the paths must sum alike. SSE4 and SSSE3 have
-// none; SVE's sizeless vectors cannot be held in the register tiles' arrays (on the Arm
-// servers out today, SVE is 128 or 256 bits wide, and NEON runs there).
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS \
-  (HWY_SSSE3 | HWY_SSE4 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
-#endif
+#include "host/vector_targets.hpp"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "host/vector_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -106,4 +106,23 @@ float exp_row(float* x, std::size_t n, float shift);
 /// core/bfloat16.hpp's bfloat16_bits. The pair planes of the bf16 dot-product tiles.
 void bf16_pairs(const float* upper, const float* lower, uint32_t* to, std::size_t n);
 
+// ---- normalization rows (float cells, double arithmetic) ----------------------------------
+// The portable kernels' expressions (kernels/src/normalization.cpp), op for op: the same bits
+// per cell. A row's sums take one fixed order on every path (cell j adds to partial sum
+// j mod 8, in order; the 8 partial sums add in a fixed tree), not the portable kernels' one.
+
+/// The sum of x[0..n).
+double sum_row(const float* x, std::size_t n);
+/// sums = {sum of d, sum of d^2} over d = x[j] - mean, j < n.
+void deviation_sums_row(const float* x, std::size_t n, double mean, double* sums);
+/// sums = {sum of g, sum of g xhat} over g = dy[j], xhat = (x[j] - mean) rstd, j < n.
+void gradient_sums_row(const float* dy, const float* x, std::size_t n, double mean, double rstd,
+                       double* sums);
+/// y[j] = (x[j] - mean) rstd scale + shift, rounded to float, for j < n.
+void normalize_row(const float* x, float* y, std::size_t n, double mean, double rstd, double scale,
+                   double shift);
+/// dx[j] += c1 dy[j] - c2 - c3 xhat (rounded to float first), xhat = (x[j] - mean) rstd, j < n.
+void normalize_backward_row(const float* dy, const float* x, float* dx, std::size_t n, double mean,
+                            double rstd, double c1, double c2, double c3);
+
 }  // namespace shardtensor::kernels::host
