@@ -143,8 +143,12 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
   const DeviceDoubles scale = to_device(w, "normalization_weight");
   const DeviceDoubles shift = to_device(beta, "normalization_bias");
 
-  ShardTensor<T> y(x.decomposition(), x.rank(), x.batch(), x.channels(), x.ghosts(),
-                   name + ".output");
+  // Every owned cell is written below: only ghost cells (if any) need their zeros.
+  ShardTensor<T> y = x.ghosts() == GhostWidths{}
+                         ? ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(),
+                                                         x.channels(), x.ghosts(), name + ".output")
+                         : ShardTensor<T>(x.decomposition(), x.rank(), x.batch(), x.channels(),
+                                          x.ghosts(), name + ".output");
   const kernels::OwnedCells<const T> xi = x.interior();
   kernels::normalize_forward(ExecutionSpace(), xi, mean, rstd, scale, shift,
                              kernels::OwnedCells<T>(y.interior()));
