@@ -216,15 +216,21 @@ TEST_CASE("normalization rows: the portable kernels' bits per cell, sums in one 
             }));
       std::vector<float> y(n), dx = random_floats(n, 63 + n), dx_expected = dx;
       host::normalize_row(x.data(), y.data(), n, mean, rstd, scale, shift);
-      host::normalize_backward_row(dy.data(), x.data(), dx.data(), n, mean, rstd, c1, c2, c3);
-      std::vector<float> y_expected(n);
+      std::vector<float> written(n, 7.0f);
+      host::normalize_backward_row(dy.data(), x.data(), dx.data(), n, mean, rstd, c1, c2, c3,
+                                   false);
+      host::normalize_backward_row(dy.data(), x.data(), written.data(), n, mean, rstd, c1, c2, c3,
+                                   true);
+      std::vector<float> y_expected(n), written_expected(n);
       for (std::size_t j = 0; j < n; ++j) {
         y_expected[j] = static_cast<float>((double(x[j]) - mean) * rstd * scale + shift);
         const double xhat = (double(x[j]) - mean) * rstd;
-        dx_expected[j] += static_cast<float>(c1 * double(dy[j]) - c2 - c3 * xhat);
+        written_expected[j] = static_cast<float>(c1 * double(dy[j]) - c2 - c3 * xhat);
+        dx_expected[j] += written_expected[j];
       }
       CHECK(same_bits(y, y_expected));
       CHECK(same_bits(dx, dx_expected));
+      CHECK(same_bits(written, written_expected));
       y.insert(y.end(), dx.begin(), dx.end());
       for (double s : sums) y.push_back(static_cast<float>(s));
       return y;

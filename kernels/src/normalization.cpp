@@ -316,7 +316,7 @@ template <class T>
 void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& dy,
                         const OwnedCells<const T>& x, const BlockDoubles& mean,
                         const BlockDoubles& rstd, const BlockDoubles& c1, const BlockDoubles& c2,
-                        const BlockDoubles& c3, const OwnedCells<T>& dx) {
+                        const BlockDoubles& c3, const OwnedCells<T>& dx, bool overwrite) {
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, dy, dx);
@@ -326,7 +326,7 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
       host_rows(space, lines, [&](Index b, Index r) {
         host::normalize_backward_row(lines.line(dy, b, r), lines.line(x, b, r),
                                      lines.line(dx, b, r), std::size_t(lines.length), mean_h(b),
-                                     rstd_h(b), c1_h(b), c2_h(b), c3_h(b));
+                                     rstd_h(b), c1_h(b), c2_h(b), c3_h(b), overwrite);
       });
       return;
     }
@@ -336,8 +336,12 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
       KOKKOS_LAMBDA(const Index b, const Index i, const Index j, const Index k) {
         const Index n = b / channels, c = b % channels;
         const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
-        dx(n, c, i, j, k) +=
+        const T g =
             static_cast<T>(c1(b) * static_cast<double>(dy(n, c, i, j, k)) - c2(b) - c3(b) * xhat);
+        if (overwrite)
+          dx(n, c, i, j, k) = g;
+        else
+          dx(n, c, i, j, k) += g;
       });
 }
 
@@ -348,7 +352,7 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
   template void normalize_forward(const ExecutionSpace&, const OwnedCells<const T>&,              \
                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
                                   const BlockDoubles&, const OwnedCells<T>&);                     \
-  template void normalize_activation_gradient(                                                     \
+  template void normalize_activation_gradient(                                                    \
       const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,              \
       const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,         \
       const ActivationFunction<T>&, const OwnedCells<T>&);                                        \
@@ -358,7 +362,7 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
   template void normalize_backward(const ExecutionSpace&, const OwnedCells<const T>&,             \
                                    const OwnedCells<const T>&, const BlockDoubles&,               \
                                    const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, \
-                                   const BlockDoubles&, const OwnedCells<T>&);
+                                   const BlockDoubles&, const OwnedCells<T>&, bool);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

@@ -223,8 +223,9 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       const DeviceDoubles a1 = to_device(c1, "normalization_c1");
       const DeviceDoubles a2 = to_device(c2, "normalization_c2");
       const DeviceDoubles a3 = to_device(c3, "normalization_c3");
+      const bool first = x_node->take_unfilled_grad_field();  // written, not added to
       kernels::normalize_backward(ExecutionSpace(), gy, x_cells, mean, rstd, a1, a2, a3,
-                                  kernels::OwnedCells<T>(x_node->grad_field().interior()));
+                                  kernels::OwnedCells<T>(x_node->grad_field().interior()), first);
     };
   }
   return Variable<T>(node);

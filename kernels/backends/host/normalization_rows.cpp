@@ -122,7 +122,7 @@ void NormalizeRow(const float* x, float* y, std::size_t n, double mean, double r
 }
 
 void NormalizeBackwardRow(const float* dy, const float* x, float* dx, std::size_t n, double mean,
-                          double rstd, double c1, double c2, double c3) {
+                          double rstd, double c1, double c2, double c3, bool overwrite) {
   const auto gradient = [](auto g, auto x, auto mean, auto rstd, auto c1, auto c2, auto c3) {
     const auto xhat = (x - mean) * rstd;
     return c1 * g - c2 - c3 * xhat;
@@ -133,11 +133,15 @@ void NormalizeBackwardRow(const float* dy, const float* x, float* dx, std::size_
            v2 = hn::Set(dd, c2), v3 = hn::Set(dd, c3);
   std::size_t j = 0;
   for (; j + double_lanes <= n; j += double_lanes) {
-    const VD g = gradient(LoadDoubles(dy + j), LoadDoubles(x + j), vmean, vrstd, v1, v2, v3);
-    hn::StoreU(hn::Add(hn::LoadU(df, dx + j), hn::DemoteTo(df, g)), df, dx + j);
+    const auto g = hn::DemoteTo(
+        df, gradient(LoadDoubles(dy + j), LoadDoubles(x + j), vmean, vrstd, v1, v2, v3));
+    hn::StoreU(overwrite ? g : hn::Add(hn::LoadU(df, dx + j), g), df, dx + j);
   }
-  for (; j < n; ++j)
-    dx[j] += static_cast<float>(gradient(double(dy[j]), double(x[j]), mean, rstd, c1, c2, c3));
+  for (; j < n; ++j) {
+    const float g =
+        static_cast<float>(gradient(double(dy[j]), double(x[j]), mean, rstd, c1, c2, c3));
+    dx[j] = overwrite ? g : dx[j] + g;
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -168,8 +172,8 @@ void normalize_row(const float* x, float* y, std::size_t n, double mean, double 
   HWY_DYNAMIC_DISPATCH(NormalizeRow)(x, y, n, mean, rstd, scale, shift);
 }
 void normalize_backward_row(const float* dy, const float* x, float* dx, std::size_t n, double mean,
-                            double rstd, double c1, double c2, double c3) {
-  HWY_DYNAMIC_DISPATCH(NormalizeBackwardRow)(dy, x, dx, n, mean, rstd, c1, c2, c3);
+                            double rstd, double c1, double c2, double c3, bool overwrite) {
+  HWY_DYNAMIC_DISPATCH(NormalizeBackwardRow)(dy, x, dx, n, mean, rstd, c1, c2, c3, overwrite);
 }
 
 }  // namespace shardtensor::kernels::host
@@ -192,7 +196,7 @@ void normalize_row(const float*, float*, std::size_t, double, double, double, do
   SHARDTENSOR_FAIL("normalize_row", "this build has no host vector kernels");
 }
 void normalize_backward_row(const float*, const float*, float*, std::size_t, double, double, double,
-                            double, double) {
+                            double, double, bool) {
   SHARDTENSOR_FAIL("normalize_backward_row", "this build has no host vector kernels");
 }
 

@@ -121,8 +121,9 @@ void gradient_sums_row(const float* dy, const float* x, std::size_t n, double me
 /// y[j] = (x[j] - mean) rstd scale + shift, rounded to float, for j < n.
 void normalize_row(const float* x, float* y, std::size_t n, double mean, double rstd, double scale,
                    double shift);
-/// dx[j] += c1 dy[j] - c2 - c3 xhat (rounded to float first), xhat = (x[j] - mean) rstd, j < n.
+/// dx[j] += c1 dy[j] - c2 - c3 xhat (rounded to float first; dx[j] = ... with `overwrite`),
+/// xhat = (x[j] - mean) rstd, j < n.
 void normalize_backward_row(const float* dy, const float* x, float* dx, std::size_t n, double mean,
-                            double rstd, double c1, double c2, double c3);
+                            double rstd, double c1, double c2, double c3, bool overwrite);
 
 }  // namespace shardtensor::kernels::host

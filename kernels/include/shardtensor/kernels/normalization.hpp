@@ -58,11 +58,11 @@ std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
                                             const OwnedCells<const T>& x, const BlockDoubles& mean,
                                             const BlockDoubles& rstd);
 
-/// dx += c1(b) dy - c2(b) - c3(b) xhat for the cells of block b.
+/// dx += c1(b) dy - c2(b) - c3(b) xhat for the cells of block b (dx = ... with `overwrite`).
 template <class T>
 void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& dy,
                         const OwnedCells<const T>& x, const BlockDoubles& mean,
                         const BlockDoubles& rstd, const BlockDoubles& c1, const BlockDoubles& c2,
-                        const BlockDoubles& c3, const OwnedCells<T>& dx);
+                        const BlockDoubles& c3, const OwnedCells<T>& dx, bool overwrite = false);
 
 }  // namespace shardtensor::kernels
