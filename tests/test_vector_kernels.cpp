@@ -400,7 +400,9 @@ TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit 
   });
 }
 
-TEST_CASE("bf16 pairs round to nearest even on every path, NaN quiet, infinities kept") {
+TEST_CASE(
+    "bf16 pairs, rounded and packed arrays round to nearest even on every path, NaN quiet, "
+    "infinities kept") {
   // The reference rounds by cases, not by the kernels' carry trick.
   const auto bits = [](float x) {
     std::uint32_t u;
@@ -438,6 +440,23 @@ TEST_CASE("bf16 pairs round to nearest even on every path, NaN quiet, infinities
             CHECK(pairs[i] == (bits(up[i]) << 16 | (low ? bits(low[i]) : 0u)));
           CHECK(pairs[n] == 0xdeadbeefu);  // nothing past the end
         }
+        // The same rounding of whole arrays: as floats (in place too) and packed in 16 bits.
+        std::vector<float> rounded(n + 1, 7.0f), in_place(values.begin(), values.begin() + n);
+        std::vector<std::uint16_t> packed(n + 1, 0xbeefu);
+        host::bf16_round(values.data(), rounded.data(), n);
+        host::bf16_round(in_place.data(), in_place.data(), n);
+        const std::size_t inexact = host::bf16_pack(values.data(), packed.data(), n);
+        std::size_t expected_inexact = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const float expected = from_bits(bits(values[i]) << 16);
+          CHECK(std::memcmp(&rounded[i], &expected, sizeof expected) == 0);
+          CHECK(std::memcmp(&in_place[i], &expected, sizeof expected) == 0);
+          CHECK(packed[i] == bits(values[i]));
+          expected_inexact += !(expected == values[i]);  // NaN counts
+        }
+        CHECK(inexact == expected_inexact);
+        CHECK(rounded[n] == 7.0f);  // nothing past the end
+        CHECK(packed[n] == 0xbeefu);
       }
     return std::vector<float>();
   });

@@ -693,6 +693,40 @@ void Bf16Pairs(const float* upper, const float* lower, uint32_t* to, std::size_t
   }
 }
 
+void Bf16Round(const float* from, float* to, std::size_t n) {
+  const D d;
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::BitCast(d, UpperBf16(hn::LoadU(d, from + i))), d, to + i);
+  if (i == n) return;
+  HWY_ALIGN float tail[lanes] = {};
+  std::copy(from + i, from + n, tail);
+  hn::Store(hn::BitCast(d, UpperBf16(hn::Load(d, tail))), d, tail);
+  std::copy(tail, tail + (n - i), to + i);
+}
+
+std::size_t Bf16Pack(const float* from, uint16_t* bits, std::size_t n) {
+  const D d;
+  const hn::Rebind<uint16_t, D> d16;
+  const hn::RebindToSigned<D> di;
+  // Stores x's 16 bits at `to`; returns how many of x's lanes were not bfloat16 values (NaN
+  // never equals itself, so it counts: not Eq, as Highway's Ne is false for NaN).
+  const auto pack = [&](V x, uint16_t* to) {
+    const VU upper = UpperBf16(x);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(upper))), d16, to);
+    return hn::CountTrue(d, hn::Not(hn::Eq(hn::BitCast(d, upper), x)));
+  };
+  std::size_t inexact = 0, i = 0;
+  for (; i + lanes <= n; i += lanes) inexact += pack(hn::LoadU(d, from + i), bits + i);
+  if (i == n) return inexact;
+  HWY_ALIGN float tail[lanes] = {};  // zeros past the end: exact, not counted
+  HWY_ALIGN uint16_t packed[lanes];
+  std::copy(from + i, from + n, tail);
+  inexact += pack(hn::Load(d, tail), packed);
+  std::copy(packed, packed + (n - i), bits + i);
+  return inexact;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace shardtensor::kernels::host
 HWY_AFTER_NAMESPACE();
@@ -713,6 +747,8 @@ HWY_EXPORT(GeluBackwardRows);
 HWY_EXPORT(RowMax);
 HWY_EXPORT(ExpRow);
 HWY_EXPORT(Bf16Pairs);
+HWY_EXPORT(Bf16Round);
+HWY_EXPORT(Bf16Pack);
 
 namespace {
 
@@ -851,6 +887,12 @@ float exp_row(float* x, std::size_t n, float shift) {
 void bf16_pairs(const float* upper, const float* lower, uint32_t* to, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(Bf16Pairs)(upper, lower, to, n);
 }
+void bf16_round(const float* from, float* to, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(Bf16Round)(from, to, n);
+}
+std::size_t bf16_pack(const float* from, uint16_t* bits, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(Bf16Pack)(from, bits, n);
+}
 
 }  // namespace shardtensor::kernels::host
 
@@ -958,6 +1000,12 @@ float exp_row(float*, std::size_t, float) {
 }
 void bf16_pairs(const float*, const float*, uint32_t*, std::size_t) {
   SHARDTENSOR_FAIL("bf16_pairs", "this build has no host vector kernels");
+}
+void bf16_round(const float*, float*, std::size_t) {
+  SHARDTENSOR_FAIL("bf16_round", "this build has no host vector kernels");
+}
+std::size_t bf16_pack(const float*, uint16_t*, std::size_t) {
+  SHARDTENSOR_FAIL("bf16_pack", "this build has no host vector kernels");
 }
 
 }  // namespace host

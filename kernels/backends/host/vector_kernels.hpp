@@ -105,6 +105,11 @@ float exp_row(float* x, std::size_t n, float shift);
 /// where lower is null), for i < n: rounded to nearest even, NaN kept (quiet), as
 /// core/bfloat16.hpp's bfloat16_bits. The pair planes of the bf16 dot-product tiles.
 void bf16_pairs(const float* upper, const float* lower, uint32_t* to, std::size_t n);
+/// to[i] = from[i] rounded to bfloat16 (as bf16_pairs rounds), for i < n; to may be from.
+void bf16_round(const float* from, float* to, std::size_t n);
+/// bits[i] = from[i]'s bfloat16 bits (as bf16_pairs rounds) for i < n; returns how many of
+/// from[0..n) were not bfloat16 values (NaN counts).
+std::size_t bf16_pack(const float* from, uint16_t* bits, std::size_t n);
 
 // ---- normalization rows (float cells, double arithmetic) ----------------------------------
 // The portable kernels' expressions (kernels/src/normalization.cpp), op for op: the same bits

@@ -16,36 +16,17 @@
 namespace shardtensor::kernels {
 
 /// to[i] = round_to_bfloat16(from[i]) for i < n (from == to rounds in place). Float only:
-/// throws for double (the layers refuse bf16 in a double model before they get here).
+/// throws for double (the layers refuse bf16 in a double model before they get here). On a
+/// host build with a vector path on, a vector kernel (the same bits).
 template <class T>
-void round_to_bfloat16(const ExecutionSpace& space, const T* from, T* to, std::size_t n) {
-  SHARDTENSOR_REQUIRE((std::is_same<T, float>::value), "round_to_bfloat16",
-                      "bf16 rounding takes float values, got " << sizeof(T) << "-byte ones");
-  if constexpr (std::is_same<T, float>::value)
-    Kokkos::parallel_for(
-        "round_to_bfloat16", kernel_range(space, Index(n)),
-        KOKKOS_LAMBDA(const Index i) { to[i] = shardtensor::round_to_bfloat16(from[i]); });
-}
+void round_to_bfloat16(const ExecutionSpace& space, const T* from, T* to, std::size_t n);
 
 /// bits[i] = bfloat16_bits(from[i]) for i < n: the values packed into 16 bits, rounded. Returns
 /// how many were not bfloat16 values already (0: unpacking gives them back exactly). Float
 /// only, like round_to_bfloat16.
 template <class T>
 std::size_t pack_bfloat16(const ExecutionSpace& space, const T* from, std::uint16_t* bits,
-                          std::size_t n) {
-  SHARDTENSOR_REQUIRE((std::is_same<T, float>::value), "pack_bfloat16",
-                      "bf16 packing takes float values, got " << sizeof(T) << "-byte ones");
-  std::size_t inexact = 0;
-  if constexpr (std::is_same<T, float>::value)
-    Kokkos::parallel_reduce(
-        "pack_bfloat16", kernel_range(space, Index(n)),
-        KOKKOS_LAMBDA(const Index i, std::size_t& count) {
-          bits[i] = bfloat16_bits(from[i]);
-          count += bfloat16_value(bits[i]) == from[i] ? 0 : 1;  // NaN counts: it never equals
-        },
-        inexact);
-  return inexact;
-}
+                          std::size_t n);
 
 /// to[i] = bfloat16_value(bits[i]) for i < n (exact).
 template <class T>
