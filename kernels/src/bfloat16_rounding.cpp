@@ -9,23 +9,13 @@
 
 namespace shardtensor::kernels {
 
-namespace {
-
-/// Whether the host's vector kernels round (elementwise: any split over threads gives the
-/// same bits).
-inline bool rounds_on_vectors() {
-  return kernels_run_on_host && vector_kernels_on();
-}
-
-}  // namespace
-
 template <class T>
 void round_to_bfloat16(const ExecutionSpace& space, const T* from, T* to, std::size_t n) {
   SHARDTENSOR_REQUIRE((std::is_same<T, float>::value), "round_to_bfloat16",
                       "bf16 rounding takes float values, got " << sizeof(T) << "-byte ones");
   if constexpr (std::is_same<T, float>::value) {
     if constexpr (kernels_run_on_host) {
-      if (rounds_on_vectors()) {
+      if (vector_kernels_on()) {  // elementwise: any split gives the same bits
         space.fence();
         host::split_over_threads(host::host_threads(), Index(n), [&](int, Index first, Index last) {
           host::bf16_round(from + first, to + first, std::size_t(last - first));
@@ -47,7 +37,7 @@ std::size_t pack_bfloat16(const ExecutionSpace& space, const T* from, std::uint1
   std::size_t inexact = 0;
   if constexpr (std::is_same<T, float>::value) {
     if constexpr (kernels_run_on_host) {
-      if (rounds_on_vectors()) {
+      if (vector_kernels_on()) {  // elementwise: any split gives the same bits
         space.fence();
         std::vector<std::size_t> counts(host::host_threads(), 0);
         host::split_over_threads(int(counts.size()), Index(n), [&](int t, Index first, Index last) {

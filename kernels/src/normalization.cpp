@@ -134,11 +134,10 @@ struct CellLines {
   }
 };
 
-/// Whether float cells go through the host's vector rows (vector_kernels.hpp), on a host
-/// backend: its vector paths on, every view contiguous along the lines.
-template <class T>
-bool on_vector_rows(const CellLines& lines) {
-  return std::is_same<T, float>::value && vector_kernels_on() && lines.contiguous;
+/// Whether float cells on a host backend go through the host's vector rows
+/// (vector_kernels.hpp): its vector paths on, every view contiguous along the lines.
+inline bool on_vector_rows(const CellLines& lines) {
+  return vector_kernels_on() && lines.contiguous;
 }
 
 /// The host's vector rows' sums per block, out[s * blocks + b] for S sums: row(b, r, sums)
@@ -185,7 +184,7 @@ template <class T>
 std::vector<double> block_sums(const ExecutionSpace& space, const OwnedCells<const T>& x) {
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x);
-    if (on_vector_rows<T>(lines))
+    if (on_vector_rows(lines))
       return host_sums_per_block<1>(space, lines, [&](Index b, Index r, double* sums) {
         sums[0] = host::sum_row(lines.line(x, b, r), std::size_t(lines.length));
       });
@@ -202,7 +201,7 @@ std::vector<double> block_deviation_sums(const ExecutionSpace& space, const Owne
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x);
-    if (on_vector_rows<T>(lines)) {
+    if (on_vector_rows(lines)) {
       const auto mean_h = on_host(mean);
       return host_sums_per_block<2>(space, lines, [&](Index b, Index r, double* sums) {
         host::deviation_sums_row(lines.line(x, b, r), std::size_t(lines.length), mean_h(b), sums);
@@ -225,7 +224,7 @@ void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, y);
-    if (on_vector_rows<T>(lines)) {
+    if (on_vector_rows(lines)) {
       const auto mean_h = on_host(mean), rstd_h = on_host(rstd), scale_h = on_host(scale),
                  shift_h = on_host(shift);
       host_rows(space, lines, [&](Index b, Index r) {
@@ -252,7 +251,7 @@ void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, dy, dn);
-    if (f.kind == Activation::gelu && on_vector_rows<T>(lines)) {
+    if (f.kind == Activation::gelu && on_vector_rows(lines)) {
       // The activation's backward on chunks of a line: n into a buffer, its gradient added
       // to zeros (the activation's own input gradient starts at zero), then stored.
       const auto mean_h = on_host(mean), rstd_h = on_host(rstd), scale_h = on_host(scale),
@@ -294,7 +293,7 @@ std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, dy);
-    if (on_vector_rows<T>(lines)) {
+    if (on_vector_rows(lines)) {
       const auto mean_h = on_host(mean), rstd_h = on_host(rstd);
       return host_sums_per_block<2>(space, lines, [&](Index b, Index r, double* sums) {
         host::gradient_sums_row(lines.line(dy, b, r), lines.line(x, b, r),
@@ -320,7 +319,7 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, dy, dx);
-    if (on_vector_rows<T>(lines)) {
+    if (on_vector_rows(lines)) {
       const auto mean_h = on_host(mean), rstd_h = on_host(rstd), c1_h = on_host(c1),
                  c2_h = on_host(c2), c3_h = on_host(c3);
       host_rows(space, lines, [&](Index b, Index r) {
