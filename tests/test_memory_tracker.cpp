@@ -253,7 +253,11 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // copy in backward; what remains at the peak is level 0's up block being recomputed. The
   // normalizations carry their activation (fuse_activation), so even without recomputation no
   // normalized field is kept: 13.2 -> 8.7 MiB on one rank (0.66; before the fusion 18.4 ->
-  // 9.5). bench_scaling's 64^3 U-Net: 108.0 -> 70.2 MiB.
+  // 9.5). A recomputed block's last normalization no longer makes its output again (nothing
+  // reads it: forward_graph_only), and a normalization's input gradient takes its output
+  // gradient's buffer: 7.5 MiB on one rank (0.57). On more ranks the peak is the recomputed
+  // forward's second conv with its halo-padded input, which neither changes (0.65-0.66).
+  // bench_scaling's 64^3 U-Net: 109.2 -> 62.7 MiB on one rank.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -266,7 +270,8 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   const std::uint64_t with = max_over(world, activation_peak(world, recomputed, 2, extents));
   INFO("activation peak per rank: " << to_mib(without) << " MiB without, " << to_mib(with)
                                     << " MiB with recomputation");
-  CHECK(double(with) <= 0.7 * double(without));
+  WARN("peaks " << to_mib(without) << " " << to_mib(with) << " " << double(with) / double(without));
+  CHECK(double(with) <= (world.size() == 1 ? 0.6 : 0.7) * double(without));
 }
 
 TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",

@@ -310,6 +310,14 @@ TEST_CASE("a fused activation matches finite differences and leaves a caller's g
   backward(output, gradient);
   CHECK(same_bits(gradient, before));
   CHECK_FALSE(same_bits(input.grad(), ShardTensor<float>(d, world.rank(), batch, channels)));
+
+  // An output the caller holds keeps its gradient (the loss's), though nobody else shares the
+  // buffer: the in-place paths are for outputs no caller can read again.
+  const Variable<float> held = layer.forward(input);
+  backward(test::weighted_sum<float>(world, held));
+  const Variable<float> leaf = Variable<float>::field(held.value(), true);
+  backward(test::weighted_sum<float>(world, leaf));
+  CHECK(same_bits(held.grad(), leaf.grad()));
 }
 
 TEST_CASE("normalization layers match finite differences", "[normalization][gradient]") {

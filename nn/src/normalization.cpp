@@ -122,12 +122,13 @@ using FusedActivation = std::optional<kernels::ActivationFunction<T>>;
 /// y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c] with the given statistics (then
 /// y = f(y) with a fused activation f), and its backward: through the statistics when they are
 /// the batch's (`batch_stats`), else (fixed statistics, BatchNorm in evaluation) a per-channel
-/// scale.
+/// scale. Without `value_needed` (forward_graph_only) the output is an empty field of its layout.
 template <class T>
 Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const StatLayout& layout,
                       const Statistics& stats, bool batch_stats, double eps,
                       const std::string& name, const Variable<T>& weight, const Variable<T>& bias,
-                      SavedPacking input_packing, const FusedActivation<T>& activation) {
+                      SavedPacking input_packing, const FusedActivation<T>& activation,
+                      bool value_needed) {
   const ShardTensor<T>& x = input.value();
   const Index blocks = layout.blocks(), channels = layout.channels;
   const HostDoubles w = host_values(weight, channels, 1.0);
@@ -143,22 +144,26 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
   const DeviceDoubles scale = to_device(w, "normalization_weight");
   const DeviceDoubles shift = to_device(beta, "normalization_bias");
 
-  // Every owned cell is written below: only ghost cells (if any) need their zeros.
-  ShardTensor<T> y = x.ghosts() == GhostWidths{}
-                         ? ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(),
-                                                         x.channels(), x.ghosts(), name + ".output")
-                         : ShardTensor<T>(x.decomposition(), x.rank(), x.batch(), x.channels(),
-                                          x.ghosts(), name + ".output");
-  const kernels::OwnedCells<const T> xi = x.interior();
-  kernels::normalize_forward(ExecutionSpace(), xi, mean, rstd, scale, shift,
-                             kernels::OwnedCells<T>(y.interior()));
-  if (activation) impl::apply_activation(*activation, y, y);
-
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node()};
   if (weight.defined()) inputs.push_back(weight.node());
   if (bias.defined()) inputs.push_back(bias.node());
   auto node = make_result_node<T>(name, inputs);
-  node->field = y;
+  if (value_needed) {
+    // Every owned cell is written below: only ghost cells (if any) need their zeros.
+    ShardTensor<T> y =
+        x.ghosts() == GhostWidths{}
+            ? ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(), x.channels(),
+                                            x.ghosts(), name + ".output")
+            : ShardTensor<T>(x.decomposition(), x.rank(), x.batch(), x.channels(), x.ghosts(),
+                             name + ".output");
+    kernels::normalize_forward(ExecutionSpace(), kernels::OwnedCells<const T>(x.interior()), mean,
+                               rstd, scale, shift, kernels::OwnedCells<T>(y.interior()));
+    if (activation) impl::apply_activation(*activation, y, y);
+    node->field = y;
+  } else {
+    node->released = typename impl::Node<T>::Layout{x.decomposition(), x.rank(), x.batch(),
+                                                    x.channels(), x.ghosts()};
+  }
   if (node->requires_grad) {
     auto x_node = input.node();
     auto w_node = weight.defined() ? weight.node() : nullptr;
@@ -168,24 +173,29 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     // layer's output).
     SavedField<T> saved_input(input, input_packing, name + ".saved_input");
     node->backward = [=](impl::Node<T>& self) mutable {
-      const bool in_place = self.grad_field().view().use_count() == 1;
+      // The output's gradient is this node's alone: no other node shares the buffer, and no
+      // caller holds the output (whose gradient it could read).
+      const bool in_place = self.grad_field().view().use_count() == 1 && self.handle.expired();
       const ShardTensor<T> x_again = saved_input.value();
       saved_input = {};
       const kernels::OwnedCells<const T> x_cells = x_again.interior();
-      kernels::OwnedCells<const T> gy = self.grad_field().interior();
+      // dy: the output's gradient, or (with the activation) the gradient at the normalized
+      // values, in place of the output's where that is this node's alone, else in a field of
+      // its own. Either way a buffer the input's gradient may be written over (below).
+      ShardTensor<T> dy = self.grad_field();
+      bool dy_is_own = in_place;
       if (activation) {
-        // The gradient at the normalized values: in place of the output's where only this
-        // node holds that, else in a field of its own.
-        ShardTensor<T> normalized_grad = self.grad_field();
         if (!in_place)
-          normalized_grad = ShardTensor<T>::uninitialized(
-              x_again.decomposition(), x_again.rank(), x_again.batch(), x_again.channels(),
-              x_again.ghosts(), name + ".normalized_grad");
+          dy = ShardTensor<T>::uninitialized(x_again.decomposition(), x_again.rank(),
+                                             x_again.batch(), x_again.channels(), x_again.ghosts(),
+                                             name + ".normalized_grad");
         kernels::normalize_activation_gradient(
-            ExecutionSpace(), gy, x_cells, mean, rstd, scale, shift, *activation,
-            kernels::OwnedCells<T>(normalized_grad.interior()));
-        gy = normalized_grad.interior();
+            ExecutionSpace(), kernels::OwnedCells<const T>(self.grad_field().interior()), x_cells,
+            mean, rstd, scale, shift, *activation, kernels::OwnedCells<T>(dy.interior()));
+        dy_is_own = true;
       }
+      if (in_place) self.field_grad = ShardTensor<T>();  // dy holds it now
+      const kernels::OwnedCells<const T> gy = dy.interior();
       // This rank's sums of dy and dy * xhat per block.
       const HostDoubles sums =
           kernels::normalize_gradient_sums(ExecutionSpace(), gy, x_cells, mean, rstd);
@@ -223,7 +233,11 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       const DeviceDoubles a1 = to_device(c1, "normalization_c1");
       const DeviceDoubles a2 = to_device(c2, "normalization_c2");
       const DeviceDoubles a3 = to_device(c3, "normalization_c3");
-      const bool first = x_node->take_unfilled_grad_field();  // written, not added to
+      // Written, not added to; over dy itself where the input's gradient can take that buffer
+      // (each cell reads its dy before its dx is written): one field fewer at the peak of a
+      // U-Net block's backward.
+      const bool first =
+          (dy_is_own && x_node->adopt_grad_field(dy)) || x_node->take_unfilled_grad_field();
       kernels::normalize_backward(ExecutionSpace(), gy, x_cells, mean, rstd, a1, a2, a3,
                                   kernels::OwnedCells<T>(x_node->grad_field().interior()), first);
     };
@@ -279,15 +293,15 @@ GroupNorm<T>::GroupNorm(const char* kind, const Communicator& comm, int num_grou
 }
 
 template <class T>
-Variable<T> GroupNorm<T>::forward(const Variable<T>& input) {
+Variable<T> GroupNorm<T>::normalized(const Variable<T>& input, bool value_needed) {
   check_input(input, channels_, where_);
   StatLayout layout;
   layout.batch = input.value().batch();
   layout.channels = channels_;
   layout.groups = num_groups_;
   const Statistics stats = batch_statistics(comm_, input.value(), layout);
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
-                   input_packing(), activation_);
+  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing(),
+                   activation_, value_needed);
 }
 
 template <class T>
@@ -324,7 +338,7 @@ BatchNorm<T>::BatchNorm(const Communicator& comm, int channels, double momentum,
 }
 
 template <class T>
-Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
+Variable<T> BatchNorm<T>::normalized(const Variable<T>& input, bool value_needed) {
   check_input(input, channels_, where_);
   const ShardTensor<T>& x = input.value();
   StatLayout layout;
@@ -337,7 +351,7 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
     running.var = host_values(running_var_);
     running.count = double(x.batch()) * double(x.decomposition().global_cells());
     return normalize(comm_, input, layout, running, false, eps_, name_, weight_, bias_,
-                     input_packing(), activation_);
+                     input_packing(), activation_, value_needed);
   }
   const Index global_cells = x.decomposition().global_cells();
   SHARDTENSOR_REQUIRE(x.batch() * global_cells > 1, where_,
@@ -348,7 +362,7 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
   // first forward did.
   if (impl::recomputing_flag())
     return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
-                   input_packing(), activation_);
+                     input_packing(), activation_, value_needed);
   // Running estimates: PyTorch's update, with the unbiased variance.
   auto mean_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_mean_);
   auto var_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_var_);
@@ -362,8 +376,8 @@ Variable<T> BatchNorm<T>::forward(const Variable<T>& input) {
   Kokkos::deep_copy(running_mean_, mean_host);
   Kokkos::deep_copy(running_var_, var_host);
   ++batches_tracked_;
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
-                   input_packing(), activation_);
+  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing(),
+                   activation_, value_needed);
 }
 
 template class GroupNorm<float>;

@@ -89,6 +89,22 @@ struct Node {
                                                            {}, op + ".grad");
     return true;
   }
+  /// For a backward that writes this gradient over `buffer`, a field of the same layout that
+  /// nothing reads again (the op's own output gradient): true where take_unfilled_grad_field()
+  /// would be, with `buffer` taken as the gradient (one field fewer in flight); false where the
+  /// backward must use grad_field() or take_unfilled_grad_field().
+  bool adopt_grad_field(const ShardTensor<T>& buffer) {
+    if (field_grad.view().span() != 0 || !(buffer.ghosts() == GhostWidths{})) return false;
+    const bool same_layout =
+        field.view().span() != 0
+            ? field.same_layout(buffer)
+            : released && released->ghosts == GhostWidths{} && released->rank == buffer.rank() &&
+                  released->batch == buffer.batch() && released->channels == buffer.channels() &&
+                  released->decomposition == buffer.decomposition();
+    if (!same_layout) return false;
+    field_grad = buffer;
+    return true;
+  }
   /// Lets the field's value go (this node's copy of it), keeping its layout for the gradient.
   void release_value() {
     if (field.view().span() == 0) return;

@@ -50,12 +50,27 @@ class Sequential : public Module<T> {
     units_[first] = {last, unit};
   }
 
-  Variable<T> forward(const Variable<T>& input) override {
+  Variable<T> forward(const Variable<T>& input) override { return run(input, false); }
+  /// The last child's forward_graph_only (where no resplit reads the output after it).
+  Variable<T> forward_graph_only(const Variable<T>& input) override { return run(input, true); }
+
+  bool reads_owned_cells_only() const override {
+    return !layers_.empty() && layers_.front()->reads_owned_cells_only();
+  }
+
+  std::size_t size() const { return layers_.size(); }
+  const std::shared_ptr<Module<T>>& operator[](std::size_t i) const { return layers_.at(i); }
+
+ private:
+  Variable<T> run(const Variable<T>& input, bool graph_only) {
     Variable<T> x = input;
     for (std::size_t i = 0; i < layers_.size();) {
       const auto unit = units_.find(i);
       if (unit == units_.end()) {
-        x = layers_[i++]->forward(x);
+        const bool last = i + 1 == layers_.size();
+        x = graph_only && last && !comm_ ? layers_[i]->forward_graph_only(x)
+                                         : layers_[i]->forward(x);
+        ++i;
       } else {
         x = shardtensor::recompute<T>(unit->second.second, x);
         i = unit->second.first;
@@ -66,14 +81,6 @@ class Sequential : public Module<T> {
     return x;
   }
 
-  bool reads_owned_cells_only() const override {
-    return !layers_.empty() && layers_.front()->reads_owned_cells_only();
-  }
-
-  std::size_t size() const { return layers_.size(); }
-  const std::shared_ptr<Module<T>>& operator[](std::size_t i) const { return layers_.at(i); }
-
- private:
   std::vector<std::shared_ptr<Module<T>>> layers_;
   /// Recomputed units by their first layer: (one past their last layer, the unit).
   std::map<std::size_t, std::pair<std::size_t, std::shared_ptr<Module<T>>>> units_;

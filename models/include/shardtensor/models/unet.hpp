@@ -42,8 +42,8 @@ struct UNetOptions {
                             ///< the linear part of a surrogate, learned directly
   /// Each level's blocks (down, bottom, up) keep only their input in forward and run again
   /// in backward (nn/recompute.hpp): the same numbers bit for bit, less memory (the 64^3
-  /// bench U-Net's training peak 108 -> 70 MiB), one more forward of the blocks per step
-  /// (1.2x the step). Config: model.recompute.
+  /// bench U-Net's training peak 109 -> 63 MiB on one rank), one more forward of the blocks
+  /// per step (1.3x the step). Config: model.recompute.
   bool recompute = false;
 };
 

@@ -22,6 +22,12 @@ class Module {
   virtual Variable<T> forward(const Variable<T>& input) = 0;
   Variable<T> operator()(const Variable<T>& input) { return forward(input); }
 
+  /// Forward for a graph whose output value nothing reads, only its gradient comes back (a
+  /// recomputed block's, nn/recompute.hpp): a layer whose backward does not read its own
+  /// output may leave that value uncomputed (an empty field of the right layout), saving one
+  /// field at the peak of the block's backward. Everything else is forward's, bit for bit.
+  virtual Variable<T> forward_graph_only(const Variable<T>& input) { return forward(input); }
+
   /// True if forward reads only the owned cells of its input, so the input may carry ghost
   /// cells of any width (a solver's array wrapped without a copy). The default is the safe
   /// answer; layers that copy their input into a padded buffer say yes.

@@ -42,7 +42,11 @@ class GroupNorm : public Module<T> {
   GroupNorm(const Communicator& comm, int num_groups, int channels, double eps = 1e-5,
             bool affine = true, const std::string& name = "group_norm");
 
-  Variable<T> forward(const Variable<T>& input) override;
+  Variable<T> forward(const Variable<T>& input) override { return normalized(input, true); }
+  /// The statistics and the node for backward, not the output (backward reads the input).
+  Variable<T> forward_graph_only(const Variable<T>& input) override {
+    return normalized(input, false);
+  }
   /// In a bf16 model the statistics and the output stay float (autocast's normalization);
   /// the input kept for backward is packed into 16 bits where it is a bf16 layer's output.
   void compute_in_bf16(bool on) override { bf16_inputs_ = on; }
@@ -79,6 +83,8 @@ class GroupNorm : public Module<T> {
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }
+  /// forward (`value_needed`) or forward_graph_only.
+  Variable<T> normalized(const Variable<T>& input, bool value_needed);
 };
 
 /// Layer normalization over (channels, all cells of the global field) per sample: the
@@ -113,7 +119,11 @@ class BatchNorm : public Module<T> {
   BatchNorm(const Communicator& comm, int channels, double momentum = 0.1, double eps = 1e-5,
             bool affine = true, const std::string& name = "batch_norm");
 
-  Variable<T> forward(const Variable<T>& input) override;
+  Variable<T> forward(const Variable<T>& input) override { return normalized(input, true); }
+  /// As GroupNorm's.
+  Variable<T> forward_graph_only(const Variable<T>& input) override {
+    return normalized(input, false);
+  }
   /// As GroupNorm's: float statistics and output, the saved input in 16 bits where exact.
   void compute_in_bf16(bool on) override { bf16_inputs_ = on; }
   /// As GroupNorm's: the activation in the same op, the normalized field not stored.
@@ -150,6 +160,8 @@ class BatchNorm : public Module<T> {
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }
+  /// forward (`value_needed`) or forward_graph_only.
+  Variable<T> normalized(const Variable<T>& input, bool value_needed);
 };
 
 extern template class GroupNorm<float>;

@@ -76,7 +76,7 @@ Variable<T> recompute(const std::shared_ptr<Module<T>>& block, const Variable<T>
         const Variable<T> leaf = Variable<T>::field(input.value(), input_requires_grad,
                                                     input.name() + ".recomputed");
         input = Variable<T>();
-        again = impl::with_graph_recomputing([&] { return block->forward(leaf); });
+        again = impl::with_graph_recomputing([&] { return block->forward_graph_only(leaf); });
         leaf_node = leaf.node();
       }
       // Parameters' gradients accumulate as usual. The output's value (no op of the block
