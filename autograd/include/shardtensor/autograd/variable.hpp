@@ -58,6 +58,11 @@ struct Node {
     int rank = 0;
     Index batch = 0, channels = 0;
     GhostWidths ghosts;
+    /// Whether `f` has this layout (ShardTensor::same_layout, for a released value).
+    bool matches(const ShardTensor<T>& f) const {
+      return rank == f.rank() && ghosts == f.ghosts() && batch == f.batch() &&
+             channels == f.channels() && decomposition == f.decomposition();
+    }
   };
   std::optional<Layout> released;
 
@@ -95,13 +100,9 @@ struct Node {
   /// backward must use grad_field() or take_unfilled_grad_field().
   bool adopt_grad_field(const ShardTensor<T>& buffer) {
     if (field_grad.view().span() != 0 || !(buffer.ghosts() == GhostWidths{})) return false;
-    const bool same_layout =
-        field.view().span() != 0
-            ? field.same_layout(buffer)
-            : released && released->ghosts == GhostWidths{} && released->rank == buffer.rank() &&
-                  released->batch == buffer.batch() && released->channels == buffer.channels() &&
-                  released->decomposition == buffer.decomposition();
-    if (!same_layout) return false;
+    if (field.view().span() != 0 ? !field.same_layout(buffer)
+                                 : !released || !released->matches(buffer))
+      return false;
     field_grad = buffer;
     return true;
   }
