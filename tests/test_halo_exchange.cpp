@@ -1,7 +1,9 @@
 // HaloExchange: every ghost cell (faces, edges, corners) holds the owner's value after an
 // exchange, for 1-D/2-D/3-D process grids, uneven splits, periodic and open boundaries,
-// widths 1-3 (also asymmetric), float and double; and the reverse is the exact adjoint.
+// widths 1-3 (also asymmetric), float and double; and the reverse is the exact adjoint. A slab
+// exchange brings the neighbours' x-planes, open and periodic.
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <sstream>
 
@@ -226,4 +228,48 @@ TEST_CASE("reverse_accumulate adds ghost values into their owners and clears the
       }
     CHECK(wrong == 0);
   }
+}
+
+TEMPLATE_TEST_CASE("a slab exchange brings the neighbours' x-planes", "[halo][slabs]", float,
+                   double) {
+  const Communicator comm;
+  const int p = comm.size();
+  const Index batch = 2, channels = 3;
+  for (const bool periodic : {false, true})
+    for (const auto& widths : std::vector<std::array<Index, 2>>{{1, 1}, {2, 1}, {0, 2}}) {
+      const Decomposition d(extents_for({p, 1, 1}, 2), {p, 1, 1}, {periodic, false, false});
+      INFO(describe(d, {}) << ", planes " << widths[0] << " below, " << widths[1] << " above");
+      if (p == 1) {
+        CHECK_FALSE(SlabExchange<TestType>::covers(d, widths[0], widths[1]));
+        continue;
+      }
+      REQUIRE(SlabExchange<TestType>::covers(d, widths[0], widths[1]));
+      ShardTensor<TestType> field(d, comm.rank(), batch, channels);
+      const auto value = [&](Index n, Index c, SpatialIndex g) {
+        return double(test::global_linear_index(d, channels, n, c, g) + 1);
+      };
+      test::fill(field, [&](Index n, Index c, const SpatialIndex&, const SpatialIndex& g) {
+        return value(n, c, g);
+      });
+      SlabExchange<TestType> slabs(comm, field, widths[0], widths[1], periodic);
+      slabs.wait();
+      // Plane i of a slab is global plane `first + i`, wrapped; none past an open end.
+      const Index nx = d.global_extent(0), offset = field.global_box().lower[0];
+      long long wrong = 0;
+      const auto check = [&](const FieldView<TestType>& slab, Index planes, Index first) {
+        const bool outside = !periodic && (first < 0 || first + planes > nx);
+        if (Index(slab.extent(2)) != (outside ? 0 : planes)) ++wrong;
+        auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), slab);
+        for (Index n = 0; n < batch; ++n)
+          for (Index c = 0; c < channels; ++c)
+            for (Index i = 0; i < Index(host.extent(2)); ++i)
+              for (Index y = 0; y < Index(host.extent(3)); ++y)
+                for (Index z = 0; z < Index(host.extent(4)); ++z)
+                  if (double(host(n, c, i, y, z)) != value(n, c, {(first + i + nx) % nx, y, z}))
+                    ++wrong;
+      };
+      check(slabs.lower(), widths[0], offset - widths[0]);
+      check(slabs.upper(), widths[1], offset + field.local_extent(0));
+      CHECK(wrong == 0);
+    }
 }

@@ -234,6 +234,7 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     f.src[a] = d.out[a] = padded[a];
     d.offset[a] = -g.base[a] - (g.k[a] - 1) * g.d[a];
     f.wrap[a] = d.wrap[a] = g.wrap[a];  // the output gradient wraps too: same extent
+    f.slab_axis = d.slab_axis = g.slab_axis;  // and comes with slabs where the input does
     // Unit strides only (the planes are shifts of each other); planes of at least 64 cells.
     if (g.s[a] != 1) return plan;
   }
@@ -248,7 +249,8 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     if (plan.vector_kernels) return plan;
     plan.bf16_pairs = false;
   }
-  if (g.wrap[0] || g.wrap[1] || g.wrap[2]) return plan;  // im2col reads zeros only
+  if (g.wrap[0] || g.wrap[1] || g.wrap[2] || g.slab_axis >= 0)
+    return plan;  // im2col reads zeros only
   const auto weights = [](const Correlation& r) {
     return static_cast<std::size_t>(r.slots() * r.out_per_group * r.slots() * r.column_rows());
   };
@@ -304,14 +306,14 @@ void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const 
                       Index rows, const ConvShape& g, const FieldView<T>& src,
                       const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
                       const FieldView<T>& out, T* workspace, const PlaneFilter& keep,
-                      PackedWeights<T>* cache) {
+                      PackedWeights<T>* cache, const SourceSlabs<T>& slabs) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels) {
       const float* packed = cache && r.groups == 1
                                 ? packed_weights(r, g, w, transposed, plan.bf16_pairs, *cache)
                                 : nullptr;
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
-                                         plan.band_copies, plan.bf16_pairs, keep, packed);
+                                         plan.band_copies, plan.bf16_pairs, keep, packed, slabs);
     }
   plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }
@@ -319,11 +321,12 @@ void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const 
 template <class T>
 void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, const ConvShape& g,
                             const FieldView<T>& xp, const FieldView<T>& gy,
-                            const ReplicatedView<T>& gw, T* workspace) {
+                            const ReplicatedView<T>& gw, T* workspace,
+                            const SourceSlabs<T>& slabs) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace,
-                                               plan.band_copies, plan.bf16_pairs);
+                                               plan.band_copies, plan.bf16_pairs, slabs);
   plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 
@@ -333,13 +336,13 @@ bool conv_vector_kernels_available() {
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                \
-  template void correlate_planes(const ExecutionSpace&, const PlanePlan&, const Correlation&,     \
-                                 Index, const ConvShape&, const FieldView<T>&,                    \
-                                 const ReplicatedView<T>&, bool, const ReplicatedView<T>&,        \
-                                 const FieldView<T>&, T*, const PlaneFilter&, PackedWeights<T>*); \
+  template void correlate_planes(                                                                 \
+      const ExecutionSpace&, const PlanePlan&, const Correlation&, Index, const ConvShape&,       \
+      const FieldView<T>&, const ReplicatedView<T>&, bool, const ReplicatedView<T>&,              \
+      const FieldView<T>&, T*, const PlaneFilter&, PackedWeights<T>*, const SourceSlabs<T>&);     \
   template void weight_gradient_planes(const ExecutionSpace&, const PlanePlan&, const ConvShape&, \
                                        const FieldView<T>&, const FieldView<T>&,                  \
-                                       const ReplicatedView<T>&, T*);                             \
+                                       const ReplicatedView<T>&, T*, const SourceSlabs<T>&);      \
   template bool conv_vector_kernels_available<T>();
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)

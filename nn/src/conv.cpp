@@ -2,6 +2,7 @@
 
 #include "conv_kernels.hpp"
 
+#include "shardtensor/comm/slab_exchange.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/conv.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
@@ -10,6 +11,7 @@
 #include "shardtensor/nn/saved_field.hpp"
 
 #include <array>
+#include <optional>
 #include <sstream>
 
 // The module: options, parameters, the halo exchange and its overlap, the choice of kernel
@@ -41,10 +43,12 @@ struct AxisRotation {
     return computed;
   }
   Box apply(const Box& stored) const { return {apply(stored.lower), apply(stored.extent)}; }
+  /// The computed axis that holds stored axis `stored`.
+  int computed_axis(int stored) const { return (stored - shift + 3) % 3; }
   /// The same memory as a field with rotated spatial extents (no copy).
   template <class T>
   FieldView<T> apply(const FieldView<T>& stored) const {
-    if (shift == 0 || stored.data() == nullptr) return stored;
+    if (shift == 0 || stored.extent(0) == 0) return stored;  // (an empty gradient)
     const std::array<Index, 3> e = apply(std::array<Index, 3>{
         Index(stored.extent(2)), Index(stored.extent(3)), Index(stored.extent(4))});
     return FieldView<T>(stored.data(), stored.extent(0), stored.extent(1), e[0], e[1], e[2]);
@@ -69,7 +73,23 @@ inline ConvShape rotated(const ConvShape& g, const AxisRotation& rotation) {
     r.k[a] = g.k[s], r.s[a] = g.s[s], r.d[a] = g.d[s], r.base[a] = g.base[s], r.out[a] = g.out[s];
     r.wrap[a] = g.wrap[s];
   }
+  if (g.slab_axis >= 0) r.slab_axis = rotation.computed_axis(g.slab_axis);
   return r;
+}
+
+/// The cells of the slabs (below and above the source along the stored x axis), in the
+/// kernels' rotated source indices: a chunk whose windows touch neither runs before they arrive.
+template <class T>
+std::vector<Box> slab_boxes(const FieldView<T>& source, const AxisRotation& rotation, Index below,
+                            Index above) {
+  constexpr Index everywhere = Index(1) << 40;
+  const int a = rotation.computed_axis(0);
+  Box lower{{-everywhere, -everywhere, -everywhere},
+            {2 * everywhere, 2 * everywhere, 2 * everywhere}};
+  Box upper = lower;
+  lower.lower[a] = -below, lower.extent[a] = below;
+  upper.lower[a] = Index(source.extent(2 + a)), upper.extent[a] = above;
+  return {lower, upper};
 }
 
 std::string layer_name(int ndims, const std::string& name) {
@@ -120,6 +140,25 @@ void Conv<T>::compute_in_bf16(bool on) {
 }
 
 template <class T>
+bool Conv<T>::slabs_agree(const ShardTensor<T>& input, bool mine, Index below, Index above) {
+  // Every rank decides alike where all run the same kernels; a rank that cannot (another
+  // vector path, no bf16 dot products) must not leave the others waiting for its planes.
+  const Decomposition& d = input.decomposition();
+  std::vector<long long> key{input.batch(), input.channels(), options_.bf16, mine, below, above};
+  for (int a = 0; a < max_spatial_dims; ++a) {
+    key.push_back(d.global_extent(a));
+    key.push_back(d.process_grid(a));
+  }
+  if (key == slab_key_) return slabs_agreed_;
+  const std::vector<long long> all = comm_.allgather({mine, below, above});
+  slabs_agreed_ = true;
+  for (std::size_t i = 0; i < all.size(); i += 3)
+    slabs_agreed_ = slabs_agreed_ && all[i] == 1 && all[i + 1] == below && all[i + 2] == above;
+  slab_key_ = key;
+  return slabs_agreed_;
+}
+
+template <class T>
 Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const std::string where = layer_name(geometry_.ndims, name_);
   SHARDTENSOR_REQUIRE(input.is_field(), where, "input '" << input.name() << "' is not a field");
@@ -130,14 +169,20 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
 
   // Where nothing is exchanged (zeros padding, or periodic on one rank), the plane path may
-  // read the input itself: no padded copy (a pass over the field, and its memory). Else post
-  // the halo exchange first; chunks of outputs whose windows read no exchanged ghost cell are
-  // computed while the messages travel.
+  // read the input itself: no padded copy (a pass over the field, and its memory); where only
+  // x is split, it may read the input and its neighbours' planes (slabs). Else post the halo
+  // exchange first; chunks of outputs whose windows read no exchanged ghost cell are computed
+  // while the messages travel.
   std::array<bool, 3> wraps{};
   // bf16: only kernels that round as they read (below).
   const bool may_read_input =
       halo_->reads_input_itself(x, wraps, options_.bf16) && !halo_->reads_in_place(x);
-  ShardTensor<T> padded = may_read_input ? x : halo_->start(x);
+  const AxisRotation rotation = rotation_for(geometry_.ndims, x);
+  // The vector kernels take slabs along their plane or row axis (not a 1-D field's z).
+  const bool may_read_slabs = !may_read_input && !halo_->reads_in_place(x) &&
+                              rotation.computed_axis(0) < 2 &&
+                              halo_->reads_input_with_slabs(x, wraps, options_.bf16);
+  ShardTensor<T> padded = may_read_input || may_read_slabs ? x : halo_->start(x);
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
@@ -159,8 +204,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     shape.out[d] = y.local_extent(d);
     shape.base[d] = base[d];
   }
-  // From here on the kernels see the rotated axes (1-D and 2-D rows along z).
-  const AxisRotation rotation = rotation_for(geometry_.ndims, padded);
+  // From here on the kernels see the rotated axes (1-D and 2-D rows along z); a padded
+  // buffer's axes past ndims are single cells as the input's are.
   // The kernels reading the padded buffer, or the input itself (`unpadded`: its cells start
   // the ghost widths later; the plane path only, a library reads a padded buffer).
   const auto kernels_for = [&](bool unpadded) {
@@ -173,6 +218,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       if (unpadded) g.base[d] -= ghosts.lower[d];
       if (unpadded) g.wrap[d] = wraps[d];
     }
+    if (unpadded && may_read_slabs) g.slab_axis = 0;
     if (unpadded) options.library_kernels = false;
     return impl::ConvKernels<T>(rotated(g, rotation), rotation.apply(extent).data(), options,
                                 workspace_);
@@ -181,25 +227,59 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   bool reads_input = false;
   // A wrapped axis needs the input's extent for the outputs: the output gradient wraps
   // around the same way (each input cell's windows are one output's, mod the extent).
+  // So does a slab axis, on every rank: the output gradient's slabs are exchanged the same way.
   bool same_extents = true;
   for (int d = 0; d < max_spatial_dims; ++d)
     if (wraps[d] && (shape.out[d] != x.local_extent(d) || shape.s[d] != 1)) same_extents = false;
-  if (may_read_input && same_extents && !kernels.uses_library()) {
+  if (may_read_slabs) {
+    same_extents = same_extents && shape.s[0] == 1;
+    for (int r = 0; r < comm_.size(); ++r)
+      same_extents =
+          same_extents && out_decomposition.extent(r, 0) == x.decomposition().extent(r, 0);
+  }
+  // The planes read past the input's ends along x (a slab exchange's widths).
+  const Index below = halo_->ghosts().lower[0] - shape.base[0],
+              above = shape.base[0] - halo_->ghosts().lower[0] + (shape.k[0] - 1) * shape.d[0];
+  if ((may_read_input || may_read_slabs) && same_extents && !kernels.uses_library()) {
     // Not where the rings would push the vector kernels out of the workspace budget.
     const impl::ConvKernels<T> planes = kernels_for(true);
     reads_input = planes.runs_planes() &&
                   (planes.runs_vector_kernels() || !kernels.runs_vector_kernels()) &&
                   (!options_.bf16 || planes.rounds_bf16_as_it_reads());
+    if (may_read_slabs)
+      reads_input = slabs_agree(x,
+                                reads_input && below >= 0 && above >= 0 &&
+                                    SlabExchange<T>::covers(x.decomposition(), below, above),
+                                below, above);
     if (reads_input) kernels = planes;
+  } else if (may_read_slabs) {
+    reads_input = slabs_agree(x, false, below, above);  // collective: every rank calls it
   }
-  if (may_read_input && !reads_input) padded = halo_->start(x);  // local: nothing to exchange
+  const bool slabs = may_read_slabs && reads_input;
+  if ((may_read_input || may_read_slabs) && !reads_input) padded = halo_->start(x);
   shape = rotated(shape, rotation);
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
   // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
   const ReplicatedView<T> w =
       options_.bf16 ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16") : weight_.data();
-  if (reads_input) {
+  std::optional<SlabExchange<T>> exchange;  // the input's slabs
+  if (slabs) {
+    exchange.emplace(comm_, x, below, above, halo_->periodic());
+    const kernels::SourceSlabs<T> input_slabs{rotation.apply(exchange->lower()),
+                                              rotation.apply(exchange->upper())};
+    if (kernels.runs_in_chunks() && options_.overlap_halo) {
+      // The outputs whose windows read no slab while the planes travel, then the rest.
+      ChunkFilter filter{ChunkFilter::avoiding, slab_boxes(xp, rotation, below, above)};
+      kernels.forward(xp, w, bias, yv, filter, input_slabs);
+      exchange->wait();
+      filter.keep = ChunkFilter::touching;
+      kernels.forward(xp, w, bias, yv, filter, input_slabs);
+    } else {
+      exchange->wait();
+      kernels.forward(xp, w, bias, yv, {}, input_slabs);
+    }
+  } else if (reads_input) {
     kernels.forward(xp, w, bias, yv);
   } else if (kernels.runs_in_chunks() && options_.overlap_halo &&
              halo_->padding_ready_after_start()) {
@@ -233,6 +313,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
                               name_ + ".saved_input");
     PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded);
+    // The neighbours' planes that forward read (a surface), for the weight gradient.
+    FieldView<T> slab_lower = slabs ? exchange->lower() : FieldView<T>(),
+                 slab_upper = slabs ? exchange->upper() : FieldView<T>();
+    const bool periodic = halo_->periodic();
     const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
       ShardTensor<T> padded;
@@ -252,6 +336,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
           bf16 ? kernels::bfloat16_rounded(self.grad_field(), name_ + ".grad_bf16")
                : self.grad_field();
       const FieldView<T> gy = rotation.apply(grad_output.view());
+      // The output gradient's planes that the input gradient reads past its ends: the
+      // mirror of forward's (its windows run the other way).
+      std::optional<SlabExchange<T>> gy_exchange;
+      if (slabs) gy_exchange.emplace(comm, grad_output, above, below, periodic);
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =
@@ -273,7 +361,18 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                 ? padded
                 : ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                  padded.channels(), padded.ghosts(), name_ + ".padded_grad");
-      kernels.backward(gy, xp, w, gw, gb, rotation.apply(grad_padded.view()));
+      if (slabs) {
+        kernels.backward_parameters(gy, xp, gw, gb,
+                                    {rotation.apply(slab_lower), rotation.apply(slab_upper)});
+        slab_lower = slab_upper = FieldView<T>();
+        gy_exchange->wait();
+        if (x_node->requires_grad)
+          kernels.backward_input(
+              gy, w, rotation.apply(grad_padded.view()),
+              {rotation.apply(gy_exchange->lower()), rotation.apply(gy_exchange->upper())});
+      } else {
+        kernels.backward(gy, xp, w, gw, gb, rotation.apply(grad_padded.view()));
+      }
       if (x_node->requires_grad && !direct) {
         const bool first = x_node->take_unfilled_grad_field();  // written, not added to
         halo->backward(grad_padded, x_node->grad_field(), first);

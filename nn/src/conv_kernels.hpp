@@ -59,9 +59,11 @@ class ConvKernels {
   /// first, so the padded input's buffer may take the input gradient.
   bool input_gradient_after_weights() const { return planes_.applies(); }
 
-  /// y = conv(xp, w) + bias, for the outputs `filter` keeps (all unless runs_in_chunks()).
+  /// y = conv(xp, w) + bias, for the outputs `filter` keeps (all unless runs_in_chunks());
+  /// `slabs`: xp's, where the shape has a slab axis (runs_vector_kernels() only).
   void forward(const FieldView<T>& xp, const ReplicatedView<T>& w, const ReplicatedView<T>& bias,
-               const FieldView<T>& y, const kernels::ChunkFilter& filter = {}) const {
+               const FieldView<T>& y, const kernels::ChunkFilter& filter = {},
+               const kernels::SourceSlabs<T>& slabs = {}) const {
     const ExecutionSpace space;
     if (library_.applies() && library_.forward(space, xp, w, bias, y, *workspace_)) return;
     if (!gemm_) return kernels::conv_direct_forward(space, shape_, xp, w, bias, y);
@@ -72,7 +74,7 @@ class ConvKernels {
     };
     kernels::correlate_planes<T>(space, planes_, planes_.forward, planes_.forward_rows, shape_, xp,
                                  w, false, bias, y, workspace_->reserve(planes_.values), keep,
-                                 &workspace_->forward_weights);
+                                 &workspace_->forward_weights, slabs);
   }
 
   /// The gradients from gy: of the weight (gw), the bias (gb) and the padded input (gxp);
@@ -84,15 +86,8 @@ class ConvKernels {
     const ExecutionSpace space;
     const ReplicatedView<T> none;
     if (planes_.applies()) {
-      T* scratch = workspace_->reserve(planes_.values);
-      if (gw.extent(0) > 0)
-        kernels::weight_gradient_planes(space, planes_, shape_, xp, gy, gw, scratch);
-      kernels::conv_backward_parameters(space, shape_, gy, xp, none, gb);  // bias only
-      if (gxp.extent(0) > 0) {
-        const auto keep_all = [](Index, Index, Index) { return true; };
-        kernels::correlate_planes<T>(space, planes_, planes_.data, planes_.data_rows, shape_, gy, w,
-                                     true, none, gxp, scratch, keep_all);
-      }
+      backward_parameters(gy, xp, gw, gb);
+      if (gxp.extent(0) > 0) backward_input(gy, w, gxp);
       return;
     }
     if (!gemm_) {
@@ -109,6 +104,26 @@ class ConvKernels {
       kernels::conv_gemm_backward(space, shape_, gy, xp, w, weight_done ? none : gw,
                                   data_done ? FieldView<T>() : gxp, *workspace_);
     kernels::conv_backward_parameters(space, shape_, gy, xp, none, gb);  // bias only
+  }
+
+  /// The plane path's backward in two calls (runs_planes() only), for a caller whose output
+  /// gradient's slabs arrive in between: the weight and bias gradients (`slabs`: xp's),
+  /// then the input gradient (`slabs`: gy's).
+  void backward_parameters(const FieldView<T>& gy, const FieldView<T>& xp,
+                           const ReplicatedView<T>& gw, const ReplicatedView<T>& gb,
+                           const kernels::SourceSlabs<T>& slabs = {}) const {
+    const ExecutionSpace space;
+    if (gw.extent(0) > 0)
+      kernels::weight_gradient_planes(space, planes_, shape_, xp, gy, gw,
+                                      workspace_->reserve(planes_.values), slabs);
+    kernels::conv_backward_parameters(space, shape_, gy, xp, ReplicatedView<T>(), gb);  // bias
+  }
+  void backward_input(const FieldView<T>& gy, const ReplicatedView<T>& w, const FieldView<T>& gxp,
+                      const kernels::SourceSlabs<T>& slabs = {}) const {
+    const auto keep_all = [](Index, Index, Index) { return true; };
+    kernels::correlate_planes<T>(ExecutionSpace(), planes_, planes_.data, planes_.data_rows, shape_,
+                                 gy, w, true, ReplicatedView<T>(), gxp,
+                                 workspace_->reserve(planes_.values), keep_all, nullptr, slabs);
   }
 
  private:

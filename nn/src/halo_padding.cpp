@@ -198,6 +198,22 @@ bool HaloPadding<T>::reads_input_itself(const ShardTensor<T>& input, std::array<
 }
 
 template <class T>
+bool HaloPadding<T>::reads_input_with_slabs(const ShardTensor<T>& input, std::array<bool, 3>& wraps,
+                                            bool reader_rounds) const {
+  wraps = {false, false, false};
+  const Decomposition& decomposition = input.decomposition();
+  if ((bfloat16_ && !reader_rounds) || !(input.ghosts() == GhostWidths{}) ||
+      comm_.size() != decomposition.nranks())
+    return false;
+  if (!(boundary_.mode == PaddingMode::zeros && boundary_.constant == 0) && !periodic())
+    return false;
+  if (!SlabExchange<T>::covers(decomposition, ghosts_.lower[0], ghosts_.upper[0])) return false;
+  for (int d = 1; d < max_spatial_dims; ++d)
+    wraps[d] = periodic() && (ghosts_.lower[d] > 0 || ghosts_.upper[d] > 0);
+  return true;
+}
+
+template <class T>
 bool HaloPadding<T>::exchanges_nothing(const Decomposition& decomposition) const {
   for (int d = 0; d < max_spatial_dims; ++d)
     if ((ghosts_.lower[d] > 0 || ghosts_.upper[d] > 0) &&

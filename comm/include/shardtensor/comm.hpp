@@ -7,3 +7,4 @@
 #include "shardtensor/comm/gather_scatter.hpp"
 #include "shardtensor/comm/halo_exchange.hpp"
 #include "shardtensor/comm/redistribute.hpp"
+#include "shardtensor/comm/slab_exchange.hpp"

@@ -57,7 +57,8 @@ inline uint32_t bf16_pair(float upper, float lower) {
 
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
 /// it in y and z (a padded input), else a ring of zero-padded copies of its planes (the output
-/// gradient, read by the input gradient; an input read without a padded copy). A plane points at
+/// gradient, read by the input gradient; an input read without a padded copy), whose cells past
+/// the field's ends come from its slabs (SourceSlabs) along the slab axis. A plane points at
 /// the cell that output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With
 /// `bands`, a copy holds only the rows that one band of output rows reads (start_band() before the
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
@@ -83,9 +84,11 @@ class PlaneSource {
   static bool reads_in_place(const Correlation& r) { return !pairs && reads_inside(r); }
 
  public:
-  PlaneSource(const Correlation& r, const FieldView<float>& src, Value* ring, bool bands = false)
+  PlaneSource(const Correlation& r, const FieldView<float>& src, Value* ring, bool bands = false,
+              const SourceSlabs<float>& slabs = {})
       : r_(r),
         src_(src),
+        slabs_(slabs),
         ring_(ring),
         in_place_(reads_in_place(r)),
         rows_(copied_rows(r, bands)),
@@ -121,7 +124,7 @@ class PlaneSource {
   /// Source plane sx of the current sample and group; null outside the source (reads zero).
   const Value* plane(Index sx) {
     const Index px = r_.wrap[0] ? wrapped(sx, r_.src[0]) : sx;  // the plane's own index
-    if (px < 0 || px >= r_.src[0]) return nullptr;
+    if (!inside(0, px)) return nullptr;
     const Index c0 = group_ * r_.src_per_group;
     if constexpr (!pairs)
       if (in_place_) return &src_(n_, c0, px, r_.offset[1], r_.offset[2]);
@@ -139,13 +142,13 @@ class PlaneSource {
         Index sy = r_.offset[1] + first_row_ + y;
         if (r_.wrap[1]) sy = wrapped(sy, r_.src[1]);
         Value* row = copy + j * channel_stride_ + y * row_stride_;
-        if (sy < 0 || sy >= r_.src[1] || (z0 == z1 && !r_.wrap[2])) {
+        if (!inside(1, sy) || (z0 == z1 && !r_.wrap[2])) {
           std::fill(row, row + width, Value(0));
           continue;
         }
         if constexpr (cell_pairs) {
           // The row as floats (with its zeros or wrapped cells), then as pairs of cells.
-          const float* source_row = &src_(n_, c0 + j, px, sy, 0);
+          const float* source_row = source(c0 + j, px, sy);
           float* floats = row_floats_.data();
           copy_row(
               floats, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; },
@@ -155,9 +158,9 @@ class PlaneSource {
           bf16_pairs(floats, floats + 1, row, std::size_t(width - 1));
           row[width - 1] = upper_bf16(floats[width - 1]);
         } else if constexpr (pairs) {
-          const float* upper = &src_(n_, c0 + 2 * j, px, sy, 0);
+          const float* upper = source(c0 + 2 * j, px, sy);
           const float* lower =
-              2 * j + 1 < r_.src_per_group ? &src_(n_, c0 + 2 * j + 1, px, sy, 0) : nullptr;
+              2 * j + 1 < r_.src_per_group ? source(c0 + 2 * j + 1, px, sy) : nullptr;
           const auto cell = [&](Index sz) {
             return lower ? bf16_pair(upper[sz], lower[sz]) : upper_bf16(upper[sz]);
           };
@@ -165,7 +168,7 @@ class PlaneSource {
             bf16_pairs(upper + sz, lower ? lower + sz : nullptr, to, std::size_t(count));
           });
         } else {
-          const float* source_row = &src_(n_, c0 + j, px, sy, 0);
+          const float* source_row = source(c0 + j, px, sy);
           copy_row(
               row, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; },
               [&](Index sz, Index count, Value* to) {
@@ -178,6 +181,24 @@ class PlaneSource {
   }
 
  private:
+  /// Whether index i along axis a (0 or 1) has cells: the source's, or a slab's past its ends.
+  bool inside(int a, Index i) const {
+    if (i >= 0 && i < r_.src[a]) return true;
+    if (a != r_.slab_axis) return false;
+    return i < 0 ? -i <= Index(slabs_.lower.extent(2 + a))
+                 : i - r_.src[a] < Index(slabs_.upper.extent(2 + a));
+  }
+  /// Row (px, sy) of channel c: the source's, or a slab's (inside(0, px), inside(1, sy)).
+  const float* source(Index c, Index px, Index sy) const {
+    Index i[2] = {px, sy};
+    const int a = r_.slab_axis;
+    if (a < 0 || (i[a] >= 0 && i[a] < r_.src[a])) return &src_(n_, c, px, sy, 0);
+    const bool below = i[a] < 0;
+    const FieldView<float>& slab = below ? slabs_.lower : slabs_.upper;
+    i[a] = below ? i[a] + Index(slab.extent(2 + a)) : i[a] - r_.src[a];
+    return &slab(n_, c, i[0], i[1], 0);
+  }
+
   /// row[z] = cell(offset + z) for z in [z0, z1) (cells(sz, count, to): the cells from sz,
   /// contiguous); around it zeros, or (wrap) the cells an extent away.
   template <class Out, class Cell, class Cells>
@@ -196,6 +217,7 @@ class PlaneSource {
 
   const Correlation& r_;
   FieldView<float> src_;
+  SourceSlabs<float> slabs_;
   Value* ring_;
   bool in_place_;
   Index rows_;  // rows per copy
@@ -312,9 +334,9 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
 /// The correlation on float planes (correlate_tile) or on pair planes (correlate_pairs_tile).
 template <class Value>
 void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
-               const ReplicatedView<float>& w, bool transposed, const ReplicatedView<float>& bias,
-               const FieldView<float>& out, float* workspace, bool band_copies,
-               const PlaneFilter& keep, const void* packed_weights) {
+               const SourceSlabs<float>& slabs, const ReplicatedView<float>& w, bool transposed,
+               const ReplicatedView<float>& bias, const FieldView<float>& out, float* workspace,
+               bool band_copies, const PlaneFilter& keep, const void* packed_weights) {
   constexpr bool pairs = std::is_same<Value, uint32_t>::value;
   const ConvTileShape shape = conv_tile_shape();
   const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
@@ -333,7 +355,7 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
   // One source per thread, made here: no View is copied inside the threads.
   std::vector<PlaneSource<Value>> sources;
   for (int t = 0; t < threads; ++t)
-    sources.emplace_back(r, src, rings + t * ring_size, band_copies);
+    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
   const Index batch = out.extent(0), per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
     // The kept packed weights (one group), else this group's packed into the workspace.
@@ -417,12 +439,12 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
                            float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
-                           const float* packed_weights) {
+                           const float* packed_weights, const SourceSlabs<float>& slabs) {
   if (pairs)
-    correlate<uint32_t>(r, g, src, w, transposed, bias, out, workspace, band_copies, keep,
+    correlate<uint32_t>(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
                         packed_weights);
   else
-    correlate<float>(r, g, src, w, transposed, bias, out, workspace, band_copies, keep,
+    correlate<float>(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
                      packed_weights);
 }
 
@@ -503,7 +525,8 @@ void transpose_gradient_pairs(const Correlation& r, const FieldView<float>& gy, 
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16_pairs) {
+                                 bool band_copies, bool bf16_pairs,
+                                 const SourceSlabs<float>& slabs) {
   // bf16 dot products over pairs of a row's cells: the float tiles' sums in the same order.
   const bool pairs = bf16_pairs;
   const ConvTileShape shape = conv_tile_shape();
@@ -549,9 +572,9 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   for (int t = 0; t < threads; ++t) {
     void* const ring = totals_of(t) + gradient_size;
     if (pairs)
-      pair_sources.emplace_back(r, xp, static_cast<uint32_t*>(ring), band_copies);
+      pair_sources.emplace_back(r, xp, static_cast<uint32_t*>(ring), band_copies, slabs);
     else
-      sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies);
+      sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies, slabs);
   }
   const Index per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {

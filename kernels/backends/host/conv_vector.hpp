@@ -34,7 +34,8 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
                               const ReplicatedView<float>& w, bool transposed, bool pairs,
                               float* packed);
 
-/// out = the correlation of src (plus bias when given), every kept output cell written. The
+/// out = the correlation of src (plus bias when given; `slabs`: src's, Correlation::slab_axis),
+/// every kept output cell written. The
 /// weights are packed into the start of the workspace, unless given packed (one group, by
 /// conv_vector_pack_weights for the same correlation and path). `pairs` (only where
 /// conv_vector_bf16_pairs()): src and w hold bf16 values (a bf16 convolution's operands), read
@@ -43,7 +44,8 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
                            float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
-                           const float* packed_weights = nullptr);
+                           const float* packed_weights = nullptr,
+                           const SourceSlabs<float>& slabs = {});
 
 /// gw += this rank's weight gradient of the forward correlation r over its source xp (read
 /// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
@@ -52,6 +54,7 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16_pairs);
+                                 bool band_copies, bool bf16_pairs,
+                                 const SourceSlabs<float>& slabs = {});
 
 }  // namespace shardtensor::kernels::host

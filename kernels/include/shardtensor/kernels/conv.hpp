@@ -36,6 +36,9 @@ struct ConvShape {
   // Axes along which the unpadded input wraps around (periodic padding on one rank; the
   // outputs' extent is then the input's): plane path with vector kernels only.
   bool wrap[3] = {false, false, false};
+  // The axis (0 or 1) along which the unpadded input's cells past its ends are other ranks'
+  // (SourceSlabs), -1 for none: plane path with vector kernels only.
+  int slab_axis = -1;
 
   KOKKOS_INLINE_FUNCTION Index weight_index(Index co, Index cig, Index a, Index b, Index c) const {
     return (((co * in_per_group + cig) * k[0] + a) * k[1] + b) * k[2] + c;
@@ -141,6 +144,7 @@ struct Correlation {
   Index groups, src_per_group, out_per_group;
   Index k[3], d[3], offset[3], out[3], src[3];
   bool wrap[3] = {false, false, false};
+  int slab_axis = -1;  // src's cells past its ends along this axis are in SourceSlabs
   Index column_rows() const { return src_per_group * k[1] * k[2]; }
   Index slots() const { return (k[0] - 1) * d[0] + 1; }  // source planes one output plane spans
 };
@@ -171,13 +175,23 @@ inline Index read_extent(const Correlation& r, int a) {
   return r.out[a] + (r.k[a] - 1) * r.d[a];
 }
 
-/// Whether every window of the outputs lies inside the source in y and z.
+/// Whether every window of the outputs lies inside the source in y and z (and no cell comes
+/// from elsewhere: a wrap or a slab).
 inline bool reads_inside(const Correlation& r) {
-  if (r.wrap[0] || r.wrap[1] || r.wrap[2]) return false;
+  if (r.wrap[0] || r.wrap[1] || r.wrap[2] || r.slab_axis >= 0) return false;
   for (int a = 1; a < 3; ++a)
     if (r.offset[a] < 0 || r.offset[a] + read_extent(r, a) > r.src[a]) return false;
   return true;
 }
+
+/// The cells past a plane-path source's two ends along its slab axis (Correlation::slab_axis)
+/// that other ranks own, as fields of their own (SlabExchange, in the kernels' axes): `lower`
+/// ends where the source begins, `upper` begins where it ends; an empty one reads zeros (an
+/// open boundary). Read instead of a halo-padded copy of the source.
+template <class T>
+struct SourceSlabs {
+  FieldView<T> lower, upper;
+};
 
 /// The plane path's correlations: the forward (also the weight gradient's columns) and the
 /// input gradient, with the output rows per chunk that fit the workspace (0: does not apply).
@@ -220,12 +234,13 @@ void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const 
                       Index rows, const ConvShape& g, const FieldView<T>& src,
                       const ReplicatedView<T>& w, bool transposed, const ReplicatedView<T>& bias,
                       const FieldView<T>& out, T* workspace, const PlaneFilter& keep,
-                      PackedWeights<T>* cache = nullptr);
+                      PackedWeights<T>* cache = nullptr, const SourceSlabs<T>& slabs = {});
 
-/// The plane path's weight gradient: gw += this rank's partial sum.
+/// The plane path's weight gradient: gw += this rank's partial sum (`slabs`: xp's).
 template <class T>
 void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, const ConvShape& g,
                             const FieldView<T>& xp, const FieldView<T>& gy,
-                            const ReplicatedView<T>& gw, T* workspace);
+                            const ReplicatedView<T>& gw, T* workspace,
+                            const SourceSlabs<T>& slabs = {});
 
 }  // namespace shardtensor::kernels

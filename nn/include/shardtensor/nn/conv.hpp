@@ -69,6 +69,9 @@ struct ConvOptions {
 /// exchange halos (periodic padding wraps), fill zeros / replicate / reflect padding at open
 /// global boundaries, and convolve the outputs this rank owns. Backward runs the adjoints in
 /// reverse: input gradient into the padded buffer, padding adjoint, reverse halo exchange.
+/// Where the vector kernels run and nothing but x is split (zeros or periodic padding), no
+/// padded copy: the kernels read the input itself and its neighbours' x-planes
+/// (SlabExchange); backward exchanges the output gradient's planes the same way.
 template <class T>
 class Conv : public Module<T> {
  public:
@@ -87,12 +90,18 @@ class Conv : public Module<T> {
   Variable<T> bias() const { return bias_; }
 
  private:
+  /// Whether every rank reads `input` with slabs (`mine`: this rank may), once per layout.
+  bool slabs_agree(const ShardTensor<T>& input, bool mine, Index below, Index above);
+
   Communicator comm_;
   ConvOptions options_;
   WindowGeometry geometry_;
   std::string name_;
   Variable<T> weight_, bias_;
   std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures
+  // Whether every rank reads slabs for inputs of this layout (the key): agreed once.
+  std::vector<long long> slab_key_;
+  bool slabs_agreed_ = false;
   std::shared_ptr<kernels::ConvWorkspace<T>> workspace_ =
       std::make_shared<kernels::ConvWorkspace<T>>();
 };

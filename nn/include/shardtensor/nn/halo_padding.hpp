@@ -11,6 +11,7 @@
 
 #include "shardtensor/comm/halo_exchange.hpp"
 #include "shardtensor/comm/halo_plan_cache.hpp"
+#include "shardtensor/comm/slab_exchange.hpp"
 #include "shardtensor/nn/padding.hpp"
 #include "shardtensor/nn/window_geometry.hpp"
 
@@ -64,6 +65,14 @@ class HaloPadding {
   /// bf16 dot-product tiles). The same answer on every rank.
   bool reads_input_itself(const ShardTensor<T>& input, std::array<bool, 3>& wraps,
                           bool reader_rounds = false) const;
+  /// Whether a kernel may read the input itself with its ghost planes along x taken from a
+  /// SlabExchange (comm/slab_exchange.hpp) instead of a padded copy: as reads_input_itself,
+  /// but with x split over several ranks (SlabExchange::covers) and no other axis with ghost
+  /// cells split (`wraps` marks the periodic ones). The same answer on every rank.
+  bool reads_input_with_slabs(const ShardTensor<T>& input, std::array<bool, 3>& wraps,
+                              bool reader_rounds = false) const;
+  /// Whether the padding wraps around the global field (a slab exchange's neighbours).
+  bool periodic() const { return boundary_.mode == PaddingMode::periodic; }
   /// True if no rank sends or receives a ghost cell for this decomposition: one part along
   /// every axis with ghost cells, and no periodic wrap. Then start(), finish() and backward()
   /// are local (no exchange plan, whose making is collective).

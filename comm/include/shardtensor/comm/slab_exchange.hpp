@@ -1,0 +1,51 @@
+#pragma once
+// SlabExchange: the x-planes past both ends of a shard that its neighbours along x own, received
+// into buffers of their own: for a field split only along x (a slab decomposition), these are
+// all the ghost cells a window op reads from other ranks, and a kernel that reads them from
+// here needs no halo-padded copy of the field (the convolutions' vector kernels).
+//
+//   SlabExchange<float> slabs(comm, field, 1, 1, periodic);  // posts the messages
+//   ... compute what reads no slab ...
+//   slabs.wait();  // slabs.lower() and slabs.upper() hold the neighbours' planes
+
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/point_to_point.hpp"
+#include "shardtensor/core/shard_tensor.hpp"
+
+namespace shardtensor {
+
+template <class T>
+class SlabExchange {
+ public:
+  SlabExchange() = default;
+  /// Posts the exchange: `lower` planes from the neighbour below along x (its last ones) and
+  /// `upper` from the one above (its first), and this shard's own planes to them. Past an
+  /// open boundary (not `periodic`) nothing moves and that slab is empty. Collective over the
+  /// field's ranks, with the same widths on each; every neighbour must own at least the planes
+  /// it sends. The field has no ghost cells, and is read until wait().
+  SlabExchange(const Communicator& comm, const ShardTensor<T>& field, Index lower, Index upper,
+               bool periodic);
+
+  /// Blocks until the slabs are in place.
+  void wait() { pending_.wait(); }
+
+  /// The neighbours' planes as fields (batch, channels, planes, y, z): lower() ends where the
+  /// shard begins, upper() begins where it ends. Empty past an open boundary.
+  const FieldView<T>& lower() const { return lower_; }
+  const FieldView<T>& upper() const { return upper_; }
+
+  /// Whether a shard of `decomposition` gets every ghost cell that windows reaching `lower`
+  /// and `upper` cells past its ends along x read from this exchange: split only along x,
+  /// and every shard at least as wide as the planes it sends. The same on every rank.
+  static bool covers(const Decomposition& decomposition, Index lower, Index upper);
+
+ private:
+  FieldView<T> lower_, upper_;
+  Kokkos::View<T*, DefaultMemorySpace> sent_;  // the planes sent, until they have left
+  PendingExchange pending_;
+};
+
+extern template class SlabExchange<float>;
+extern template class SlabExchange<double>;
+
+}  // namespace shardtensor
