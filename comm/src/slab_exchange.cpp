@@ -23,6 +23,28 @@ int x_neighbor(const Decomposition& decomposition, int rank, int step, bool peri
   return decomposition.rank_of(coords);
 }
 
+/// One message each way, packed into `sent`: [(n, c), its first `down` planes] for the shard
+/// below, then [(n, c), its last `up` planes] for the one above.
+template <class T>
+void pack_planes(const FieldView<T>& f, Index down, Index up,
+                 const Kokkos::View<T*, DefaultMemorySpace>& sent) {
+  const ExecutionSpace space;
+  const Index n = f.extent(0), c = f.extent(1), nx = f.extent(2);
+  const Index plane = f.extent(3) * f.extent(4);
+  Kokkos::parallel_for(
+      "SlabExchange::pack", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n * c * (down + up)),
+      KOKKOS_LAMBDA(const Index flat) {
+        const Index p = flat % (down + up), nc = flat / (down + up);
+        const bool going_down = p < down;
+        const Index x = going_down ? p : nx - up + (p - down);
+        const Index to_plane = going_down ? nc * down + p : n * c * down + nc * up + (p - down);
+        const T* from = &f(nc / c, nc % c, x, 0, 0);
+        T* to = sent.data() + to_plane * plane;
+        for (Index i = 0; i < plane; ++i) to[i] = from[i];
+      });
+  space.fence();
+}
+
 }  // namespace
 
 template <class T>
@@ -50,8 +72,7 @@ SlabExchange<T>::SlabExchange(const Communicator& comm, const ShardTensor<T>& fi
   const int below = x_neighbor(decomposition, rank, -1, periodic);
   const int above = x_neighbor(decomposition, rank, +1, periodic);
   const FieldView<T>& f = field.view();
-  const Index n = f.extent(0), c = f.extent(1), nx = f.extent(2), ny = f.extent(3),
-              nz = f.extent(4);
+  const Index n = f.extent(0), c = f.extent(1), ny = f.extent(3), nz = f.extent(4);
   const Index down = below == no_neighbor ? 0 : upper;  // planes sent to the shard below
   const Index up = above == no_neighbor ? 0 : lower;    // and above
   const MemoryCategoryScope memory(MemoryCategory::comm_buffers);
@@ -62,23 +83,8 @@ SlabExchange<T>::SlabExchange(const Communicator& comm, const ShardTensor<T>& fi
                         above == no_neighbor ? 0 : upper, ny, nz);
   sent_ = Kokkos::View<T*, DefaultMemorySpace>(Kokkos::view_alloc(no_init, "slab_exchange.sent"),
                                                n * c * (down + up) * ny * nz);
-  // One message each way: [(n, c), its first `down` planes] to the shard below, then
-  // [(n, c), its last `up` planes] to the one above.
-  const ExecutionSpace space;
+  pack_planes(f, down, up, sent_);
   const Index plane = ny * nz;
-  const auto sent = sent_;
-  Kokkos::parallel_for(
-      "SlabExchange::pack", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n * c * (down + up)),
-      KOKKOS_LAMBDA(const Index flat) {
-        const Index p = flat % (down + up), nc = flat / (down + up);
-        const bool going_down = p < down;
-        const Index x = going_down ? p : nx - up + (p - down);
-        const Index to_plane = going_down ? nc * down + p : n * c * down + nc * up + (p - down);
-        const T* from = &f(nc / c, nc % c, x, 0, 0);
-        T* to = sent.data() + to_plane * plane;
-        for (Index i = 0; i < plane; ++i) to[i] = from[i];
-      });
-  space.fence();
   std::vector<impl::Send> sends;
   std::vector<impl::Receive> receives;
   const int tag = comm.operation_tags("slab_exchange", 2);  // +0: travelling down, +1: up
