@@ -293,11 +293,13 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // normalized field is kept: 13.2 -> 8.7 MiB on one rank (0.66; before the fusion 18.4 ->
   // 9.5). A recomputed block's last normalization no longer makes its output again (nothing
   // reads it: forward_graph_only), and a normalization's input gradient takes its output
-  // gradient's buffer: 7.5 MiB on one rank (0.57). Split along x only (2 and 3 ranks), the
+  // gradient's buffer: 7.5 MiB on one rank (0.57). Level 0's up block is recomputed as two
+  // units (UNet::recomputes_in_two_units), so its backward never holds the concatenation
+  // beside both convs' fields: 6.5 MiB (0.49). Split along x only (2 and 3 ranks), the
   // convolutions read their input and their neighbours' planes without a padded copy
-  // (SlabExchange): 0.57 too. Split along more axes (4 and 8 ranks), the peak is the recomputed
-  // forward's second conv with its halo-padded input, which neither changes (0.65-0.66).
-  // bench_scaling's 64^3 U-Net: 109.2 -> 62.7 MiB on one rank.
+  // (SlabExchange): 0.49 too. Split along more axes (4 and 8 ranks), the peak is the recomputed
+  // forward's second conv with its halo-padded input (0.60; 0.65-0.66 as one unit).
+  // bench_scaling's 64^3 U-Net: 109.2 -> 55.7 MiB on one rank (all categories).
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -313,7 +315,7 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   const Decomposition split = Decomposition::automatic(extents, world.size());
   const bool slabs = split.process_grid(1) == 1 && split.process_grid(2) == 1;
   INFO("decomposition " << split.describe());
-  CHECK(double(with) <= (slabs ? 0.6 : 0.7) * double(without));
+  CHECK(double(with) <= (slabs ? 0.52 : 0.62) * double(without));
 }
 
 TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",

@@ -73,7 +73,8 @@ UNet<T>::UNet(const Communicator& comm, UNetOptions options, const std::string& 
   up_.resize(o.depth);
   for (int l = o.depth - 1; l >= 0; --l) {  // registration follows the data flow
     upsample_[l] = make_up("upsample" + std::to_string(l), channels(l + 1), channels(l));
-    up_[l] = make_block("up" + std::to_string(l), 2 * channels(l), channels(l));
+    up_[l] = make_block("up" + std::to_string(l), 2 * channels(l), channels(l),
+                        recomputes_in_two_units(l));
   }
   head_ = make_conv("head", channels(0), o.out_channels, 1, 1, true);
   this->register_module("head", head_);
@@ -99,7 +100,8 @@ std::shared_ptr<Conv<T>> UNet<T>::make_conv(const std::string& name, Index in, I
 }
 
 template <class T>
-std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in, Index out) {
+std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in, Index out,
+                                               bool two_recomputed_units) {
   auto block = std::make_shared<Sequential<T>>();
   const std::string path = name_ + "." + name;
   for (int i = 0; i < options_.blocks; ++i) {
@@ -126,6 +128,10 @@ std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in
           std::make_shared<BatchNorm<T>>(comm_, int(out), 0.1, 1e-5, true, path + "." + norm));
     else
       block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
+  }
+  if (two_recomputed_units) {
+    block->recompute_range(0, 2);
+    block->recompute_range(2, block->size());
   }
   this->register_module(name, block);
   return block;
@@ -215,9 +221,10 @@ template <class T>
 Variable<T> UNet<T>::forward(const Variable<T>& input) {
   impl::require_field(input, "UNet");
   check_decomposition(input.value().decomposition());
-  // Recomputed blocks keep only their inputs. (One triple at a time kept more at the peak,
-  // 103 against 100 MiB for the 64^3 bench U-Net: the peak is level 0's backward, where one
-  // triple's activations, gradients and padded buffers already add up.)
+  // Recomputed blocks keep only their inputs; level 0's up block is two recomputed units of its
+  // own (recomputes_in_two_units). (Every block as one unit per triple kept more at the peak,
+  // before the normalizations carried their activation: 103 against 100 MiB for the 64^3
+  // bench U-Net, whose peak is level 0's backward.)
   const auto block = [this](const std::shared_ptr<Module<T>>& b, const Variable<T>& x) {
     return options_.recompute ? recompute(b, x) : b->forward(x);
   };
@@ -237,7 +244,7 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     // No backward reads the skip's or the upsampled field's values: dropping the Variables
     // frees them (the graph keeps only what the ops saved).
     skips[l] = Variable<T>();
-    h = block(up_[l], h);
+    h = recomputes_in_two_units(l) ? up_[l]->forward(h) : block(up_[l], h);
   }
   h = head_->forward(h);
   return skip_ ? add(h, skip_->forward(input)) : h;
