@@ -263,36 +263,37 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
   const ReplicatedView<T> w =
       options_.bf16 ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16") : weight_.data();
+  // With `split`, the outputs whose windows read none of the `travelling` boxes of xp first,
+  // while those cells travel, then, once `arrived` returns, the rest; else all after it.
+  const auto forward_around = [&](bool split, const std::vector<Box>& travelling,
+                                  const auto& arrived, const kernels::SourceSlabs<T>& from) {
+    if (!split) {
+      arrived();
+      return kernels.forward(xp, w, bias, yv, {}, from);
+    }
+    ChunkFilter filter{ChunkFilter::avoiding, travelling};
+    kernels.forward(xp, w, bias, yv, filter, from);
+    arrived();
+    filter.keep = ChunkFilter::touching;
+    kernels.forward(xp, w, bias, yv, filter, from);
+  };
   std::optional<SlabExchange<T>> exchange;  // the input's slabs
   if (slabs) {
     exchange.emplace(comm_, x, below, above, halo_->periodic());
-    const kernels::SourceSlabs<T> input_slabs{rotation.apply(exchange->lower()),
-                                              rotation.apply(exchange->upper())};
-    if (kernels.runs_in_chunks() && options_.overlap_halo) {
-      // The outputs whose windows read no slab while the planes travel, then the rest.
-      ChunkFilter filter{ChunkFilter::avoiding, slab_boxes(xp, rotation, below, above)};
-      kernels.forward(xp, w, bias, yv, filter, input_slabs);
-      exchange->wait();
-      filter.keep = ChunkFilter::touching;
-      kernels.forward(xp, w, bias, yv, filter, input_slabs);
-    } else {
-      exchange->wait();
-      kernels.forward(xp, w, bias, yv, {}, input_slabs);
-    }
+    const bool split = kernels.runs_in_chunks() && options_.overlap_halo;
+    forward_around(split, split ? slab_boxes(xp, rotation, below, above) : std::vector<Box>(),
+                   [&] { exchange->wait(); },
+                   {rotation.apply(exchange->lower()), rotation.apply(exchange->upper())});
   } else if (reads_input) {
     kernels.forward(xp, w, bias, yv);
-  } else if (kernels.runs_in_chunks() && options_.overlap_halo &&
-             halo_->padding_ready_after_start()) {
-    ChunkFilter interior{ChunkFilter::avoiding, {}};
-    for (const Box& box : halo_->exchanged_boxes(padded))
-      interior.boxes.push_back(rotation.apply(box));
-    kernels.forward(xp, w, bias, yv, interior);
-    halo_->finish(padded);
-    interior.keep = ChunkFilter::touching;
-    kernels.forward(xp, w, bias, yv, interior);
   } else {
-    halo_->finish(padded);
-    kernels.forward(xp, w, bias, yv);
+    const bool split =
+        kernels.runs_in_chunks() && options_.overlap_halo && halo_->padding_ready_after_start();
+    std::vector<Box> exchanged;
+    if (split)
+      for (const Box& box : halo_->exchanged_boxes(padded))
+        exchanged.push_back(rotation.apply(box));
+    forward_around(split, exchanged, [&] { halo_->finish(padded); }, {});
   }
   if (options_.bf16) kernels::round_to_bfloat16(ExecutionSpace(), y.view());
 

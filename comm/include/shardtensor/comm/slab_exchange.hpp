@@ -25,6 +25,10 @@ class SlabExchange {
   /// it sends. The field has no ghost cells, and is read until wait().
   SlabExchange(const Communicator& comm, const ShardTensor<T>& field, Index lower, Index upper,
                bool periodic);
+  /// Not copied or moved: MPI writes into the buffers until wait(), and a defaulted move
+  /// assignment would free them (the members in order) before the pending exchange waited.
+  SlabExchange(const SlabExchange&) = delete;
+  SlabExchange& operator=(const SlabExchange&) = delete;
 
   /// Blocks until the slabs are in place.
   void wait() { pending_.wait(); }
