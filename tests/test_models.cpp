@@ -157,42 +157,52 @@ TEMPLATE_TEST_CASE("a UNet gives the same numbers on every run (no race-dependen
 TEMPLATE_TEST_CASE("a UNet with recomputed blocks gives the same numbers bit for bit",
                    "[models][unet][recompute]", float, double) {
   // Outputs, input and parameter gradients, and BatchNorm's running statistics (updated by the
-  // first forward only), on the rank count's sharding and on every norm.
+  // first forward only), on the rank count's sharding and on every norm; a float model in bf16
+  // too (what the graph packs into 16 bits differs between the two: SavedField).
   const Communicator world;
-  for (int dims : {2, 3})
-    for (NormKind norm : {NormKind::group, NormKind::batch, NormKind::none}) {
-      INFO(dims << "-D, norm " << to_string(norm));
-      UNetOptions o = test::small_unet(dims, 2);
-      o.norm = norm;
-      o.input_skip = dims == 2;  // the input then has two readers
-      const Decomposition field =
-          dims == 2 ? Decomposition::automatic({Index(16), Index(24)}, world.size())
-                    : Decomposition::automatic({Index(12), Index(8), Index(16)}, world.size());
-      UNetOptions recomputed = o;
-      recomputed.recompute = true;
-      const auto plain = test::run_module<TestType>(unet_factory<TestType>(o), world, field, 2, 2,
-                                                    test::weighted_sum<TestType>);
-      const auto again = test::run_module<TestType>(unet_factory<TestType>(recomputed), world,
-                                                    field, 2, 2, test::weighted_sum<TestType>);
-      CHECK(again.loss == plain.loss);
-      CHECK(test::host_values(again.output.value().view()) ==
-            test::host_values(plain.output.value().view()));
-      CHECK(test::host_values(again.input.grad().view()) ==
-            test::host_values(plain.input.grad().view()));
-      const auto p = again.module->named_parameters(), q = plain.module->named_parameters();
-      REQUIRE(p.size() == q.size());
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        INFO("parameter " << p[i].first);
-        CHECK(test::host_values(p[i].second.data_grad()) ==
-              test::host_values(q[i].second.data_grad()));
+  for (const bool bf16 : {false, true})
+    for (int dims : {2, 3})
+      for (NormKind norm : {NormKind::group, NormKind::batch, NormKind::none}) {
+        if (bf16 && !std::is_same<TestType, float>::value) continue;
+        INFO(dims << "-D, norm " << to_string(norm) << (bf16 ? ", bf16" : ""));
+        UNetOptions o = test::small_unet(dims, 2);
+        o.norm = norm;
+        o.input_skip = dims == 2;  // the input then has two readers
+        const Decomposition field =
+            dims == 2 ? Decomposition::automatic({Index(16), Index(24)}, world.size())
+                      : Decomposition::automatic({Index(12), Index(8), Index(16)}, world.size());
+        UNetOptions recomputed = o;
+        recomputed.recompute = true;
+        const auto factory = [bf16](const UNetOptions& options) -> test::ModuleFactory<TestType> {
+          return [options, bf16](const Communicator& comm) {
+            auto unet = std::make_shared<UNet<TestType>>(comm, options);
+            if (bf16) unet->compute_in_bf16(true);
+            return unet;
+          };
+        };
+        const auto plain = test::run_module<TestType>(factory(o), world, field, 2, 2,
+                                                      test::weighted_sum<TestType>);
+        const auto again = test::run_module<TestType>(factory(recomputed), world, field, 2, 2,
+                                                      test::weighted_sum<TestType>);
+        CHECK(again.loss == plain.loss);
+        CHECK(test::host_values(again.output.value().view()) ==
+              test::host_values(plain.output.value().view()));
+        CHECK(test::host_values(again.input.grad().view()) ==
+              test::host_values(plain.input.grad().view()));
+        const auto p = again.module->named_parameters(), q = plain.module->named_parameters();
+        REQUIRE(p.size() == q.size());
+        for (std::size_t i = 0; i < p.size(); ++i) {
+          INFO("parameter " << p[i].first);
+          CHECK(test::host_values(p[i].second.data_grad()) ==
+                test::host_values(q[i].second.data_grad()));
+        }
+        const auto b = again.module->named_buffers(), c = plain.module->named_buffers();
+        REQUIRE(b.size() == c.size());
+        for (std::size_t i = 0; i < b.size(); ++i) {
+          INFO("buffer " << b[i].first);
+          CHECK(test::host_values(b[i].second) == test::host_values(c[i].second));
+        }
       }
-      const auto b = again.module->named_buffers(), c = plain.module->named_buffers();
-      REQUIRE(b.size() == c.size());
-      for (std::size_t i = 0; i < b.size(); ++i) {
-        INFO("buffer " << b[i].first);
-        CHECK(test::host_values(b[i].second) == test::host_values(c[i].second));
-      }
-    }
 }
 
 TEST_CASE("Sequential's recomputed ranges give the same numbers and refuse overlaps",

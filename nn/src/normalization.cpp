@@ -170,8 +170,11 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     auto b_node = bias.defined() ? bias.node() : nullptr;
     const double count = stats.count;
     // The input, for backward (in 16 bits where all its values are bfloat16 values: a bf16
-    // layer's output).
-    SavedField<T> saved_input(input, input_packing, name + ".saved_input");
+    // layer's output). Not after a graph-only forward, the last op of a recomputed unit: its
+    // backward runs next, so the 16 bits would only sit beside the float input until then
+    // (the peak of the bf16 U-Net's recomputed up block, 4 MiB of 57.5 at 64^3).
+    SavedField<T> saved_input(input, value_needed ? input_packing : SavedPacking::none,
+                              name + ".saved_input");
     node->backward = [=](impl::Node<T>& self) mutable {
       // The output's gradient is this node's alone: no other node shares the buffer, and no
       // caller holds the output (whose gradient it could read).
