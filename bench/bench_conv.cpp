@@ -17,7 +17,8 @@
 // FLOPs: 2 * Cin * Cout * k^dims * output cells per pass, three passes (forward, input
 // gradient, weight gradient). Time: slowest rank, best (and median) of `iters` steps. Per-core
 // GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
-// conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once. Peak
+// conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
+// host the multiply-add peak (independent multiply-add chains on the vector path). Peak
 // memory: the process's maximum resident set (getrusage), per rank, max over ranks; the step's
 // share is that peak less the resident set before the input and layer were created. Step
 // peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos allocations
@@ -195,6 +196,7 @@ int main(int argc, char** argv) {
       const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / cores_of(comm.size());
       const double gflops_per_cpu_s = 3 * flops_per_pass / cpu_best / 1e9 / comm.size();
       const double sgemm = sgemm_gflops(channels, channels * taps, 4096, 5);
+      const double peak_flops = multiply_add_peak_gflops();  // 0 on a GPU
       const double check_error =  // rows of 16 + 4 cells (3-D), 32 + 4 (2-D)
           error_against_direct(comm, o, dims == 3 ? 20 : 36);
       if (!(check_error <= (tf32 == "on" ? 5e-3 : 1e-5))) status = 1;
@@ -215,6 +217,10 @@ int main(int argc, char** argv) {
         std::printf(
             "  sgemm %dx%dx4096 per core  %10.1f GFLOP/s  -> ratio %.2f (OPENBLAS_CORETYPE=%s)\n",
             channels, channels * taps, sgemm, gflops_per_core / sgemm, coretype);
+        if (peak_flops > 0)
+          std::printf("  multiply-add peak per core %10.1f GFLOP/s  -> ratio %.2f (%s path)\n",
+                      peak_flops, gflops_per_core / peak_flops,
+                      kernels::vector_kernels_on() ? "this" : "the best");
         std::printf(
             "  peak resident memory/rank   %10.1f MiB (%.1f MiB before the layer, step %.1f)\n",
             peak, memory_before, peak - memory_before);
@@ -235,7 +241,9 @@ int main(int argc, char** argv) {
             "\"step_cpu_s\":%.6g,"
             "\"gflops_per_cpu_s\":%.4g,\"sgemm_gflops_per_core\":"
             "%.4g,"
-            "\"ratio_to_sgemm\":%.4g,\"peak_mib_per_rank\":%.1f,\"step_mib_per_rank\":%.1f,"
+            "\"ratio_to_sgemm\":%.4g,\"multiply_add_peak_gflops_per_core\":%.4g,"
+            "\"ratio_to_multiply_add_peak\":%.4g,\"peak_mib_per_rank\":%.1f,\"step_mib_per_rank\":%"
+            ".1f,"
             "\"step_peak_mib\":%.2f,\"step_activations_peak_mib\":%.2f,"
             "\"step_workspaces_peak_mib\":%.2f,\"step_comm_buffers_peak_mib\":%.2f,"
             "\"memory_tracking\":\"%s\","
@@ -244,10 +252,12 @@ int main(int argc, char** argv) {
             "\"openblas_coretype\":\"%s\",\"vector_isa\":\"%s\",\"vector_lanes\":%d}\n",
             dims, comm.size(), d.describe().c_str(), long(size), batch, channels, algorithm.c_str(),
             best, median, forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
-            gflops_per_core / sgemm, peak, peak - memory_before, step_peak, step_activations,
-            step_workspaces, step_comm_buffers, memory_tracking.c_str(), workspace_mib,
-            vector_kernels.c_str(), library.c_str(), tf32.c_str(), check_error, coretype,
-            kernels::vector_isa().c_str(), kernels::vector_lanes());
+            gflops_per_core / sgemm, peak_flops,
+            peak_flops > 0 ? gflops_per_core / peak_flops : 0.0, peak, peak - memory_before,
+            step_peak, step_activations, step_workspaces, step_comm_buffers,
+            memory_tracking.c_str(), workspace_mib, vector_kernels.c_str(), library.c_str(),
+            tf32.c_str(), check_error, coretype, kernels::vector_isa().c_str(),
+            kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

@@ -1,7 +1,8 @@
 #pragma once
 // What every benchmark measures with: command-line options, the slowest rank's time, CPU
 // time (less inflated than wall time when other jobs share the cores), peak memory, and the
-// machine ceiling every benchmark reports its ratio to (sgemm, measured in the same run).
+// machine ceilings benchmarks report their ratios to (sgemm, the multiply-add peak, copies),
+// measured in the same run.
 
 #include <mpi.h>
 #include <sys/resource.h>
@@ -61,6 +62,21 @@ inline double sgemm_gflops(int m, int k, int n, int reps) {
     best = std::min(best, max_over_ranks(MPI_Wtime() - t0));
   }
   return 2.0 * m * k * double(n) / best / 1e9;
+}
+
+/// The multiply-add ceiling, GFLOP/s per core: the vector kernels' path running independent
+/// multiply-add chains (kernels::run_multiply_add_chains) on one thread of every rank at once,
+/// best of 5. 0 where the kernels do not run on the host or the build has no vector kernels.
+inline double multiply_add_peak_gflops() {
+  if (!kernels_run_on_host) return 0.0;
+  double best = 0.0;
+  for (int r = 0; r < 5; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    const double flops = kernels::run_multiply_add_chains(std::size_t(1) << 22);
+    best = std::max(best, flops / max_over_ranks(MPI_Wtime() - start) / 1e9);
+  }
+  return best;
 }
 
 /// Cores a run of `ranks` ranks computes on, what "per core" rates divide by: every rank's

@@ -122,6 +122,9 @@ TEST_CASE("the paths on offer and their selection") {
     CHECK(vector_isa() == path);
     CHECK(shardtensor::kernels::vector_kernels_on());
     CHECK(shardtensor::kernels::vector_lanes() == host::conv_tile_shape().lanes);
+    // The multiply-add ceiling's loop runs on the path's own vectors: 12 chains of `lanes`.
+    CHECK(shardtensor::kernels::run_multiply_add_chains(1000) ==
+          2.0 * 1000 * 12 * shardtensor::kernels::vector_lanes());
   }
   select_vector_isa("off");
   CHECK(vector_isa() == "off");

@@ -727,6 +727,29 @@ std::size_t Bf16Pack(const float* from, uint16_t* bits, std::size_t n) {
   return inexact;
 }
 
+// ---- the multiply-add ceiling ---------------------------------------------------------------
+
+double MultiplyAddChains(std::size_t rounds) {
+  // Independent chains, more than multiply-add latency x pipes on every path (4 x 2 on Zen 4
+  // and Skylake-X), and with b and c within AVX2's 16 registers.
+  constexpr int chains = 12;
+  const D d;
+  const V b = hn::Set(d, 0.999999f), c = hn::Set(d, 1e-6f);
+  V acc[chains];
+  HWY_UNROLL(12)
+  for (int i = 0; i < chains; ++i) acc[i] = hn::Set(d, float(i));
+  for (std::size_t k = 0; k < rounds; ++k) {
+    HWY_UNROLL(12)
+    for (int i = 0; i < chains; ++i) acc[i] = hn::MulAdd(acc[i], b, c);
+  }
+  V sum = acc[0];
+  HWY_UNROLL(12)
+  for (int i = 1; i < chains; ++i) sum = hn::Add(sum, acc[i]);
+  volatile float kept = hn::GetLane(sum);  // the chains' result is used: they run
+  (void)kept;
+  return 2.0 * double(rounds) * chains * lanes;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace shardtensor::kernels::host
 HWY_AFTER_NAMESPACE();
@@ -749,6 +772,7 @@ HWY_EXPORT(ExpRow);
 HWY_EXPORT(Bf16Pairs);
 HWY_EXPORT(Bf16Round);
 HWY_EXPORT(Bf16Pack);
+HWY_EXPORT(MultiplyAddChains);
 
 namespace {
 
@@ -927,6 +951,11 @@ bool bf16_dot_products() {
   return host::pair_tiles_use_dot();
 }
 
+double run_multiply_add_chains(std::size_t rounds) {
+  using namespace host;  // the dispatch table's name
+  return HWY_DYNAMIC_DISPATCH(MultiplyAddChains)(rounds);
+}
+
 void allow_bf16_dot_products(bool allow) {
   host::bf16_dot_allowed().store(allow);
 }
@@ -955,6 +984,9 @@ bool bf16_dot_products() {
   return false;
 }
 void allow_bf16_dot_products(bool) {}
+double run_multiply_add_chains(std::size_t) {
+  return 0.0;
+}
 void select_vector_isa(const std::string& isa) {
   SHARDTENSOR_REQUIRE(isa == "off" || isa == "best", "select_vector_isa",
                       "instruction set '" << isa

@@ -7,6 +7,7 @@
 // or select_vector_isa() picks another, for tests and measurements; "off" runs the portable
 // Kokkos kernels, as CPUs without FMA vectors, CUDA builds and Kokkos on a device do.
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -34,5 +35,10 @@ bool bf16_dot_products();
 /// Allows (the default; SHARDTENSOR_BF16_DOT=off in the environment forbids, read on first
 /// use) or forbids the bf16 dot products, for tests and measurements.
 void allow_bf16_dot_products(bool allow);
+
+/// Runs `rounds` rounds of independent multiply-add chains on the selected path's vectors (on
+/// the best path where it is off) and returns the flops run, 0 in a build without vector
+/// kernels: benchmarks time it for the machine's multiply-add ceiling (bench_support.hpp).
+double run_multiply_add_chains(std::size_t rounds);
 
 }  // namespace shardtensor::kernels
