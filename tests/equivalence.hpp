@@ -96,6 +96,22 @@ Run<T> run_module(const ModuleFactory<T>& make, const Communicator& comm, const 
   return run;
 }
 
+/// Two runs of one model on the same ranks (recomputed or not, run alone or interleaved,
+/// repeated): the same loss, output, input gradient and parameter gradients, bit for bit.
+template <class T>
+void check_bit_identical(const Run<T>& a, const Run<T>& b) {
+  CHECK(a.loss == b.loss);
+  CHECK(host_values(a.output.value().view()) == host_values(b.output.value().view()));
+  CHECK(host_values(a.input.grad().view()) == host_values(b.input.grad().view()));
+  const auto p = a.module->named_parameters(), q = b.module->named_parameters();
+  REQUIRE(p.size() == q.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    INFO("parameter " << p[i].first);
+    CHECK(p[i].first == q[i].first);
+    CHECK(host_values(p[i].second.data_grad()) == host_values(q[i].second.data_grad()));
+  }
+}
+
 /// The relative errors check_equivalence allows: the type's, or a test's own (bf16 layers).
 struct Tolerances {
   double output = 0, gradients = 0;  ///< 0: float 1e-5, double 1e-12

@@ -142,14 +142,8 @@ TEMPLATE_TEST_CASE("a UNet gives the same numbers on every run (no race-dependen
     for (int repeat = 0; repeat < 3; ++repeat) {
       const auto again = test::run_module<TestType>(unet_factory<TestType>(o), world, field, 2, 2,
                                                     test::weighted_sum<TestType>);
-      CHECK(again.loss == first.loss);
-      CHECK(test::relative_error(again.output.value().view(), first.output.value().view()) == 0);
-      CHECK(test::relative_error(again.input.grad().view(), first.input.grad().view()) == 0);
-      const auto p = again.module->named_parameters(), q = first.module->named_parameters();
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        INFO("parameter " << p[i].first << ", " << dims << "-D");
-        CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) == 0);
-      }
+      INFO(dims << "-D, repeat " << repeat);
+      test::check_bit_identical(again, first);
     }
   }
 }
@@ -184,18 +178,7 @@ TEMPLATE_TEST_CASE("a UNet with recomputed blocks gives the same numbers bit for
                                                       test::weighted_sum<TestType>);
         const auto again = test::run_module<TestType>(factory(recomputed), world, field, 2, 2,
                                                       test::weighted_sum<TestType>);
-        CHECK(again.loss == plain.loss);
-        CHECK(test::host_values(again.output.value().view()) ==
-              test::host_values(plain.output.value().view()));
-        CHECK(test::host_values(again.input.grad().view()) ==
-              test::host_values(plain.input.grad().view()));
-        const auto p = again.module->named_parameters(), q = plain.module->named_parameters();
-        REQUIRE(p.size() == q.size());
-        for (std::size_t i = 0; i < p.size(); ++i) {
-          INFO("parameter " << p[i].first);
-          CHECK(test::host_values(p[i].second.data_grad()) ==
-                test::host_values(q[i].second.data_grad()));
-        }
+        test::check_bit_identical(again, plain);
         const auto b = again.module->named_buffers(), c = plain.module->named_buffers();
         REQUIRE(b.size() == c.size());
         for (std::size_t i = 0; i < b.size(); ++i) {
@@ -235,18 +218,7 @@ TEST_CASE("Sequential's recomputed ranges give the same numbers and refuse overl
                                     field, 2, 2, test::weighted_sum<double>);
   };
   const auto plain = run(false), units = run(true);
-  CHECK(test::host_values(units.output.value().view()) ==
-        test::host_values(plain.output.value().view()));
-  CHECK(test::host_values(units.input.grad().view()) ==
-        test::host_values(plain.input.grad().view()));
-  const auto p = units.module->named_parameters(), q = plain.module->named_parameters();
-  REQUIRE(p.size() == q.size());
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    INFO("parameter " << p[i].first);
-    CHECK(p[i].first == q[i].first);  // the names do not change
-    CHECK(test::host_values(p[i].second.data_grad()) ==
-          test::host_values(q[i].second.data_grad()));
-  }
+  test::check_bit_identical(units, plain);  // the parameter names do not change either
   const auto s = make(false);
   s->recompute_range(1, 3);
   CHECK_THROWS_WITH(s->recompute_range(2, 4), Catch::Contains("range [2, 4) overlaps [1, 3)"));
@@ -613,17 +585,7 @@ TEMPLATE_TEST_CASE("two models in one process share its caches without interferi
   for (int m = 0; m < 3; ++m) {
     INFO("model "
          << "ABC"[m]);
-    CHECK(losses[m].item() == alone[m].loss);
-    CHECK(test::host_values(together[m].output.value().view()) ==
-          test::host_values(alone[m].output.value().view()));
-    CHECK(test::host_values(together[m].input.grad().view()) ==
-          test::host_values(alone[m].input.grad().view()));
-    const auto p = together[m].module->named_parameters(), q = alone[m].module->named_parameters();
-    REQUIRE(p.size() == q.size());
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      INFO("parameter " << p[i].first);
-      CHECK(test::host_values(p[i].second.data_grad()) ==
-            test::host_values(q[i].second.data_grad()));
-    }
+    together[m].loss = losses[m].item();
+    test::check_bit_identical(together[m], alone[m]);
   }
 }
