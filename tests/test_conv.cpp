@@ -92,6 +92,9 @@ std::vector<ConvCase> all_conv_cases() {
   wide_2d.kernel = {3, 3};
   wide_2d.padding = {1, 1};
   cases.push_back({"2-D k3 same zeros 20->17 channels", {100, 37}, wide_2d});
+  // Rows of 300 cells: a band's planes outgrow L2, so the vector kernels take a band in chunks
+  // of output vectors (conv_vector.cpp, vectors_per_chunk).
+  cases.push_back({"2-D k3 same zeros 20->17 channels, long rows", {20, 300}, wide_2d});
   // Pointwise: the layer reads its input in place (HaloPadding::reads_in_place).
   ConvOptions pointwise = wide;
   pointwise.kernel = {1, 1, 1};
