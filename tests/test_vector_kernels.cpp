@@ -363,6 +363,28 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
     }
 }
 
+TEST_CASE("transposed rows: every channel's value at its cell, the rest untouched") {
+  // Channels in fours; cells: fewer than a vector, whole vectors, and a tail on every path.
+  for (const int channels : {4, 8, 24, 32})
+    for (const int cells : {1, 3, 7, 16, 37}) {
+      INFO(channels << " channels, " << cells << " cells");
+      const int stride = channels + 3;  // a row per cell wider than its channels
+      const std::vector<float> source = random_floats(std::size_t(channels) * cells, 41);
+      std::vector<const float*> rows(channels);
+      for (int c = 0; c < channels; ++c) rows[c] = source.data() + std::size_t(c) * cells;
+      on_every_path([&] {
+        std::vector<float> to(std::size_t(stride) * cells, -7.0f);
+        host::transpose_rows(rows.data(), channels, cells, to.data(), stride);
+        bool right = true;
+        for (int p = 0; p < cells; ++p)
+          for (int k = 0; k < stride; ++k)
+            right = right && to[std::size_t(p) * stride + k] == (k < channels ? rows[k][p] : -7.0f);
+        CHECK(right);
+        return to;
+      });
+    }
+}
+
 TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit for bit") {
   constexpr int rows = 3, columns = 13, stride = 20;
   const std::vector<float> source = random_floats((rows + 5) * stride, 41);

@@ -609,7 +609,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
       float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
       float* const sums = transposed + outs * cells_per_band;
       double* const totals = totals_of(t);
-      Index zeroed_cells = -1;  // the band size whose padding lanes are zero
+      std::vector<const float*> channel_rows(outs);  // the band's output gradient per channel
       std::fill(totals, totals + gradient_size, 0.0);
       std::fill(sums, sums + gradient_size, 0.0f);
       for (Index item = first; item < last; ++item) {
@@ -641,22 +641,22 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
         } else {
           PlaneSource<float>& source = sources[t];
           if (new_sample) source.start(n, group);
-          // The lanes of padding channels (past out_per_group) are zero; no band writes them
-          // again, so they stay zero until the band size (so the layout) changes.
-          const Index written = cells == zeroed_cells ? r.out_per_group : outs;
-          zeroed_cells = cells;
           // The band's output gradient transposed, 16 cells at a time (their rows of B
-          // channels stay in L1 while every channel's 16 values are written into them).
+          // channels stay in L1 while every channel's 16 values are written into them);
+          // padding channels (past out_per_group) read zeros.
+          static constexpr float zeros[16] = {};
+          for (Index o = 0; o < outs; ++o)
+            channel_rows[o] =
+                o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
           for (Index p0 = 0; p0 < cells; p0 += 16) {
-            const Index p1 = std::min(p0 + 16, cells);
-            for (Index o = 0; o < written; ++o) {
-              float* column = transposed + (o / B) * cells * B + o % B;
-              if (o >= r.out_per_group) {
-                for (Index p = p0; p < p1; ++p) column[p * B] = 0.0f;
-                continue;
+            const int count = int(std::min<Index>(16, cells - p0));
+            const float* block_rows[gradient_channels];
+            for (Index block = 0; block < outs / B; ++block) {
+              for (Index c = 0; c < B; ++c) {
+                const float* row = channel_rows[block * B + c];
+                block_rows[c] = row ? row + p0 : zeros;
               }
-              const float* row = &gy(n, group * r.out_per_group + o, x, y0, 0);
-              for (Index p = p0; p < p1; ++p) column[p * B] = row[p];
+              transpose_rows(block_rows, int(B), count, transposed + (block * cells + p0) * B, B);
             }
           }
           source.start_band(y0);

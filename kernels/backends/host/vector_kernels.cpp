@@ -727,6 +727,30 @@ std::size_t Bf16Pack(const float* from, uint16_t* bits, std::size_t n) {
   return inexact;
 }
 
+// ---- transposition --------------------------------------------------------------------------
+
+void TransposeRows(const float* const* rows, int channels, int cells, float* to,
+                   std::ptrdiff_t to_stride) {
+  const D d;
+  HWY_ALIGN float quads[4 * lanes];  // a vector of cells, four channels each
+  for (int c = 0; c < channels; c += 4) {
+    const float *r0 = rows[c], *r1 = rows[c + 1], *r2 = rows[c + 2], *r3 = rows[c + 3];
+    float* const out = to + c;
+    int p = 0;
+    for (; p + lanes <= cells; p += lanes) {
+      hn::StoreInterleaved4(hn::LoadU(d, r0 + p), hn::LoadU(d, r1 + p), hn::LoadU(d, r2 + p),
+                            hn::LoadU(d, r3 + p), d, quads);
+      HWY_UNROLL(16)
+      for (int i = 0; i < lanes; ++i)
+        std::memcpy(out + (p + i) * to_stride, quads + 4 * i, 4 * sizeof(float));
+    }
+    for (; p < cells; ++p) {
+      float* const cell = out + p * to_stride;
+      cell[0] = r0[p], cell[1] = r1[p], cell[2] = r2[p], cell[3] = r3[p];
+    }
+  }
+}
+
 // ---- the multiply-add ceiling ---------------------------------------------------------------
 
 double MultiplyAddChains(std::size_t rounds) {
@@ -773,6 +797,7 @@ HWY_EXPORT(Bf16Pairs);
 HWY_EXPORT(Bf16Round);
 HWY_EXPORT(Bf16Pack);
 HWY_EXPORT(MultiplyAddChains);
+HWY_EXPORT(TransposeRows);
 
 namespace {
 
@@ -896,6 +921,10 @@ void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* ta
   (source, tap_offsets, row_stride, rows, pairs, dy_pairs, dy_channels, channels, gradient,
    gradient_stride);
 }
+void transpose_rows(const float* const* rows, int channels, int cells, float* to,
+                    std::ptrdiff_t to_stride) {
+  HWY_DYNAMIC_DISPATCH(TransposeRows)(rows, channels, cells, to, to_stride);
+}
 void gelu_rows(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);
 }
@@ -1017,6 +1046,9 @@ void weight_gradient_tile(const float*, const std::ptrdiff_t*, std::ptrdiff_t, i
 void weight_gradient_pairs_tile(const uint32_t*, const std::ptrdiff_t*, std::ptrdiff_t, int, int,
                                 const uint32_t*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("weight_gradient_pairs_tile", "this build has no host vector kernels");
+}
+void transpose_rows(const float* const*, int, int, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("transpose_rows", "this build has no host vector kernels");
 }
 void gelu_rows(const float*, float*, std::size_t) {
   SHARDTENSOR_FAIL("gelu_rows", "this build has no host vector kernels");

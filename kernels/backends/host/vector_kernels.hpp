@@ -91,6 +91,12 @@ void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* ta
                                 const uint32_t* dy_pairs, int dy_channels, int channels,
                                 float* gradient, std::ptrdiff_t gradient_stride);
 
+/// to[p * to_stride + c] = rows[c][p] for c < channels (a multiple of 4) and p < cells: rows of
+/// cells transposed to a row of channels per cell (the weight gradient's output gradient,
+/// weight_gradient_tile's dy_t). Copies only: the same bits on every path.
+void transpose_rows(const float* const* rows, int channels, int cells, float* to,
+                    std::ptrdiff_t to_stride);
+
 // ---- rows of float ------------------------------------------------------------------------
 
 /// y[i] = x[i] Phi(x[i]) (GELU) for i < n.
