@@ -7,8 +7,8 @@
 //   weight gradient   dW += X G^T.
 // G is one sample's output in tap-major order: a transient of the output's size.
 
-#include "blas.hpp"  // private to kernels/src
 #include "conv_transpose_gemm.hpp"
+#include "blas.hpp"  // kernels/backends: private to kernels
 
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/kernels/conv.hpp"
@@ -83,7 +83,7 @@ void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTranspos
   const UnmanagedMatrix<T> weights(w.data(), g.in_channels, columns);
   const UnmanagedMatrix<T> taps(buffer.data(), columns, cells);
   for (Index n = 0; n < g.batch; ++n) {
-    const UnmanagedMatrix<T> x(&xp(n, 0, 0, 0, 0), g.in_channels, cells);
+    const UnmanagedMatrix<T> x(xp.data() + n * xp.stride(0), g.in_channels, cells);
     gemm(space, "T", "N", T(1), weights, x, T(0), taps);
     move_taps(space, g, n, buffer.data(), y, bias, true);
   }
@@ -101,12 +101,12 @@ void conv_transpose_gemm_backward(const ExecutionSpace& space, const ConvTranspo
   for (Index n = 0; n < g.batch; ++n) {
     move_taps(space, g, n, buffer.data(), gy, ReplicatedView<T>(), false);
     if (gw.extent(0) > 0) {
-      const UnmanagedMatrix<T> x(&xp(n, 0, 0, 0, 0), g.in_channels, cells);
+      const UnmanagedMatrix<T> x(xp.data() + n * xp.stride(0), g.in_channels, cells);
       gemm(space, "N", "T", T(1), x, taps, T(1), UnmanagedMatrix<T>(gw.data(), g.in_channels,
                                                                    columns));
     }
     if (gxp.extent(0) > 0) {
-      const UnmanagedMatrix<T> gx(&gxp(n, 0, 0, 0, 0), g.in_channels, cells);
+      const UnmanagedMatrix<T> gx(gxp.data() + n * gxp.stride(0), g.in_channels, cells);
       gemm(space, "N", "N", T(1), UnmanagedMatrix<T>(w.data(), g.in_channels, columns), taps,
            T(0), gx);
     }
