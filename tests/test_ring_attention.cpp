@@ -400,11 +400,14 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("attention kernels: the GEMM tiles and the fused tiles match plain attention",
-                   "[attention]", float, double) {
-  // Kernel level, on packed blocks: fold_block / backward_block (GEMM tiles on the host, the
-  // fused kernels on a GPU) and the fused kernels called directly, against plain attention in
-  // double. Sizes leave partial tiles of both kinds; causal cases offset queries and keys.
+TEMPLATE_TEST_CASE(
+    "attention kernels: the GEMM tiles, batched tiles and fused tiles match plain "
+    "attention",
+    "[attention]", float, double) {
+  // Kernel level, on packed blocks: fold_block / backward_block (per-slice GEMM tiles on the
+  // host, the batched tiles on a GPU), the batched tiles called directly (at their own sizes,
+  // and at small ones that leave partial tiles of both kinds and several per block) and the
+  // fused kernels, against plain attention in double. Causal cases offset queries and keys.
   using T = TestType;
   const double tolerance = std::is_same<T, float>::value ? 1e-5 : 1e-12;
   const ExecutionSpace space;
@@ -457,12 +460,22 @@ TEMPLATE_TEST_CASE("attention kernels: the GEMM tiles and the fused tiles match 
         }
       }
 
-      for (const bool fused : {false, true}) {
-        INFO("head_dim " << D << (causal ? ", causal" : "") << (fused ? ", fused" : ""));
+      enum class Kernels { tiles, batched, batched_small, fused };
+      for (const Kernels kind :
+           {Kernels::tiles, Kernels::batched, Kernels::batched_small, Kernels::fused}) {
+        const char* names[] = {"tiles", "batched", "batched, small tiles", "fused"};
+        INFO("head_dim " << D << (causal ? ", causal" : "") << ", " << names[int(kind)]);
+        const bool fused = kind == Kernels::fused;
+        const kernels::BatchedTiles tiles = kind == Kernels::batched_small
+                                                ? kernels::BatchedTiles{16, 24}
+                                                : kernels::batched_tiles(a, queries, keys);
+        const bool batched = kind == Kernels::batched || kind == Kernels::batched_small;
+        const Index values =
+            batched ? S * tiles.queries * tiles.keys : kernels::score_buffer_size(a, queries, keys);
         const auto qb = device_copy<T>(q, "q"), kvb = device_copy<T>(kv, "kv");
         kernels::OnlineSoftmax<T> state(space, S * queries, D);
-        auto scores = kernels::attention_buffer<T>("scores", kernels::score_buffer_size());
-        auto dscores = kernels::attention_buffer<T>("dscores", kernels::score_buffer_size());
+        auto scores = kernels::attention_buffer<T>("scores", values);
+        auto dscores = kernels::attention_buffer<T>("dscores", values);
         // Two K/V blocks folded one after the other, as a ring does: the first 30 keys, the rest.
         for (const Index first : {Index(0), Index(30)}) {
           const Index count = first == 0 ? 30 : keys - 30;
@@ -479,6 +492,9 @@ TEMPLATE_TEST_CASE("attention kernels: the GEMM tiles and the fused tiles match 
           if (fused)
             kernels::fold_block_fused(space, a, qb.data(), queries, bb.data(), count, v, scale,
                                       state);
+          else if (batched)
+            kernels::fold_block_batched(space, a, qb.data(), queries, bb.data(), count, v, scale,
+                                        state, scores.data(), tiles, false, [] {});
           else
             kernels::fold_block(space, a, qb.data(), queries, bb.data(), count, v, scale, state,
                                 scores.data(), [] {});
@@ -499,6 +515,10 @@ TEMPLATE_TEST_CASE("attention kernels: the GEMM tiles and the fused tiles match 
         if (fused)
           kernels::backward_block_fused(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys,
                                         visible, scale);
+        else if (batched)
+          kernels::backward_block_batched(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys,
+                                          visible, scale, scores.data(), dscores.data(), tiles,
+                                          false, [] {});
         else
           kernels::backward_block(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys, visible,
                                   scale, scores.data(), dscores.data(), [] {});

@@ -1,5 +1,5 @@
 #include <algorithm>
-#include "blas.hpp"  // private to kernels/src
+#include "blas.hpp"  // kernels/backends: private to kernels
 
 #include "shardtensor/kernels/conv.hpp"
 #include "shardtensor/kernels/window_index.hpp"

@@ -3,7 +3,7 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
-#include "blas.hpp"  // private to kernels/src
+#include "blas.hpp"  // kernels/backends: private to kernels
 
 #include "host/conv_vector.hpp"  // kernels/backends: the backends are private to kernels
 #include "shardtensor/core/cell_index.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <type_traits>
-#include "blas.hpp"  // private to kernels/src
+#include "blas.hpp"  // kernels/backends: private to kernels
 
 #include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
 #include "host/softmax_rows.hpp"
@@ -281,10 +281,10 @@ OnlineSoftmax<T>::OnlineSoftmax(const ExecutionSpace& space, Index rows, Index h
 template <class T>
 void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
                 Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
-                const Progress& progress) {
-  if constexpr (attention_runs_fused) {
-    fold_block_fused(space, a, q, queries, kv, keys, visible, scale, state);
-    progress();  // while the kernel runs
+                const Progress& progress, bool tf32) {
+  if constexpr (attention_runs_batched) {
+    fold_block_batched(space, a, q, queries, kv, keys, visible, scale, state, scores,
+                       batched_tiles(a, queries, keys), tf32, progress);
     return;
   }
   const Index D = a.head_dim;
@@ -345,10 +345,10 @@ QueryGradients<T> query_gradients(const ExecutionSpace& space, AttentionBuffer<T
 template <class T>
 void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
-                    T* dscores, const Progress& progress) {
-  if constexpr (attention_runs_fused) {
-    backward_block_fused(space, a, g, dq, kv, dkv, keys, visible, scale);
-    progress();
+                    T* dscores, const Progress& progress, bool tf32) {
+  if constexpr (attention_runs_batched) {
+    backward_block_batched(space, a, g, dq, kv, dkv, keys, visible, scale, scores, dscores,
+                           batched_tiles(a, g.queries, keys), tf32, progress);
     return;
   }
   const Index D = a.head_dim, Lq = g.queries;
@@ -365,8 +365,11 @@ void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGrad
       });
 }
 
-Index score_buffer_size() {
-  if (attention_runs_fused) return 0;
+Index score_buffer_size(const Heads& a, Index queries, Index keys) {
+  if (attention_runs_batched) {
+    const BatchedTiles tiles = batched_tiles(a, queries, keys);
+    return a.slices() * tiles.queries * tiles.keys;
+  }
   return slice_lanes() * score_tile;
 }
 
@@ -403,27 +406,27 @@ void unpack_tokens(const ExecutionSpace& space, const T* in, const ReplicatedVie
                             Unpack{add});
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                                \
-  template AttentionBuffer<T> attention_buffer(const char*, Index, MemoryCategory, bool);         \
-  template struct OnlineSoftmax<T>;                                                               \
-  template void fold_block(const ExecutionSpace&, const Heads&, const T*, Index, const T*, Index, \
-                           const Visibility&, T, OnlineSoftmax<T>&, T*, const Progress&);         \
-  template void finish(const ExecutionSpace&, OnlineSoftmax<T>&);                                 \
-  template void rescale_to(const ExecutionSpace&, OnlineSoftmax<T>&, const AttentionBuffer<T>&);  \
-  template QueryGradients<T> query_gradients(const ExecutionSpace&, AttentionBuffer<T>,           \
-                                             AttentionBuffer<T>, const AttentionBuffer<T>&,       \
-                                             AttentionBuffer<T>, Index, Index);                   \
-  template void backward_block(const ExecutionSpace&, const Heads&, const QueryGradients<T>&, T*, \
-                               const T*, T*, Index, const Visibility&, T, T*, T*,                 \
-                               const Progress&);                                                  \
-  template void add_into(const ExecutionSpace&, T*, const T*, Index);                             \
-  template void pack_tokens(const ExecutionSpace&, const FieldView<T>&, const Box&, const Heads&, \
-                            T*);                                                                  \
-  template void unpack_tokens(const ExecutionSpace&, const T*, const FieldView<T>&, const Box&,   \
-                              const Heads&, bool);                                                \
-  template void pack_tokens(const ExecutionSpace&, const ReplicatedView<T>&, Index, const Heads&, \
-                            T*);                                                                  \
-  template void unpack_tokens(const ExecutionSpace&, const T*, const ReplicatedView<T>&, Index,   \
+#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
+  template AttentionBuffer<T> attention_buffer(const char*, Index, MemoryCategory, bool);          \
+  template struct OnlineSoftmax<T>;                                                                \
+  template void fold_block(const ExecutionSpace&, const Heads&, const T*, Index, const T*, Index,  \
+                           const Visibility&, T, OnlineSoftmax<T>&, T*, const Progress&, bool);    \
+  template void finish(const ExecutionSpace&, OnlineSoftmax<T>&);                                  \
+  template void rescale_to(const ExecutionSpace&, OnlineSoftmax<T>&, const AttentionBuffer<T>&);   \
+  template QueryGradients<T> query_gradients(const ExecutionSpace&, AttentionBuffer<T>,            \
+                                             AttentionBuffer<T>, const AttentionBuffer<T>&,        \
+                                             AttentionBuffer<T>, Index, Index);                    \
+  template void backward_block(const ExecutionSpace&, const Heads&, const QueryGradients<T>&, T*,  \
+                               const T*, T*, Index, const Visibility&, T, T*, T*, const Progress&, \
+                               bool);                                                              \
+  template void add_into(const ExecutionSpace&, T*, const T*, Index);                              \
+  template void pack_tokens(const ExecutionSpace&, const FieldView<T>&, const Box&, const Heads&,  \
+                            T*);                                                                   \
+  template void unpack_tokens(const ExecutionSpace&, const T*, const FieldView<T>&, const Box&,    \
+                              const Heads&, bool);                                                 \
+  template void pack_tokens(const ExecutionSpace&, const ReplicatedView<T>&, Index, const Heads&,  \
+                            T*);                                                                   \
+  template void unpack_tokens(const ExecutionSpace&, const T*, const ReplicatedView<T>&, Index,    \
                               const Heads&, bool);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)

@@ -49,7 +49,7 @@ template <class T>
 Variable<T> MultiHeadAttention<T>::forward(const Variable<T>& input) {
   const Variable<T> q = (*q_)(input), k = (*k_)(input), v = (*v_)(input);
   if (options_.kind == AttentionKind::global)
-    return (*out_)(ring_attention(comm_, q, k, v, options_.heads));
+    return (*out_)(ring_attention(comm_, q, k, v, options_.heads, false, options_.tf32));
   NeighborhoodAttentionOptions n;
   n.heads = options_.heads;
   n.window = options_.window;

@@ -121,7 +121,8 @@ const Progress no_progress = [] {};
 template <class T>
 void fold_whole_block(const Heads& a, const T* q, Index queries, const T* kv, Index keys, T scale,
                       OnlineSoftmax<T>& state) {
-  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+  AttentionBuffer<T> scores =
+      attention_buffer<T>("attention.scores", kernels::score_buffer_size(a, queries, keys));
   kernels::fold_block(ExecutionSpace(), a, q, queries, kv, keys, Visibility{}, scale, state,
                       scores.data(), no_progress);
 }
@@ -131,9 +132,9 @@ void fold_whole_block(const Heads& a, const T* q, Index queries, const T* kv, In
 template <class T>
 void backward_whole_block(const Heads& a, const QueryGradients<T>& g, T* dq, const T* kv, T* dkv,
                           Index keys, T scale) {
-  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-  AttentionBuffer<T> dscores =
-      attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
+  const Index values = kernels::score_buffer_size(a, g.queries, keys);
+  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", values);
+  AttentionBuffer<T> dscores = attention_buffer<T>("attention.dscores", values);
   kernels::backward_block(ExecutionSpace(), a, g, dq, kv, dkv, keys, Visibility{}, scale,
                           scores.data(), dscores.data(), no_progress);
 }
@@ -291,10 +292,11 @@ class BlockRing {
 template <class T>
 OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const Heads& a,
                               const AttentionBuffer<T>& q, AttentionBuffer<T> kv, bool causal,
-                              T scale) {
+                              T scale, bool tf32) {
   const Index L = ring.tokens[ring.rank];
   OnlineSoftmax<T> state(ExecutionSpace(), a.slices() * L, a.head_dim);
-  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
+  AttentionBuffer<T> scores =
+      attention_buffer<T>("attention.scores", kernels::score_buffer_size(a, L, ring.max_tokens));
   BlockRing<T> blocks(comm, ring, a, kv);
   const Progress progress = [&] { blocks.progress(); };
   for (int step = 0; step < ring.size; ++step) {
@@ -302,7 +304,7 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
     const T* block = blocks.start(step);
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
     kernels::fold_block(ExecutionSpace(), a, q.data(), L, block, ring.tokens[src], visible, scale,
-                        state, scores.data(), progress);
+                        state, scores.data(), progress, tf32);
     blocks.finish();
   }
   kernels::finish(ExecutionSpace(), state);
@@ -319,11 +321,11 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
 template <class T>
 AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, const Heads& a,
                                  const QueryGradients<T>& g, T* dq, AttentionBuffer<T> kv,
-                                 bool need_dkv, bool causal, T scale) {
+                                 bool need_dkv, bool causal, T scale, bool tf32) {
   const Index block_max = 2 * a.block(ring.max_tokens);
-  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", kernels::score_buffer_size());
-  AttentionBuffer<T> dscores =
-      attention_buffer<T>("attention.dscores", kernels::score_buffer_size());
+  const Index values = kernels::score_buffer_size(a, g.queries, ring.max_tokens);
+  AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", values);
+  AttentionBuffer<T> dscores = attention_buffer<T>("attention.dscores", values);
   AttentionBuffer<T> grads[2], incoming;  // computed on (alternating), received accumulators
   const int buffers = !need_dkv ? 0 : ring.size == 1 ? 1 : 2;
   const MemoryCategory travelling =
@@ -352,7 +354,7 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
     }
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
     kernels::backward_block(ExecutionSpace(), a, g, dq, block, mine, ring.tokens[src], visible,
-                            scale, scores.data(), dscores.data(), progress);
+                            scale, scores.data(), dscores.data(), progress, tf32);
     if (mine && ring.size > 1) {
       if (step > 0) {  // what the ranks before added to this block
         grad_ring[(step + 1) % 2].wait();
@@ -379,7 +381,7 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
 
 template <class T>
 Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const Variable<T>& k,
-                           const Variable<T>& v, int heads, bool causal) {
+                           const Variable<T>& v, int heads, bool causal, bool tf32) {
   constexpr const char* where = "ring_attention";
   check_defined(where, q, k, v);
   for (const Variable<T>* x : {&q, &k, &v}) check_sharded(where, comm, *x);
@@ -400,7 +402,7 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
   const Ring ring = ring_of(comm, dec);
   const T scale = T(1) / std::sqrt(T(a.head_dim));
   OnlineSoftmax<T> state = ring_forward(comm, ring, a, packed_copy(qf, a),
-                                        packed_kv(k.value(), v.value(), a), causal, scale);
+                                        packed_kv(k.value(), v.value(), a), causal, scale, tf32);
 
   auto node = make_result_node<T>(where, {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(dec, qf.rank(), qf.batch(), qf.channels(), {}, where);
@@ -411,7 +413,7 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
   // keeps no values; backward packs them again).
   const AttentionBuffer<T> lse = state.max;
   const ShardTensor<T> output = node->field, qv = qf, kv_k = k.value(), kv_v = v.value();
-  node->backward = [comm, a, ring, causal, scale, lse, output, qv, kv_k,
+  node->backward = [comm, a, ring, causal, tf32, scale, lse, output, qv, kv_k,
                     kv_v](impl::Node<T>& self) {
     const Index L = ring.tokens[ring.rank], E = a.block(L);
     const auto& inputs = self.inputs;
@@ -422,7 +424,7 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, E);
     const bool need_dkv = inputs[1]->requires_grad || inputs[2]->requires_grad;
     const AttentionBuffer<T> dkv =
-        ring_backward(comm, ring, a, g, data_or_null(dq), kv, need_dkv, causal, scale);
+        ring_backward(comm, ring, a, g, data_or_null(dq), kv, need_dkv, causal, scale, tf32);
     if (inputs[0]->requires_grad) unpack(dq.data(), inputs[0]->grad_field(), a, true);
     if (inputs[1]->requires_grad) unpack(dkv.data(), inputs[1]->grad_field(), a, true);
     if (inputs[2]->requires_grad) unpack(dkv.data() + E, inputs[2]->grad_field(), a, true);
@@ -545,7 +547,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                 \
   template Variable<T> ring_attention(const Communicator&, const Variable<T>&, const Variable<T>&, \
-                                      const Variable<T>&, int, bool);                              \
+                                      const Variable<T>&, int, bool, bool);                        \
   template Variable<T> attention_replicated_queries(const Communicator&, const Variable<T>&,       \
                                                     const Variable<T>&, const Variable<T>&, int);  \
   template Variable<T> attention_replicated_keys(const Communicator&, const Variable<T>&,          \

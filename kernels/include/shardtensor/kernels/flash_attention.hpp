@@ -44,10 +44,6 @@ constexpr Index tile_queries = 256;
 constexpr Index tile_keys = 512;
 constexpr Index score_tile = tile_queries * tile_keys;
 
-/// Values of the score buffers that callers give fold_block (one) and backward_block (two):
-/// a score tile per slice computed at once (on the host, one slice per thread).
-Index score_buffer_size();
-
 /// Row-major rows x cols matrix at a buffer's memory (no copy).
 template <class T>
 using Tile = Kokkos::View<T**, Kokkos::LayoutRight, DefaultMemorySpace,
@@ -61,6 +57,11 @@ struct Heads {
   /// Elements of one packed Q, K or V block of `tokens` tokens.
   KOKKOS_INLINE_FUNCTION Index block(Index tokens) const { return slices() * tokens * head_dim; }
 };
+
+/// Values of the score buffers that callers give fold_block (one) and backward_block (two) for
+/// `queries` local queries and K/V blocks of at most `keys` keys: on the host a score tile per
+/// slice computed at once (one slice per thread); on a GPU the batched tiles' (below).
+Index score_buffer_size(const Heads& a, Index queries, Index keys);
 
 /// Which keys each query may see: all, or (causal) keys at global positions <= the query's.
 struct Visibility {
@@ -95,7 +96,7 @@ using Progress = std::function<void()>;
 template <class T>
 void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
                 Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
-                const Progress& progress);
+                const Progress& progress, bool tf32 = false);
 
 /// Normalises the outputs (out /= sum) and turns max into the log-sum-exp max + log(sum).
 template <class T>
@@ -127,7 +128,7 @@ QueryGradients<T> query_gradients(const ExecutionSpace& space, AttentionBuffer<T
 template <class T>
 void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
-                    T* dscores, const Progress& progress);
+                    T* dscores, const Progress& progress, bool tf32 = false);
 
 /// Query and key rows of the fused kernels' tiles: a team's Q (or K/V) tile and its score tile
 /// fit a GPU block's shared memory for head_dim up to 64 in float.
@@ -149,8 +150,41 @@ void backward_block_fused(const ExecutionSpace& space, const Heads& a, const Que
                           T* dq, const T* kv, T* dkv, Index keys, const Visibility& visible,
                           T scale);
 
-/// Whether fold_block and backward_block run the fused kernels: where kernels run on a GPU.
-constexpr bool attention_runs_fused = !kernels_run_on_host;
+/// Tiles of the batched kernels, per slice: `queries` x `keys`.
+struct BatchedTiles {
+  Index queries = 0, keys = 0;
+};
+
+/// Keys per batched tile, and the score values of one tile of every slice at most: a GPU's
+/// GEMMs reach their speed on such tiles, and a block's scores stay 128 MiB (float).
+constexpr Index batched_tile_keys = 4096;
+constexpr Index batched_score_values = Index(1) << 25;
+
+/// The batched tiles of `queries` queries against blocks of up to `keys` keys: the keys in
+/// tiles of batched_tile_keys, as many query rows as batched_score_values allows.
+BatchedTiles batched_tiles(const Heads& a, Index queries, Index keys);
+
+/// fold_block and backward_block over every slice of a block at once, what they run on a GPU:
+/// per tile, one batched GEMM for the scores of all slices (batched_gemm: cuBLAS's
+/// strided-batched GEMM on a GPU), one kernel over every row of every slice's tile (a team per
+/// row: its max and sum as team reductions) and one batched GEMM per product. The same
+/// operations as the per-slice tiles, in tiles of another size: they agree to rounding
+/// (test_ring_attention runs both on the host against plain attention). `scores` (and
+/// `dscores`) hold slices x tiles.queries x tiles.keys values. `tf32`: float GEMMs may run on
+/// TF32 tensor cores.
+template <class T>
+void fold_block_batched(const ExecutionSpace& space, const Heads& a, const T* q, Index queries,
+                        const T* kv, Index keys, const Visibility& visible, T scale,
+                        OnlineSoftmax<T>& state, T* scores, const BatchedTiles& tiles, bool tf32,
+                        const Progress& progress);
+template <class T>
+void backward_block_batched(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g,
+                            T* dq, const T* kv, T* dkv, Index keys, const Visibility& visible,
+                            T scale, T* scores, T* dscores, const BatchedTiles& tiles, bool tf32,
+                            const Progress& progress);
+
+/// Whether fold_block and backward_block run the batched kernels: where kernels run on a GPU.
+constexpr bool attention_runs_batched = !kernels_run_on_host;
 
 /// y[i] += x[i] for i < n (buffers of the default space).
 template <class T>

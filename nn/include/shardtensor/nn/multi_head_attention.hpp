@@ -27,6 +27,9 @@ struct MultiHeadAttentionOptions {
   std::vector<Index> dilation{1};  ///< neighbourhood: dilation per axis
   bool bias = true;                ///< biases of the q, v and output projections (k never has one)
   std::uint64_t seed = 0;          ///< initialisation seed; 0 derives it from the layer name
+  /// Global attention's float products may run on TF32 tensor cores where the GPU has them
+  /// (as ConvOptions::tf32). Module::allow_tf32 sets it with the projections' (training.tf32).
+  bool tf32 = false;
 };
 
 /// y = W_o attention(W_q x, W_k x, W_v x) + b_o, the projections pointwise (1x1
@@ -48,6 +51,10 @@ class MultiHeadAttention : public Module<T> {
 
   Variable<T> forward(const Variable<T>& input) override;
   bool reads_owned_cells_only() const override { return true; }
+  void allow_tf32(bool on) override {
+    options_.tf32 = on;
+    Module<T>::allow_tf32(on);
+  }
 
   const MultiHeadAttentionOptions& options() const { return options_; }
 

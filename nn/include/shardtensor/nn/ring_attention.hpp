@@ -28,14 +28,16 @@ namespace shardtensor {
 /// one layout (same decomposition, batch and channels; any dimensionality). The K/V blocks
 /// travel once around the ring of ranks (the next block's transfer overlaps compute on the
 /// current one); backward rings them again with their dK/dV accumulators. With `causal`
-/// (1-D fields only), query token i attends to key tokens j <= i (global positions).
+/// (1-D fields only), query token i attends to key tokens j <= i (global positions). With
+/// `tf32`, float products may run on TF32 tensor cores where the GPU has them (as
+/// ConvOptions::tf32; the host ignores it).
 /// Collective over `comm`. Returns a field of q's layout without ghost cells. Throws
 /// shardtensor::Error (on every rank) if channels are not a multiple of `heads`, there are
 /// fewer tokens than ranks, the decomposition does not have one part per rank, the layouts
 /// differ, or `causal` is asked of a 2-D/3-D field.
 template <class T>
 Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const Variable<T>& k,
-                           const Variable<T>& v, int heads, bool causal = false);
+                           const Variable<T>& v, int heads, bool causal = false, bool tf32 = false);
 
 /// Replicated queries, sharded keys/values: q is replicated {N, query_tokens, C}, k and v
 /// sharded fields of one layout (any dimensionality), e.g. learned queries pooling a field.
@@ -59,7 +61,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
 
 extern template Variable<float> ring_attention(const Communicator&, const Variable<float>&,
                                                const Variable<float>&, const Variable<float>&, int,
-                                               bool);
+                                               bool, bool);
 extern template Variable<float> attention_replicated_queries(const Communicator&,
                                                              const Variable<float>&,
                                                              const Variable<float>&,
@@ -70,7 +72,7 @@ extern template Variable<float> attention_replicated_keys(const Communicator&,
                                                           const Variable<float>&, int);
 extern template Variable<double> ring_attention(const Communicator&, const Variable<double>&,
                                                 const Variable<double>&, const Variable<double>&,
-                                                int, bool);
+                                                int, bool, bool);
 extern template Variable<double> attention_replicated_queries(const Communicator&,
                                                               const Variable<double>&,
                                                               const Variable<double>&,
