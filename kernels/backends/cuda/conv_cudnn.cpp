@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #ifdef SHARDTENSOR_HAVE_CUDNN
+#include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -207,9 +208,37 @@ std::vector<std::int64_t> channels_last_strides(const std::vector<std::int64_t>&
 struct GraphChoice {
   bool chosen = false, found = false;
   std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t plan = -1;  // the winner's index among the graph's execution plans
   std::int64_t workspace = 0;
   std::string name;
 };
+
+/// Milliseconds of the fastest of `runs` calls of `run` on `stream`, after one untimed call; a
+/// negative value where a call failed.
+template <class Run>
+float fastest_run_ms(cudaStream_t stream, int runs, const Run& run) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float best = -1;
+  if (run()) {
+    for (int i = 0; i < runs; ++i) {
+      cudaEventRecord(start, stream);
+      const bool ran = run();
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      if (!ran || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+        best = -1;
+        break;
+      }
+      best = best < 0 ? ms : std::min(best, ms);
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
 
 /// Tensor uids of every graph: the two operands and the result.
 enum : std::int64_t { operand_a = 1, operand_b = 2, result = 3 };
@@ -320,17 +349,41 @@ struct ConvLibraryPlan<T>::Plan {
     if (g->validate().is_bad() || g->build_operation_graph(handle).is_bad() ||
         g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}).is_bad())
       return;
+    const auto limit = static_cast<std::int64_t>(workspace_limit);
     g->deselect_numeric_notes(refused);
-    g->deselect_workspace_greater_than(static_cast<std::int64_t>(workspace_limit));
-    if (g->check_support(handle).is_bad() ||
-        g->build_plans(handle, fe::BuildPlanPolicy_t::ALL).is_bad())
-      return;
+    g->deselect_workspace_greater_than(limit);
+    if (g->check_support(handle).is_bad()) return;
+    // Every candidate that builds (the others were deselected or are unsupported here), then
+    // each timed on these operands. Built one by one: the FrontEnd's own autotune sizes its
+    // scratch over every candidate and reads the unbuilt ones (seen crashing on an H200).
+    std::vector<std::pair<std::int64_t, std::int64_t>> built;  // (plan, workspace bytes)
+    std::int64_t largest = 0;
+    for (std::int64_t i = 0; i < g->get_execution_plan_count(); ++i) {
+      std::int64_t bytes = 0;
+      if (g->build_plan_at_index(i).is_bad() ||
+          g->get_workspace_size_plan_at_index(i, bytes).is_bad() || bytes > limit)
+        continue;
+      built.emplace_back(i, bytes);
+      largest = std::max(largest, bytes);
+    }
+    if (built.empty()) return;
     std::unordered_map<std::int64_t, void*> pointers{
         {operand_a, const_cast<void*>(a)}, {operand_b, const_cast<void*>(b)}, {result, out}};
-    const FindScratch scratch = find_scratch(std::size_t(g->get_autotune_workspace_size()));
-    if (g->autotune(handle, pointers, scratch.data()).is_bad()) return;
-    if (g->get_workspace_size(choice.workspace).is_bad()) return;
-    if (g->get_plan_name(choice.name).is_bad()) choice.name = "(unnamed)";
+    const FindScratch scratch = find_scratch(std::size_t(largest));
+    cudaStream_t stream = nullptr;
+    check(cudnnGetStream(handle, &stream), "cudnnGetStream");
+    float best_ms = -1;
+    for (const auto& [plan, bytes] : built) {
+      const float ms = fastest_run_ms(stream, 3, [&] {
+        return g->execute_plan_at_index(handle, pointers, scratch.data(), plan).is_good();
+      });
+      if (ms < 0 || (best_ms >= 0 && ms >= best_ms)) continue;
+      best_ms = ms;
+      choice.plan = plan;
+      choice.workspace = bytes;
+    }
+    if (best_ms < 0) return;
+    if (g->get_plan_name_at_index(choice.plan, choice.name).is_bad()) choice.name = "(unnamed)";
     choice.graph = std::move(g);
     choice.found = true;
   }
@@ -340,7 +393,7 @@ struct ConvLibraryPlan<T>::Plan {
                  void* out, void* workspace) const {
     std::unordered_map<std::int64_t, void*> pointers{
         {operand_a, const_cast<void*>(a)}, {operand_b, const_cast<void*>(b)}, {result, out}};
-    auto status = choice.graph->execute(handle, pointers, workspace);
+    auto status = choice.graph->execute_plan_at_index(handle, pointers, workspace, choice.plan);
     SHARDTENSOR_REQUIRE(status.is_good(), "cuDNN graph",
                         choice.name << ": " << status.get_message());
   }
