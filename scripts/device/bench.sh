@@ -17,11 +17,14 @@
 #              (float, AMP bf16 channels-last, each with and without checkpointing)
 #   vit        bench_scaling on examples/02_train_config/heat2d_vit.yaml at 1024^2 and
 #              tools/pytorch_gpu_vit.py (flex_attention, torch.compile)
-#   attention  bench_attention at 16384 and 65536 tokens, and PyTorch's
+#   attention  bench_attention at 16384 and 65536 tokens (TF32 off and on), and PyTorch's
 #              scaled_dot_product_attention (tools/pytorch_gpu_attention.py: fp32, TF32, bf16)
 #
 # Each command runs with a time limit (LIMIT_S, 300 s); a run that fails or times out is
-# logged and the next one starts.
+# logged and the next one starts. CUDNN_APIS (default "legacy graph graph_cl") names the cuDNN
+# paths the conv and unet parts run, ATTENTION_TOKENS (default "16384 65536") the attention
+# part's lengths. The last lines printed are one summary line per result
+# (scripts/device/summarize.py).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${OUT:-$root/device-out}"
@@ -41,7 +44,9 @@ run() {
   timeout -k 5 "$limit" "$@" > "$unpacked/bench.out" 2>&1 < /dev/null
   local rc=$?
   cat "$unpacked/bench.out" >> "$log"
-  grep '^{' "$unpacked/bench.out" >> "$jsonl"
+  # Each line says which cuDNN path ran (the environment chooses it, the programs do not say).
+  grep '^{' "$unpacked/bench.out" |
+    sed "s/^{/{\"cudnn_api\":\"${SHARDTENSOR_CUDNN_API:-}\",\"cudnn_layout\":\"${SHARDTENSOR_CUDNN_LAYOUT:-}\",/" >> "$jsonl"
   [ $rc -eq 0 ] || echo "exit $rc: $*" | tee -a "$log"
   return 0
 }
@@ -106,9 +111,13 @@ if [[ $parts == *,vit,* ]]; then
   done
 fi
 if [[ $parts == *,attention,* ]]; then
-  for tokens in 16384 65536; do
-    run mpiexec -n 1 "$bin/bench_attention" --tokens $tokens --iters 5 --warmup 1
+  for tokens in ${ATTENTION_TOKENS:-16384 65536}; do
+    for tf32 in off on; do
+      run mpiexec -n 1 "$bin/bench_attention" --tokens $tokens --iters 5 --warmup 1 --tf32 $tf32
+    done
   done
-  run python3 "$root/tools/pytorch_gpu_attention.py" --tokens 16384,65536 --iters 5 --warmup 2
+  tokens="${ATTENTION_TOKENS:-16384 65536}"
+  run python3 "$root/tools/pytorch_gpu_attention.py" --tokens "${tokens// /,}" --iters 5 --warmup 2
 fi
 echo "bench: $(wc -l < "$jsonl") JSON lines in $jsonl"
+python3 "$root/scripts/device/summarize.py" "$jsonl"
