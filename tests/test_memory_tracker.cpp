@@ -15,6 +15,7 @@
 #include "shardtensor/data/heat_equation.hpp"
 #include "shardtensor/io.hpp"
 #include "shardtensor/kernels/conv.hpp"
+#include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/models.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/trainer.hpp"
@@ -298,8 +299,9 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // beside both convs' fields: 6.5 MiB (0.49). Split along x only (2 and 3 ranks), the
   // convolutions read their input and their neighbours' planes without a padded copy
   // (SlabExchange): 0.49 too. Split along more axes (4 and 8 ranks), the peak is the recomputed
-  // forward's second conv with its halo-padded input (0.60; 0.65-0.66 as one unit).
-  // bench_scaling's 64^3 U-Net: 109.2 -> 55.7 MiB on one rank (all categories).
+  // forward's second conv with its halo-padded input (0.60; 0.65-0.66 as one unit). Where a
+  // library (cuDNN) runs the convolutions, every conv reads a halo-padded copy: 0.67 on one
+  // rank (an H200). bench_scaling's 64^3 U-Net: 109.2 -> 55.7 MiB on one rank (all categories).
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -315,7 +317,8 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   const Decomposition split = Decomposition::automatic(extents, world.size());
   const bool slabs = split.process_grid(1) == 1 && split.process_grid(2) == 1;
   INFO("decomposition " << split.describe());
-  CHECK(double(with) <= (slabs ? 0.52 : 0.62) * double(without));
+  const bool padded_copies = kernels::conv_library_available();
+  CHECK(double(with) <= (padded_copies ? 0.70 : slabs ? 0.52 : 0.62) * double(without));
   // In bf16 it keeps no more where the convolutions read their input in place (one rank, x
   // splits): a graph-only normalization (a unit's last op, whose backward runs next) does not
   // pack its input beside the float one (bench_scaling: 57.5 -> 54.5 MiB). Split along more
