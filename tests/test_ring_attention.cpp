@@ -401,13 +401,12 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 }  // namespace
 
 TEMPLATE_TEST_CASE(
-    "attention kernels: the GEMM tiles, batched tiles and fused tiles match plain "
-    "attention",
+    "attention kernels: the per-slice and the batched GEMM tiles match plain attention",
     "[attention]", float, double) {
   // Kernel level, on packed blocks: fold_block / backward_block (per-slice GEMM tiles on the
   // host, the batched tiles on a GPU), the batched tiles called directly (at their own sizes,
-  // and at small ones that leave partial tiles of both kinds and several per block) and the
-  // fused kernels, against plain attention in double. Causal cases offset queries and keys.
+  // and at small ones that leave partial tiles of both kinds and several per block), against
+  // plain attention in double. Causal cases offset queries and keys.
   using T = TestType;
   const double tolerance = std::is_same<T, float>::value ? 1e-5 : 1e-12;
   const ExecutionSpace space;
@@ -460,12 +459,10 @@ TEMPLATE_TEST_CASE(
         }
       }
 
-      enum class Kernels { tiles, batched, batched_small, fused };
-      for (const Kernels kind :
-           {Kernels::tiles, Kernels::batched, Kernels::batched_small, Kernels::fused}) {
-        const char* names[] = {"tiles", "batched", "batched, small tiles", "fused"};
+      enum class Kernels { tiles, batched, batched_small };
+      for (const Kernels kind : {Kernels::tiles, Kernels::batched, Kernels::batched_small}) {
+        const char* names[] = {"tiles", "batched", "batched, small tiles"};
         INFO("head_dim " << D << (causal ? ", causal" : "") << ", " << names[int(kind)]);
-        const bool fused = kind == Kernels::fused;
         const kernels::BatchedTiles tiles = kind == Kernels::batched_small
                                                 ? kernels::BatchedTiles{16, 24}
                                                 : kernels::batched_tiles(a, queries, keys);
@@ -489,10 +486,7 @@ TEMPLATE_TEST_CASE(
               }
           const auto bb = device_copy<T>(block, "block");
           const kernels::Visibility v{causal, visible.query_offset, visible.key_offset + first};
-          if (fused)
-            kernels::fold_block_fused(space, a, qb.data(), queries, bb.data(), count, v, scale,
-                                      state);
-          else if (batched)
+          if (batched)
             kernels::fold_block_batched(space, a, qb.data(), queries, bb.data(), count, v, scale,
                                         state, scores.data(), tiles, false, [] {});
           else
@@ -512,10 +506,7 @@ TEMPLATE_TEST_CASE(
         auto dqb = kernels::attention_buffer<T>("dq", q.size(), MemoryCategory::workspaces, true);
         auto dkvb =
             kernels::attention_buffer<T>("dkv", kv.size(), MemoryCategory::workspaces, true);
-        if (fused)
-          kernels::backward_block_fused(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys,
-                                        visible, scale);
-        else if (batched)
+        if (batched)
           kernels::backward_block_batched(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys,
                                           visible, scale, scores.data(), dscores.data(), tiles,
                                           false, [] {});

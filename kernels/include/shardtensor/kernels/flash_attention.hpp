@@ -13,8 +13,8 @@
 // Every row kernel writes only its own query row (max, sum, output row, score row) and each
 // packing work item its own token: no scatter, the same bits on every run and thread count.
 // On host threads the slices of a block run concurrently, one per thread (its GEMMs and rows
-// on that thread; slices write disjoint memory); on a GPU one slice after another, each
-// tile's rows spread over the device.
+// on that thread; slices write disjoint memory); on a GPU every slice of a tile at once
+// (batched GEMMs, the batched tiles below).
 // The host backend (kernels/backends/host/softmax_rows.cpp) runs the softmax rows with
 // AVX-512 exponentials for float where the CPU has them.
 
@@ -130,26 +130,6 @@ void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGrad
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
                     T* dscores, const Progress& progress, bool tf32 = false);
 
-/// Query and key rows of the fused kernels' tiles: a team's Q (or K/V) tile and its score tile
-/// fit a GPU block's shared memory for head_dim up to 64 in float.
-constexpr Index fused_tile_queries = 32;
-constexpr Index fused_tile_keys = 32;
-
-/// fold_block and backward_block as fused tiled kernels (flash_attention_fused.cpp), what they
-/// run on a GPU: one team per (slice, tile of queries), its Q tile and each K/V tile in team
-/// scratch (shared memory), scores, the online softmax and P V in the same kernel; backward as
-/// two kernels, dQ per query tile and dK/dV per key tile, each recomputing P, so that every
-/// value has one writer (no atomics). No score buffers. On the host the GEMM tiles above are
-/// faster (sgemm-speed products); the two agree to rounding (test_ring_attention).
-template <class T>
-void fold_block_fused(const ExecutionSpace& space, const Heads& a, const T* q, Index queries,
-                      const T* kv, Index keys, const Visibility& visible, T scale,
-                      OnlineSoftmax<T>& state);
-template <class T>
-void backward_block_fused(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g,
-                          T* dq, const T* kv, T* dkv, Index keys, const Visibility& visible,
-                          T scale);
-
 /// Tiles of the batched kernels, per slice: `queries` x `keys`.
 struct BatchedTiles {
   Index queries = 0, keys = 0;
@@ -169,7 +149,9 @@ BatchedTiles batched_tiles(const Heads& a, Index queries, Index keys);
 /// strided-batched GEMM on a GPU), one kernel over every row of every slice's tile (a team per
 /// row: its max and sum as team reductions) and one batched GEMM per product. The same
 /// operations as the per-slice tiles, in tiles of another size: they agree to rounding
-/// (test_ring_attention runs both on the host against plain attention). `scores` (and
+/// (test_ring_attention runs both on the host against plain attention). They replaced fused
+/// tiles (one team per 32 queries, scalar products in shared memory): 3115 ms at 16k tokens on
+/// an H100, against 100 ms for these on an H200. `scores` (and
 /// `dscores`) hold slices x tiles.queries x tiles.keys values. `tf32`: float GEMMs may run on
 /// TF32 tensor cores.
 template <class T>
