@@ -7,7 +7,8 @@
 #   2. bench.sh conv: the graph API on NCDHW and on channels-last copies, TF32 off and on,
 #      beside PyTorch (fp32, deterministic, TF32, channels-last, bf16 autocast);
 #   3. bench.sh attention at ATTENTION_TOKENS (16384), TF32 off and on, beside SDPA;
-#   4. bench.sh unet on channels-last copies, TF32 off and on, beside PyTorch.
+#   4. bench.sh unet on channels-last copies (UNET_APIS: graph_cl), TF32 off and on, beside
+#      PyTorch.
 # Everything lands in $OUT (tests*/summary.txt, tests*/log.txt, bench.log, bench.jsonl); the last
 # lines printed are the tests that did not pass and one line per benchmark result.
 #
@@ -29,6 +30,7 @@ CUDNN_APIS="graph graph_cl" LIMIT_S=60 OUT="$out" bash "$root/scripts/device/ben
   > /dev/null
 ATTENTION_TOKENS="${ATTENTION_TOKENS:-16384}" LIMIT_S=90 OUT="$out" \
   bash "$root/scripts/device/bench.sh" attention > /dev/null
-CUDNN_APIS=graph_cl LIMIT_S=60 OUT="$out" bash "$root/scripts/device/bench.sh" unet > /dev/null
+CUDNN_APIS="${UNET_APIS:-graph_cl}" LIMIT_S=60 OUT="$out" bash "$root/scripts/device/bench.sh" unet \
+  > /dev/null
 grep '^exit' "$out/bench.log"
 python3 "$root/scripts/device/summarize.py" "$out/bench.jsonl"
