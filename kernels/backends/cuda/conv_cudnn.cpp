@@ -2,10 +2,11 @@
 // finds cuDNN (SHARDTENSOR_HAVE_CUDNN); otherwise every plan is empty and Conv runs the
 // portable kernels.
 //
-// Float convolutions run through cuDNN's graph API (the header-only FrontEnd, where the build
-// has it): per shape and direction one graph, every engine the heuristics and the fallback list
-// offer that the numerical notes allow, each built and timed once on the run's own buffers, the
-// fastest kept. Double, and float with SHARDTENSOR_CUDNN_API=legacy, run cuDNN's legacy calls
+// Float convolutions time cuDNN's graph API (the header-only FrontEnd, where the build has it)
+// beside its legacy calls: per shape and direction one graph, every engine the heuristics and
+// the fallback list offer that the numerical notes allow, each built and timed once on the
+// run's own buffers, and the legacy algorithms timed by cudnnFind; the faster of the two runs.
+// Double, and float with SHARDTENSOR_CUDNN_API=legacy, run the legacy calls alone
 // (cudnnConvolutionForward / BackwardData / BackwardFilter, which cuDNN 9 keeps beside its
 // graph API). Both work on the layouts the kernels already use: fields
 // (batch, channel, x, y, z) in C order are NCDHW, weights (out, in / groups, kx, ky, kz) are
@@ -96,6 +97,7 @@ struct Choice {
   Algorithm algorithm{};
   std::size_t workspace = 0;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  float milliseconds = 0;  // cudnnFind's time of it
 };
 
 /// Whether an algorithm sums the products themselves, rather than transforming the operands
@@ -133,6 +135,7 @@ Choice<Algorithm> fastest(const std::vector<Perf>& results, int returned, std::s
     choice.algorithm = p.algo;
     choice.workspace = p.memory;
     choice.math = p.mathType;
+    choice.milliseconds = p.time;
     break;
   }
   return choice;
@@ -178,10 +181,10 @@ std::string describe(const Choice<Algorithm>& c) {
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
 namespace fe = cudnn_frontend;
 
-/// Whether float convolutions go through cuDNN's graph API (the FrontEnd): the default, unless
-/// SHARDTENSOR_CUDNN_API=legacy asks for the legacy cudnnFind/cudnnConvolution* calls. On an
-/// H200 the graph path passed the conv-family and model tests and ran the 128^3 conv's step in
-/// 53 ms against the legacy calls' 74 (scripts/device/bench.sh runs both).
+/// Whether float convolutions may go through cuDNN's graph API (the FrontEnd): the default,
+/// unless SHARDTENSOR_CUDNN_API=legacy asks for the legacy cudnnFind/cudnnConvolution* calls
+/// alone. On an H200 the graph path passed the conv-family and model tests and ran the 128^3
+/// conv's step in 53 ms against the legacy calls' 74 (scripts/device/bench.sh runs both).
 bool graph_api() {
   static const bool graph = [] {
     const char* api = std::getenv("SHARDTENSOR_CUDNN_API");
@@ -215,6 +218,7 @@ struct GraphChoice {
   std::int64_t plan = -1;  // the winner's index among the graph's execution plans
   std::int64_t workspace = 0;
   std::string name;
+  float milliseconds = 0;  // its fastest timed run
 };
 
 /// Milliseconds of the fastest of `runs` calls of `run` on `stream`, after one untimed call; a
@@ -258,6 +262,28 @@ std::string describe(const GraphChoice& c) {
   if (!c.chosen) return "not run";
   if (!c.found) return "none (portable kernel)";
   return "graph engine " + c.name + ", " + std::to_string(c.workspace) + " bytes";
+}
+
+/// Whether a direction runs its graph rather than the legacy algorithm: float directions time
+/// both (on an H200 at 128^3 the legacy forward's implicit GEMM took 7.1 ms, the graph's fastest
+/// engine 22.7 ms, while only the graph had a weight gradient within the workspace bound) and
+/// run the faster; a direction that has only one runs it.
+template <class Algorithm>
+bool graph_runs(const GraphChoice& graph, const Choice<Algorithm>& legacy) {
+  return graph.found && !(legacy.found && legacy.milliseconds < graph.milliseconds);
+}
+
+/// A direction's choice as conv_library_report shows it: both candidates and which runs.
+template <class Algorithm>
+std::string describe(const GraphChoice& graph, const Choice<Algorithm>& legacy) {
+  if (!graph.chosen) return "not run";
+  std::ostringstream out;
+  out << (graph_runs(graph, legacy) ? "[" : "") << describe(graph) << " (" << graph.milliseconds
+      << " ms)" << (graph_runs(graph, legacy) ? "]" : "") << " or "
+      << (graph_runs(graph, legacy) || !legacy.found ? "" : "[") << describe(legacy)
+      << (legacy.found ? " (" + std::to_string(legacy.milliseconds) + " ms)" : "")
+      << (graph_runs(graph, legacy) || !legacy.found ? "" : "]");
+  return out.str();
 }
 
 /// C-order strides of `dims`.
@@ -381,14 +407,16 @@ struct ConvLibraryPlan<T>::Plan {
     cudaStream_t stream = nullptr;
     check(cudnnGetStream(handle, &stream), "cudnnGetStream");
     float best_ms = -1;
-    for (const auto& [plan, bytes] : built) {
+    for (const auto& candidate : built) {
+      const std::int64_t plan = candidate.first;
       const float ms = fastest_run_ms(stream, 3, [&] {
         return g->execute_plan_at_index(handle, pointers, scratch.data(), plan).is_good();
       });
       if (ms < 0 || (best_ms >= 0 && ms >= best_ms)) continue;
       best_ms = ms;
       choice.plan = plan;
-      choice.workspace = bytes;
+      choice.workspace = candidate.second;
+      choice.milliseconds = ms;
     }
     if (best_ms < 0) return;
     if (g->get_plan_name_at_index(choice.plan, choice.name).is_bad()) choice.name = "(unnamed)";
@@ -486,10 +514,16 @@ void report_plans(std::vector<std::string>& lines) {
     if (!plan) continue;
     std::lock_guard<std::mutex> choosing(plan->choosing);
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
-    if (plan->graph) {
+    if (plan->channels_last) {
       lines.push_back(plan->shape + ": forward " + describe(plan->graph_forward) +
                       "; data gradient " + describe(plan->graph_data) + "; weight gradient " +
                       describe(plan->graph_weight));
+      continue;
+    }
+    if (plan->graph) {  // [the one that runs]
+      lines.push_back(plan->shape + ": forward " + describe(plan->graph_forward, plan->forward) +
+                      "; data gradient " + describe(plan->graph_data, plan->data) +
+                      "; weight gradient " + describe(plan->graph_weight, plan->weight_gradient));
       continue;
     }
 #endif
@@ -705,16 +739,6 @@ bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>
 #endif
   PackedBox<T> copy;
   const T* input = p.input_of(space, xp, copy);
-#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
-  if (p.graph) {
-    p.choose_graph(p.graph_forward, Plan::Direction::forward, handle, input, w.data(), y.data());
-    if (!p.graph_forward.found) return false;
-    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_forward.workspace)));
-    p.run_graph(p.graph_forward, handle, input, w.data(), y.data(), scratch);
-    if (bias.extent(0) > 0) add_bias(space, bias, y);
-    return true;
-  }
-#endif
   p.template choose<cudnnConvolutionFwdAlgoPerf_t>(
       p.forward, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
       [&](cudnnConvolutionFwdAlgo_t algorithm, std::size_t* bytes) {
@@ -728,6 +752,17 @@ bool ConvLibraryPlan<T>::forward(const ExecutionSpace& space, const FieldView<T>
                                                       returned, results, scratch, scratch_bytes);
       },
       "cudnnFindConvolutionForwardAlgorithmEx");
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (p.graph) {
+    p.choose_graph(p.graph_forward, Plan::Direction::forward, handle, input, w.data(), y.data());
+    if (graph_runs(p.graph_forward, p.forward)) {
+      T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_forward.workspace)));
+      p.run_graph(p.graph_forward, handle, input, w.data(), y.data(), scratch);
+      if (bias.extent(0) > 0) add_bias(space, bias, y);
+      return true;
+    }
+  }
+#endif
   if (!p.forward.found) return false;
   const T one = 1, zero = 0;
   T* scratch = workspace.reserve(values_for<T>(p.forward.workspace));
@@ -767,17 +802,6 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
   PackedBox<T> copy;  // where cuDNN cannot write the padded gradient in place
   if (!p.in_place(gxp.data())) copy = packed_box<T>(p.window_values);
   T* input_gradient = copy.data() ? copy.data() : gxp.data();
-#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
-  if (p.graph) {
-    p.choose_graph(p.graph_data, Plan::Direction::data, handle, gy.data(), w.data(),
-                   input_gradient);
-    if (!p.graph_data.found) return false;
-    T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_data.workspace)));
-    p.run_graph(p.graph_data, handle, gy.data(), w.data(), input_gradient, scratch);
-    if (copy.data()) unpack_box(space, copy, gxp, p.window);
-    return true;
-  }
-#endif
   p.template choose<cudnnConvolutionBwdDataAlgoPerf_t>(
       p.data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
       [&](cudnnConvolutionBwdDataAlgo_t algorithm, std::size_t* bytes) {
@@ -791,6 +815,18 @@ bool ConvLibraryPlan<T>::backward_data(const ExecutionSpace& space, const FieldV
             requested, returned, results, scratch, scratch_bytes);
       },
       "cudnnFindConvolutionBackwardDataAlgorithmEx");
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (p.graph) {
+    p.choose_graph(p.graph_data, Plan::Direction::data, handle, gy.data(), w.data(),
+                   input_gradient);
+    if (graph_runs(p.graph_data, p.data)) {
+      T* scratch = workspace.reserve(values_for<T>(std::size_t(p.graph_data.workspace)));
+      p.run_graph(p.graph_data, handle, gy.data(), w.data(), input_gradient, scratch);
+      if (copy.data()) unpack_box(space, copy, gxp, p.window);
+      return true;
+    }
+  }
+#endif
   if (!p.data.found) return false;
   const T one = 1, zero = 0;
   T* scratch = workspace.reserve(values_for<T>(p.data.workspace));
@@ -827,28 +863,6 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
 #endif
   PackedBox<T> copy;
   const T* input = p.input_of(space, xp, copy);
-#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
-  if (p.graph) {
-    if (!p.graph_weight.chosen) {  // timing writes the output: into a scratch weight
-      const ReplicatedView<T> timed(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("cudnn_find_weight")),
-          p.weight_values);
-      p.choose_graph(p.graph_weight, Plan::Direction::weight, handle, gy.data(), input,
-                     timed.data());
-    }
-    if (!p.graph_weight.found) return false;
-    // The partial weight gradient after the workspace, at an aligned address: the engines
-    // refuse a misaligned operand (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H200).
-    const std::size_t aligned = 256 / sizeof(T);
-    const std::size_t workspace_values =
-        (values_for<T>(std::size_t(p.graph_weight.workspace)) + aligned - 1) / aligned * aligned;
-    T* scratch = workspace.reserve(workspace_values + std::size_t(p.weight_values));
-    T* partial = scratch + workspace_values;
-    p.run_graph(p.graph_weight, handle, gy.data(), input, partial, scratch);
-    accumulate(space, partial, gw);
-    return true;
-  }
-#endif
   p.template choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
       p.weight_gradient, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
       [&](cudnnConvolutionBwdFilterAlgo_t algorithm, std::size_t* bytes) {
@@ -866,6 +880,29 @@ bool ConvLibraryPlan<T>::backward_weight(const ExecutionSpace& space, const Fiel
             requested, returned, results, scratch, scratch_bytes);
       },
       "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+#ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
+  if (p.graph) {
+    if (!p.graph_weight.chosen) {  // timing writes the output: into a scratch weight
+      const ReplicatedView<T> timed(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("cudnn_find_weight")),
+          p.weight_values);
+      p.choose_graph(p.graph_weight, Plan::Direction::weight, handle, gy.data(), input,
+                     timed.data());
+    }
+    if (graph_runs(p.graph_weight, p.weight_gradient)) {
+      // The partial weight gradient after the workspace, at an aligned address: the engines
+      // refuse a misaligned operand (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H200).
+      const std::size_t aligned = 256 / sizeof(T);
+      const std::size_t workspace_values =
+          (values_for<T>(std::size_t(p.graph_weight.workspace)) + aligned - 1) / aligned * aligned;
+      T* scratch = workspace.reserve(workspace_values + std::size_t(p.weight_values));
+      T* partial = scratch + workspace_values;
+      p.run_graph(p.graph_weight, handle, gy.data(), input, partial, scratch);
+      accumulate(space, partial, gw);
+      return true;
+    }
+  }
+#endif
   if (!p.weight_gradient.found) return false;
   const T one = 1;
   T* scratch = workspace.reserve(values_for<T>(p.weight_gradient.workspace));
