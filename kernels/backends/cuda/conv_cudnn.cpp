@@ -278,11 +278,14 @@ template <class Algorithm>
 std::string describe(const GraphChoice& graph, const Choice<Algorithm>& legacy) {
   if (!graph.chosen) return "not run";
   std::ostringstream out;
-  out << (graph_runs(graph, legacy) ? "[" : "") << describe(graph) << " (" << graph.milliseconds
-      << " ms)" << (graph_runs(graph, legacy) ? "]" : "") << " or "
-      << (graph_runs(graph, legacy) || !legacy.found ? "" : "[") << describe(legacy)
-      << (legacy.found ? " (" + std::to_string(legacy.milliseconds) + " ms)" : "")
-      << (graph_runs(graph, legacy) || !legacy.found ? "" : "]");
+  out << describe(graph);
+  if (graph.found) out << " (" << graph.milliseconds << " ms)";
+  out << " or " << describe(legacy);
+  if (legacy.found) out << " (" << legacy.milliseconds << " ms)";
+  out << ": runs "
+      << (graph_runs(graph, legacy) ? "the graph"
+          : legacy.found            ? "the algorithm"
+                                    : "neither");
   return out.str();
 }
 
@@ -316,7 +319,7 @@ struct ConvLibraryPlan<T>::Plan {
   std::vector<std::int64_t> input_dims, output_dims, weight_dims, steps, dilations;
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
   GraphChoice graph_forward, graph_data, graph_weight;
-  // Float convolutions run the graphs where SHARDTENSOR_CUDNN_API=graph; double keeps the
+  // Float convolutions time the graphs (unless SHARDTENSOR_CUDNN_API=legacy); double keeps the
   // legacy calls (on an H200 the graph engines' double results failed the finite-difference
   // and adjoint tests; double is for checks, not speed).
   bool graph = false;
@@ -520,7 +523,7 @@ void report_plans(std::vector<std::string>& lines) {
                       describe(plan->graph_weight));
       continue;
     }
-    if (plan->graph) {  // [the one that runs]
+    if (plan->graph) {
       lines.push_back(plan->shape + ": forward " + describe(plan->graph_forward, plan->forward) +
                       "; data gradient " + describe(plan->graph_data, plan->data) +
                       "; weight gradient " + describe(plan->graph_weight, plan->weight_gradient));
