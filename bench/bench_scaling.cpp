@@ -155,7 +155,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     r.size_multiple = Index(1) << models::unet_options(config.model, shape).depth;
 
   auto model = models::build_model<T>(config.model, mesh.domain, shape);
-  config.training.set_layer_math(*model);
+  config.configure_layers(*model);
   model->overlap_halo(s.overlap);
   r.parameters = models::count_parameters(*model);
   auto optimizer = make_optimizer<T>(config.optimizer, model->named_parameters());

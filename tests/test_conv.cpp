@@ -263,7 +263,7 @@ TEMPLATE_TEST_CASE(
     const ConvShape& g = c.g;
     for (int a = 0; a < 3; ++a)  // the windows' box lies in the padded buffer
       REQUIRE(g.base[a] + (g.out[a] - 1) * g.s[a] + (g.k[a] - 1) * g.d[a] + 1 <= c.padded[a]);
-    const kernels::ConvLibraryPlan<T> plan(g, c.padded, std::size_t(64) << 20);
+    const kernels::ConvLibraryPlan<T> plan(g, c.padded, 0.25);
     // Host builds have no library; a CUDA build with cuDNN plans every one of these shapes.
     CHECK(plan.applies() == kernels::conv_library_available());
     if (!plan.applies()) continue;
@@ -572,6 +572,11 @@ TEST_CASE("Conv rejects bad input naming layer, dim and values", "[conv][errors]
   bad_stride.stride = {1};
   CHECK_THROWS_WITH(Conv<float>(comm, bad_stride, "s"),
                     Contains("stride has 1 values for 2 spatial dims"));
+  ConvOptions greedy = o;
+  greedy.library_workspace_share = 1.5;
+  CHECK_THROWS_WITH(Conv<float>(comm, greedy, "w"),
+                    Contains("Conv2d 'w': library_workspace_share must be a share of free "
+                             "memory from 0 to 1, got 1.5"));
 }
 
 TEST_CASE("TF32 is a layer's option: allow_tf32 sets it on that layer, not on the process",

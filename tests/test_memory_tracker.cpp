@@ -499,7 +499,15 @@ TEST_CASE("memory.budget_mib: config errors, and a training run that exceeds it"
       test::error_message_of([&] { RunConfig::parse(base + "memory: {budget_mib: lots}\n"); }),
       Contains("memory.budget_mib"));
   CHECK_THAT(test::error_message_of([&] { RunConfig::parse(base + "memory: {budget: 5}\n"); }),
-             Contains("memory (line 3): unknown key 'budget'; accepted keys: budget_mib"));
+             Contains("memory (line 3): unknown key 'budget'; accepted keys: budget_mib, "
+                      "library_workspace_share"));
+  CHECK(RunConfig::parse(base).memory.library_workspace_share == 0.25);
+  CHECK(RunConfig::parse(base + "memory: {library_workspace_share: 0.5}\n")
+            .memory.library_workspace_share == 0.5);
+  CHECK_THAT(test::error_message_of(
+                 [&] { RunConfig::parse(base + "memory: {library_workspace_share: 1.5}\n"); }),
+             Contains("memory.library_workspace_share (line 3): must be a share of free memory "
+                      "from 0 to 1, got 1.5"));
 
   disable_memory_tracking();
   const Communicator world;

@@ -554,6 +554,7 @@ TEMPLATE_TEST_CASE("two models in one process share its caches without interferi
   const test::ModuleFactory<TestType> make_b = [b](const Communicator& comm) {
     auto model = std::make_shared<UNet<TestType>>(comm, b);
     model->allow_tf32(true);
+    model->set_library_workspace_share(0);  // a GPU's convolutions without workspace
     model->overlap_halo(false);
     return model;
   };

@@ -153,7 +153,7 @@ class Engine {
           config.model, comm_,
           {decomposition_.ndims(), options.input_channels, options.output_channels, extents});
     }
-    config.training.set_layer_math(*model_);
+    config.configure_layers(*model_);
     optimizer_ = make_optimizer<T>(config.optimizer, model_->named_parameters());
     ScheduleOptions schedule = config.schedule;
     if (schedule.total_steps == 0) {

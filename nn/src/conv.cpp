@@ -131,6 +131,15 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
     bias_ = this->register_parameter("bias", {options_.out_channels}, bound, 2 * seed + 1);
   halo_ = std::make_shared<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, T(0), where);
   workspace_->budget_bytes = options_.workspace_bytes;
+  set_library_workspace_share(options_.library_workspace_share);
+}
+
+template <class T>
+void Conv<T>::set_library_workspace_share(double share) {
+  SHARDTENSOR_REQUIRE(
+      share >= 0 && share <= 1, layer_name(geometry_.ndims, name_),
+      "library_workspace_share must be a share of free memory from 0 to 1, got " << share);
+  options_.library_workspace_share = share;
 }
 
 template <class T>

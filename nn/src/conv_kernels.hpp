@@ -32,7 +32,7 @@ class ConvKernels {
         workspace_(std::move(workspace)),
         library_(gemm_ && options.library_kernels
                      ? kernels::ConvLibraryPlan<T>(shape, padded_extent,
-                                                   options.library_workspace_bytes,
+                                                   options.library_workspace_share,
                                                    tensor_cores_exact_or_allowed(options))
                      : kernels::ConvLibraryPlan<T>()),
         planes_(gemm_ && !library_.applies()

@@ -117,12 +117,16 @@ TrainingConfig read_training(const ConfigNode& node) {
 }
 
 MemoryConfig read_memory(const ConfigNode& node) {
-  node.allow_only({"budget_mib"});
+  node.allow_only({"budget_mib", "library_workspace_share"});
   MemoryConfig m;
   m.budget_mib = node.get("budget_mib", m.budget_mib);
   node["budget_mib"].check(
       std::isfinite(m.budget_mib) && m.budget_mib >= 0,
       "must be a number of MiB >= 0 (0: no budget), got " + node["budget_mib"].text());
+  m.library_workspace_share = node.get("library_workspace_share", m.library_workspace_share);
+  node["library_workspace_share"].check(
+      m.library_workspace_share >= 0 && m.library_workspace_share <= 1,
+      "must be a share of free memory from 0 to 1, got " + node["library_workspace_share"].text());
   return m;
 }
 

@@ -74,7 +74,7 @@ Setup<T> set_up(const Communicator& world, const RunConfig& config, const io::Fi
         config.model, mesh.domain,
         {data.dims, data.input_channels, data.target_channels, data.extents});
   }
-  config.training.set_layer_math(*model);
+  config.configure_layers(*model);
   return Setup<T>{std::move(mesh), std::move(data), std::move(domain), std::move(model)};
 }
 

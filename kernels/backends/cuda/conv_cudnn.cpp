@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -40,6 +41,7 @@
 
 #include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #ifdef SHARDTENSOR_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
 #include "shardtensor/kernels/channels_last.hpp"
@@ -116,14 +118,39 @@ bool sums_products(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
-/// The fastest of cuDNN's timed results (sorted fastest first) that ran, is deterministic and
-/// fits the workspace bound; for float without TF32 (`float_accuracy`), one with FMA math
-/// that sums the products itself.
+/// A timed candidate: its milliseconds and workspace bytes.
+struct Timed {
+  float milliseconds = 0;
+  std::size_t workspace = 0;
+};
+
+/// Which of the timed candidates runs (-1: none): the one with the least workspace among
+/// those within 5 % of the fastest (timing noise is about 1 %; the memory is the field's).
+int least_workspace_near_fastest(const std::vector<Timed>& timed) {
+  float fastest_ms = -1;
+  for (const Timed& t : timed)
+    if (fastest_ms < 0 || t.milliseconds < fastest_ms) fastest_ms = t.milliseconds;
+  int pick = -1;
+  for (int i = 0; i < int(timed.size()); ++i) {
+    if (timed[i].milliseconds > fastest_ms * 1.05f) continue;
+    if (pick < 0 || timed[i].workspace < timed[pick].workspace ||
+        (timed[i].workspace == timed[pick].workspace &&
+         timed[i].milliseconds < timed[pick].milliseconds))
+      pick = i;
+  }
+  return pick;
+}
+
+/// The pick (least_workspace_near_fastest) of cuDNN's timed results that ran, are
+/// deterministic and fit the workspace bound; for float without TF32 (`float_accuracy`), of
+/// those with FMA math that sum the products themselves.
 template <class Algorithm, class Perf>
 Choice<Algorithm> fastest(const std::vector<Perf>& results, int returned, std::size_t limit,
                           bool float_accuracy) {
   Choice<Algorithm> choice;
   choice.chosen = true;
+  std::vector<const Perf*> qualified;
+  std::vector<Timed> timed;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = results[i];
     const bool tensor_cores =
@@ -131,14 +158,31 @@ Choice<Algorithm> fastest(const std::vector<Perf>& results, int returned, std::s
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
         p.memory > limit || (float_accuracy && (tensor_cores || !sums_products(p.algo))))
       continue;
+    qualified.push_back(&p);
+    timed.push_back({p.time, p.memory});
+  }
+  if (const int pick = least_workspace_near_fastest(timed); pick >= 0) {
+    const Perf& p = *qualified[pick];
     choice.found = true;
     choice.algorithm = p.algo;
     choice.workspace = p.memory;
     choice.math = p.mathType;
     choice.milliseconds = p.time;
-    break;
   }
   return choice;
+}
+
+/// The workspace bound of a plan made now: `share` of the memory the device has free and,
+/// under a memory budget (memory.budget_mib), of the room left below it.
+std::size_t workspace_bound(double share) {
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) free = 0;
+  std::uint64_t room = free;
+  if (const std::uint64_t budget = memory_budget(); budget > 0) {
+    const std::uint64_t used = memory_snapshot().total.current;
+    room = std::min<std::uint64_t>(room, used < budget ? budget - used : 0);
+  }
+  return static_cast<std::size_t>(std::clamp(share, 0.0, 1.0) * double(room));
 }
 
 /// Values of T that hold `bytes` (the workspace is a View of T).
@@ -267,10 +311,13 @@ std::string describe(const GraphChoice& c) {
 /// Whether a direction runs its graph rather than the legacy algorithm: float directions time
 /// both (on an H200 at 128^3 the legacy forward's implicit GEMM took 7.1 ms, the graph's fastest
 /// engine 22.7 ms, while only the graph had a weight gradient within the workspace bound) and
-/// run the faster; a direction that has only one runs it.
+/// run the faster (least_workspace_near_fastest: within 5 %, the smaller workspace); a
+/// direction that has only one runs it.
 template <class Algorithm>
 bool graph_runs(const GraphChoice& graph, const Choice<Algorithm>& legacy) {
-  return graph.found && !(legacy.found && legacy.milliseconds < graph.milliseconds);
+  if (!graph.found || !legacy.found) return graph.found;
+  return least_workspace_near_fastest({{graph.milliseconds, std::size_t(graph.workspace)},
+                                       {legacy.milliseconds, legacy.workspace}}) == 0;
 }
 
 /// A direction's choice as conv_library_report shows it: both candidates and which runs.
@@ -331,7 +378,7 @@ struct ConvLibraryPlan<T>::Plan {
   /// (never down-converting inputs or reduced-precision reductions; never nondeterministic;
   /// for float without TF32 no tensor cores, FFT or Winograd) and whose workspace fits the
   /// bound, builds every such plan and times them on these operands (`a`, `b` in, `out`
-  /// written), keeping the fastest. Runs once per direction.
+  /// written), keeping least_workspace_near_fastest's pick. Runs once per direction.
   void choose_graph(GraphChoice& choice, Direction direction, cudnnHandle_t handle, const void* a,
                     const void* b, void* out) {
     std::lock_guard<std::mutex> lock(choosing);
@@ -409,19 +456,22 @@ struct ConvLibraryPlan<T>::Plan {
     const FindScratch scratch = find_scratch(std::size_t(largest));
     cudaStream_t stream = nullptr;
     check(cudnnGetStream(handle, &stream), "cudnnGetStream");
-    float best_ms = -1;
+    std::vector<std::int64_t> ran;
+    std::vector<Timed> timed;
     for (const auto& candidate : built) {
       const std::int64_t plan = candidate.first;
       const float ms = fastest_run_ms(stream, 3, [&] {
         return g->execute_plan_at_index(handle, pointers, scratch.data(), plan).is_good();
       });
-      if (ms < 0 || (best_ms >= 0 && ms >= best_ms)) continue;
-      best_ms = ms;
-      choice.plan = plan;
-      choice.workspace = candidate.second;
-      choice.milliseconds = ms;
+      if (ms < 0) continue;
+      ran.push_back(plan);
+      timed.push_back({ms, std::size_t(candidate.second)});
     }
-    if (best_ms < 0) return;
+    const int pick = least_workspace_near_fastest(timed);
+    if (pick < 0) return;
+    choice.plan = ran[pick];
+    choice.workspace = std::int64_t(timed[pick].workspace);
+    choice.milliseconds = timed[pick].milliseconds;
     if (g->get_plan_name_at_index(choice.plan, choice.name).is_bad()) choice.name = "(unnamed)";
     choice.graph = std::move(g);
     choice.found = true;
@@ -449,7 +499,8 @@ struct ConvLibraryPlan<T>::Plan {
   /// Makes `choice` on its first call, among one direction's `algorithms` (its
   /// ..._ALGO_COUNT): `find(requested, &returned, results, scratch, scratch_bytes)` times them
   /// (cudnnFind...AlgorithmEx), with scratch for the largest workspace that one of them within
-  /// the bound asks for (`workspace_size(algorithm, &bytes)`), not the bound itself.
+  /// the bound asks for (`workspace_size(algorithm, &bytes)`), not the bound itself; for float
+  /// without TF32, only those that sum the products (the others cannot be chosen).
   template <class Perf, class Algorithm, class WorkspaceSize, class Find>
   void choose(Choice<Algorithm>& choice, int algorithms, WorkspaceSize workspace_size, Find find,
               const char* call) {
@@ -458,7 +509,8 @@ struct ConvLibraryPlan<T>::Plan {
     std::size_t needed = 0;
     for (int a = 0; a < algorithms; ++a) {
       std::size_t bytes = 0;
-      if (workspace_size(static_cast<Algorithm>(a), &bytes) == CUDNN_STATUS_SUCCESS &&
+      if ((!float_accuracy || sums_products(static_cast<Algorithm>(a))) &&
+          workspace_size(static_cast<Algorithm>(a), &bytes) == CUDNN_STATUS_SUCCESS &&
           bytes <= workspace_limit)
         needed = std::max(needed, bytes);
     }
@@ -545,7 +597,7 @@ std::vector<std::string> conv_library_report() {
 
 template <class T>
 ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
-                                    std::size_t workspace_bytes, bool tf32) {
+                                    double workspace_share, bool tf32) {
   // The box of the padded buffer that the windows read, and the tensors' extents: cuDNN takes
   // int extents and strides.
   Index window[3];
@@ -585,7 +637,7 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
                                    padded[1],
                                    padded[2],
                                    tf32,
-                                   static_cast<long long>(workspace_bytes)};
+                                   std::llround(workspace_share * 1e6)};
   PlanCache<T>& cache = plan_cache<T>();
   std::lock_guard<std::mutex> lock(cache.mutex);
   std::shared_ptr<Plan>& cached = cache.plans[key];
@@ -649,7 +701,7 @@ ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape& g, const Index padded[3],
                                          : "");
     plan->shape = shape.str();
     plan->weight_values = g.out_channels * g.in_per_group * g.k[0] * g.k[1] * g.k[2];
-    plan->workspace_limit = workspace_bytes;
+    plan->workspace_limit = workspace_bound(workspace_share);
     plan->input_dims = {g.batch, g.in_channels, window[0], window[1], window[2]};
     plan->output_dims = {g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]};
     plan->weight_dims = {g.out_channels, g.in_per_group, g.k[0], g.k[1], g.k[2]};
@@ -931,7 +983,7 @@ template <class T>
 struct ConvLibraryPlan<T>::Plan {};
 
 template <class T>
-ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape&, const Index[3], std::size_t, bool) {}
+ConvLibraryPlan<T>::ConvLibraryPlan(const ConvShape&, const Index[3], double, bool) {}
 
 template <class T>
 bool ConvLibraryPlan<T>::forward(const ExecutionSpace&, const FieldView<T>&,

@@ -36,11 +36,13 @@ class ConvLibraryPlan {
   /// has extents `padded`, or an empty one where the build has no library or the shape has
   /// no local output. Plans are cached per shape for the process: the algorithms are chosen
   /// on a direction's first run, by timing the library's deterministic algorithms whose
-  /// workspace fits `workspace_bytes`. `tf32`: float may use TF32 tensor cores (products of
-  /// 10-bit mantissas, about 1e-3 relative error, several times faster); off, float keeps
-  /// FMA math and matches the CPU to 1e-5. The layer's option (ConvOptions::tf32), so two
-  /// models in one process may differ.
-  ConvLibraryPlan(const ConvShape& g, const Index padded[3], std::size_t workspace_bytes,
+  /// workspace fits `workspace_share` (0 to 1) of the memory the device has free when the
+  /// plan is made (and of the room left under the memory budget, if one is set); among those
+  /// within 5 % of the fastest, the one with the least workspace. `tf32`: float may use TF32 tensor
+  /// cores (products of 10-bit mantissas, about 1e-3 relative error, several times faster); off,
+  /// float keeps FMA math and matches the CPU to 1e-5. The layer's option (ConvOptions::tf32), so
+  /// two models in one process may differ.
+  ConvLibraryPlan(const ConvShape& g, const Index padded[3], double workspace_share,
                   bool tf32 = false);
 
   bool applies() const { return plan_ != nullptr; }

@@ -43,8 +43,13 @@ struct ConvOptions {
   /// kernels/conv_library.hpp): the library's convolutions where it has an algorithm for the
   /// shape, the portable kernels otherwise. false: always the portable kernels.
   bool library_kernels = true;
-  /// Bound on the library's workspace (its algorithms are chosen among those that fit).
-  std::size_t library_workspace_bytes = std::size_t(256) << 20;
+  /// Bound on the library's workspace: this share of the memory the device has free when a
+  /// shape is first planned (and of the room left under memory.budget_mib, if set). Its
+  /// algorithms are chosen among those that fit, the least workspace among those within 5 %
+  /// of the fastest; all layers share one buffer, as large as the largest chosen needs.
+  /// Module::set_library_workspace_share sets it for a whole model
+  /// (memory.library_workspace_share).
+  double library_workspace_share = 0.25;
   /// Float through the library may use TF32 tensor cores (about 1e-3 relative error, several
   /// times faster); off (the default, unlike PyTorch's cuDNN), a GPU's float results match the
   /// CPU's to 1e-5. Module::allow_tf32 sets it for a whole model (config: training.tf32).
@@ -81,6 +86,7 @@ class Conv : public Module<T> {
   /// The input is copied into a padded buffer first: its ghost cells are never read.
   bool reads_owned_cells_only() const override { return true; }
   void allow_tf32(bool on) override { options_.tf32 = on; }
+  void set_library_workspace_share(double share) override;
   void compute_in_bf16(bool on) override;
   void overlap_halo(bool on) override { options_.overlap_halo = on; }
 

@@ -67,6 +67,14 @@ class Module {
     for (auto& child : children_) child.second->allow_tf32(on);
   }
 
+  /// The share of the device's free memory that the convolutions of this module and its
+  /// children may take as their library's workspace (ConvOptions::library_workspace_share; a
+  /// GPU with cuDNN, nothing changes elsewhere), set for a whole model from
+  /// memory.library_workspace_share.
+  virtual void set_library_workspace_share(double share) {
+    for (auto& child : children_) child.second->set_library_workspace_share(share);
+  }
+
   /// Whether the convolutions, transposed convolutions and attention products of this module
   /// and its children take bf16 operands and sum in float (ConvOptions::bf16: PyTorch
   /// autocast's semantics); normalisation, softmax, pointwise layers and losses stay float.

@@ -61,6 +61,10 @@ struct MemoryConfig {
   /// Per-rank budget on tracked Kokkos memory (MiB); 0: none. Exceeding it in a training
   /// step stops the run on every rank with an error naming the category.
   double budget_mib = 0;
+  /// Share (0 to 1) of the device's free memory that the convolution library (cuDNN) may take
+  /// as workspace (ConvOptions::library_workspace_share); the buffer holds what the chosen
+  /// algorithms need, not the share.
+  double library_workspace_share = 0.25;
 };
 
 struct RunConfig {
@@ -74,6 +78,14 @@ struct RunConfig {
   TrainingConfig training;
   MemoryConfig memory;
   std::string text;  ///< the resolved config as YAML (written to the run dir and checkpoints)
+
+  /// Sets a model's per-layer options from this config: the math (training.tf32,
+  /// training.precision) and the convolution library's workspace share (memory).
+  template <class Model>
+  void configure_layers(Model& model) const {
+    training.set_layer_math(model);
+    model.set_library_workspace_share(memory.library_workspace_share);
+  }
 
   /// Where the training data comes from: a file (`data.path` required) or the caller's
   /// arrays (an embedding solver; `data.path` optional).
