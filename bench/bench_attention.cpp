@@ -18,6 +18,10 @@
 // core per rank). CPU time (max over ranks) is printed too: less inflated than wall time
 // when other jobs share the cores. Ceiling: KokkosBlas::gemm (OpenBLAS sgemm) of 1024^3 on
 // every rank at once.
+// Waiting: the time ranks spend blocked on the ring's transfers (the next K/V block, the
+// backward's travelling dK/dV accumulators; PendingExchange::wait counts it as collective
+// communication in the comm timers, with the loss's one sum), max over ranks, in the best
+// step, and its fraction of that step: what the overlap of transfers under compute leaves.
 // Memory: the peak resident set per rank (max over ranks), and that peak less the resident
 // set before the inputs were made. Tracked (memory_tracker.hpp): the highest total of live
 // Kokkos allocations during a measured step less what was live before the inputs were made
@@ -42,6 +46,7 @@
 #include <vector>
 
 #include "bench_support.hpp"
+#include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/gather_scatter.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
@@ -197,11 +202,14 @@ int main(int argc, char** argv) {
       const auto k = random_tokens(comm, tokens, C, 2, true);
       const auto v = random_tokens(comm, tokens, C, 3, true);
       double forward_best = 1e30, step_best = 1e30, forward_cpu_best = 1e30, step_cpu_best = 1e30;
+      double step_wait = 0;  // the best step's time blocked on transfers, max over ranks
+      enable_comm_timers();
       std::uint64_t tracked_peak = 0;  // of the measured steps, this rank
       for (int step = 0; step < warmup + iters; ++step) {
         for (const auto* x : {&q, &k, &v}) x->zero_grad();
         MPI_Barrier(MPI_COMM_WORLD);
         reset_memory_peak();
+        reset_comm_timers();
         MemoryCategoryScope graph_memory(MemoryCategory::activations);
         const double t0 = MPI_Wtime(), c0 = cpu_seconds();
         const Variable<float> out = ring_attention(comm, q, k, v, heads, causal, tf32);
@@ -212,7 +220,9 @@ int main(int argc, char** argv) {
         const double t2 = MPI_Wtime(), c2 = cpu_seconds();
         const double times[4] = {max_over_ranks(t1 - t0), max_over_ranks(t2 - t0),
                                  max_over_ranks(c1 - c0), max_over_ranks(c2 - c0)};
+        const double waited = max_over_ranks(comm_seconds(CommKind::collective));
         if (step >= warmup) {
+          if (times[1] < step_best) step_wait = waited;
           tracked_peak = std::max(tracked_peak, memory_snapshot().total.peak);
           forward_best = std::min(forward_best, times[0]);
           step_best = std::min(step_best, times[1]);
@@ -259,6 +269,9 @@ int main(int argc, char** argv) {
             "  forward + backward         %10.1f ms   %7.1f GFLOP/s per core (%.1f GFLOP)\n",
             step_best * 1e3, step_gflops, step_flops / 1e9);
         std::printf(
+            "  waiting for transfers      %10.1f ms of the step (%.1f %%, max over ranks)\n",
+            step_wait * 1e3, 100 * step_wait / step_best);
+        std::printf(
             "  CPU time (max over ranks)  %10.1f ms forward, %.1f ms forward + backward "
             "(%.1f GFLOP/s per CPU-second)\n",
             forward_cpu_best * 1e3, step_cpu_best * 1e3,
@@ -281,6 +294,7 @@ int main(int argc, char** argv) {
         std::printf(
             "{\"bench\":\"attention\",\"ranks\":%d,\"tokens\":%ld,\"heads\":%d,\"head_dim\":%ld,"
             "\"causal\":%s,\"tf32\":%s,\"ms_forward\":%.6g,\"ms_forward_backward\":%.6g,"
+            "\"ms_wait\":%.6g,\"wait_fraction\":%.4g,"
             "\"cpu_ms_forward\":%.6g,\"cpu_ms_forward_backward\":%.6g,"
             "\"gflops_per_core_forward\":%.4g,\"gflops_per_core\":%.4g,"
             "\"sgemm_gflops_per_core\":%.4g,\"ratio_to_sgemm_forward\":%.4g,"
@@ -291,12 +305,12 @@ int main(int argc, char** argv) {
             "\"check_error\":%.3g,\"correct\":%s,\"openblas_coretype\":\"%s\","
             "\"vector_isa\":\"%s\",\"vector_lanes\":%d}\n",
             comm.size(), long(tokens), heads, long(head_dim), causal ? "true" : "false",
-            tf32 ? "true" : "false", forward_best * 1e3, step_best * 1e3, forward_cpu_best * 1e3,
-            step_cpu_best * 1e3, forward_gflops, step_gflops, sgemm, forward_gflops / sgemm,
-            step_gflops / sgemm, peak, peak - memory_before, step_mib, kib_per_token,
-            unsharded_kib_per_token, budget_mib, fit_tokens, fit_unsharded, check_error,
-            status == 0 ? "true" : "false", coretype, kernels::vector_isa().c_str(),
-            kernels::vector_lanes());
+            tf32 ? "true" : "false", forward_best * 1e3, step_best * 1e3, step_wait * 1e3,
+            step_wait / step_best, forward_cpu_best * 1e3, step_cpu_best * 1e3, forward_gflops,
+            step_gflops, sgemm, forward_gflops / sgemm, step_gflops / sgemm, peak,
+            peak - memory_before, step_mib, kib_per_token, unsharded_kib_per_token, budget_mib,
+            fit_tokens, fit_unsharded, check_error, status == 0 ? "true" : "false", coretype,
+            kernels::vector_isa().c_str(), kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

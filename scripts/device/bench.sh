@@ -5,7 +5,7 @@
 # output into $OUT/bench.log). Run it after scripts/device/run.sh (which unpacks the bundle),
 # or alone: then it unpacks the bundle first, running no test.
 #
-#   scripts/device/bench.sh [conv,unet,capacity,vit,attention]   (default: all, in this order)
+#   scripts/device/bench.sh [conv,unet,capacity,vit,attention,memops]  (default: all, in order)
 #
 #   conv       bench_conv 32 -> 32, k3, 128^3, forward + backward (median of 7 after 3) and
 #              tools/pytorch_gpu_conv.py
@@ -19,17 +19,20 @@
 #              tools/pytorch_gpu_vit.py (flex_attention, torch.compile)
 #   attention  bench_attention at 16384 and 65536 tokens (TF32 off and on), and PyTorch's
 #              scaled_dot_product_attention (tools/pytorch_gpu_attention.py: fp32, TF32, bf16)
+#   memops     bench_memory_ops at 128^3 (pooling, upsampling, GroupNorm, GELU, concat, MSE:
+#              GB/s against the GPU's copy ceiling) and tools/pytorch_memory_ops.py on the GPU
 #
 # Each command runs with a time limit (LIMIT_S, 300 s); a run that fails or times out is
 # logged and the next one starts. CUDNN_APIS (default "legacy graph graph_cl") names the cuDNN
 # paths the conv and unet parts run, ATTENTION_TOKENS (default "16384 65536") the attention
-# part's lengths. The last lines printed are one summary line per result
+# part's lengths and ATTENTION_RANKS (default 1; "1 2": also two ranks sharing the GPU, with
+# the fraction of the step spent waiting for the ring's transfers) its rank counts. The last lines printed are one summary line per result
 # (scripts/device/summarize.py).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${OUT:-$root/device-out}"
 limit="${LIMIT_S:-300}"
-parts=",${1:-conv,unet,capacity,vit,attention},"
+parts=",${1:-conv,unet,capacity,vit,attention,memops},"
 unpacked=/tmp/shardtensor-device
 mkdir -p "$out"
 [ -f "$unpacked/env.sh" ] || bash "$root/scripts/device/run.sh" '^$' 1 > /dev/null
@@ -113,11 +116,18 @@ fi
 if [[ $parts == *,attention,* ]]; then
   for tokens in ${ATTENTION_TOKENS:-16384 65536}; do
     for tf32 in off on; do
-      run mpiexec -n 1 "$bin/bench_attention" --tokens $tokens --iters 5 --warmup 1 --tf32 $tf32
+      for ranks in ${ATTENTION_RANKS:-1}; do
+        run mpiexec -n $ranks "$bin/bench_attention" --tokens $tokens --iters 5 --warmup 1 \
+          --tf32 $tf32
+      done
     done
   done
   tokens="${ATTENTION_TOKENS:-16384 65536}"
   run python3 "$root/tools/pytorch_gpu_attention.py" --tokens "${tokens// /,}" --iters 5 --warmup 2
+fi
+if [[ $parts == *,memops,* ]]; then
+  run mpiexec -n 1 "$bin/bench_memory_ops" --size 128 --iters 5 --warmup 2
+  run python3 "$root/tools/pytorch_memory_ops.py" --size 128 --iters 5 --warmup 2 --device cuda
 fi
 echo "bench: $(wc -l < "$jsonl") JSON lines in $jsonl"
 python3 "$root/scripts/device/summarize.py" "$jsonl"

@@ -13,6 +13,11 @@ def line(r):
     path = r.get("cudnn_api") or "legacy"
     if r.get("cudnn_layout") == "channels_last":
         path += "_cl"
+    if "ops" in r:  # bench_memory_ops and its peer: GB/s per op, forward / backward
+        ops = " ".join("%s %.0f/%.0f" % (o["op"].split()[0], o["forward_gbytes_per_s"],
+                                         o["backward_gbytes_per_s"]) for o in r["ops"])
+        ceiling = " ceiling %.0f" % r["copy_gbytes_per_s"] if "copy_gbytes_per_s" in r else ""
+        return "%-22s GB/s%s %s" % (r.get("peer", "bench_memory_ops"), ceiling, ops)
     if "peer" in r:
         keys = [k for k in ("tf32", "deterministic", "channels_last", "bf16_autocast",
                             "recompute") if r.get(k)]
@@ -36,9 +41,11 @@ def line(r):
             "bench_conv", path + " tf32 " + r.get("tf32", "?"), r["step_median_s"] * 1e3,
             r["forward_s"] * 1e3, r["gflops_per_core"], r.get("step_peak_mib", "?"))
     if r.get("bench") == "attention":
-        return "%-22s %-28s fwd %.1f ms fwd+bwd %.1f ms check %.2g step %s MiB" % (
-            "bench_attention", "%s tokens tf32 %s" % (r["tokens"], r.get("tf32")),
-            r["ms_forward"], r["ms_forward_backward"], r["check_error"], r["tracked_step_mib"])
+        return "%-22s %-28s fwd %.1f ms fwd+bwd %.1f ms wait %.1f %% check %.2g step %s MiB" % (
+            "bench_attention", "%s tokens %s rk tf32 %s" % (r["tokens"], r.get("ranks", 1),
+                                                            r.get("tf32")),
+            r["ms_forward"], r["ms_forward_backward"], 100 * r.get("wait_fraction", 0),
+            r["check_error"], r["tracked_step_mib"])
     if r.get("bench") == "scaling":
         peak = r.get("peak_mib", {})
         return "%-22s %-28s size %s step %.2f ms infer %.2f ms peak %.0f MiB fits %s" % (
