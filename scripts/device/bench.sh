@@ -10,7 +10,8 @@
 #   conv       bench_conv 32 -> 32, k3, 128^3, forward + backward (median of 7 after 3) and
 #              tools/pytorch_gpu_conv.py
 #   unet       bench_scaling on bench/scaling_unet3d.yaml at 128^3, training step and
-#              inference (median of 7 after 3) and tools/pytorch_gpu_unet.py
+#              inference (median of 7 after 3) and tools/pytorch_gpu_unet.py; then both in
+#              bf16 (PyTorch: AMP on channels-last)
 #   capacity   the same U-Net in float and bf16, each with and without recomputation, at
 #              growing cubes until one does not fit in 90 % of the GPU's memory
 #              (bench_scaling --budget-mib), and PyTorch's largest under the same budget
@@ -83,6 +84,11 @@ if [[ $parts == *,unet,* ]]; then
     done
   done
   run python3 "$root/tools/pytorch_gpu_unet.py" --size 128
+  # bf16 (training.precision: bf16, the default cuDNN path) beside PyTorch's AMP bf16 on
+  # channels-last tensors.
+  run mpiexec -n 1 "$bin/bench_scaling" "${unet[@]}" --warmup 3 --iters 7 --size 128 \
+    --precision bf16
+  run python3 "$root/tools/pytorch_gpu_unet.py" --size 128 --precision bf16 --channels-last
 fi
 if [[ $parts == *,capacity,* ]]; then
   # float and bf16, each without and with recomputation, against PyTorch's float, AMP bf16
