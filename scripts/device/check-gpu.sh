@@ -16,7 +16,8 @@
 # Everything lands in $OUT (tests*/summary.txt, tests*/log.txt, bench.log, bench.jsonl); the last
 # lines printed are the tests that did not pass and one line per benchmark result.
 #
-#   scripts/device/check-gpu.sh            TESTS=REGEX overrides the tests of step 1
+#   scripts/device/check-gpu.sh            TESTS=REGEX overrides the tests of step 1, CL_TESTS
+#                                          those on channels-last copies (empty: none)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${OUT:-$root/device-out}"
@@ -26,10 +27,12 @@ OUT="$out/tests" DEADLINE="${TEST_DEADLINE:-60}" JOBS=4 bash "$root/scripts/devi
   "${TESTS:-^test_(conv|conv_transpose|backend_layers|models|ring_attention|vit)_np[12]$}" \
   "${TEST_LIMIT_S:-90}" > /dev/null
 grep -E 'FAIL|TIMEOUT|SKIPPED|passed' "$out/tests/summary.txt"
-SHARDTENSOR_CUDNN_API=graph SHARDTENSOR_CUDNN_LAYOUT=channels_last OUT="$out/tests_cl" \
-  DEADLINE=30 JOBS=4 bash "$root/scripts/device/run.sh" \
-  "^test_(conv|conv_transpose|backend_layers)_np1$" 90 > /dev/null
-grep -E 'FAIL|TIMEOUT|SKIPPED|passed' "$out/tests_cl/summary.txt"
+cl_tests="${CL_TESTS-^test_(conv|conv_transpose|backend_layers)_np1$}"
+if [ -n "$cl_tests" ]; then
+  SHARDTENSOR_CUDNN_API=graph SHARDTENSOR_CUDNN_LAYOUT=channels_last OUT="$out/tests_cl" \
+    DEADLINE=30 JOBS=4 bash "$root/scripts/device/run.sh" "$cl_tests" 90 > /dev/null
+  grep -E 'FAIL|TIMEOUT|SKIPPED|passed' "$out/tests_cl/summary.txt"
+fi
 parts=",${BENCH_PARTS:-conv,attention,unet},"
 if [[ $parts == *,conv,* ]]; then
   CUDNN_APIS="graph graph_cl" LIMIT_S=60 OUT="$out" bash "$root/scripts/device/bench.sh" conv \
