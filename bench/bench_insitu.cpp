@@ -50,6 +50,7 @@
 
 #include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/embed.hpp"
 #include "shardtensor/models/builder.hpp"
@@ -210,8 +211,8 @@ int main(int argc, char** argv) {
         const Index a0 = bare_out.allocated[1] * bare_out.allocated[2], a1 = bare_out.allocated[2];
         Kokkos::parallel_for(
             "bare output copy",
-            Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
-                                                   {in.extent(2), in.extent(3), in.extent(4)}),
+            Kokkos::MDRangePolicy<RightRank<3>>({0, 0, 0},
+                                                {in.extent(2), in.extent(3), in.extent(4)}),
             KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
               out[(i + 1) * a0 + (j + 1) * a1 + k + 1] = in(0, 0, i, j, k);
             });
@@ -250,7 +251,7 @@ int main(int argc, char** argv) {
         const auto target = staged;
         Kokkos::parallel_for(
             "field copy",
-            Kokkos::MDRangePolicy<Kokkos::Rank<3>>(
+            Kokkos::MDRangePolicy<RightRank<3>>(
                 {0, 0, 0}, {target.extent(0), target.extent(1), target.extent(2)}),
             KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
               target(i, j, k) = float(source[(i + 1) * a0 + (j + 1) * a1 + k + 1]);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench_support.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/nn.hpp"
 
@@ -41,7 +42,7 @@ Variable<float> random_field(const Communicator& comm, const Decomposition& d, I
   const Index n = d.global_extent(1), x0 = box.lower[0], y0 = box.lower[1];
   Kokkos::parallel_for(
       "bench_neighborhood::random",
-      Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0}, {C, box.extent[0], box.extent[1]}),
+      Kokkos::MDRangePolicy<RightRank<3>>({0, 0, 0}, {C, box.extent[0], box.extent[1]}),
       KOKKOS_LAMBDA(const Index c, const Index x, const Index y) {
         view(0, c, x, y, 0) = float(hashed_uniform(seed, (c * n + x0 + x) * n + y0 + y));
       });

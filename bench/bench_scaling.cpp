@@ -49,6 +49,7 @@
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
@@ -130,7 +131,7 @@ ShardTensor<T> random_field(const Decomposition& d, int rank, Index batch, Index
   const Index x0 = box.lower[0], y0 = box.lower[1], z0 = box.lower[2];  // std::array: host only
   Kokkos::parallel_for(
       "random_field",
-      Kokkos::MDRangePolicy<Kokkos::Rank<5>>(
+      Kokkos::MDRangePolicy<RightRank<5>>(
           {0, 0, 0, 0, 0}, {v.extent(0), v.extent(1), v.extent(2), v.extent(3), v.extent(4)}),
       KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j, const Index k) {
         const Index cell = ((x0 + i) * gy + y0 + j) * gz + z0 + k;

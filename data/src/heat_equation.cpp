@@ -10,6 +10,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/halo_exchange.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/io/atomic_output.hpp"
@@ -77,8 +78,8 @@ void fill_owned(const ShardTensor<double>& t, int channel, Index size, const F& 
   const int ndims = t.ndims();
   Kokkos::parallel_for(
       "heat_fill",
-      Kokkos::MDRangePolicy<Kokkos::Rank<3>>({owned.lower[0], owned.lower[1], owned.lower[2]},
-                                             {owned.upper(0), owned.upper(1), owned.upper(2)}),
+      Kokkos::MDRangePolicy<RightRank<3>>({owned.lower[0], owned.lower[1], owned.lower[2]},
+                                          {owned.upper(0), owned.upper(1), owned.upper(2)}),
       KOKKOS_LAMBDA(const Index i, const Index j, const Index k) {
         const double x = (double(i + origin[0]) + 0.5) * h;
         const double y = ndims > 1 ? (double(j + origin[1]) + 0.5) * h : 0.0;
@@ -163,8 +164,8 @@ HeatSample solve_heat_sample(const Communicator& comm, const Decomposition& deco
     const auto b = next.view();
     Kokkos::parallel_for(
         "heat_step",
-        Kokkos::MDRangePolicy<Kokkos::Rank<3>>({owned.lower[0], owned.lower[1], owned.lower[2]},
-                                               {owned.upper(0), owned.upper(1), owned.upper(2)}),
+        Kokkos::MDRangePolicy<RightRank<3>>({owned.lower[0], owned.lower[1], owned.lower[2]},
+                                            {owned.upper(0), owned.upper(1), owned.upper(2)}),
         KOKKOS_LAMBDA(const Index i, const Index j, const Index l) {
           const double centre = a(0, 0, i, j, l), kc = k(0, 0, i, j, l);
           double flux = 0;
@@ -188,9 +189,8 @@ HeatSample solve_heat_sample(const Communicator& comm, const Decomposition& deco
   for (int d = 0; d < 3; ++d) shift[d] = owned.lower[d] - out_box.lower[d];
   Kokkos::parallel_for(
       "heat_copy",
-      Kokkos::MDRangePolicy<Kokkos::Rank<3>>(
-          {out_box.lower[0], out_box.lower[1], out_box.lower[2]},
-          {out_box.upper(0), out_box.upper(1), out_box.upper(2)}),
+      Kokkos::MDRangePolicy<RightRank<3>>({out_box.lower[0], out_box.lower[1], out_box.lower[2]},
+                                          {out_box.upper(0), out_box.upper(1), out_box.upper(2)}),
       KOKKOS_LAMBDA(const Index i, const Index j, const Index l) {
         in(0, 1, i, j, l) = k(0, 0, i + shift[0], j + shift[1], l + shift[2]);
         target(0, 0, i, j, l) = uv(0, 0, i + shift[0], j + shift[1], l + shift[2]);
@@ -236,8 +236,7 @@ double generate_heat_dataset(const Communicator& comm, const HeatOptions& option
       Kokkos::View<double*, Kokkos::HostSpace> sums("change_sums", 2);
       Kokkos::parallel_reduce(
           "heat_change",
-          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
-                                                 {u.extent(2), u.extent(3), u.extent(4)}),
+          Kokkos::MDRangePolicy<RightRank<3>>({0, 0, 0}, {u.extent(2), u.extent(3), u.extent(4)}),
           KOKKOS_LAMBDA(const Index i, const Index j, const Index k, double& change, double& norm) {
             const double d = u(0, 0, i, j, k) - u0(0, 0, i, j, k);
             change += d * d;

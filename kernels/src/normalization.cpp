@@ -1,10 +1,12 @@
 #include "shardtensor/kernels/normalization.hpp"
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
 #include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
 #include "host/vector_kernels.hpp"
+#include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 
 namespace shardtensor::kernels {
@@ -38,15 +40,54 @@ struct Kokkos::reduction_identity<shardtensor::kernels::TwoSums> {
 namespace shardtensor::kernels {
 namespace {
 
+/// reduce_per_block on a GPU (below): parts of about 4096 cells per block, one team each.
+template <class V, class Cells, class F>
+std::vector<V> reduce_per_block_parts(const ExecutionSpace& space, const char* label,
+                                      const Cells& like, F f) {
+  const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
+  const Index ex = like.extent(2), ey = like.extent(3), ez = like.extent(4);
+  const Index cells = ex * ey * ez;
+  const Index parts = std::max<Index>(1, (cells + 4095) / 4096);
+  Kokkos::View<V*, DefaultMemorySpace> out(std::string(label), blocks * parts);
+  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  Kokkos::parallel_for(
+      label, Policy(space, static_cast<int>(blocks * parts), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Policy::member_type& team) {
+        const Index b = team.league_rank() / parts, part = team.league_rank() % parts;
+        const Index n = b / channels, c = b % channels;
+        V s{};
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, part * cells / parts, (part + 1) * cells / parts),
+            [&](const Index cell, V& acc) {
+              Index rest = cell;
+              const Index k = impl::take_remainder(rest, ez), j = impl::take_remainder(rest, ey);
+              acc += f(n, c, rest, j, k);
+            },
+            s);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(team.league_rank()) = s; });
+      });
+  space.fence();
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  std::vector<V> sums(blocks);
+  for (Index b = 0; b < blocks; ++b)
+    for (Index part = 0; part < parts; ++part) sums[b] += host(b * parts + part);
+  return sums;
+}
+
 /// out[n * channels + c] = sum over the owned cells of f(n, c, x, y, z) (a double, or TwoSums
-/// for two sums of one pass, each in the order a single sum takes): one team per block, its
-/// threads over the (x, y) rows, vector lanes along z (no index division per cell).
+/// for two sums of one pass, each in the order a single sum takes). On a host one team per
+/// block, its threads over the (x, y) rows, vector lanes along z (no index division per cell).
+/// On a GPU each block's cells are split into parts of about 4096 cells, one team per part
+/// with its threads on neighbouring cells, so that the teams fill the device (a team per
+/// block, its threads a row apart, read 60 GB/s on an H200); the parts' sums are added on
+/// the host in order, so the result does not depend on the schedule.
 template <class V, class Cells, class F>
 std::vector<V> reduce_per_block(const ExecutionSpace& space, const char* label, const Cells& like,
                                 F f) {
   const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
   const Index ey = like.extent(3), ez = like.extent(4);
   const Index rows = Index(like.extent(2)) * ey;
+  if constexpr (!kernels_run_on_host) return reduce_per_block_parts<V>(space, label, like, f);
   Kokkos::View<V*, DefaultMemorySpace> out(std::string(label), blocks);
   using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
   Kokkos::parallel_for(
@@ -94,9 +135,9 @@ std::vector<double> two_sums_per_block(const ExecutionSpace& space, const char* 
 
 /// Every owned cell of every block, as (block, x, y, z).
 template <class Cells>
-Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<4>> cells_of(const ExecutionSpace& space,
-                                                                const Cells& x) {
-  return Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<4>>(
+Kokkos::MDRangePolicy<ExecutionSpace, RightRank<4>> cells_of(const ExecutionSpace& space,
+                                                             const Cells& x) {
+  return Kokkos::MDRangePolicy<ExecutionSpace, RightRank<4>>(
       space, {0, 0, 0, 0},
       {Index(x.extent(0) * x.extent(1)), Index(x.extent(2)), Index(x.extent(3)),
        Index(x.extent(4))});

@@ -52,6 +52,32 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
         });
     return;
   }
+  if constexpr (!kernels_run_on_host) {
+    // On a GPU one output per work item, neighbours on neighbouring outputs (a line per thread
+    // read lines a line apart); the same taps in the same order.
+    for_each_cell_by_lines(
+        space, "Pool::forward", y.extent(0), g.channels, extents,
+        KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy,
+                      const Index oz) {
+          const T* window =
+              &xp(n, c, g.base[0] + ox * g.s[0], g.base[1] + oy * g.s[1], g.base[2] + oz * g.s[2]);
+          T best = -math::infinity<T>();
+          Index where = 0, tap = 0;
+          for (Index a = 0; a < g.k[0]; ++a)
+            for (Index b = 0; b < g.k[1]; ++b) {
+              const T* row = window + a * tap_step[0] + b * tap_step[1];
+              for (Index e = 0; e < g.k[2]; ++e, ++tap) {
+                const T v = row[e * tap_step[2]];
+                const bool larger = v > best;
+                where = larger ? tap : where;
+                best = larger ? v : best;
+              }
+            }
+          y(n, c, ox, oy, oz) = best;
+          if (record) argmax(n, c, ox, oy, oz) = static_cast<std::uint16_t>(where);
+        });
+    return;
+  }
   for_each_line(
       space, "Pool::forward", lines, KOKKOS_LAMBDA(const CellIndex& at) {
         const T* window = &xp(at.n, at.c, g.base[0] + at.x * g.s[0], g.base[1] + at.y * g.s[1],
@@ -98,6 +124,20 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
           const Index e = tap % g.k[2], b = tap / g.k[2] % g.k[1], a = tap / (g.k[2] * g.k[1]);
           tap_offset(tap) = g.padded_flat(a * g.d[0], b * g.d[1], e * g.d[2]);
         });
+    if constexpr (!kernels_run_on_host) {
+      // On a GPU one output per work item (the windows are disjoint: no two add to one cell).
+      const Index outputs[3] = {g.out[0], g.out[1], g.out[2]};
+      for_each_cell_by_lines(
+          space, "Pool::backward_scatter", gy.extent(0), g.channels, outputs,
+          KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy,
+                        const Index oz) {
+            T* const cells = &gxp(n, c, 0, 0, 0);  // indexed by padded_flat
+            const Index first = g.padded_flat(g.base[0] + ox * g.s[0], g.base[1] + oy * g.s[1],
+                                              g.base[2] + oz * g.s[2]);
+            cells[first + tap_offset(argmax(n, c, ox, oy, oz))] += gy(n, c, ox, oy, oz);
+          });
+      return;
+    }
     const Index rows = static_cast<Index>(gy.extent(0)) * g.channels * g.out[0] * g.out[1];
     Kokkos::parallel_for(
         "Pool::backward_scatter", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {

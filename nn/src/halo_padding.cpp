@@ -13,13 +13,21 @@ namespace {
 /// Calls op(source cell, target cell) for every owned cell of two fields with the same owned
 /// cells (any ghost widths), line by line along the innermost axis longer than one cell: z in
 /// 3-D, y in 2-D (whose z lines are single cells, where a per-cell index space costs more than
-/// the copy itself).
+/// the copy itself); on a GPU cell by cell (for_each_cell_by_lines).
 template <class T, class CellOp>
 void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
                             const ShardTensor<T>& target, CellOp op) {
   const auto s = source.interior();
   const auto t = target.interior();
   const Index e[3] = {Index(s.extent(2)), Index(s.extent(3)), Index(s.extent(4))};
+  if constexpr (!kernels_run_on_host) {
+    for_each_cell_by_lines(
+        ExecutionSpace(), label, s.extent(0), s.extent(1), e,
+        KOKKOS_LAMBDA(Index n, Index c, Index x, Index y, Index z) {
+          op(s(n, c, x, y, z), t(n, c, x, y, z));
+        });
+    return;
+  }
   const Lines lines(s.extent(0), s.extent(1), e);
   const Index length = lines.length, s_step = s.stride(2 + lines.axis),
               t_step = t.stride(2 + lines.axis);
@@ -63,7 +71,7 @@ struct PaddedValue {
 /// padded = the input's owned cells (rounded to bfloat16 if asked) with zeros around them (its
 /// ghost and padding cells), in one pass over the lines of the buffer along its innermost axis
 /// longer than one cell: a line outside the interior is zeroed whole, a line through it copied
-/// with its two ends zeroed.
+/// with its two ends zeroed. On a GPU cell by cell (for_each_cell_by_lines).
 template <class T>
 void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool to_bfloat16) {
   const Box inner = padded.interior_box();
@@ -71,6 +79,18 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
   const auto s = input.interior();
   const Index e[3] = {padded.allocated_extent(0), padded.allocated_extent(1),
                       padded.allocated_extent(2)};
+  if constexpr (!kernels_run_on_host) {
+    const Index lo0 = inner.lower[0], lo1 = inner.lower[1], lo2 = inner.lower[2];
+    const Index hi0 = inner.upper(0), hi1 = inner.upper(1), hi2 = inner.upper(2);
+    const PaddedValue<T> value{to_bfloat16};
+    for_each_cell_by_lines(
+        ExecutionSpace(), "fill_padded", v.extent(0), v.extent(1), e,
+        KOKKOS_LAMBDA(Index n, Index c, Index x, Index y, Index z) {
+          const bool inside = x >= lo0 && x < hi0 && y >= lo1 && y < hi1 && z >= lo2 && z < hi2;
+          v(n, c, x, y, z) = inside ? value(s(n, c, x - lo0, y - lo1, z - lo2)) : T(0);
+        });
+    return;
+  }
   const Lines lines(v.extent(0), v.extent(1), e);
   const int axis = lines.axis;
   const Index lo[3] = {inner.lower[0], inner.lower[1], inner.lower[2]};

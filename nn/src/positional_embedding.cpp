@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
@@ -64,7 +65,7 @@ Variable<T> PositionalEmbedding<T>::forward(const Variable<T>& input) {
   ShardTensor<T> y = ShardTensor<T>::uninitialized(dec, x.rank(), N, C, {}, name_ + ".output");
   const auto xi = x.interior();
   const auto yv = y.view();
-  const Kokkos::MDRangePolicy<Kokkos::Rank<4>> cells({0, 0, 0, 0}, {C, e0, e1, e2});
+  const Kokkos::MDRangePolicy<RightRank<4>> cells({0, 0, 0, 0}, {C, e0, e1, e2});
   Kokkos::parallel_for(
       "positional_embedding", cells,
       KOKKOS_LAMBDA(const Index c, const Index i, const Index j, const Index k) {
@@ -92,7 +93,7 @@ Variable<T> PositionalEmbedding<T>::forward(const Variable<T>& input) {
     const auto gy = self.grad_field().view();
     if (x_node->requires_grad) {
       const auto gx = x_node->grad_field().interior();
-      const Kokkos::MDRangePolicy<Kokkos::Rank<4>> all({0, 0, 0, 0}, {N * C, e0, e1, e2});
+      const Kokkos::MDRangePolicy<RightRank<4>> all({0, 0, 0, 0}, {N * C, e0, e1, e2});
       Kokkos::parallel_for(
           "positional_embedding_backward", all,
           KOKKOS_LAMBDA(const Index nc, const Index i, const Index j, const Index k) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
@@ -37,7 +38,7 @@ Variable<T> TokenLayerNorm<T>::forward(const Variable<T>& input) {
   const auto xi = x.interior();
   const auto yv = y.view();
   const auto w = weight_.data(), b = bias_.data();
-  const Kokkos::MDRangePolicy<Kokkos::Rank<4>> cells({0, 0, 0, 0}, {N, e0, e1, e2});
+  const Kokkos::MDRangePolicy<RightRank<4>> cells({0, 0, 0, 0}, {N, e0, e1, e2});
   Kokkos::parallel_for(
       "token_layer_norm", cells,
       KOKKOS_LAMBDA(const Index n, const Index i, const Index j, const Index k) {

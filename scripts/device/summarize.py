@@ -10,7 +10,7 @@ import sys
 
 
 def line(r):
-    path = r.get("cudnn_api") or "legacy"
+    path = r.get("cudnn_api") or "default"
     if r.get("cudnn_layout") == "channels_last":
         path += "_cl"
     if "ops" in r:  # bench_memory_ops and its peer: GB/s per op, forward / backward

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "shardtensor/comm/impl/layout_check.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/kernels/fft.hpp"
 #include "shardtensor/spectral/impl/box_transpose.hpp"
@@ -190,7 +191,7 @@ struct DistributedFFT<T>::Plans {
     auto* data = s.data();
     Kokkos::parallel_for(
         "DistributedFFT::weight_paired_modes",
-        Kokkos::MDRangePolicy<Kokkos::Rank<2>>({0, 0}, {lines, length}),
+        Kokkos::MDRangePolicy<RightRank<2>>({0, 0}, {lines, length}),
         KOKKOS_LAMBDA(const Index line, const Index j) {
           const Index k = first_mode + j;
           if (k != 0 && k != nyquist) data[line * length + j] *= inner;

@@ -1,4 +1,5 @@
 #include "shardtensor/spectral/spectral_conv.hpp"
+#include "shardtensor/core/execution.hpp"
 
 #include <vector>
 
@@ -195,11 +196,13 @@ Variable<T> SpectralConv<T>::forward(const Variable<T>& input) {
         const Index g0 = interior.lower[0], g1 = interior.lower[1], g2 = interior.lower[2];
         Kokkos::parallel_for(
             "SpectralConv::add_input_grad",
-            Kokkos::MDRangePolicy<Kokkos::Rank<5>>(
-                {0, 0, 0, 0, 0}, {Index(src.extent(0)), Index(src.extent(1)),
-                                  Index(src.extent(2)), Index(src.extent(3)), Index(src.extent(4))}),
+            Kokkos::MDRangePolicy<RightRank<5>>(
+                {0, 0, 0, 0, 0}, {Index(src.extent(0)), Index(src.extent(1)), Index(src.extent(2)),
+                                  Index(src.extent(3)), Index(src.extent(4))}),
             KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j,
-                          const Index k) { dst(n, c, i + g0, j + g1, k + g2) += src(n, c, i, j, k); });
+                          const Index k) {
+              dst(n, c, i + g0, j + g1, k + g2) += src(n, c, i, j, k);
+            });
       }
     };
   }

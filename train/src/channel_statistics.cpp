@@ -5,6 +5,7 @@
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/io/field_io.hpp"
 
 namespace shardtensor {
@@ -27,7 +28,7 @@ void affine_per_channel(const ShardTensor<T>& x, const std::vector<double>& scal
   const auto v = x.view();
   Kokkos::parallel_for(
       where,
-      Kokkos::MDRangePolicy<Kokkos::Rank<5>>(
+      Kokkos::MDRangePolicy<RightRank<5>>(
           {0, 0, 0, 0, 0}, {v.extent(0), v.extent(1), v.extent(2), v.extent(3), v.extent(4)}),
       KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j, const Index k) {
         v(n, c, i, j, k) = static_cast<T>(v(n, c, i, j, k) * s(c) + b(c));
@@ -47,8 +48,7 @@ bool add_channel_sums(const ShardTensor<T>& field,
       double sum = 0, squares = 0;
       Kokkos::parallel_reduce(
           "channel_sums",
-          Kokkos::MDRangePolicy<Kokkos::Rank<3>>({0, 0, 0},
-                                                 {v.extent(2), v.extent(3), v.extent(4)}),
+          Kokkos::MDRangePolicy<RightRank<3>>({0, 0, 0}, {v.extent(2), v.extent(3), v.extent(4)}),
           KOKKOS_LAMBDA(const Index i, const Index j, const Index k, double& s, double& q) {
             const double value = v(n, c, i, j, k);
             s += value;

@@ -5,6 +5,7 @@
 
 #include "shardtensor/comm/redistribute.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/models/builder.hpp"
 #include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
@@ -36,8 +37,8 @@ std::vector<std::pair<double, double>> squared_errors(const Communicator& comm,
     double error = 0, norm = 0;
     Kokkos::parallel_reduce(
         "relative_l2_sums",
-        Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
-            {0, 0, 0, 0}, {p.extent(1), p.extent(2), p.extent(3), p.extent(4)}),
+        Kokkos::MDRangePolicy<RightRank<4>>({0, 0, 0, 0},
+                                            {p.extent(1), p.extent(2), p.extent(3), p.extent(4)}),
         KOKKOS_LAMBDA(const Index c, const Index i, const Index j, const Index k, double& e,
                       double& s) {
           const double d = double(p(n, c, i, j, k)) - double(y(n, c, i, j, k));

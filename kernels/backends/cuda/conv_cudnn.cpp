@@ -723,7 +723,7 @@ namespace {
 /// y += bias per output channel (the graph convolves only).
 template <class T>
 void add_bias(const ExecutionSpace& space, const ReplicatedView<T>& bias, const FieldView<T>& y) {
-  using Policy = Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<5>, Kokkos::IndexType<Index>>;
+  using Policy = Kokkos::MDRangePolicy<ExecutionSpace, RightRank<5>, Kokkos::IndexType<Index>>;
   const Policy cells(space, {0, 0, 0, 0, 0},
                      {Index(y.extent(0)), Index(y.extent(1)), Index(y.extent(2)),
                       Index(y.extent(3)), Index(y.extent(4))});

@@ -106,10 +106,22 @@ void for_each_line(const ExecutionSpace& space, const char* label, const Lines& 
 }
 
 /// Calls cell(n, c, x, y, z) for every cell of a (batch, channels, extents...) index space, in
-/// parallel over its Lines on `space` and in order along each line.
+/// parallel on `space`: on a host over its Lines, in order along each line; on a GPU one cell
+/// per work item, neighbouring items on neighbouring cells of a line (a line per thread put
+/// neighbouring threads a line apart: every load its own memory transaction).
 template <class CellOp>
 void for_each_cell_by_lines(const ExecutionSpace& space, const char* label, Index batch,
                             Index channels, const Index (&extents)[3], const CellOp& cell) {
+  if constexpr (!kernels_run_on_host) {
+    const Index nx = extents[0], ny = extents[1], nz = extents[2];
+    Kokkos::parallel_for(
+        label, kernel_range(space, batch * channels * nx * ny * nz),
+        KOKKOS_LAMBDA(const Index flat) {
+          const CellIndex at = unflatten(flat, channels, nx, ny, nz);
+          cell(at.n, at.c, at.x, at.y, at.z);
+        });
+    return;
+  }
   const Lines lines(batch, channels, extents);
   const Index length = lines.length;  // locals: loop bounds the compiler can keep in registers
   const int axis = lines.axis;

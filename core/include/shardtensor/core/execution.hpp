@@ -32,6 +32,13 @@ inline ExecutionSpace independent_instance() {
   return ExecutionSpace();
 }
 
+/// The iteration of an MDRangePolicy over the cells of LayoutRight views (fields, their
+/// subviews): the last index fastest on every backend. CUDA's default runs the first index
+/// fastest, so neighbouring threads touched cells a plane apart and every access was its own
+/// memory transaction; the host backends' default is this one already.
+template <unsigned N>
+using RightRank = Kokkos::Rank<N, Kokkos::Iterate::Right, Kokkos::Iterate::Right>;
+
 /// The indices [0, n) on `space`.
 inline Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>> kernel_range(
     const ExecutionSpace& space, Index n) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
@@ -38,7 +39,7 @@ class Dropout : public Module<T> {
     const auto xv = x.view(), yv = y.view(), mv = mask.view();
     Kokkos::parallel_for(
         "Dropout",
-        Kokkos::MDRangePolicy<Kokkos::Rank<4>>(
+        Kokkos::MDRangePolicy<RightRank<4>>(
             {0, 0, 0, 0}, {x.batch() * channels, box.extent[0], box.extent[1], box.extent[2]}),
         KOKKOS_LAMBDA(const Index nc, const Index i, const Index j, const Index k) {
           const Index n = nc / channels, c = nc % channels;
