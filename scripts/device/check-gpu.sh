@@ -10,6 +10,7 @@
 #   3. bench.sh attention at ATTENTION_TOKENS (16384) on 1 and 2 ranks (ATTENTION_RANKS), TF32
 #      off and on, beside SDPA;
 #   4. bench.sh unet on UNET_APIS (graph: the default path), TF32 off and on, beside PyTorch.
+# CONV_APIS (default "graph graph_cl") the conv benchmark's cuDNN paths.
 # BENCH_PARTS (default conv,attention,unet) picks the benchmarks of steps 2-4 ("memops" adds
 # bench.sh memops: the memory-bound layers at 128^3 beside PyTorch); with "profile"
 # among them, a U-Net step also runs under the Kokkos kernel timer ($OUT/profile.txt).
@@ -35,7 +36,8 @@ if [ -n "$cl_tests" ]; then
 fi
 parts=",${BENCH_PARTS:-conv,attention,unet},"
 if [[ $parts == *,conv,* ]]; then
-  CUDNN_APIS="graph graph_cl" LIMIT_S=60 OUT="$out" bash "$root/scripts/device/bench.sh" conv \
+  CUDNN_APIS="${CONV_APIS:-graph graph_cl}" LIMIT_S=60 OUT="$out" \
+    bash "$root/scripts/device/bench.sh" conv \
     > /dev/null
 fi
 if [[ $parts == *,attention,* ]]; then
