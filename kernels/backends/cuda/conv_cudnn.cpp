@@ -21,6 +21,7 @@
 // Winograd transforms) unless the layer allows TF32 (ConvOptions::tf32).
 
 #include "shardtensor/kernels/conv_library.hpp"
+#include "shardtensor/kernels/timed_choice.hpp"
 
 #include <type_traits>
 
@@ -118,29 +119,6 @@ bool sums_products(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
-/// A timed candidate: its milliseconds and workspace bytes.
-struct Timed {
-  float milliseconds = 0;
-  std::size_t workspace = 0;
-};
-
-/// Which of the timed candidates runs (-1: none): the one with the least workspace among
-/// those within 5 % of the fastest (timing noise is about 1 %; the memory is the field's).
-int least_workspace_near_fastest(const std::vector<Timed>& timed) {
-  float fastest_ms = -1;
-  for (const Timed& t : timed)
-    if (fastest_ms < 0 || t.milliseconds < fastest_ms) fastest_ms = t.milliseconds;
-  int pick = -1;
-  for (int i = 0; i < int(timed.size()); ++i) {
-    if (timed[i].milliseconds > fastest_ms * 1.05f) continue;
-    if (pick < 0 || timed[i].workspace < timed[pick].workspace ||
-        (timed[i].workspace == timed[pick].workspace &&
-         timed[i].milliseconds < timed[pick].milliseconds))
-      pick = i;
-  }
-  return pick;
-}
-
 /// The pick (least_workspace_near_fastest) of cuDNN's timed results that ran, are
 /// deterministic and fit the workspace bound; for float without TF32 (`float_accuracy`), of
 /// those with FMA math that sum the products themselves.
@@ -150,7 +128,7 @@ Choice<Algorithm> fastest(const std::vector<Perf>& results, int returned, std::s
   Choice<Algorithm> choice;
   choice.chosen = true;
   std::vector<const Perf*> qualified;
-  std::vector<Timed> timed;
+  std::vector<TimedCandidate> timed;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = results[i];
     const bool tensor_cores =
@@ -457,7 +435,7 @@ struct ConvLibraryPlan<T>::Plan {
     cudaStream_t stream = nullptr;
     check(cudnnGetStream(handle, &stream), "cudnnGetStream");
     std::vector<std::int64_t> ran;
-    std::vector<Timed> timed;
+    std::vector<TimedCandidate> timed;
     for (const auto& candidate : built) {
       const std::int64_t plan = candidate.first;
       const float ms = fastest_run_ms(stream, 3, [&] {
