@@ -6,6 +6,31 @@
 
 namespace shardtensor::kernels {
 
+namespace {
+
+/// The largest value of the window whose first cell is `window` (taps `tap_step` apart along
+/// each axis), and in `where` its tap's index. The first maximum wins, as in PyTorch. Selects,
+/// not a branch: on random data a branch mispredicts about twice a window.
+template <class T>
+KOKKOS_INLINE_FUNCTION T window_max(const T* window, const PoolShape& g, const Index tap_step[3],
+                                    Index& where) {
+  T best = -math::infinity<T>();
+  Index tap = 0;
+  for (Index a = 0; a < g.k[0]; ++a)
+    for (Index b = 0; b < g.k[1]; ++b) {
+      const T* row = window + a * tap_step[0] + b * tap_step[1];
+      for (Index e = 0; e < g.k[2]; ++e, ++tap) {
+        const T v = row[e * tap_step[2]];
+        const bool larger = v > best;
+        where = larger ? tap : where;
+        best = larger ? v : best;
+      }
+    }
+  return best;
+}
+
+}  // namespace
+
 template <class T>
 void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
                   const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax) {
@@ -61,19 +86,8 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
                       const Index oz) {
           const T* window =
               &xp(n, c, g.base[0] + ox * g.s[0], g.base[1] + oy * g.s[1], g.base[2] + oz * g.s[2]);
-          T best = -math::infinity<T>();
-          Index where = 0, tap = 0;
-          for (Index a = 0; a < g.k[0]; ++a)
-            for (Index b = 0; b < g.k[1]; ++b) {
-              const T* row = window + a * tap_step[0] + b * tap_step[1];
-              for (Index e = 0; e < g.k[2]; ++e, ++tap) {
-                const T v = row[e * tap_step[2]];
-                const bool larger = v > best;
-                where = larger ? tap : where;
-                best = larger ? v : best;
-              }
-            }
-          y(n, c, ox, oy, oz) = best;
+          Index where = 0;
+          y(n, c, ox, oy, oz) = window_max(window, g, tap_step, where);
           if (record) argmax(n, c, ox, oy, oz) = static_cast<std::uint16_t>(where);
         });
     return;
@@ -84,21 +98,8 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
                               g.base[2] + at.z * g.s[2]);
         T* out = &y(at.n, at.c, at.x, at.y, at.z);
         for (Index i = 0; i < length; ++i, window += window_step) {
-          T best = -math::infinity<T>();
-          Index where = 0, tap = 0;
-          for (Index a = 0; a < g.k[0]; ++a)
-            for (Index b = 0; b < g.k[1]; ++b) {
-              const T* row = window + a * tap_step[0] + b * tap_step[1];
-              for (Index e = 0; e < g.k[2]; ++e, ++tap) {
-                // The first maximum wins, as in PyTorch. Selects, not a branch: on random
-                // data a branch mispredicts about twice a window.
-                const T v = row[e * tap_step[2]];
-                const bool larger = v > best;
-                where = larger ? tap : where;
-                best = larger ? v : best;
-              }
-            }
-          out[i * out_step] = best;
+          Index where = 0;
+          out[i * out_step] = window_max(window, g, tap_step, where);
           if (record)
             (&argmax(at.n, at.c, at.x, at.y, at.z))[i * argmax_step] =
                 static_cast<std::uint16_t>(where);
@@ -143,8 +144,8 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
         "Pool::backward_scatter", kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
           const CellIndex r = unflatten(row, g.channels, g.out[0], g.out[1], 1);
           T* const cells = &gxp(r.n, r.c, 0, 0, 0);  // indexed by padded_flat
-          const Index first = g.padded_flat(g.base[0] + r.x * g.s[0], g.base[1] + r.y * g.s[1],
-                                            g.base[2]);
+          const Index first =
+              g.padded_flat(g.base[0] + r.x * g.s[0], g.base[1] + r.y * g.s[1], g.base[2]);
           for (Index oz = 0; oz < g.out[2]; ++oz)
             cells[first + oz * g.s[2] + tap_offset(argmax(r.n, r.c, r.x, r.y, oz))] +=
                 gy(r.n, r.c, r.x, r.y, oz);
