@@ -13,6 +13,7 @@
 #include "shardtensor/autograd/grad_mode.hpp"
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -86,12 +87,12 @@ struct Node {
     if (!has_field && !released) return false;
     const GhostWidths& ghosts = has_field ? field.ghosts() : released->ghosts;
     if (!(ghosts == GhostWidths{})) return false;
-    field_grad = has_field ? ShardTensor<T>::uninitialized(field.decomposition(), field.rank(),
-                                                           field.batch(), field.channels(), {},
-                                                           op + ".grad")
-                           : ShardTensor<T>::uninitialized(released->decomposition, released->rank,
-                                                           released->batch, released->channels,
-                                                           {}, op + ".grad");
+    field_grad =
+        has_field
+            ? ShardTensor<T>::uninitialized(field.decomposition(), field.rank(), field.batch(),
+                                            field.channels(), {}, op + ".grad")
+            : ShardTensor<T>::uninitialized(released->decomposition, released->rank,
+                                            released->batch, released->channels, {}, op + ".grad");
     return true;
   }
   /// For a backward that writes this gradient over `buffer`, a field of the same layout that
@@ -137,10 +138,12 @@ struct Node {
     allreduce(*partial_comm, partial_grad);
     const auto total = grad_data();
     const auto partial = partial_grad;
+    // The partial sum is zeroed for the next step in the same kernel (one launch, no fence).
     Kokkos::parallel_for(
-        "complete_grad", total.extent(0),
-        KOKKOS_LAMBDA(const std::size_t i) { total(i) += partial(i); });
-    Kokkos::deep_copy(partial_grad, T(0));
+        "complete_grad", total.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
+          total(i) += partial(i);
+          partial(i) = T(0);
+        });
     partial_comm.reset();
   }
 };
@@ -208,8 +211,8 @@ class Variable {
   const ReplicatedView<T>& data_grad() const { return node_->grad_data(); }
 
   void zero_grad() const {
-    if (node_->field_grad.view().span()) Kokkos::deep_copy(node_->field_grad.view(), T(0));
-    if (node_->data_grad.extent(0)) Kokkos::deep_copy(node_->data_grad, T(0));
+    if (node_->field_grad.view().span()) fill_values(ExecutionSpace(), node_->field_grad.view());
+    if (node_->data_grad.extent(0)) fill_values(ExecutionSpace(), node_->data_grad);
   }
 
   /// Host copy of a replicated scalar (losses).
@@ -291,7 +294,7 @@ void backward(const Variable<T>& loss) {
   SHARDTENSOR_REQUIRE(!loss.is_field() && loss.data().extent(0) == 1, "backward",
                       "the loss must be a replicated scalar, got '" << loss.name() << "'");
   if (!loss.requires_grad()) return;
-  Kokkos::deep_copy(loss.node()->grad_data(), T(1));
+  fill_values(ExecutionSpace(), loss.node()->grad_data(), T(1));
   impl::sweep(loss.node());
 }
 

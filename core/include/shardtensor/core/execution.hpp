@@ -45,4 +45,17 @@ inline Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>> kernel_rang
   return Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<Index>>(space, 0, n);
 }
 
+/// Sets every element of a contiguous View to `value` on `space`, as one kernel that nothing
+/// waits for. Kokkos::deep_copy(view, value) fences before and after: two device syncs per
+/// parameter per training step where gradients are zeroed.
+template <class View>
+void fill_values(const ExecutionSpace& space, const View& view,
+                 typename View::non_const_value_type value = 0) {
+  using Value = typename View::non_const_value_type;
+  Value* const data = view.data();
+  Kokkos::parallel_for(
+      "fill_values", kernel_range(space, Index(view.span())),
+      KOKKOS_LAMBDA(const Index i) { data[i] = value; });
+}
+
 }  // namespace shardtensor

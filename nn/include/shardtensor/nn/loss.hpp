@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/kernels/run_sum.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 #include "shardtensor/nn/redistribute_field.hpp"
@@ -44,8 +45,8 @@ std::shared_ptr<Node<T>> scalar_node(const std::string& op, double value,
   auto node = make_result_node<T>(op, std::move(inputs));
   node->is_field = false;
   node->shape = {1};
-  node->data = ReplicatedView<T>(op, 1);
-  Kokkos::deep_copy(node->data, static_cast<T>(value));
+  node->data = ReplicatedView<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, op), 1);
+  fill_values(ExecutionSpace(), node->data, static_cast<T>(value));
   return node;
 }
 
