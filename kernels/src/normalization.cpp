@@ -7,6 +7,7 @@
 #include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
 #include "host/vector_kernels.hpp"
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 
 namespace shardtensor::kernels {
@@ -40,15 +41,27 @@ struct Kokkos::reduction_identity<shardtensor::kernels::TwoSums> {
 namespace shardtensor::kernels {
 namespace {
 
-/// reduce_per_block on a GPU (below): parts of about 4096 cells per block, one team each.
+/// Stores a block's sums: out(b) for one sum, out(b) and out(blocks + b) for two.
+KOKKOS_INLINE_FUNCTION void store_sums(const BlockDoubles& out, Index, Index b, double s) {
+  out(b) = s;
+}
+KOKKOS_INLINE_FUNCTION void store_sums(const BlockDoubles& out, Index blocks, Index b,
+                                       const TwoSums& s) {
+  out(b) = s.first;
+  out(blocks + b) = s.second;
+}
+
+/// reduce_per_block on a GPU (below): parts of about 4096 cells per block, one team each,
+/// then each block's parts added in order.
 template <class V, class Cells, class F>
-std::vector<V> reduce_per_block_parts(const ExecutionSpace& space, const char* label,
-                                      const Cells& like, F f) {
+void reduce_per_block_parts(const ExecutionSpace& space, const char* label, const Cells& like, F f,
+                            const BlockDoubles& out) {
   const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
   const Index ex = like.extent(2), ey = like.extent(3), ez = like.extent(4);
   const Index cells = ex * ey * ez;
   const Index parts = std::max<Index>(1, (cells + 4095) / 4096);
-  Kokkos::View<V*, DefaultMemorySpace> out(std::string(label), blocks * parts);
+  Kokkos::View<V*, DefaultMemorySpace> part_sums(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), blocks * parts);
   using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
   Kokkos::parallel_for(
       label, Policy(space, static_cast<int>(blocks * parts), Kokkos::AUTO),
@@ -64,31 +77,35 @@ std::vector<V> reduce_per_block_parts(const ExecutionSpace& space, const char* l
               acc += f(n, c, rest, j, k);
             },
             s);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(team.league_rank()) = s; });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { part_sums(team.league_rank()) = s; });
       });
-  space.fence();
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-  std::vector<V> sums(blocks);
-  for (Index b = 0; b < blocks; ++b)
-    for (Index part = 0; part < parts; ++part) sums[b] += host(b * parts + part);
-  return sums;
+  Kokkos::parallel_for(
+      "normalization_add_parts", Kokkos::RangePolicy<ExecutionSpace>(space, 0, blocks),
+      KOKKOS_LAMBDA(const Index b) {
+        V s{};
+        for (Index part = 0; part < parts; ++part) s += part_sums(b * parts + part);
+        store_sums(out, blocks, b, s);
+      });
 }
 
-/// out[n * channels + c] = sum over the owned cells of f(n, c, x, y, z) (a double, or TwoSums
-/// for two sums of one pass, each in the order a single sum takes). On a host one team per
-/// block, its threads over the (x, y) rows, vector lanes along z (no index division per cell).
-/// On a GPU each block's cells are split into parts of about 4096 cells, one team per part
-/// with its threads on neighbouring cells, so that the teams fill the device (a team per
-/// block, its threads a row apart, read 60 GB/s on an H200); the parts' sums are added on
-/// the host in order, so the result does not depend on the schedule.
+/// The sums over the owned cells of f(n, c, x, y, z) per block b = n * channels + c (a
+/// double, or TwoSums for two sums of one pass, each in the order a single sum takes), into
+/// out as store_sums lays them out. On a host one team per block, its threads over the (x, y)
+/// rows, vector lanes along z (no index division per cell). On a GPU each block's cells are
+/// split into parts of about 4096 cells, one team per part with its threads on neighbouring
+/// cells, so that the teams fill the device (a team per block, its threads a row apart, read
+/// 60 GB/s on an H200); the parts' sums are added in order, so the result does not depend on
+/// the schedule.
 template <class V, class Cells, class F>
-std::vector<V> reduce_per_block(const ExecutionSpace& space, const char* label, const Cells& like,
-                                F f) {
+void reduce_per_block(const ExecutionSpace& space, const char* label, const Cells& like, F f,
+                      const BlockDoubles& out) {
   const Index channels = like.extent(1), blocks = Index(like.extent(0)) * channels;
   const Index ey = like.extent(3), ez = like.extent(4);
   const Index rows = Index(like.extent(2)) * ey;
-  if constexpr (!kernels_run_on_host) return reduce_per_block_parts<V>(space, label, like, f);
-  Kokkos::View<V*, DefaultMemorySpace> out(std::string(label), blocks);
+  if constexpr (!kernels_run_on_host) {
+    reduce_per_block_parts<V>(space, label, like, f, out);
+    return;
+  }
   using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
   Kokkos::parallel_for(
       label, Policy(space, static_cast<int>(blocks), Kokkos::AUTO, Kokkos::AUTO),
@@ -107,30 +124,8 @@ std::vector<V> reduce_per_block(const ExecutionSpace& space, const char* label, 
               acc += row_sum;
             },
             s);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { out(b) = s; });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { store_sums(out, blocks, b, s); });
       });
-  space.fence();
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-  return std::vector<V>(host.data(), host.data() + blocks);
-}
-
-template <class Cells, class F>
-std::vector<double> sums_per_block(const ExecutionSpace& space, const char* label,
-                                   const Cells& like, F f) {
-  return reduce_per_block<double>(space, label, like, f);
-}
-
-/// Two sums per block of one pass: out[b] the first ones, out[blocks + b] the second.
-template <class Cells, class F>
-std::vector<double> two_sums_per_block(const ExecutionSpace& space, const char* label,
-                                       const Cells& like, F f) {
-  const std::vector<TwoSums> sums = reduce_per_block<TwoSums>(space, label, like, f);
-  std::vector<double> out(2 * sums.size());
-  for (std::size_t b = 0; b < sums.size(); ++b) {
-    out[b] = sums[b].first;
-    out[sums.size() + b] = sums[b].second;
-  }
-  return out;
 }
 
 /// Every owned cell of every block, as (block, x, y, z).
@@ -181,14 +176,13 @@ inline bool on_vector_rows(const CellLines& lines) {
   return vector_kernels_on() && lines.contiguous;
 }
 
-/// The host's vector rows' sums per block, out[s * blocks + b] for S sums: row(b, r, sums)
+/// The host's vector rows' sums per block, out(s * blocks + b) for S sums: row(b, r, sums)
 /// gives line r's, added line by line in order as reduce_per_block adds its rows; each
 /// thread takes whole blocks.
 template <int S, class Row>
-std::vector<double> host_sums_per_block(const ExecutionSpace& space, const CellLines& lines,
-                                        const Row& row) {
+void host_sums_per_block(const ExecutionSpace& space, const CellLines& lines, const Row& row,
+                         const BlockDoubles& out) {
   space.fence();
-  std::vector<double> out(S * lines.blocks);
   host::split_over_threads(std::min<Index>(host::host_threads(), lines.blocks), lines.blocks,
                            [&](int, Index first, Index last) {
                              for (Index b = first; b < last; ++b) {
@@ -197,10 +191,9 @@ std::vector<double> host_sums_per_block(const ExecutionSpace& space, const CellL
                                  row(b, r, sums);
                                  for (int s = 0; s < S; ++s) total[s] += sums[s];
                                }
-                               for (int s = 0; s < S; ++s) out[s * lines.blocks + b] = total[s];
+                               for (int s = 0; s < S; ++s) out(s * lines.blocks + b) = total[s];
                              }
                            });
-  return out;
 }
 
 /// The host's vector rows over every line: row(b, r) for lines [first, last) of each thread.
@@ -214,47 +207,55 @@ void host_rows(const ExecutionSpace& space, const CellLines& lines, const Row& r
                            });
 }
 
-/// A view of per-block or per-channel doubles, readable on the host.
-inline auto on_host(const BlockDoubles& v) {
-  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-}
-
 }  // namespace
 
 template <class T>
-std::vector<double> block_sums(const ExecutionSpace& space, const OwnedCells<const T>& x) {
+void block_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
+                const BlockDoubles& sums) {
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x);
-    if (on_vector_rows(lines))
-      return host_sums_per_block<1>(space, lines, [&](Index b, Index r, double* sums) {
-        sums[0] = host::sum_row(lines.line(x, b, r), std::size_t(lines.length));
-      });
+    if (on_vector_rows(lines)) {
+      host_sums_per_block<1>(
+          space, lines,
+          [&](Index b, Index r, double* row_sums) {
+            row_sums[0] = host::sum_row(lines.line(x, b, r), std::size_t(lines.length));
+          },
+          sums);
+      return;
+    }
   }
-  return sums_per_block(
-      space, "normalization_sum", x, KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
+  reduce_per_block<double>(
+      space, "normalization_sum", x,
+      KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         return static_cast<double>(x(n, c, i, j, k));
-      });
+      },
+      sums);
 }
 
 template <class T>
-std::vector<double> block_deviation_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
-                                         const BlockDoubles& mean) {
+void block_deviation_sums(const ExecutionSpace& space, const OwnedCells<const T>& x,
+                          const BlockDoubles& mean, const BlockDoubles& sums) {
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x);
     if (on_vector_rows(lines)) {
-      const auto mean_h = on_host(mean);
-      return host_sums_per_block<2>(space, lines, [&](Index b, Index r, double* sums) {
-        host::deviation_sums_row(lines.line(x, b, r), std::size_t(lines.length), mean_h(b), sums);
-      });
+      host_sums_per_block<2>(
+          space, lines,
+          [&](Index b, Index r, double* row_sums) {
+            host::deviation_sums_row(lines.line(x, b, r), std::size_t(lines.length), mean(b),
+                                     row_sums);
+          },
+          sums);
+      return;
     }
   }
-  return two_sums_per_block(
+  reduce_per_block<TwoSums>(
       space, "normalization_deviation_sums", x,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         const double d = static_cast<double>(x(n, c, i, j, k)) - mean(n * channels + c);
         return TwoSums{d, d * d};
-      });
+      },
+      sums);
 }
 
 template <class T>
@@ -266,11 +267,9 @@ void normalize_forward(const ExecutionSpace& space, const OwnedCells<const T>& x
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, y);
     if (on_vector_rows(lines)) {
-      const auto mean_h = on_host(mean), rstd_h = on_host(rstd), scale_h = on_host(scale),
-                 shift_h = on_host(shift);
       host_rows(space, lines, [&](Index b, Index r) {
         host::normalize_row(lines.line(x, b, r), lines.line(y, b, r), std::size_t(lines.length),
-                            mean_h(b), rstd_h(b), scale_h(b % channels), shift_h(b % channels));
+                            mean(b), rstd(b), scale(b % channels), shift(b % channels));
       });
       return;
     }
@@ -295,8 +294,6 @@ void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells
     if (f.kind == Activation::gelu && on_vector_rows(lines)) {
       // The activation's backward on chunks of a line: n into a buffer, its gradient added
       // to zeros (the activation's own input gradient starts at zero), then stored.
-      const auto mean_h = on_host(mean), rstd_h = on_host(rstd), scale_h = on_host(scale),
-                 shift_h = on_host(shift);
       host_rows(space, lines, [&](Index b, Index r) {
         constexpr Index chunk = 64;
         float n[chunk], g[chunk];
@@ -306,7 +303,7 @@ void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells
         float* out = lines.line(dn, b, r);
         for (Index k0 = 0; k0 < lines.length; k0 += chunk) {
           const std::size_t m = std::size_t(std::min(chunk, lines.length - k0));
-          host::normalize_row(xs + k0, n, m, mean_h(b), rstd_h(b), scale_h(c), shift_h(c));
+          host::normalize_row(xs + k0, n, m, mean(b), rstd(b), scale(c), shift(c));
           std::fill(g, g + m, 0.0f);
           host::gelu_backward_rows(n, gs + k0, g, m);
           std::copy(g, g + m, out + k0);
@@ -327,29 +324,32 @@ void normalize_activation_gradient(const ExecutionSpace& space, const OwnedCells
 }
 
 template <class T>
-std::vector<double> normalize_gradient_sums(const ExecutionSpace& space,
-                                            const OwnedCells<const T>& dy,
-                                            const OwnedCells<const T>& x, const BlockDoubles& mean,
-                                            const BlockDoubles& rstd) {
+void normalize_gradient_sums(const ExecutionSpace& space, const OwnedCells<const T>& dy,
+                             const OwnedCells<const T>& x, const BlockDoubles& mean,
+                             const BlockDoubles& rstd, const BlockDoubles& sums) {
   const Index channels = x.extent(1);
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, dy);
     if (on_vector_rows(lines)) {
-      const auto mean_h = on_host(mean), rstd_h = on_host(rstd);
-      return host_sums_per_block<2>(space, lines, [&](Index b, Index r, double* sums) {
-        host::gradient_sums_row(lines.line(dy, b, r), lines.line(x, b, r),
-                                std::size_t(lines.length), mean_h(b), rstd_h(b), sums);
-      });
+      host_sums_per_block<2>(
+          space, lines,
+          [&](Index b, Index r, double* row_sums) {
+            host::gradient_sums_row(lines.line(dy, b, r), lines.line(x, b, r),
+                                    std::size_t(lines.length), mean(b), rstd(b), row_sums);
+          },
+          sums);
+      return;
     }
   }
-  return two_sums_per_block(
+  reduce_per_block<TwoSums>(
       space, "normalization_backward_sums", dy,
       KOKKOS_LAMBDA(Index n, Index c, Index i, Index j, Index k) {
         const Index b = n * channels + c;
         const double xhat = (static_cast<double>(x(n, c, i, j, k)) - mean(b)) * rstd(b);
         const double g = static_cast<double>(dy(n, c, i, j, k));
         return TwoSums{g, g * xhat};
-      });
+      },
+      sums);
 }
 
 template <class T>
@@ -361,12 +361,10 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
   if constexpr (std::is_same<T, float>::value && kernels_run_on_host) {
     const CellLines lines(x, dy, dx);
     if (on_vector_rows(lines)) {
-      const auto mean_h = on_host(mean), rstd_h = on_host(rstd), c1_h = on_host(c1),
-                 c2_h = on_host(c2), c3_h = on_host(c3);
       host_rows(space, lines, [&](Index b, Index r) {
         host::normalize_backward_row(lines.line(dy, b, r), lines.line(x, b, r),
-                                     lines.line(dx, b, r), std::size_t(lines.length), mean_h(b),
-                                     rstd_h(b), c1_h(b), c2_h(b), c3_h(b), overwrite);
+                                     lines.line(dx, b, r), std::size_t(lines.length), mean(b),
+                                     rstd(b), c1(b), c2(b), c3(b), overwrite);
       });
       return;
     }
@@ -385,26 +383,161 @@ void normalize_backward(const ExecutionSpace& space, const OwnedCells<const T>& 
       });
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                                \
-  template std::vector<double> block_sums(const ExecutionSpace&, const OwnedCells<const T>&);     \
-  template std::vector<double> block_deviation_sums(                                              \
-      const ExecutionSpace&, const OwnedCells<const T>&, const BlockDoubles&);                    \
-  template void normalize_forward(const ExecutionSpace&, const OwnedCells<const T>&,              \
-                                  const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
-                                  const BlockDoubles&, const OwnedCells<T>&);                     \
-  template void normalize_activation_gradient(                                                    \
-      const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,              \
-      const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,         \
-      const ActivationFunction<T>&, const OwnedCells<T>&);                                        \
-  template std::vector<double> normalize_gradient_sums(                                           \
-      const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,              \
-      const BlockDoubles&, const BlockDoubles&);                                                  \
-  template void normalize_backward(const ExecutionSpace&, const OwnedCells<const T>&,             \
-                                   const OwnedCells<const T>&, const BlockDoubles&,               \
-                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, \
+// The statistics' arithmetic: tiny kernels over blocks, statistics or channels, each sum in
+// block (or sample) order, the same operations the host made when it did this (every rank
+// and every run gets the same bits).
+
+namespace {
+
+/// The sum over the blocks of statistic s of values(offset + block), in block order.
+KOKKOS_INLINE_FUNCTION double sum_over_stat(const StatLayout& layout, const BlockDoubles& values,
+                                            Index offset, Index s) {
+  double sum = 0;
+  for (Index i = 0; i < layout.blocks_per_stat(); ++i)
+    sum += values(offset + layout.block_of_stat(s, i));
+  return sum;
+}
+
+}  // namespace
+
+void statistic_block_means(const ExecutionSpace& space, const StatLayout& layout,
+                           const BlockDoubles& sums, double count, const BlockDoubles& block_mean) {
+  Kokkos::parallel_for(
+      "normalization_block_means", kernel_range(space, layout.blocks()),
+      KOKKOS_LAMBDA(const Index b) {
+        block_mean(b) = sum_over_stat(layout, sums, 0, layout.stat_of_block(b)) / count;
+      });
+}
+
+void statistic_moments(const ExecutionSpace& space, const StatLayout& layout,
+                       const BlockDoubles& block_mean, const BlockDoubles& deviations, double count,
+                       const BlockDoubles& mean, const BlockDoubles& var) {
+  const Index blocks = layout.blocks();
+  Kokkos::parallel_for(
+      "normalization_moments", kernel_range(space, layout.stats()), KOKKOS_LAMBDA(const Index s) {
+        const double d = sum_over_stat(layout, deviations, 0, s);
+        const double d2 = sum_over_stat(layout, deviations, blocks, s);
+        mean(s) = block_mean(layout.block_of_stat(s, 0)) + d / count;
+        const double v = (d2 - d * d / count) / count;
+        var(s) = v > 0 ? v : 0.0;
+      });
+}
+
+template <class S, class T>
+void block_coefficients(const ExecutionSpace& space, const StatLayout& layout,
+                        const Kokkos::View<const S*, DefaultMemorySpace>& stat_mean,
+                        const Kokkos::View<const S*, DefaultMemorySpace>& stat_var, double eps,
+                        const Kokkos::View<const T*, DefaultMemorySpace>& weight,
+                        const Kokkos::View<const T*, DefaultMemorySpace>& bias,
+                        const BlockDoubles& mean, const BlockDoubles& rstd,
+                        const BlockDoubles& scale, const BlockDoubles& shift) {
+  const Index channels = layout.channels;
+  const bool has_weight = weight.extent(0) != 0, has_bias = bias.extent(0) != 0;
+  Kokkos::parallel_for(
+      "normalization_coefficients", kernel_range(space, layout.blocks()),
+      KOKKOS_LAMBDA(const Index b) {
+        const Index s = layout.stat_of_block(b);
+        mean(b) = static_cast<double>(stat_mean(s));
+        rstd(b) = 1.0 / math::sqrt(static_cast<double>(stat_var(s)) + eps);
+        if (b < channels) {
+          scale(b) = has_weight ? static_cast<double>(weight(b)) : 1.0;
+          shift(b) = has_bias ? static_cast<double>(bias(b)) : 0.0;
+        }
+      });
+}
+
+template <class T>
+void update_running_statistics(const ExecutionSpace& space, const BlockDoubles& stat_mean,
+                               const BlockDoubles& stat_var, double momentum, double unbias,
+                               const Kokkos::View<T*, DefaultMemorySpace>& running_mean,
+                               const Kokkos::View<T*, DefaultMemorySpace>& running_var) {
+  Kokkos::parallel_for(
+      "normalization_running_statistics", kernel_range(space, Index(running_mean.extent(0))),
+      KOKKOS_LAMBDA(const Index c) {
+        running_mean(c) = static_cast<T>((1 - momentum) * static_cast<double>(running_mean(c)) +
+                                         momentum * stat_mean(c));
+        running_var(c) = static_cast<T>((1 - momentum) * static_cast<double>(running_var(c)) +
+                                        momentum * stat_var(c) * unbias);
+      });
+}
+
+template <class T>
+void add_channel_sums(const ExecutionSpace& space, const StatLayout& layout,
+                      const BlockDoubles& per_block,
+                      const Kokkos::View<T*, DefaultMemorySpace>& grad) {
+  const Index channels = layout.channels, batch = layout.batch;
+  Kokkos::parallel_for(
+      "normalization_channel_sums", kernel_range(space, channels), KOKKOS_LAMBDA(const Index c) {
+        double s = 0;
+        for (Index n = 0; n < batch; ++n) s += per_block(n * channels + c);
+        grad(c) += static_cast<T>(s);
+      });
+}
+
+void backward_coefficients(const ExecutionSpace& space, const StatLayout& layout,
+                           const BlockDoubles& rstd, const BlockDoubles& scale,
+                           const BlockDoubles& sums, double count, bool batch_stats,
+                           const BlockDoubles& c1, const BlockDoubles& c2, const BlockDoubles& c3) {
+  const Index channels = layout.channels, blocks = layout.blocks();
+  Kokkos::parallel_for(
+      "normalization_backward_coefficients", kernel_range(space, blocks),
+      KOKKOS_LAMBDA(const Index b) {
+        c1(b) = rstd(b) * scale(b % channels);
+        double g = 0, gx = 0;
+        if (batch_stats) {
+          const Index s = layout.stat_of_block(b);
+          for (Index i = 0; i < layout.blocks_per_stat(); ++i) {
+            const Index other = layout.block_of_stat(s, i);
+            g += scale(other % channels) * sums(other);
+            gx += scale(other % channels) * sums(blocks + other);
+          }
+        }
+        c2(b) = rstd(b) * g / count;
+        c3(b) = rstd(b) * gx / count;
+      });
+}
+
+#define SHARDTENSOR_INSTANTIATE(T)                                                                 \
+  template void block_sums(const ExecutionSpace&, const OwnedCells<const T>&,                      \
+                           const BlockDoubles&);                                                   \
+  template void block_deviation_sums(const ExecutionSpace&, const OwnedCells<const T>&,            \
+                                     const BlockDoubles&, const BlockDoubles&);                    \
+  template void block_coefficients(const ExecutionSpace&, const StatLayout&,                       \
+                                   const Kokkos::View<const double*, DefaultMemorySpace>&,         \
+                                   const Kokkos::View<const double*, DefaultMemorySpace>&, double, \
+                                   const Kokkos::View<const T*, DefaultMemorySpace>&,              \
+                                   const Kokkos::View<const T*, DefaultMemorySpace>&,              \
+                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
+                                   const BlockDoubles&);                                           \
+  template void update_running_statistics(                                                         \
+      const ExecutionSpace&, const BlockDoubles&, const BlockDoubles&, double, double,             \
+      const Kokkos::View<T*, DefaultMemorySpace>&, const Kokkos::View<T*, DefaultMemorySpace>&);   \
+  template void add_channel_sums(const ExecutionSpace&, const StatLayout&, const BlockDoubles&,    \
+                                 const Kokkos::View<T*, DefaultMemorySpace>&);                     \
+  template void normalize_forward(const ExecutionSpace&, const OwnedCells<const T>&,               \
+                                  const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,   \
+                                  const BlockDoubles&, const OwnedCells<T>&);                      \
+  template void normalize_activation_gradient(                                                     \
+      const ExecutionSpace&, const OwnedCells<const T>&, const OwnedCells<const T>&,               \
+      const BlockDoubles&, const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,          \
+      const ActivationFunction<T>&, const OwnedCells<T>&);                                         \
+  template void normalize_gradient_sums(const ExecutionSpace&, const OwnedCells<const T>&,         \
+                                        const OwnedCells<const T>&, const BlockDoubles&,           \
+                                        const BlockDoubles&, const BlockDoubles&);                 \
+  template void normalize_backward(const ExecutionSpace&, const OwnedCells<const T>&,              \
+                                   const OwnedCells<const T>&, const BlockDoubles&,                \
+                                   const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,  \
                                    const BlockDoubles&, const OwnedCells<T>&, bool);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE
+// BatchNorm in evaluation: its running statistics in float.
+template void block_coefficients(const ExecutionSpace&, const StatLayout&,
+                                 const Kokkos::View<const float*, DefaultMemorySpace>&,
+                                 const Kokkos::View<const float*, DefaultMemorySpace>&, double,
+                                 const Kokkos::View<const float*, DefaultMemorySpace>&,
+                                 const Kokkos::View<const float*, DefaultMemorySpace>&,
+                                 const BlockDoubles&, const BlockDoubles&, const BlockDoubles&,
+                                 const BlockDoubles&);
 
 }  // namespace shardtensor::kernels

@@ -12,137 +12,105 @@ namespace shardtensor {
 
 namespace {
 
-using HostDoubles = std::vector<double>;
-using DeviceDoubles = kernels::BlockDoubles;
+using kernels::BlockDoubles;
+using kernels::StatLayout;
 
-/// Which statistic each (sample n, channel c) block, numbered n * channels + c, belongs to.
-struct StatLayout {
-  Index batch = 0, channels = 0;
-  bool per_channel = false;  // BatchNorm: one statistic per channel, over the batch
-  Index groups = 1;          // GroupNorm: `groups` statistics per sample
-
-  Index blocks() const { return batch * channels; }
-  Index stats() const { return per_channel ? channels : batch * groups; }
-  Index blocks_per_stat() const { return per_channel ? batch : channels / groups; }
-  Index stat_of_block(Index block) const {
-    const Index n = block / channels, c = block % channels;
-    return per_channel ? c : n * groups + c / (channels / groups);
+/// The doubles of one normalization (its sums, statistics, coefficients and its backward's) in
+/// one device allocation, handed out in pieces; each piece keeps the allocation alive. One
+/// allocation per layer and step: on a GPU each is a cudaMalloc, a fence and a cudaFree.
+class DoublesArena {
+ public:
+  /// Room for a normalization of `layout`, with its batch statistics or without (fixed ones).
+  DoublesArena(const StatLayout& layout, bool batch_statistics)
+      : all_(Kokkos::view_alloc(Kokkos::WithoutInitializing, "normalization_doubles"),
+             (batch_statistics ? 4 * layout.blocks() + 2 * layout.stats() : 0) +
+                 2 * layout.blocks() + 2 * layout.channels  // coefficients
+                 + 5 * layout.blocks()) {}                  // the backward's sums and c1-c3
+  BlockDoubles take(Index count) {
+    SHARDTENSOR_REQUIRE(used_ + count <= Index(all_.extent(0)), "normalization",
+                        "internal: " << count << " more doubles than the layer sized");
+    const BlockDoubles piece = Kokkos::subview(all_, Kokkos::make_pair(used_, used_ + count));
+    used_ += count;
+    return piece;
   }
+
+ private:
+  BlockDoubles all_;
+  Index used_ = 0;
 };
 
-/// Sums `values` over the ranks of `comm` in place (one call).
-void sum_over_ranks(const Communicator& comm, HostDoubles& values) {
-  Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> view(
-      values.data(), values.size());
-  allreduce(comm, view);
-}
-
-DeviceDoubles to_device(const HostDoubles& values, const char* label) {
-  DeviceDoubles out(std::string(label), values.size());
-  auto host = Kokkos::create_mirror_view(out);
-  for (std::size_t i = 0; i < values.size(); ++i) host(i) = values[i];
-  Kokkos::deep_copy(out, host);
-  return out;
-}
-
-/// Host copy of a replicated tensor in double; `fallback` per entry when undefined.
-template <class T>
-HostDoubles host_values(const Variable<T>& v, Index size, double fallback) {
-  if (!v.defined()) return HostDoubles(size, fallback);
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v.data());
-  HostDoubles out(size);
-  for (Index i = 0; i < size; ++i) out[i] = static_cast<double>(host(i));
-  return out;
-}
-
-template <class T>
-HostDoubles host_values(const ReplicatedView<T>& v) {
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return HostDoubles(host.data(), host.data() + host.extent(0));
-}
-
-/// grad[c] += sum over samples n of per_block[n * channels + c].
-template <class T>
-void add_channel_sums(const ReplicatedView<T>& grad, const HostDoubles& per_block,
-                      const StatLayout& layout) {
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
-  for (Index c = 0; c < layout.channels; ++c) {
-    double s = 0;
-    for (Index n = 0; n < layout.batch; ++n) s += per_block[n * layout.channels + c];
-    host(c) += static_cast<T>(s);
-  }
-  Kokkos::deep_copy(grad, host);
-}
-
-/// Normalization statistics per statistic index (see StatLayout).
+/// A statistic's mean and biased variance per statistic index (see StatLayout), on the device.
 struct Statistics {
-  HostDoubles mean, var;  // var biased
-  double count = 0;       // global values per statistic
+  BlockDoubles mean, var;
+  double count = 0;  // global values per statistic
 };
 
 /// Global mean and biased variance per statistic in two passes, each one allreduce of every
 /// block's local sums: the sum of x gives a first mean m; then the sums of d = x - m and d^2
 /// give the corrected mean m + sum(d) / count and the variance (sum(d^2) - sum(d)^2 / count) /
-/// count (the corrected two-pass algorithm: accurate when the mean dwarfs the spread).
+/// count (the corrected two-pass algorithm: accurate when the mean dwarfs the spread). Nothing
+/// is read on the host.
 template <class T>
 Statistics batch_statistics(const Communicator& comm, const ShardTensor<T>& x,
-                            const StatLayout& layout) {
-  Statistics s;
-  s.count = double(layout.blocks_per_stat()) * double(x.decomposition().global_cells());
+                            const StatLayout& layout, DoublesArena& arena) {
+  const ExecutionSpace space;
   const Index blocks = layout.blocks(), stats = layout.stats();
+  const BlockDoubles sums = arena.take(blocks), first_mean = arena.take(blocks);
+  const BlockDoubles deviations = arena.take(2 * blocks);
+  Statistics s{arena.take(stats), arena.take(stats),
+               double(layout.blocks_per_stat()) * double(x.decomposition().global_cells())};
   const kernels::OwnedCells<const T> xi = x.interior();
-  HostDoubles sums = kernels::block_sums(ExecutionSpace(), xi);
-  sum_over_ranks(comm, sums);
-  HostDoubles first_mean(stats, 0.0);
-  for (Index b = 0; b < blocks; ++b) first_mean[layout.stat_of_block(b)] += sums[b];
-  for (double& m : first_mean) m /= s.count;
-  HostDoubles block_mean(blocks);
-  for (Index b = 0; b < blocks; ++b) block_mean[b] = first_mean[layout.stat_of_block(b)];
-  const DeviceDoubles mean = to_device(block_mean, "normalization_block_mean");
-  HostDoubles deviations = kernels::block_deviation_sums(ExecutionSpace(), xi, mean);
-  sum_over_ranks(comm, deviations);
-  HostDoubles d_sum(stats, 0.0), d2_sum(stats, 0.0);
-  for (Index b = 0; b < blocks; ++b) {
-    d_sum[layout.stat_of_block(b)] += deviations[b];
-    d2_sum[layout.stat_of_block(b)] += deviations[blocks + b];
-  }
-  s.mean.resize(stats);
-  s.var.resize(stats);
-  for (Index k = 0; k < stats; ++k) {
-    s.mean[k] = first_mean[k] + d_sum[k] / s.count;
-    s.var[k] = std::max(0.0, (d2_sum[k] - d_sum[k] * d_sum[k] / s.count) / s.count);
-  }
+  kernels::block_sums(space, xi, sums);
+  allreduce(comm, sums);
+  kernels::statistic_block_means(space, layout, sums, s.count, first_mean);
+  kernels::block_deviation_sums(space, xi, first_mean, deviations);
+  allreduce(comm, deviations);
+  kernels::statistic_moments(space, layout, first_mean, deviations, s.count, s.mean, s.var);
   return s;
+}
+
+/// What the normalization's kernels read: per block mean and 1 / std, per channel the weight
+/// and bias as doubles (1 and 0 without them).
+struct Coefficients {
+  BlockDoubles mean, rstd, scale, shift;
+};
+
+/// The coefficients from per-statistic means and variances (in double, or a BatchNorm's
+/// running estimates in T).
+template <class S, class T>
+Coefficients coefficients(const StatLayout& layout,
+                          const Kokkos::View<const S*, DefaultMemorySpace>& mean,
+                          const Kokkos::View<const S*, DefaultMemorySpace>& var, double eps,
+                          const Variable<T>& weight, const Variable<T>& bias, DoublesArena& arena) {
+  using Parameter = Kokkos::View<const T*, DefaultMemorySpace>;
+  Coefficients k{arena.take(layout.blocks()), arena.take(layout.blocks()),
+                 arena.take(layout.channels), arena.take(layout.channels)};
+  kernels::block_coefficients<S, T>(ExecutionSpace(), layout, mean, var, eps,
+                                    weight.defined() ? Parameter(weight.data()) : Parameter(),
+                                    bias.defined() ? Parameter(bias.data()) : Parameter(), k.mean,
+                                    k.rstd, k.scale, k.shift);
+  return k;
 }
 
 /// The output of a normalization, with an activation applied when one is fused.
 template <class T>
 using FusedActivation = std::optional<kernels::ActivationFunction<T>>;
 
-/// y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c] with the given statistics (then
+/// y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c] with the given coefficients (then
 /// y = f(y) with a fused activation f), and its backward: through the statistics when they are
-/// the batch's (`batch_stats`), else (fixed statistics, BatchNorm in evaluation) a per-channel
-/// scale. Without `value_needed` (forward_graph_only) the output is an empty field of its layout.
+/// the batch's (`batch_stats`, `count` values each), else (fixed statistics, BatchNorm in
+/// evaluation) a per-channel scale. Without `value_needed` (forward_graph_only) the output is
+/// an empty field of its layout.
 template <class T>
 Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const StatLayout& layout,
-                      const Statistics& stats, bool batch_stats, double eps,
+                      const Coefficients& k, double count, bool batch_stats,
                       const std::string& name, const Variable<T>& weight, const Variable<T>& bias,
                       SavedPacking input_packing, const FusedActivation<T>& activation,
-                      bool value_needed) {
+                      bool value_needed, DoublesArena& arena) {
   const ShardTensor<T>& x = input.value();
-  const Index blocks = layout.blocks(), channels = layout.channels;
-  const HostDoubles w = host_values(weight, channels, 1.0);
-  const HostDoubles beta = host_values(bias, channels, 0.0);
-  HostDoubles block_mean(blocks), block_rstd(blocks);
-  for (Index b = 0; b < blocks; ++b) {
-    const Index s = layout.stat_of_block(b);
-    block_mean[b] = stats.mean[s];
-    block_rstd[b] = 1.0 / std::sqrt(stats.var[s] + eps);
-  }
-  const DeviceDoubles mean = to_device(block_mean, "normalization_mean");
-  const DeviceDoubles rstd = to_device(block_rstd, "normalization_rstd");
-  const DeviceDoubles scale = to_device(w, "normalization_weight");
-  const DeviceDoubles shift = to_device(beta, "normalization_bias");
+  const Index blocks = layout.blocks();
+  const BlockDoubles mean = k.mean, rstd = k.rstd, scale = k.scale, shift = k.shift;
+  const BlockDoubles gradient_doubles = arena.take(5 * blocks);  // for the backward
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node()};
   if (weight.defined()) inputs.push_back(weight.node());
@@ -168,7 +136,6 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     auto x_node = input.node();
     auto w_node = weight.defined() ? weight.node() : nullptr;
     auto b_node = bias.defined() ? bias.node() : nullptr;
-    const double count = stats.count;
     // The input, for backward (in 16 bits where all its values are bfloat16 values: a bf16
     // layer's output). Not after a graph-only forward, the last op of a recomputed unit: its
     // backward runs next, so the 16 bits would only sit beside the float input until then
@@ -199,49 +166,32 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       }
       if (in_place) self.field_grad = ShardTensor<T>();  // dy holds it now
       const kernels::OwnedCells<const T> gy = dy.interior();
-      // This rank's sums of dy and dy * xhat per block.
-      const HostDoubles sums =
-          kernels::normalize_gradient_sums(ExecutionSpace(), gy, x_cells, mean, rstd);
-      const HostDoubles dy_sums(sums.begin(), sums.begin() + blocks);
-      const HostDoubles dyx_sums(sums.begin() + blocks, sums.end());
+      // This rank's sums of dy and dy * xhat per block: the weight's and bias's gradients (each
+      // rank's part), then, summed over the ranks, the input gradient's coefficients.
+      const ExecutionSpace space;
+      const auto piece = [&](Index first, Index count) -> BlockDoubles {
+        return Kokkos::subview(gradient_doubles, Kokkos::make_pair(first, first + count));
+      };
+      const BlockDoubles sums = piece(0, 2 * blocks);
+      const BlockDoubles a1 = piece(2 * blocks, blocks), a2 = piece(3 * blocks, blocks),
+                         a3 = piece(4 * blocks, blocks);
+      kernels::normalize_gradient_sums(space, gy, x_cells, mean, rstd, sums);
       if (w_node && w_node->requires_grad)
-        add_channel_sums(w_node->grad_partial(comm), dyx_sums, layout);
+        kernels::add_channel_sums(space, layout, piece(blocks, blocks), w_node->grad_partial(comm));
       if (b_node && b_node->requires_grad)
-        add_channel_sums(b_node->grad_partial(comm), dy_sums, layout);
+        kernels::add_channel_sums(space, layout, piece(0, blocks), b_node->grad_partial(comm));
       if (!x_node->requires_grad) return;
-
-      // dx = c1 * dy - c2 - c3 * xhat per block.
-      HostDoubles c1(blocks), c2(blocks, 0.0), c3(blocks, 0.0);
-      for (Index b = 0; b < blocks; ++b) c1[b] = block_rstd[b] * w[b % channels];
-      if (batch_stats) {
-        // Global sums of g = dy * weight and g * xhat per statistic: one allreduce.
-        HostDoubles global(2 * blocks);
-        for (Index b = 0; b < blocks; ++b) {
-          global[b] = dy_sums[b];
-          global[blocks + b] = dyx_sums[b];
-        }
-        sum_over_ranks(comm, global);
-        HostDoubles g_sum(layout.stats(), 0.0), gx_sum(layout.stats(), 0.0);
-        for (Index b = 0; b < blocks; ++b) {
-          const Index s = layout.stat_of_block(b);
-          g_sum[s] += w[b % channels] * global[b];
-          gx_sum[s] += w[b % channels] * global[blocks + b];
-        }
-        for (Index b = 0; b < blocks; ++b) {
-          const Index s = layout.stat_of_block(b);
-          c2[b] = block_rstd[b] * g_sum[s] / count;
-          c3[b] = block_rstd[b] * gx_sum[s] / count;
-        }
-      }
-      const DeviceDoubles a1 = to_device(c1, "normalization_c1");
-      const DeviceDoubles a2 = to_device(c2, "normalization_c2");
-      const DeviceDoubles a3 = to_device(c3, "normalization_c3");
+      // dx = c1 * dy - c2 - c3 * xhat per block, c2 and c3 from the global sums of g = dy *
+      // weight and g * xhat per statistic.
+      if (batch_stats) allreduce(comm, sums);
+      kernels::backward_coefficients(space, layout, rstd, scale, sums, count, batch_stats, a1, a2,
+                                     a3);
       // Written, not added to; over dy itself where the input's gradient can take that buffer
       // (each cell reads its dy before its dx is written): one field fewer at the peak of a
       // U-Net block's backward.
       const bool first =
           (dy_is_own && x_node->adopt_grad_field(dy)) || x_node->take_unfilled_grad_field();
-      kernels::normalize_backward(ExecutionSpace(), gy, x_cells, mean, rstd, a1, a2, a3,
+      kernels::normalize_backward(space, gy, x_cells, mean, rstd, a1, a2, a3,
                                   kernels::OwnedCells<T>(x_node->grad_field().interior()), first);
     };
   }
@@ -302,9 +252,12 @@ Variable<T> GroupNorm<T>::normalized(const Variable<T>& input, bool value_needed
   layout.batch = input.value().batch();
   layout.channels = channels_;
   layout.groups = num_groups_;
-  const Statistics stats = batch_statistics(comm_, input.value(), layout);
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing(),
-                   activation_, value_needed);
+  DoublesArena arena(layout, true);
+  const Statistics stats = batch_statistics(comm_, input.value(), layout, arena);
+  return normalize(comm_, input, layout,
+                   coefficients<double>(layout, stats.mean, stats.var, eps_, weight_, bias_, arena),
+                   stats.count, true, name_, weight_, bias_, input_packing(), activation_,
+                   value_needed, arena);
 }
 
 template <class T>
@@ -349,38 +302,31 @@ Variable<T> BatchNorm<T>::normalized(const Variable<T>& input, bool value_needed
   layout.channels = channels_;
   layout.per_channel = true;
   if (!this->is_training()) {
-    Statistics running;
-    running.mean = host_values(running_mean_);
-    running.var = host_values(running_var_);
-    running.count = double(x.batch()) * double(x.decomposition().global_cells());
-    return normalize(comm_, input, layout, running, false, eps_, name_, weight_, bias_,
-                     input_packing(), activation_, value_needed);
+    const double count = double(x.batch()) * double(x.decomposition().global_cells());
+    DoublesArena arena(layout, false);
+    return normalize(
+        comm_, input, layout,
+        coefficients<T>(layout, running_mean_, running_var_, eps_, weight_, bias_, arena), count,
+        false, name_, weight_, bias_, input_packing(), activation_, value_needed, arena);
   }
   const Index global_cells = x.decomposition().global_cells();
   SHARDTENSOR_REQUIRE(x.batch() * global_cells > 1, where_,
                       "training needs more than one value per channel, got batch "
                           << x.batch() << " of " << global_cells << " cell(s)");
-  const Statistics stats = batch_statistics(comm_, x, layout);
-  // A recomputed forward (nn/recompute.hpp) normalizes alike but updates nothing: the step's
-  // first forward did.
-  if (impl::recomputing_flag())
-    return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_,
-                     input_packing(), activation_, value_needed);
-  // Running estimates: PyTorch's update, with the unbiased variance.
-  auto mean_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_mean_);
-  auto var_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), running_var_);
-  const double unbias = stats.count / (stats.count - 1);
-  for (Index c = 0; c < channels_; ++c) {
-    mean_host(c) =
-        static_cast<T>((1 - momentum_) * double(mean_host(c)) + momentum_ * stats.mean[c]);
-    var_host(c) =
-        static_cast<T>((1 - momentum_) * double(var_host(c)) + momentum_ * stats.var[c] * unbias);
+  DoublesArena arena(layout, true);
+  const Statistics stats = batch_statistics(comm_, x, layout, arena);
+  // Running estimates: PyTorch's update, with the unbiased variance. A recomputed forward
+  // (nn/recompute.hpp) normalizes alike but updates nothing: the step's first forward did.
+  if (!impl::recomputing_flag()) {
+    kernels::update_running_statistics(ExecutionSpace(), stats.mean, stats.var, momentum_,
+                                       stats.count / (stats.count - 1), running_mean_,
+                                       running_var_);
+    ++batches_tracked_;
   }
-  Kokkos::deep_copy(running_mean_, mean_host);
-  Kokkos::deep_copy(running_var_, var_host);
-  ++batches_tracked_;
-  return normalize(comm_, input, layout, stats, true, eps_, name_, weight_, bias_, input_packing(),
-                   activation_, value_needed);
+  return normalize(comm_, input, layout,
+                   coefficients<double>(layout, stats.mean, stats.var, eps_, weight_, bias_, arena),
+                   stats.count, true, name_, weight_, bias_, input_packing(), activation_,
+                   value_needed, arena);
 }
 
 template class GroupNorm<float>;
