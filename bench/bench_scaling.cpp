@@ -333,11 +333,12 @@ int main(int argc, char** argv) {
         }
         if (r.fits)
           std::printf(
-              "  Kokkos per step: training %lld launches, %lld fences, %lld deep copies; "
-              "inference %lld, %lld, %lld\n",
+              "  Kokkos per step: training %lld launches, %lld fences, %lld deep copies, %lld "
+              "allocations; inference %lld, %lld, %lld, %lld\n",
               (long long)r.train_counts.launches, (long long)r.train_counts.fences,
-              (long long)r.train_counts.deep_copies, (long long)r.infer_counts.launches,
-              (long long)r.infer_counts.fences, (long long)r.infer_counts.deep_copies);
+              (long long)r.train_counts.deep_copies, (long long)r.train_counts.allocations,
+              (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
+              (long long)r.infer_counts.deep_copies, (long long)r.infer_counts.allocations);
         std::printf(
             "  peak tracked memory per rank %.1f MiB, resident set %.1f MiB (%.1f MiB before "
             "the model)\n",
@@ -360,8 +361,8 @@ int main(int argc, char** argv) {
             "\"peak_rss_mib\":%s,\"base_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,"
             "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s,\"vector_isa\":\"%s\","
             "\"vector_lanes\":%d,\"bf16_dot\":%s,\"train_launches\":%lld,\"train_fences\":%lld,"
-            "\"train_deep_copies\":%lld,\"infer_launches\":%lld,\"infer_fences\":%lld,"
-            "\"infer_deep_copies\":%lld}\n",
+            "\"train_deep_copies\":%lld,\"train_allocations\":%lld,\"infer_launches\":%lld,"
+            "\"infer_fences\":%lld,\"infer_deep_copies\":%lld,\"infer_allocations\":%lld}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
@@ -384,8 +385,9 @@ int main(int argc, char** argv) {
             json_number(load_average()).c_str(), kernels::vector_isa().c_str(),
             kernels::vector_lanes(), kernels::bf16_dot_products() ? "true" : "false",
             (long long)r.train_counts.launches, (long long)r.train_counts.fences,
-            (long long)r.train_counts.deep_copies, (long long)r.infer_counts.launches,
-            (long long)r.infer_counts.fences, (long long)r.infer_counts.deep_copies);
+            (long long)r.train_counts.deep_copies, (long long)r.train_counts.allocations,
+            (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
+            (long long)r.infer_counts.deep_copies, (long long)r.infer_counts.allocations);
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

@@ -1,9 +1,11 @@
-// The launch budget of a step: Kokkos kernel launches, fences and deep copies of the main
-// job's U-Net (examples/02_train_config/heat2d.yaml: 32^2, batch 4) per training step and
-// inference, counted by KernelCounter (core/kernel_counter.hpp). On a GPU every launch costs
-// microseconds and every fence or device-host copy stalls the stream, so these counts bound a
-// small field's step time there; they are the same on every backend of one Kokkos version,
-// and a change that adds launches or host syncs to the step fails here, on a CPU.
+// The launch budget of a step: Kokkos kernel launches, fences, deep copies and allocations per
+// training step and inference of the main job's U-Net (examples/02_train_config/heat2d.yaml:
+// 32^2, batch 4) and of the same U-Net with group normalization, counted by KernelCounter
+// (core/kernel_counter.hpp). On a GPU every launch costs microseconds, every fence or
+// device-host copy stalls the stream and every allocation is a cudaMalloc, a fence and a
+// cudaFree, so these counts bound a small field's step time there; launches, copies and
+// allocations are the same on every backend of one Kokkos version, and a change that adds
+// launches, host reads or allocations to the step fails here, on a CPU.
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -20,19 +22,8 @@ using namespace shardtensor;
 
 namespace {
 
-// The budget, per rank, 10 % over the largest count measured (2026-11-27, 1 and 2 ranks):
-// training 677-803 launches, 58 deep copies; inference 153-203 launches, no deep copies.
-// Fences: Kokkos 3.4 reports none on Serial; Kokkos 4.6 reports its fences around View
-// initializations and reductions into host values: 511-661 per training step, 93-167 per
-// inference (OpenMP, 2 threads). Those are the stream syncs to remove for a GPU.
-constexpr std::int64_t training_launches = 885, training_deep_copies = 64;
-constexpr std::int64_t inference_launches = 225, inference_deep_copies = 4;
-#if KOKKOS_VERSION >= 40000
-constexpr std::int64_t training_fences = 730, inference_fences = 185;
-#else
-constexpr std::int64_t training_fences = 4, inference_fences = 4;
-#endif
-
+// The main job's U-Net (examples/02_train_config/heat2d.yaml) and the same U-Net with group
+// normalization (as the 3-D bench U-Net, bench/scaling_unet3d.yaml, has).
 const char* heat2d_model = R"(
 type: unet
 depth: 2
@@ -45,14 +36,29 @@ padding: periodic
 input_skip: true
 )";
 
-}  // namespace
+const char* group_norm_model = R"(
+type: unet
+depth: 2
+base_channels: 16
+norm: group
+activation: gelu
+down: maxpool
+up: linear
+padding: periodic
+input_skip: true
+)";
 
-TEST_CASE("the main job's step stays within its launch, fence and deep-copy budget",
-          "[launches]") {
+struct StepCounts {
+  KernelCounts training, inference;
+};
+
+/// The counts of one training step (AdamW, gradients clipped) and one inference of `model_yaml`
+/// on a 32^2 field, batch 4, after a first step of each (the optimizer's state, the plans).
+StepCounts count_step(const char* model_yaml) {
   const Communicator world;
   const Communicator self(MPI_COMM_SELF);  // one data group
   const Decomposition d = Decomposition::automatic({32, 32}, world.size(), {true, true});
-  auto model = models::build_model<float>(YAML::Load(heat2d_model), world, {2, 2, 1, {32, 32}});
+  auto model = models::build_model<float>(YAML::Load(model_yaml), world, {2, 2, 1, {32, 32}});
   OptimizerOptions adamw;
   adamw.type = "adamw";
   adamw.lr = 3e-3;
@@ -65,12 +71,12 @@ TEST_CASE("the main job's step stays within its launch, fence and deep-copy budg
   const auto step = [&] {
     training_step(*model, *optimizer, schedule, world, self, "mse", 1.0, input, target);
   };
-  step();  // the first step makes the optimizer's state and the plans
-  KernelCounts training;
+  StepCounts c;
+  step();
   {
     KernelCounter counter;
     step();
-    training = counter.counts();
+    c.training = counter.counts();
   }
   model->eval();
   const auto infer = [&] {
@@ -78,37 +84,95 @@ TEST_CASE("the main job's step stays within its launch, fence and deep-copy budg
     model->forward(Variable<float>::field(input));
   };
   infer();
-  KernelCounts inference;
   {
     KernelCounter counter;
     infer();
-    inference = counter.counts();
+    c.inference = counter.counts();
   }
   if (world.rank() == 0)
-    std::printf("test_kernel_counts: %d rank(s): training %lld launches, %lld fences, %lld deep "
-                "copies; inference %lld, %lld, %lld\n",
-                world.size(), (long long)training.launches, (long long)training.fences,
-                (long long)training.deep_copies, (long long)inference.launches,
-                (long long)inference.fences, (long long)inference.deep_copies);
-  CHECK(training.launches > 100);  // the counter sees the step
-  CHECK(training.launches <= training_launches);
-  CHECK(training.fences <= training_fences);
-  CHECK(training.deep_copies <= training_deep_copies);
-  CHECK(inference.launches <= inference_launches);
-  CHECK(inference.fences <= inference_fences);
-  CHECK(inference.deep_copies <= inference_deep_copies);
+    std::printf(
+        "test_kernel_counts: %d rank(s), norm %s: training %lld launches, %lld fences, "
+        "%lld deep copies, %lld allocations; inference %lld, %lld, %lld, %lld\n",
+        world.size(), model_yaml == heat2d_model ? "none" : "group", (long long)c.training.launches,
+        (long long)c.training.fences, (long long)c.training.deep_copies,
+        (long long)c.training.allocations, (long long)c.inference.launches,
+        (long long)c.inference.fences, (long long)c.inference.deep_copies,
+        (long long)c.inference.allocations);
+  return c;
+}
+
+/// A step's budget, per rank.
+struct Budget {
+  std::int64_t launches, fences, deep_copies, allocations;
+};
+
+void check_within(const KernelCounts& c, const Budget& budget) {
+  CHECK(c.launches <= budget.launches);
+  CHECK(c.fences <= budget.fences);
+  CHECK(c.deep_copies <= budget.deep_copies);
+  CHECK(c.allocations <= budget.allocations);
+}
+
+// Deep copies are host reads: on a host backend a training step makes none (the loss and the
+// gradient norm are read in place), on a GPU it reads the gradient norm, the loss and the
+// loss's gradient; inference reads nothing. A layer that reads a value on the host inside the
+// step fails here whatever its launches.
+constexpr std::int64_t training_host_reads = kernels_run_on_host ? 0 : 3;
+// The budgets: 10 % over the largest count measured (2026-11-30, 1 and 2 ranks, Serial and
+// OpenMP with 1 and 2 threads: the host backends' thread splits are launches too). Fences:
+// Kokkos 3.4 reports none on Serial; Kokkos 4.6's OpenMP fences before each deallocation and
+// around zero-filled allocations (on a GPU a cudaFree waits for the device likewise).
+#if KOKKOS_VERSION >= 40000
+constexpr std::int64_t fences(std::int64_t measured) {
+  return measured + measured / 10;
+}
+#else
+constexpr std::int64_t fences(std::int64_t) {
+  return 4;
+}
+#endif
+// Main job: training 207-439 launches, 146-323 fences, no deep copies, 89-157 allocations;
+// inference 23-99 launches, 39-109 fences, 39-71 allocations.
+constexpr Budget main_job_training{485, fences(323), training_host_reads, 175};
+constexpr Budget main_job_inference{110, fences(109), 0, 80};
+// With group norm: training 289-571 launches, 192-409 fences, no deep copies, 91-159
+// allocations; inference 53-159, 79-169, 0, 49-81. Before the statistics stayed on the device
+// (b19ef63, OpenMP, one rank): 174 deep copies and 1015 fences per training step of the 3-D
+// bench U-Net, now none and 168.
+constexpr Budget group_norm_training{630, fences(409), training_host_reads, 175};
+constexpr Budget group_norm_inference{175, fences(169), 0, 90};
+
+}  // namespace
+
+TEST_CASE("the main job's step stays within its launch, fence, copy and allocation budget",
+          "[launches]") {
+  const StepCounts c = count_step(heat2d_model);
+  CHECK(c.training.launches > 100);  // the counter sees the step
+  CHECK(c.training.allocations > 10);
+  check_within(c.training, main_job_training);
+  check_within(c.inference, main_job_inference);
+}
+
+TEST_CASE("group normalization reads nothing on the host and allocates once per pass",
+          "[launches]") {
+  const StepCounts c = count_step(group_norm_model);
+  check_within(c.training, group_norm_training);
+  check_within(c.inference, group_norm_inference);
 }
 
 TEST_CASE("one KernelCounter at a time, and it counts what it sees", "[launches]") {
   KernelCounter counter;
   CHECK_THROWS_WITH(KernelCounter(), Catch::Contains("another KernelCounter is alive"));
   Kokkos::View<double*> v("v", 10);
-  Kokkos::parallel_for("count_me", 10, KOKKOS_LAMBDA(const int i) { v(i) = i; });
+  Kokkos::parallel_for(
+      "count_me", 10, KOKKOS_LAMBDA(const int i) { v(i) = i; });
   auto host = Kokkos::create_mirror_view(v);
   Kokkos::deep_copy(host, v);
   const KernelCounts c = counter.counts();
   CHECK(c.launches >= 1);
   CHECK(c.deep_copies >= 1);
+  CHECK(c.allocations >= 1);  // v (and its host mirror where the View is on a device)
   counter.reset();
   CHECK(counter.counts().launches == 0);
+  CHECK(counter.counts().allocations == 0);
 }

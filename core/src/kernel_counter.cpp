@@ -13,7 +13,7 @@ namespace {
 namespace tools = Kokkos::Tools::Experimental;
 
 std::atomic<bool> counting{false};
-std::atomic<std::int64_t> launches{0}, fences{0}, deep_copies{0};
+std::atomic<std::int64_t> launches{0}, fences{0}, deep_copies{0}, allocations{0};
 // The callbacks installed before the counter (a loaded tool's): called first, restored after.
 tools::EventSet previous;
 
@@ -41,6 +41,19 @@ void on_deep_copy(Kokkos::Tools::SpaceHandle dst_space, const char* dst_label, c
   ++deep_copies;
 }
 
+// Allocation callbacks are chained by the memory tracker as well, so the chain may come back
+// here (a tracker enabled while an earlier counter lived calls this one as its previous): a
+// nested call returns at once.
+thread_local bool in_allocate = false;
+void on_allocate(Kokkos::Tools::SpaceHandle space, const char* label, const void* ptr,
+                 std::uint64_t bytes) {
+  if (in_allocate) return;
+  in_allocate = true;
+  if (previous.allocate_data) previous.allocate_data(space, label, ptr, bytes);
+  in_allocate = false;
+  if (counting.load()) ++allocations;
+}
+
 }  // namespace
 
 KernelCounter::KernelCounter() {
@@ -55,6 +68,7 @@ KernelCounter::KernelCounter() {
   tools::set_begin_parallel_scan_callback(on_launch_scan);
   tools::set_begin_fence_callback(on_fence);
   tools::set_begin_deep_copy_callback(on_deep_copy);
+  tools::set_allocate_data_callback(on_allocate);
 }
 
 KernelCounter::~KernelCounter() {
@@ -64,16 +78,20 @@ KernelCounter::~KernelCounter() {
     tools::set_begin_parallel_scan_callback(previous.begin_parallel_scan);
     tools::set_begin_fence_callback(previous.begin_fence);
     tools::set_begin_deep_copy_callback(previous.begin_deep_copy);
+    // The memory tracker chains allocation callbacks too: if it was enabled after this
+    // counter, it calls on_allocate, which then only forwards (counting is off below).
+    if (tools::get_callbacks().allocate_data == on_allocate)
+      tools::set_allocate_data_callback(previous.allocate_data);
   }
   counting.store(false);
 }
 
 KernelCounts KernelCounter::counts() const {
-  return {launches.load(), fences.load(), deep_copies.load()};
+  return {launches.load(), fences.load(), deep_copies.load(), allocations.load()};
 }
 
 void KernelCounter::reset() {
-  launches = 0, fences = 0, deep_copies = 0;
+  launches = 0, fences = 0, deep_copies = 0, allocations = 0;
 }
 
 }  // namespace shardtensor
