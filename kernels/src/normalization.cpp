@@ -80,8 +80,7 @@ void reduce_per_block_parts(const ExecutionSpace& space, const char* label, cons
         Kokkos::single(Kokkos::PerTeam(team), [&]() { part_sums(team.league_rank()) = s; });
       });
   Kokkos::parallel_for(
-      "normalization_add_parts", Kokkos::RangePolicy<ExecutionSpace>(space, 0, blocks),
-      KOKKOS_LAMBDA(const Index b) {
+      "normalization_add_parts", kernel_range(space, blocks), KOKKOS_LAMBDA(const Index b) {
         V s{};
         for (Index part = 0; part < parts; ++part) s += part_sums(b * parts + part);
         store_sums(out, blocks, b, s);
