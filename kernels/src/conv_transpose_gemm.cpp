@@ -5,12 +5,13 @@
 //   forward           G = W^T X,  then each G row (co, tap) lands on its outputs (+ bias);
 //   input gradient    dX = W G,   with G gathered from the output gradient;
 //   weight gradient   dW += X G^T.
-// G is one sample's output in tap-major order: a transient of the output's size.
+// G is one sample's output in tap-major order, made in chunks of input rows (TapChunks).
 
 #include "conv_transpose_gemm.hpp"
 #include "blas.hpp"  // kernels/backends: private to kernels
 
-#include "shardtensor/core/cell_index.hpp"
+#include <algorithm>
+#include <string>
 #include "shardtensor/kernels/conv.hpp"
 
 namespace shardtensor::kernels {
@@ -32,27 +33,49 @@ bool conv_transpose_gemm_applies(const ConvTransposeShape& g) {
 
 namespace {
 
-/// Between G (rows co * T + tap, columns the input cells) and one sample's output field:
-/// to_field writes the outputs (plus bias), else gathers them into G. One work item per
-/// (co, input x, input y) row of taps.
+/// One sample's G is the output's size (8 MiB for the 64^3 bench U-Net's finest upsampling), a
+/// transient beside the output itself, so it is made in chunks of input rows: an eighth of
+/// G at most, or 64 Ki values where that is more (the GEMMs stay wide). A small field's G
+/// is one chunk: one GEMM per sample, as before.
+constexpr Index least_chunk_values = Index(1) << 16;
+
+/// One sample's input cells in chunks of whole (x, y) input rows: [row0, row0 + rows) of
+/// `total` rows of nz cells.
+struct TapChunks {
+  Index total, per_chunk, nz;
+  TapChunks(const ConvTransposeShape& g, Index columns)
+      : total(g.padded[0] * g.padded[1]), nz(g.padded[2]) {
+    const Index values = columns * total * nz,
+                chunk = values <= least_chunk_values
+                            ? values
+                            : std::max(least_chunk_values, (values + 7) / 8);
+    per_chunk = std::min(total, std::max<Index>(chunk / (columns * nz), 1));
+  }
+  bool whole() const { return per_chunk == total; }
+  Index cells() const { return per_chunk * nz; }
+};
+
+/// Between G (rows co * T + tap, columns the cells of input rows [row0, row0 + rows)) and one
+/// sample's output field: to_field writes the outputs (plus bias), else gathers them into G.
+/// One work item per (co, input row) row of taps.
 template <class T>
-void move_taps(const ExecutionSpace& space, const ConvTransposeShape& g, Index n, T* taps,
-               const FieldView<T>& y, const ReplicatedView<T>& bias, bool to_field) {
-  const Index nx = g.padded[0], ny = g.padded[1], nz = g.padded[2];
-  const Index cells = nx * ny * nz, tap_count = g.k[0] * g.k[1] * g.k[2];
+void move_taps(const ExecutionSpace& space, const ConvTransposeShape& g, Index n, Index row0,
+               Index rows, T* taps, const FieldView<T>& y, const ReplicatedView<T>& bias,
+               bool to_field) {
+  const Index ny = g.padded[1], nz = g.padded[2];
+  const Index cells = rows * nz, tap_count = g.k[0] * g.k[1] * g.k[2];
   const bool has_bias = bias.extent(0) > 0;
-  const Index rows = g.out_channels * nx * ny;
   Kokkos::parallel_for(
       to_field ? "ConvTranspose::gemm_scatter" : "ConvTranspose::gemm_gather",
-      kernel_range(space, rows), KOKKOS_LAMBDA(const Index row) {
-        const CellIndex r = unflatten(row, nx, ny, 1, 1);  // (co, ix, iy)
-        const Index co = r.n, ix = r.c, iy = r.x;
+      kernel_range(space, g.out_channels * rows), KOKKOS_LAMBDA(const Index item) {
+        const Index co = item / rows, row = item % rows, ix = (row0 + row) / ny,
+                    iy = (row0 + row) % ny;
         const T shift = has_bias && to_field ? bias(co) : T(0);
         Index tap = 0;
         for (Index a = 0; a < g.k[0]; ++a)
           for (Index b = 0; b < g.k[1]; ++b)
             for (Index c = 0; c < g.k[2]; ++c, ++tap) {
-              T* const line = taps + (co * tap_count + tap) * cells + (ix * ny + iy) * nz;
+              T* const line = taps + (co * tap_count + tap) * cells + row * nz;
               T* const out = &y(n, co, ix * g.s[0] + a, iy * g.s[1] + b, c);
               const Index step = g.s[2];
               if (to_field)
@@ -63,12 +86,27 @@ void move_taps(const ExecutionSpace& space, const ConvTransposeShape& g, Index n
       });
 }
 
+/// Between a sample's input (or input gradient) rows and a chunk's contiguous copy:
+/// to_chunk copies rows [row0, row0 + rows) of every channel into `chunk`, else back.
 template <class T>
-Kokkos::View<T*, DefaultMemorySpace> tap_buffer(const ConvTransposeShape& g) {
-  const Index cells = g.padded[0] * g.padded[1] * g.padded[2];
+void move_chunk(const ExecutionSpace& space, Index channels, Index sample_cells, Index row0,
+                Index rows, Index nz, T* field, T* chunk, bool to_chunk) {
+  const Index cells = rows * nz;
+  Kokkos::parallel_for(
+      "ConvTranspose::gemm_chunk", kernel_range(space, channels * cells),
+      KOKKOS_LAMBDA(const Index i) {
+        T* const at = field + (i / cells) * sample_cells + row0 * nz + i % cells;
+        if (to_chunk)
+          chunk[i] = *at;
+        else
+          *at = chunk[i];
+      });
+}
+
+template <class T>
+Kokkos::View<T*, DefaultMemorySpace> buffer(const char* label, Index values) {
   return Kokkos::View<T*, DefaultMemorySpace>(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "ConvTranspose::taps"),
-      g.out_channels * g.k[0] * g.k[1] * g.k[2] * cells);
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), values);
 }
 
 }  // namespace
@@ -79,14 +117,23 @@ void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTranspos
                                  const ReplicatedView<T>& bias, const FieldView<T>& y) {
   const Index cells = g.padded[0] * g.padded[1] * g.padded[2];
   const Index columns = g.out_channels * g.k[0] * g.k[1] * g.k[2];
-  const auto buffer = tap_buffer<T>(g);
+  const TapChunks chunks(g, columns);
+  const auto taps = buffer<T>("ConvTranspose::taps", columns * chunks.cells());
+  const auto inputs = buffer<T>("ConvTranspose::input_rows",
+                                chunks.whole() ? 0 : g.in_channels * chunks.cells());
   const UnmanagedMatrix<T> weights(w.data(), g.in_channels, columns);
-  const UnmanagedMatrix<T> taps(buffer.data(), columns, cells);
-  for (Index n = 0; n < g.batch; ++n) {
-    const UnmanagedMatrix<T> x(xp.data() + n * xp.stride(0), g.in_channels, cells);
-    gemm(space, "T", "N", T(1), weights, x, T(0), taps);
-    move_taps(space, g, n, buffer.data(), y, bias, true);
-  }
+  for (Index n = 0; n < g.batch; ++n)
+    for (Index row0 = 0; row0 < chunks.total; row0 += chunks.per_chunk) {
+      const Index rows = std::min(chunks.per_chunk, chunks.total - row0), part = rows * chunks.nz;
+      T* x = xp.data() + n * xp.stride(0);
+      if (!chunks.whole()) {
+        move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, inputs.data(), true);
+        x = inputs.data();
+      }
+      gemm(space, "T", "N", T(1), weights, UnmanagedMatrix<T>(x, g.in_channels, part), T(0),
+           UnmanagedMatrix<T>(taps.data(), columns, part));
+      move_taps(space, g, n, row0, rows, taps.data(), y, bias, true);
+    }
 }
 
 template <class T>
@@ -96,21 +143,34 @@ void conv_transpose_gemm_backward(const ExecutionSpace& space, const ConvTranspo
                                   const FieldView<T>& gxp) {
   const Index cells = g.padded[0] * g.padded[1] * g.padded[2];
   const Index columns = g.out_channels * g.k[0] * g.k[1] * g.k[2];
-  const auto buffer = tap_buffer<T>(g);
-  const UnmanagedMatrix<T> taps(buffer.data(), columns, cells);
-  for (Index n = 0; n < g.batch; ++n) {
-    move_taps(space, g, n, buffer.data(), gy, ReplicatedView<T>(), false);
-    if (gw.extent(0) > 0) {
-      const UnmanagedMatrix<T> x(xp.data() + n * xp.stride(0), g.in_channels, cells);
-      gemm(space, "N", "T", T(1), x, taps, T(1), UnmanagedMatrix<T>(gw.data(), g.in_channels,
-                                                                   columns));
+  const TapChunks chunks(g, columns);
+  const auto taps = buffer<T>("ConvTranspose::taps", columns * chunks.cells());
+  // Chunks of the input (for the weight gradient) and of its gradient.
+  const auto inputs = buffer<T>("ConvTranspose::input_rows",
+                                chunks.whole() ? 0 : g.in_channels * chunks.cells());
+  for (Index n = 0; n < g.batch; ++n)
+    for (Index row0 = 0; row0 < chunks.total; row0 += chunks.per_chunk) {
+      const Index rows = std::min(chunks.per_chunk, chunks.total - row0), part = rows * chunks.nz;
+      const UnmanagedMatrix<T> tap_rows(taps.data(), columns, part);
+      move_taps(space, g, n, row0, rows, taps.data(), gy, ReplicatedView<T>(), false);
+      if (gw.extent(0) > 0) {
+        T* x = xp.data() + n * xp.stride(0);
+        if (!chunks.whole()) {
+          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, inputs.data(), true);
+          x = inputs.data();
+        }
+        gemm(space, "N", "T", T(1), UnmanagedMatrix<T>(x, g.in_channels, part), tap_rows, T(1),
+             UnmanagedMatrix<T>(gw.data(), g.in_channels, columns));
+      }
+      if (gxp.extent(0) > 0) {
+        T* const gx = gxp.data() + n * gxp.stride(0);
+        gemm(space, "N", "N", T(1), UnmanagedMatrix<T>(w.data(), g.in_channels, columns),
+             tap_rows, T(0),
+             UnmanagedMatrix<T>(chunks.whole() ? gx : inputs.data(), g.in_channels, part));
+        if (!chunks.whole())
+          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, gx, inputs.data(), false);
+      }
     }
-    if (gxp.extent(0) > 0) {
-      const UnmanagedMatrix<T> gx(gxp.data() + n * gxp.stride(0), g.in_channels, cells);
-      gemm(space, "N", "N", T(1), UnmanagedMatrix<T>(w.data(), g.in_channels, columns), taps,
-           T(0), gx);
-    }
-  }
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                            \
