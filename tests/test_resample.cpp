@@ -190,6 +190,48 @@ TEST_CASE("dropout keeps about 1 - p of the values, scaled, and is the identity 
   CHECK_THROWS_WITH(Dropout<double>(1.0), Contains("probability 1 outside [0, 1)"));
 }
 
+TEMPLATE_TEST_CASE("a concat handed its first input lets it go before making the second",
+                   "[concat]", float, double) {
+  // concat_channels(std::move(first), channels, make_second): the values and gradients of
+  // concat_channels({first, second}), with first's value gone (its last Variable handed over)
+  // before make_second runs (a recomputed U-Net unit's skip).
+  const Communicator comm;
+  const Decomposition d = Decomposition::automatic({12, 10, 6}, comm.size());
+  const auto make = [&](Index channels, std::uint64_t seed, const char* name) {
+    return Variable<TestType>::field(test::random_shard<TestType>(d, comm.rank(), 2, channels, seed),
+                                     true, name);
+  };
+  const Variable<TestType> a = make(2, 1, "a"), b = make(3, 2, "b");
+  const Variable<TestType> joined = concat_channels<TestType>({a, b});
+  backward(test::weighted_sum<TestType>(comm, joined));
+
+  Variable<TestType> first = make(2, 1, "first");
+  const Variable<TestType> second = make(3, 2, "second");
+  const std::shared_ptr<impl::Node<TestType>> first_node = first.node();
+  bool first_gone = false;
+  const Variable<TestType> consumed = concat_channels<TestType>(std::move(first), 3, [&] {
+    first_gone = first_node->field.view().span() == 0;
+    return second;
+  });
+  CHECK(!first.defined());
+  CHECK(first_gone);
+  backward(test::weighted_sum<TestType>(comm, consumed));
+  CHECK(test::host_values(consumed.value().view()) == test::host_values(joined.value().view()));
+  CHECK(test::host_values(first_node->grad_field().view()) == test::host_values(a.grad().view()));
+  CHECK(test::host_values(second.grad().view()) == test::host_values(b.grad().view()));
+
+  Variable<TestType> again = make(2, 1, "again");
+  CHECK_THROWS_WITH(concat_channels<TestType>(std::move(again), 2, [&] { return second; }),
+                    Contains("concat_channels: 'second' brings 3 channels to 2 of 4"));
+  const Decomposition other = Decomposition::automatic({12, 10, 8}, comm.size());
+  const auto elsewhere = Variable<TestType>::field(
+      test::random_shard<TestType>(other, comm.rank(), 2, 3, 3), false, "elsewhere");
+  Variable<TestType> once_more = make(2, 1, "once_more");
+  CHECK_THROWS_WITH(concat_channels<TestType>(std::move(once_more), 3, [&] { return elsewhere; }),
+                    Contains("concat_channels: 'elsewhere'") &&
+                        Contains("does not match the first input"));
+}
+
 TEST_CASE("concat and upsample reject mismatched input", "[concat][upsample][errors]") {
   const Communicator comm;
   const Decomposition d = Decomposition::automatic({12, 10}, comm.size());

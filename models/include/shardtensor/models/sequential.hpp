@@ -61,21 +61,37 @@ class Sequential : public Module<T> {
   std::size_t size() const { return layers_.size(); }
   const std::shared_ptr<Module<T>>& operator[](std::size_t i) const { return layers_.at(i); }
 
- private:
-  Variable<T> run(const Variable<T>& input, bool graph_only) {
-    Variable<T> x = input;
-    for (std::size_t i = 0; i < layers_.size();) {
+  /// Children [first, last) applied to `input` (their recomputed units as units), without
+  /// restore_input_layout's resplit: a caller that runs a sequence in parts (a U-Net level's
+  /// first unit, made of more than this sequence's children). `graph_only`: the last child's
+  /// forward_graph_only. A unit must lie inside the range. `input` is taken by value: one
+  /// handed over goes once the first child is done with it.
+  Variable<T> forward_layers(std::size_t first, std::size_t last, Variable<T> input,
+                             bool graph_only = false) {
+    SHARDTENSOR_REQUIRE(first <= last && last <= layers_.size(), "Sequential::forward_layers",
+                        "range [" << first << ", " << last << ") of " << layers_.size()
+                                  << " layers");
+    Variable<T> x = std::move(input);
+    for (std::size_t i = first; i < last;) {
       const auto unit = units_.find(i);
       if (unit == units_.end()) {
-        const bool last = i + 1 == layers_.size();
-        x = graph_only && last && !comm_ ? layers_[i]->forward_graph_only(x)
-                                         : layers_[i]->forward(x);
+        x = graph_only && i + 1 == last ? layers_[i]->forward_graph_only(x)
+                                        : layers_[i]->forward(x);
         ++i;
       } else {
+        SHARDTENSOR_REQUIRE(unit->second.first <= last, "Sequential::forward_layers",
+                            "range [" << first << ", " << last << ") ends inside the recomputed "
+                                      << "unit [" << i << ", " << unit->second.first << ")");
         x = shardtensor::recompute<T>(unit->second.second, x);
         i = unit->second.first;
       }
     }
+    return x;
+  }
+
+ private:
+  Variable<T> run(const Variable<T>& input, bool graph_only) {
+    Variable<T> x = forward_layers(0, layers_.size(), input, graph_only && !comm_);
     if (comm_ && input.is_field() && x.is_field())
       x = resplit_like(*comm_, x, input.value().decomposition());
     return x;

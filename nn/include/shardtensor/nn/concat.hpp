@@ -9,45 +9,51 @@
 
 namespace shardtensor {
 
-/// Fields with the same decomposition and batch, stacked along the channel axis in order.
+namespace impl {
+
+/// Requires `b` to match `a` (batch, decomposition) and to have no ghost cells.
 template <class T>
-Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
-  SHARDTENSOR_REQUIRE(!inputs.empty(), "concat_channels", "no inputs");
-  Index channels = 0;
-  for (const Variable<T>& v : inputs) {
-    impl::require_field(v, "concat_channels");
-    const ShardTensor<T>& a = inputs.front().value();
-    const ShardTensor<T>& b = v.value();
-    SHARDTENSOR_REQUIRE(
-        a.batch() == b.batch() && a.decomposition() == b.decomposition() && b.ghosts().none(),
-        "concat_channels",
-        "'" << v.name() << "' (batch " << b.batch() << ", " << b.decomposition().describe()
-            << ") does not match '" << inputs.front().name() << "' (batch " << a.batch() << ", "
-            << a.decomposition().describe() << ")");
-    channels += b.channels();
-  }
-  const ShardTensor<T>& first = inputs.front().value();
-  ShardTensor<T> y = impl::field_like(first, "concat", channels);
-  std::vector<std::shared_ptr<impl::Node<T>>> nodes;
-  std::vector<Index> offsets;
-  Index offset = 0;
-  // A sample's channels [offset, offset + c) of y are one contiguous block of c fields: copy
-  // (and in the backward, add) channel by channel, each a contiguous run of cells: one team
-  // per run of `chunk` cells of a channel, its threads along the run. On a host a run is the
-  // whole channel (a plain loop); on a GPU runs of 4096 cells, so that the teams fill the
-  // device (a team per channel left most of it idle: 90 GB/s on an H200).
-  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
-  using Member = typename Policy::member_type;
-  const Index cells = static_cast<Index>(first.view().span()) / (first.batch() * first.channels());
-  const Index chunk = kernels_run_on_host ? std::max<Index>(cells, 1) : Index(4096);
-  const Index chunks = (cells + chunk - 1) / chunk;
-  const auto yv = y.view();
-  for (const Variable<T>& v : inputs) {
-    const Index c = v.value().channels();
-    const auto xv = v.value().view();
-    const Index at = offset;
+void require_concat_match(const Variable<T>& a, const Variable<T>& b) {
+  impl::require_field(b, "concat_channels");
+  const ShardTensor<T>& x = a.value();
+  const ShardTensor<T>& y = b.value();
+  SHARDTENSOR_REQUIRE(
+      x.batch() == y.batch() && x.decomposition() == y.decomposition() && y.ghosts().none(),
+      "concat_channels",
+      "'" << b.name() << "' (batch " << y.batch() << ", " << y.decomposition().describe()
+          << ") does not match '" << a.name() << "' (batch " << x.batch() << ", "
+          << x.decomposition().describe() << ")");
+}
+
+/// A concatenation's output and its backward: the inputs are copied into y one after another
+/// (add_input), then finish() makes the Variable.
+template <class T>
+class ChannelConcat {
+ public:
+  ChannelConcat(const ShardTensor<T>& like, Index channels)
+      : y_(impl::field_like(like, "concat", channels)),
+        channels_(channels),
+        cells_(static_cast<Index>(like.view().span()) / (like.batch() * like.channels())),
+        // On a host a run is the whole channel (a plain loop); on a GPU runs of 4096 cells,
+        // so that the teams fill the device (a team per channel left most of it idle: 90
+        // GB/s on an H200).
+        chunk_(kernels_run_on_host ? std::max<Index>(cells_, 1) : Index(4096)),
+        chunks_((cells_ + chunk_ - 1) / chunk_) {}
+
+  /// Copies `x` into the next channels of y. A sample's channels [offset, offset + c) of y are
+  /// one contiguous block of c fields: copy (and in the backward, add) channel by channel,
+  /// each a contiguous run of cells: one team per run of `chunk` cells of a channel, its
+  /// threads along the run.
+  void add_input(const Variable<T>& x) {
+    const Index c = x.value().channels(), at = offset_, channels = channels_, cells = cells_,
+                chunk = chunk_, chunks = chunks_;
+    SHARDTENSOR_REQUIRE(at + c <= channels_, "concat_channels",
+                        "'" << x.name() << "' brings " << c << " channels to " << at << " of "
+                            << channels_);
+    const auto xv = x.value().view();
+    const auto yv = y_.view();
     Kokkos::parallel_for(
-        "concat", Policy(static_cast<int>(first.batch() * c * chunks), Kokkos::AUTO),
+        "concat", Policy(static_cast<int>(xv.extent(0) * c * chunks), Kokkos::AUTO),
         KOKKOS_LAMBDA(const Member& team) {
           const Index nc = team.league_rank() / chunks, n = nc / c, k = nc % c;
           const Index begin = team.league_rank() % chunks * chunk;
@@ -57,36 +63,91 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
           Kokkos::parallel_for(Kokkos::TeamVectorRange(team, begin, end),
                                [&](const Index i) { to[i] = from[i]; });
         });
-    nodes.push_back(v.node());
-    offsets.push_back(offset);
-    offset += c;
+    nodes_.push_back(x.node());
+    offsets_.push_back(offset_);
+    offset_ += c;
   }
-  auto node = make_result_node<T>("concat", nodes);
-  node->field = y;
-  if (node->requires_grad) {
-    node->backward = [nodes, offsets, channels, cells, chunk, chunks](impl::Node<T>& self) {
-      using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
-      using Member = typename Policy::member_type;
-      const auto gy = self.grad_field().view();
-      for (std::size_t k = 0; k < nodes.size(); ++k) {
-        if (!nodes[k]->requires_grad) continue;
-        const auto gx = nodes[k]->grad_field().view();
-        const Index c = gx.extent(1), at = offsets[k];
-        Kokkos::parallel_for(
-            "concat_backward", Policy(static_cast<int>(gx.extent(0) * c * chunks), Kokkos::AUTO),
-            KOKKOS_LAMBDA(const Member& team) {
-              const Index nc = team.league_rank() / chunks, n = nc / c, j = nc % c;
-              const Index begin = team.league_rank() % chunks * chunk;
-              const Index end = begin + chunk < cells ? begin + chunk : cells;
-              const T* from = gy.data() + (n * channels + at + j) * cells;
-              T* to = gx.data() + nc * cells;
-              Kokkos::parallel_for(Kokkos::TeamVectorRange(team, begin, end),
-                                   [&](const Index i) { to[i] += from[i]; });
-            });
-      }
-    };
+
+  Variable<T> finish() {
+    SHARDTENSOR_REQUIRE(offset_ == channels_, "concat_channels",
+                        "inputs brought " << offset_ << " channels of " << channels_);
+    auto node = make_result_node<T>("concat", nodes_);
+    node->field = y_;
+    if (node->requires_grad) {
+      node->backward = [nodes = nodes_, offsets = offsets_, channels = channels_, cells = cells_,
+                        chunk = chunk_, chunks = chunks_](impl::Node<T>& self) {
+        const auto gy = self.grad_field().view();
+        for (std::size_t k = 0; k < nodes.size(); ++k) {
+          if (!nodes[k]->requires_grad) continue;
+          const auto gx = nodes[k]->grad_field().view();
+          const Index c = gx.extent(1), at = offsets[k];
+          Kokkos::parallel_for(
+              "concat_backward", Policy(static_cast<int>(gx.extent(0) * c * chunks), Kokkos::AUTO),
+              KOKKOS_LAMBDA(const Member& team) {
+                const Index nc = team.league_rank() / chunks, n = nc / c, j = nc % c;
+                const Index begin = team.league_rank() % chunks * chunk;
+                const Index end = begin + chunk < cells ? begin + chunk : cells;
+                const T* from = gy.data() + (n * channels + at + j) * cells;
+                T* to = gx.data() + nc * cells;
+                Kokkos::parallel_for(Kokkos::TeamVectorRange(team, begin, end),
+                                     [&](const Index i) { to[i] += from[i]; });
+              });
+        }
+      };
+    }
+    return Variable<T>(node);
   }
-  return Variable<T>(node);
+
+ private:
+  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  using Member = typename Policy::member_type;
+  ShardTensor<T> y_;
+  Index channels_, cells_, chunk_, chunks_, offset_ = 0;
+  std::vector<std::shared_ptr<impl::Node<T>>> nodes_;
+  std::vector<Index> offsets_;
+};
+
+}  // namespace impl
+
+/// Fields with the same decomposition and batch, stacked along the channel axis in order.
+template <class T>
+Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
+  SHARDTENSOR_REQUIRE(!inputs.empty(), "concat_channels", "no inputs");
+  Index channels = 0;
+  for (const Variable<T>& v : inputs) {
+    impl::require_concat_match(inputs.front(), v);
+    channels += v.value().channels();
+  }
+  impl::ChannelConcat<T> concat(inputs.front().value(), channels);
+  for (const Variable<T>& v : inputs) concat.add_input(v);
+  return concat.finish();
+}
+
+/// concat_channels({first, make_second()}), with make_second() called once `first` is copied
+/// and handed over: where it was the last Variable of its value, the value goes before the
+/// second part is made, and the two never exist beside the output at once (a recomputed
+/// unit's input, the U-Net's skip). `second_channels`: the channels make_second() returns.
+template <class T, class MakeSecond>
+Variable<T> concat_channels(Variable<T>&& first, Index second_channels,
+                            const MakeSecond& make_second) {
+  impl::require_concat_match(first, first);  // a field without ghost cells
+  const Index batch = first.value().batch();
+  const Decomposition decomposition = first.value().decomposition();
+  impl::ChannelConcat<T> concat(first.value(), first.value().channels() + second_channels);
+  concat.add_input(first);
+  first = Variable<T>();
+  const Variable<T> second = make_second();
+  impl::require_field(second, "concat_channels");
+  SHARDTENSOR_REQUIRE(second.value().batch() == batch &&
+                          second.value().decomposition() == decomposition &&
+                          second.value().ghosts().none(),
+                      "concat_channels",
+                      "'" << second.name() << "' (batch " << second.value().batch() << ", "
+                          << second.value().decomposition().describe()
+                          << ") does not match the first input (batch " << batch << ", "
+                          << decomposition.describe() << ")");
+  concat.add_input(second);
+  return concat.finish();
 }
 
 }  // namespace shardtensor

@@ -16,6 +16,7 @@
 #include "shardtensor/autograd/grad_mode.hpp"
 #include "shardtensor/autograd/variable.hpp"
 #include "shardtensor/nn/module.hpp"
+#include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
 
@@ -49,46 +50,72 @@ void add_input_gradient(impl::Node<T>& input, const ShardTensor<T>& gradient) {
 
 }  // namespace impl
 
-/// block->forward(input), keeping only `input` (and the block's parameters) for backward.
-/// Outside a graph (NoGradGuard, or nothing requires a gradient) it is block->forward(input).
-template <class T>
-Variable<T> recompute(const std::shared_ptr<Module<T>>& block, const Variable<T>& input) {
+/// body(inputs, graph_only), keeping only `inputs` (and the parameters of `modules`, the
+/// ones body uses) for backward: a unit of several inputs or of ops that are no module (a
+/// U-Net's upsampling and concatenation, recomputed from the skip and the coarser level's
+/// output rather than kept as their concatenation, twice the skip). body takes its inputs
+/// by value: an op it hands one to (concat_channels) may let the value go once it is done
+/// with it, in backward's run too, where nothing else holds it. `graph_only`: body's last op
+/// may build its backward without its output (Module::forward_graph_only), which nothing
+/// reads in backward's run. Outside a graph (NoGradGuard, or nothing requires a gradient) it
+/// is body(inputs, false). Every input is a field.
+template <class T, class Body>
+Variable<T> recompute(std::vector<Variable<T>> inputs,
+                      const std::vector<std::shared_ptr<Module<T>>>& modules, Body body) {
   Variable<T> output;
   {
-    const NoGradGuard no_graph;  // the block's inside is not kept
-    output = block->forward(input);
+    const NoGradGuard no_graph;  // the unit's inside is not kept
+    output = body(inputs, false);
   }
-  std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node()};
-  for (const auto& named : block->named_parameters()) inputs.push_back(named.second.node());
-  auto node = make_result_node<T>("recompute", std::move(inputs));
+  std::vector<std::shared_ptr<impl::Node<T>>> nodes;
+  for (const Variable<T>& input : inputs) {
+    impl::require_field(input, "recompute");
+    nodes.push_back(input.node());
+  }
+  for (const auto& module : modules)
+    for (const auto& named : module->named_parameters()) nodes.push_back(named.second.node());
+  auto node = make_result_node<T>("recompute", std::move(nodes));
   node->field = output.value();
   if (node->requires_grad) {
-    node->backward = [block, input = Variable<T>(input)](impl::Node<T>& self) mutable {
-      const std::shared_ptr<impl::Node<T>> input_node = input.node();
-      const bool input_requires_grad = input.requires_grad();
-      // The block again, with a graph, on a leaf that shares the input's values. Then neither
-      // the input nor the leaf is held here any more: the value lives in what the block's ops
-      // saved of it (unless a caller holds the input), so it goes when the first op's backward
-      // is done with it, before that op allocates the input's gradient.
-      std::shared_ptr<impl::Node<T>> leaf_node;
+    node->backward = [body, inputs = std::move(inputs)](impl::Node<T>& self) mutable {
+      // The unit again, with a graph, on leaves that share the inputs' values. Then neither
+      // the inputs nor the leaves are held here any more: a value lives in what the unit's
+      // ops saved of it (unless a caller holds the input), so it goes when the last op that
+      // reads it is done with it, before that op allocates the input's gradient.
+      std::vector<std::shared_ptr<impl::Node<T>>> input_nodes, leaf_nodes;
       Variable<T> again;
       {
-        const Variable<T> leaf = Variable<T>::field(input.value(), input_requires_grad,
-                                                    input.name() + ".recomputed");
-        input = Variable<T>();
-        again = impl::with_graph_recomputing([&] { return block->forward_graph_only(leaf); });
-        leaf_node = leaf.node();
+        std::vector<Variable<T>> leaves;
+        for (const Variable<T>& input : inputs) {
+          leaves.push_back(Variable<T>::field(input.value(), input.requires_grad(),
+                                              input.name() + ".recomputed"));
+          input_nodes.push_back(input.node());
+          leaf_nodes.push_back(leaves.back().node());
+        }
+        inputs.clear();
+        again = impl::with_graph_recomputing([&] { return body(std::move(leaves), true); });
       }
-      // Parameters' gradients accumulate as usual. The output's value (no op of the block
+      // Parameters' gradients accumulate as usual. The output's value (no op of the unit
       // reads it in backward) and gradient are handed over: they go as the sweep passes them
       // (so, like any node's inside the graph, this output's gradient is not kept after).
       ShardTensor<T> gradient = self.grad_field();  // allocated (zero) if nothing reached it
       self.field_grad = ShardTensor<T>();
       backward(std::move(again), std::move(gradient));
-      if (input_requires_grad) impl::add_input_gradient(*input_node, leaf_node->grad_field());
+      for (std::size_t i = 0; i < input_nodes.size(); ++i)
+        if (input_nodes[i]->requires_grad)
+          impl::add_input_gradient(*input_nodes[i], leaf_nodes[i]->grad_field());
     };
   }
   return Variable<T>(node);
+}
+
+/// block->forward(input), keeping only `input` (and the block's parameters) for backward.
+/// Outside a graph (NoGradGuard, or nothing requires a gradient) it is block->forward(input).
+template <class T>
+Variable<T> recompute(const std::shared_ptr<Module<T>>& block, const Variable<T>& input) {
+  return recompute<T>({input}, {block}, [block](std::vector<Variable<T>> in, bool graph_only) {
+    return graph_only ? block->forward_graph_only(in[0]) : block->forward(in[0]);
+  });
 }
 
 }  // namespace shardtensor
