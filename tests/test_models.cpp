@@ -158,9 +158,14 @@ TEMPLATE_TEST_CASE("a UNet with recomputed blocks gives the same numbers bit for
     for (int dims : {2, 3})
       for (NormKind norm : {NormKind::group, NormKind::batch, NormKind::none}) {
         if (bf16 && !std::is_same<TestType, float>::value) continue;
-        INFO(dims << "-D, norm " << to_string(norm) << (bf16 ? ", bf16" : ""));
+        // Level 0's first unit makes the upsampling again: a transposed conv, or (2-D, no
+        // norm) nearest upsampling and a conv.
+        const UpMode up = dims == 2 && norm == NormKind::none ? UpMode::nearest : UpMode::transpose;
+        INFO(dims << "-D, norm " << to_string(norm) << ", up " << to_string(up)
+                  << (bf16 ? ", bf16" : ""));
         UNetOptions o = test::small_unet(dims, 2);
         o.norm = norm;
+        o.up = up;
         o.input_skip = dims == 2;  // the input then has two readers
         const Decomposition field =
             dims == 2 ? Decomposition::automatic({Index(16), Index(24)}, world.size())

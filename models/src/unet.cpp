@@ -100,7 +100,7 @@ std::shared_ptr<Conv<T>> UNet<T>::make_conv(const std::string& name, Index in, I
 }
 
 template <class T>
-std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in, Index out,
+std::shared_ptr<Sequential<T>> UNet<T>::make_block(const std::string& name, Index in, Index out,
                                                bool two_recomputed_units) {
   auto block = std::make_shared<Sequential<T>>();
   const std::string path = name_ + "." + name;
@@ -129,10 +129,9 @@ std::shared_ptr<Module<T>> UNet<T>::make_block(const std::string& name, Index in
     else
       block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
   }
-  if (two_recomputed_units) {
-    block->recompute_range(0, 2);
-    block->recompute_range(2, block->size());
-  }
+  // The first unit (conv0 and norm0, with the upsampling and the concatenation before them)
+  // is recomputed by UNet::forward itself.
+  if (two_recomputed_units) block->recompute_range(2, block->size());
   this->register_module(name, block);
   return block;
 }
@@ -237,6 +236,10 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
   }
   h = block(bottom_, h);
   for (int l = options_.depth - 1; l >= 0; --l) {
+    if (recomputes_in_two_units(l)) {
+      h = up_in_two_units(l, std::move(skips[l]), h);
+      continue;
+    }
     h = upsample_[l]->forward(h);
     // On odd split points the upsampled field is split one cell off the skip's: move it.
     h = redistribute_field(comm_, h, skips[l].value().decomposition());
@@ -244,10 +247,31 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     // No backward reads the skip's or the upsampled field's values: dropping the Variables
     // frees them (the graph keeps only what the ops saved).
     skips[l] = Variable<T>();
-    h = recomputes_in_two_units(l) ? up_[l]->forward(h) : block(up_[l], h);
+    h = block(up_[l], h);
   }
   h = head_->forward(h);
   return skip_ ? add(h, skip_->forward(input)) : h;
+}
+
+template <class T>
+Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T>& coarse) {
+  // The first unit keeps the skip and the coarser level's output (which the upsampling keeps
+  // anyway), not their concatenation: in its run inside backward the skip is copied into the
+  // concatenation and let go before the upsampled field is made, so the skip, the upsampled
+  // field and the concatenation never exist at once.
+  const std::shared_ptr<Sequential<T>> up = up_[l];
+  const auto first_unit = [this, l, up](std::vector<Variable<T>> in, bool graph_only) {
+    const Decomposition skip_decomposition = in[0].value().decomposition();
+    const Variable<T> low = std::move(in[1]);
+    Variable<T> joined = concat_channels<T>(std::move(in[0]), channels(l), [&] {
+      // On odd split points the upsampled field is split one cell off the skip's: move it.
+      return redistribute_field(comm_, upsample_[l]->forward(low), skip_decomposition);
+    });
+    return up->forward_layers(0, 2, std::move(joined), graph_only);
+  };
+  const Variable<T> first = recompute<T>({std::move(skip), coarse},
+                                          {upsample_[l], (*up)[0], (*up)[1]}, first_unit);
+  return up->forward_layers(2, up->size(), first);  // the second unit (recompute_range)
 }
 
 template class UNet<float>;

@@ -320,7 +320,12 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     // layer reads of it). Backward reads the padded input again. Kept whole, it was a second
     // copy of every convolution's input from forward to backward (the closure holds the input
     // anyway): keep only its shell, and rebuild the buffer in backward.
-    SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
+    // Not in a recomputed unit's run inside backward, whose backward comes next: packing would
+    // only add the 16 bits beside the float input for that short while (the unit's first
+    // conv, after the U-Net's concatenation: its peak).
+    SavedField<T> saved_input(input,
+                              options_.bf16 && !impl::recomputing_flag() ? SavedPacking::rounded
+                                                                          : SavedPacking::none,
                               name_ + ".saved_input");
     PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded);
     // The neighbours' planes that forward read (a surface), for the weight gradient.
@@ -339,6 +344,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       // Backward runs once: free what it kept before the gradients are allocated.
       shell = {};
       saved_input = {};
+      // Whether this closure holds the input's only reference: no Variable of it, no other op
+      // kept it, not a caller's array (unmanaged: no count). Before xp, a second reference.
+      const bool sole_reference = in_place && padded.view().use_count() == 1;
       const FieldView<T> xp = rotation.apply(padded.view());
       // bf16: the output gradient is an operand too (rounded in place, or into a copy where
       // its memory is shared: a caller's gradient).
@@ -361,8 +369,13 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       // rebuilt buffer is dead when the input gradient (which writes every cell) goes into it.
       const bool direct =
           in_place && x_node->requires_grad && x_node->field_grad.view().span() == 0;
-      // The plane path writes every cell of the input gradient: no zero fill first.
-      if (direct && kernels.input_gradient_after_weights()) x_node->take_unfilled_grad_field();
+      // Where this closure holds the input's only reference and the plane path runs, the
+      // input is dead once the weight gradient has read it: its buffer takes the input
+      // gradient (one field fewer in flight, as for a rebuilt padded buffer). Else the plane
+      // path writes every cell of a new gradient: no zero fill first.
+      if (direct && kernels.input_gradient_after_weights() &&
+          !(sole_reference && x_node->adopt_grad_field(padded)))
+        x_node->take_unfilled_grad_field();
       ShardTensor<T> grad_padded;
       if (x_node->requires_grad)
         grad_padded =

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtensor/models/sequential.hpp"
 #include "shardtensor/nn.hpp"
 
 namespace shardtensor::models {
@@ -85,10 +86,10 @@ class UNet : public Module<T> {
   void check_decomposition(const Decomposition& d) const;
 
  private:
-  /// With `two_recomputed_units`, conv0 and norm0 are one recomputed unit and the rest another
-  /// (Sequential::recompute_range); the caller runs the block without wrapping it in one more.
-  std::shared_ptr<Module<T>> make_block(const std::string& name, Index in, Index out,
-                                        bool two_recomputed_units = false);
+  /// With `two_recomputed_units`, the block's children after conv0 and norm0 are one
+  /// recomputed unit (Sequential::recompute_range); up_in_two_units runs the block.
+  std::shared_ptr<Sequential<T>> make_block(const std::string& name, Index in, Index out,
+                                            bool two_recomputed_units = false);
   /// Whether level `level`'s up block is recomputed as two units in a row rather than as one.
   /// Its input, the concatenation, is twice its output, and as one unit its backward would
   /// hold it beside both convs' outputs and the output's gradient. As two, the second keeps
@@ -99,6 +100,10 @@ class UNet : public Module<T> {
   bool recomputes_in_two_units(int level) const {
     return level == 0 && options_.recompute && options_.blocks > 1;
   }
+  /// Level l's upsampling, concatenation and up block as two recomputed units: the first
+  /// (the upsampling, the concatenation, conv0 and norm0) from the skip and `coarse`, the
+  /// coarser level's output; the second the rest of the block.
+  Variable<T> up_in_two_units(int l, Variable<T>&& skip, const Variable<T>& coarse);
   std::shared_ptr<Module<T>> make_down(const std::string& name, Index channels);
   std::shared_ptr<Module<T>> make_up(const std::string& name, Index in, Index out);
   std::shared_ptr<Conv<T>> make_conv(const std::string& name, Index in, Index out, int kernel,
@@ -107,7 +112,8 @@ class UNet : public Module<T> {
   Communicator comm_;
   UNetOptions options_;
   std::string name_;
-  std::vector<std::shared_ptr<Module<T>>> down_, downsample_, upsample_, up_;
+  std::vector<std::shared_ptr<Module<T>>> down_, downsample_, upsample_;
+  std::vector<std::shared_ptr<Sequential<T>>> up_;
   std::shared_ptr<Module<T>> bottom_, head_, skip_;
 };
 
