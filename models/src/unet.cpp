@@ -220,8 +220,8 @@ template <class T>
 Variable<T> UNet<T>::forward(const Variable<T>& input) {
   impl::require_field(input, "UNet");
   check_decomposition(input.value().decomposition());
-  // Recomputed blocks keep only their inputs; level 0's up block is two recomputed units of its
-  // own (recomputes_in_two_units). (Every block as one unit per triple kept more at the peak,
+  // Recomputed blocks keep only their inputs; level 0's upsampling, concatenation and up block
+  // are two recomputed units of their own (up_in_two_units). (Every block as one unit per triple kept more at the peak,
   // before the normalizations carried their activation: 103 against 100 MiB for the 64^3
   // bench U-Net, whose peak is level 0's backward.)
   const auto block = [this](const std::shared_ptr<Module<T>>& b, const Variable<T>& x) {

@@ -43,8 +43,8 @@ struct UNetOptions {
                             ///< the linear part of a surrogate, learned directly
   /// Each level's blocks (down, bottom, up) keep only their input in forward and run again
   /// in backward (nn/recompute.hpp; level 0's up block as two units: recomputes_in_two_units):
-  /// the same numbers bit for bit, less memory (the 64^3 bench U-Net's training peak 109 -> 56
-  /// MiB on one rank), one more forward of the blocks per step (1.26x the step). Config:
+  /// the same numbers bit for bit, less memory (the 64^3 bench U-Net's training peak 102 -> 48
+  /// MiB on one rank), one more forward of the blocks per step (about 1.3x the step). Config:
   /// model.recompute.
   bool recompute = false;
 };
@@ -90,13 +90,14 @@ class UNet : public Module<T> {
   /// recomputed unit (Sequential::recompute_range); up_in_two_units runs the block.
   std::shared_ptr<Sequential<T>> make_block(const std::string& name, Index in, Index out,
                                             bool two_recomputed_units = false);
-  /// Whether level `level`'s up block is recomputed as two units in a row rather than as one.
-  /// Its input, the concatenation, is twice its output, and as one unit its backward would
-  /// hold it beside both convs' outputs and the output's gradient. As two, the second keeps
-  /// the first's output from forward, and each backward holds one conv's fields. The finest
-  /// level only: its backward runs first, right after forward, so that output is kept no
-  /// longer than the block's own fields would be; at a coarser level it would sit under the
-  /// finer levels' backward, the step's peak.
+  /// Whether level `level`'s up block is recomputed as two units in a row rather than as one
+  /// (up_in_two_units). Its input, the concatenation, is twice its output, and as one unit its
+  /// backward would hold it beside both convs' outputs and the output's gradient. As two, the
+  /// second keeps the first's output from forward, and each backward holds one conv's fields;
+  /// the first keeps the skip and the coarser level's output, not the concatenation. The
+  /// finest level only: its backward runs first, right after forward, so that output is kept
+  /// no longer than the block's own fields would be; at a coarser level it would sit under
+  /// the finer levels' backward, the step's peak.
   bool recomputes_in_two_units(int level) const {
     return level == 0 && options_.recompute && options_.blocks > 1;
   }
