@@ -350,7 +350,7 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // along more axes (4 and 8 ranks), the peak is the recomputed forward's second conv with its
   // halo-padded input: 0.63. Where a library (cuDNN) runs the convolutions, every conv reads a
   // halo-padded copy: 0.67 on one rank (an H200, before the two units above). bench_scaling's
-  // 64^3 U-Net: 102.2 -> 48.0 MiB on one rank (all categories), 53.8 -> 26.5 MiB per rank on 2.
+  // 64^3 U-Net: 102.2 -> 48.0 MiB on one rank (all categories), 53.8 -> 25.8 MiB per rank on 2.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();

@@ -240,13 +240,14 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
       h = up_in_two_units(l, std::move(skips[l]), h);
       continue;
     }
-    h = upsample_[l]->forward(h);
-    // On odd split points the upsampled field is split one cell off the skip's: move it.
-    h = redistribute_field(comm_, h, skips[l].value().decomposition());
-    h = concat_channels<T>({skips[l], h});
-    // No backward reads the skip's or the upsampled field's values: dropping the Variables
-    // frees them (the graph keeps only what the ops saved).
-    skips[l] = Variable<T>();
+    // The concatenation consumes the skip before the upsampled field is made: no backward
+    // reads the skip's or the upsampled field's values (the graph keeps only what the ops
+    // saved), so each goes once copied, and the two never exist beside it at once.
+    const Decomposition skip_decomposition = skips[l].value().decomposition();
+    h = concat_channels<T>(std::move(skips[l]), channels(l), [&] {
+      // On odd split points the upsampled field is split one cell off the skip's: move it.
+      return redistribute_field(comm_, upsample_[l]->forward(h), skip_decomposition);
+    });
     h = block(up_[l], h);
   }
   h = head_->forward(h);
@@ -269,8 +270,11 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
     });
     return up->forward_layers(0, 2, std::move(joined), graph_only);
   };
-  const Variable<T> first = recompute<T>({std::move(skip), coarse},
-                                          {upsample_[l], (*up)[0], (*up)[1]}, first_unit);
+  std::vector<Variable<T>> inputs;  // (a braced list would copy the skip and hold it)
+  inputs.push_back(std::move(skip));
+  inputs.push_back(coarse);
+  const Variable<T> first =
+      recompute<T>(std::move(inputs), {upsample_[l], (*up)[0], (*up)[1]}, first_unit);
   return up->forward_layers(2, up->size(), first);  // the second unit (recompute_range)
 }
 

@@ -58,10 +58,13 @@ void add_input_gradient(impl::Node<T>& input, const ShardTensor<T>& gradient) {
 /// with it, in backward's run too, where nothing else holds it. `graph_only`: body's last op
 /// may build its backward without its output (Module::forward_graph_only), which nothing
 /// reads in backward's run. Outside a graph (NoGradGuard, or nothing requires a gradient) it
-/// is body(inputs, false). Every input is a field.
+/// is body(inputs, false), the inputs handed over. Every input is a field.
 template <class T, class Body>
 Variable<T> recompute(std::vector<Variable<T>> inputs,
                       const std::vector<std::shared_ptr<Module<T>>>& modules, Body body) {
+  // Without a graph (inference) nothing is kept: the inputs are handed over, so an op that
+  // consumes one lets it go as it would outside a unit.
+  if (!grad_enabled()) return body(std::move(inputs), false);
   Variable<T> output;
   {
     const NoGradGuard no_graph;  // the unit's inside is not kept
