@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/nn/module.hpp"
 #include "shardtensor/optim/grad_clip.hpp"
@@ -21,8 +22,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-/// Parameter sizes: several, including a scalar.
-const std::vector<Index> parameter_sizes{7, 33, 1, 16};
+/// Parameter sizes: several, including a scalar, and some of several runs of the fused
+/// update's work items on the host (256 values), one of them a run and a value long.
+const std::vector<Index> parameter_sizes{7, 33, 1, 16, 300, 257, 1000};
 
 template <class T>
 std::vector<double> to_host(const ReplicatedView<T>& view) {
@@ -233,6 +235,26 @@ TEMPLATE_TEST_CASE("optimizers follow PyTorch's update formulas", "[optimizer]",
       CHECK(optimizer->step_count() == step + 1);
       CHECK(max_error(flat_values(parameters), reference.p) <= tolerance<TestType>());
     }
+  }
+}
+
+TEST_CASE("a step, and zero_grad, update every parameter in one kernel", "[optimizer][launches]") {
+  for (const OptimizerOptions& options : optimizer_cases()) {
+    INFO(describe(options));
+    const auto parameters = random_parameters<float>(3);
+    auto optimizer = make_optimizer<float>(options, parameters);
+    set_random_gradients(parameters, 0);
+    optimizer->step();
+    KernelCounter counter;
+    optimizer->step();
+    const KernelCounts c = counter.counts();
+    CHECK(c.launches == 1);
+    CHECK(c.deep_copies == 0);  // the table of gradients is copied only when one moves
+    CHECK(c.allocations == 0);
+    counter.reset();
+    optimizer->zero_grad();
+    CHECK(counter.counts().launches == 1);
+    for (const double g : flat_values(parameters, true)) REQUIRE(g == 0);
   }
 }
 

@@ -23,6 +23,31 @@ void require_beta(double value, const char* option) {
                       "option '" << option << "' must lie in [0, 1), got " << value);
 }
 
+/// Calls update(slot, begin, end) for every run of `run_length` values of every parameter in
+/// the table, in one kernel: a work item finds its parameter by bisection over the runs'
+/// starts. Every value sees the same operations as in a kernel of its own.
+template <class T, class Update>
+void for_each_run(const char* label,
+                  const Kokkos::View<const impl::ParameterSlot<T>*, DefaultMemorySpace>& slots,
+                  std::size_t runs, const Update& update) {
+  constexpr std::size_t run = Optimizer<T>::run_length;
+  const std::size_t count = slots.extent(0);
+  Kokkos::parallel_for(
+      label, runs, KOKKOS_LAMBDA(const std::size_t item) {
+        std::size_t low = 0, high = count;  // the last slot with first_run <= item
+        while (high - low > 1) {
+          const std::size_t mid = (low + high) / 2;
+          if (slots(mid).first_run <= item)
+            low = mid;
+          else
+            high = mid;
+        }
+        const impl::ParameterSlot<T> slot = slots(low);
+        const std::size_t begin = (item - slot.first_run) * run;
+        update(slot, begin, begin + run < slot.size ? begin + run : slot.size);
+      });
+}
+
 }  // namespace
 
 void validate(const OptimizerOptions& o) {
@@ -71,15 +96,50 @@ Optimizer<T>::Optimizer(const NamedParameters<T>& parameters, double learning_ra
 template <class T>
 void Optimizer<T>::step() {
   ++step_count_;
+  refresh_slots();
+  update_all();
+}
+
+template <class T>
+void Optimizer<T>::make_slots(const std::vector<ReplicatedView<T>>& first_state,
+                              const std::vector<ReplicatedView<T>>& second_state) {
+  MemoryCategoryScope memory(MemoryCategory::optimizer_state);
+  slots_ = Kokkos::View<impl::ParameterSlot<T>*, DefaultMemorySpace>("optimizer slots",
+                                                                      parameters_.size());
+  host_slots_ = Kokkos::create_mirror_view(slots_);
+  runs_ = 0;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    const Variable<T>& p = parameters_[i].second;
-    update(i, p.data(), p.data_grad());
+    impl::ParameterSlot<T>& slot = host_slots_(i);
+    slot.value = parameters_[i].second.data().data();
+    slot.first_state = first_state.empty() ? nullptr : first_state[i].data();
+    slot.second_state = second_state.empty() ? nullptr : second_state[i].data();
+    slot.size = parameters_[i].second.data().extent(0);
+    slot.first_run = runs_;
+    runs_ += (slot.size + run_length - 1) / run_length;
   }
+  refresh_slots();
+}
+
+template <class T>
+void Optimizer<T>::refresh_slots() {
+  bool moved = false;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    T* grad = parameters_[i].second.data_grad().data();
+    moved = moved || host_slots_(i).grad != grad;
+    host_slots_(i).grad = grad;
+  }
+  // On a host backend the mirror is the table itself.
+  if (moved && host_slots_.data() != slots_.data()) Kokkos::deep_copy(slots_, host_slots_);
 }
 
 template <class T>
 void Optimizer<T>::zero_grad() {
-  for (const auto& named : parameters_) named.second.zero_grad();
+  refresh_slots();
+  for_each_run<T>(
+      "Optimizer::zero_grad", slots(), runs(),
+      KOKKOS_LAMBDA(const impl::ParameterSlot<T>& slot, std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) slot.grad[i] = T(0);
+      });
 }
 
 template <class T>
@@ -122,6 +182,7 @@ SGD<T>::SGD(const NamedParameters<T>& parameters, const OptimizerOptions& option
   options_.type = "sgd";
   validate(options_);
   if (options_.momentum != 0) momentum_ = this->make_state("momentum");
+  this->make_slots(momentum_, {});
 }
 
 template <class T>
@@ -132,29 +193,36 @@ NamedState<T> SGD<T>::named_state() const {
 }
 
 template <class T>
-void SGD<T>::update(std::size_t index, const ReplicatedView<T>& value,
-                    const ReplicatedView<T>& grad) {
+void SGD<T>::update_all() {
   const T lr = static_cast<T>(this->learning_rate());
   const T weight_decay = static_cast<T>(options_.weight_decay);
   if (momentum_.empty()) {
-    Kokkos::parallel_for(
-        "SGD::update", value.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
-          value(i) -= lr * (grad(i) + weight_decay * value(i));
+    for_each_run<T>(
+        "SGD::update", this->slots(), this->runs(),
+        KOKKOS_LAMBDA(const impl::ParameterSlot<T>& slot, std::size_t begin, std::size_t end) {
+          T* __restrict__ const pv = slot.value;
+          const T* __restrict__ const pg = slot.grad;
+          for (std::size_t i = begin; i < end; ++i) pv[i] -= lr * (pg[i] + weight_decay * pv[i]);
         });
     return;
   }
-  const ReplicatedView<T> buffer = momentum_[index];
   const T momentum = static_cast<T>(options_.momentum);
   // PyTorch starts the buffer as a copy of the first gradient (no dampening then).
   const T keep = this->step_count() == 1 ? T(0) : momentum;
   const T add = this->step_count() == 1 ? T(1) : static_cast<T>(1 - options_.dampening);
   const bool nesterov = options_.nesterov;
-  Kokkos::parallel_for(
-      "SGD::update_momentum", value.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
-        const T g = grad(i) + weight_decay * value(i);
-        const T b = keep * buffer(i) + add * g;
-        buffer(i) = b;
-        value(i) -= lr * (nesterov ? g + momentum * b : b);
+  for_each_run<T>(
+      "SGD::update_momentum", this->slots(), this->runs(),
+      KOKKOS_LAMBDA(const impl::ParameterSlot<T>& slot, std::size_t begin, std::size_t end) {
+        T* __restrict__ const pv = slot.value;
+        const T* __restrict__ const pg = slot.grad;
+        T* __restrict__ const pb = slot.first_state;
+        for (std::size_t i = begin; i < end; ++i) {
+          const T g = pg[i] + weight_decay * pv[i];
+          const T b = keep * pb[i] + add * g;
+          pb[i] = b;
+          pv[i] -= lr * (nesterov ? g + momentum * b : b);
+        }
       });
 }
 
@@ -170,6 +238,7 @@ Adam<T>::Adam(const NamedParameters<T>& parameters, const OptimizerOptions& opti
   validate(options_);
   exp_avg_ = this->make_state("exp_avg");
   exp_avg_sq_ = this->make_state("exp_avg_sq");
+  this->make_slots(exp_avg_, exp_avg_sq_);
 }
 
 template <class T>
@@ -184,8 +253,7 @@ NamedState<T> Adam<T>::named_state() const {
 }
 
 template <class T>
-void Adam<T>::update(std::size_t index, const ReplicatedView<T>& value,
-                     const ReplicatedView<T>& grad) {
+void Adam<T>::update_all() {
   // Scalars in double, as PyTorch computes them in Python floats.
   const double lr = this->learning_rate();
   const double step = static_cast<double>(this->step_count());
@@ -200,20 +268,18 @@ void Adam<T>::update(std::size_t index, const ReplicatedView<T>& value,
   // Adam adds weight_decay * p to the gradient; AdamW shrinks p before the update.
   const T l2 = decoupled_ ? T(0) : static_cast<T>(options_.weight_decay);
   const T shrink = decoupled_ ? static_cast<T>(1 - lr * options_.weight_decay) : T(1);
-  const ReplicatedView<T> m = exp_avg_[index], v = exp_avg_sq_[index];
   // On the host a work item updates a run of values through restrict pointers, a loop the
   // compiler vectorises (one value per item, with the four Views possibly aliasing, ran its
   // divisions and square root one at a time: 2 % of the main job's step); on a GPU one value
   // per thread. The same operations in the same order either way: the same bits.
-  const std::size_t n = value.extent(0), run = kernels_run_on_host ? 256 : 1;
-  Kokkos::parallel_for(
-      "Adam::update", (n + run - 1) / run, KOKKOS_LAMBDA(const std::size_t item) {
-        T* __restrict__ const pv = value.data();
-        const T* __restrict__ const pg = grad.data();
-        T* __restrict__ const pm = m.data();
-        T* __restrict__ const ps = v.data();
-        const std::size_t last = (item + 1) * run < n ? (item + 1) * run : n;
-        for (std::size_t i = item * run; i < last; ++i) {
+  for_each_run<T>(
+      "Adam::update", this->slots(), this->runs(),
+      KOKKOS_LAMBDA(const impl::ParameterSlot<T>& slot, std::size_t begin, std::size_t end) {
+        T* __restrict__ const pv = slot.value;
+        const T* __restrict__ const pg = slot.grad;
+        T* __restrict__ const pm = slot.first_state;
+        T* __restrict__ const ps = slot.second_state;
+        for (std::size_t i = begin; i < end; ++i) {
           const T p = pv[i] * shrink;
           const T g = pg[i] + l2 * p;
           const T mi = beta1 * pm[i] + one_minus_beta1 * g;

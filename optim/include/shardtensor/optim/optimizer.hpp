@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardtensor/autograd/variable.hpp"
+#include "shardtensor/core/execution.hpp"
 
 namespace shardtensor {
 
@@ -23,6 +24,22 @@ using NamedParameters = std::vector<std::pair<std::string, Variable<T>>>;
 /// Optimizer state views, named "<kind>/<parameter name>".
 template <class T>
 using NamedState = std::vector<std::pair<std::string, ReplicatedView<T>>>;
+
+namespace impl {
+
+/// One parameter in an optimizer's fused update: its values, gradient and up to two state
+/// arrays (null where the optimizer keeps fewer), and where its runs start in the update's
+/// flat range of work items.
+template <class T>
+struct ParameterSlot {
+  T* value = nullptr;
+  T* grad = nullptr;
+  T* first_state = nullptr;
+  T* second_state = nullptr;
+  std::size_t size = 0, first_run = 0;
+};
+
+}  // namespace impl
 
 /// Settings of make_optimizer. Each optimizer reads the fields it uses (PyTorch's names and
 /// defaults, except AdamW's weight_decay: PyTorch defaults it to 0.01, here it is 0 for all).
@@ -56,7 +73,7 @@ class Optimizer {
   /// Kokkos kernels only; allocates nothing (state is allocated by the constructor).
   void step();
 
-  /// Sets every parameter's gradient to zero.
+  /// Sets every parameter's gradient to zero (one kernel).
   void zero_grad();
 
   double learning_rate() const { return learning_rate_; }
@@ -75,12 +92,25 @@ class Optimizer {
   const NamedParameters<T>& parameters() const { return parameters_; }
   const std::string& type() const { return type_; }
 
-  /// Updates parameter `index` (step_count() already counts this step). Public only because
-  /// CUDA lambdas may not live in protected member functions.
-  virtual void update(std::size_t index, const ReplicatedView<T>& value,
-                      const ReplicatedView<T>& grad) = 0;
+  /// Updates every parameter in one kernel (step_count() already counts this step). Public
+  /// only because CUDA lambdas may not live in protected member functions.
+  virtual void update_all() = 0;
+
+  /// Values per work item of the fused update: a run the host vectorises, one on a GPU.
+  static constexpr std::size_t run_length = kernels_run_on_host ? 256 : 1;
 
  protected:
+  /// Builds the fused update's table over the parameters and these per-parameter states
+  /// (each empty or one view per parameter). Call once, from the constructor.
+  void make_slots(const std::vector<ReplicatedView<T>>& first_state,
+                  const std::vector<ReplicatedView<T>>& second_state);
+  /// The table, on the device, with the gradients' current addresses.
+  Kokkos::View<const impl::ParameterSlot<T>*, DefaultMemorySpace> slots() const {
+    return slots_;
+  }
+  /// The number of work items of the fused update.
+  std::size_t runs() const { return runs_; }
+
   /// One zero-initialised state view per parameter, labelled "<kind>/<parameter name>".
   std::vector<ReplicatedView<T>> make_state(const std::string& kind) const;
   /// Pairs "<kind>/<parameter name>" with each view of `state`.
@@ -92,6 +122,11 @@ class Optimizer {
   double learning_rate_;
   std::int64_t step_count_ = 0;
   std::string type_;
+  Kokkos::View<impl::ParameterSlot<T>*, DefaultMemorySpace> slots_;
+  typename Kokkos::View<impl::ParameterSlot<T>*, DefaultMemorySpace>::HostMirror host_slots_;
+  std::size_t runs_ = 0;
+  /// Points the table at the gradients' current views (copies it only if one moved).
+  void refresh_slots();
 };
 
 /// torch.optim.SGD: g = grad + weight_decay * p; with momentum, b = g on the first step and
@@ -102,8 +137,7 @@ class SGD : public Optimizer<T> {
  public:
   SGD(const NamedParameters<T>& parameters, const OptimizerOptions& options);
   NamedState<T> named_state() const override;
-  void update(std::size_t index, const ReplicatedView<T>& value,
-              const ReplicatedView<T>& grad) override;
+  void update_all() override;
 
  private:
   OptimizerOptions options_;
@@ -121,8 +155,7 @@ class Adam : public Optimizer<T> {
   Adam(const NamedParameters<T>& parameters, const OptimizerOptions& options,
        bool decoupled = false);
   NamedState<T> named_state() const override;
-  void update(std::size_t index, const ReplicatedView<T>& value,
-              const ReplicatedView<T>& grad) override;
+  void update_all() override;
 
  private:
   OptimizerOptions options_;
