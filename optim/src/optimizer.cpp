@@ -105,7 +105,7 @@ void Optimizer<T>::make_slots(const std::vector<ReplicatedView<T>>& first_state,
                               const std::vector<ReplicatedView<T>>& second_state) {
   MemoryCategoryScope memory(MemoryCategory::optimizer_state);
   slots_ = Kokkos::View<impl::ParameterSlot<T>*, DefaultMemorySpace>("optimizer slots",
-                                                                      parameters_.size());
+                                                                     parameters_.size());
   host_slots_ = Kokkos::create_mirror_view(slots_);
   runs_ = 0;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -124,8 +124,10 @@ template <class T>
 void Optimizer<T>::refresh_slots() {
   bool moved = false;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    T* value = parameters_[i].second.data().data();
     T* grad = parameters_[i].second.data_grad().data();
-    moved = moved || host_slots_(i).grad != grad;
+    moved = moved || host_slots_(i).value != value || host_slots_(i).grad != grad;
+    host_slots_(i).value = value;
     host_slots_(i).grad = grad;
   }
   // On a host backend the mirror is the table itself.

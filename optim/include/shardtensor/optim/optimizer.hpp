@@ -104,10 +104,8 @@ class Optimizer {
   /// (each empty or one view per parameter). Call once, from the constructor.
   void make_slots(const std::vector<ReplicatedView<T>>& first_state,
                   const std::vector<ReplicatedView<T>>& second_state);
-  /// The table, on the device, with the gradients' current addresses.
-  Kokkos::View<const impl::ParameterSlot<T>*, DefaultMemorySpace> slots() const {
-    return slots_;
-  }
+  /// The table, on the device, with the values' and gradients' current addresses.
+  Kokkos::View<const impl::ParameterSlot<T>*, DefaultMemorySpace> slots() const { return slots_; }
   /// The number of work items of the fused update.
   std::size_t runs() const { return runs_; }
 
@@ -125,7 +123,8 @@ class Optimizer {
   Kokkos::View<impl::ParameterSlot<T>*, DefaultMemorySpace> slots_;
   typename Kokkos::View<impl::ParameterSlot<T>*, DefaultMemorySpace>::HostMirror host_slots_;
   std::size_t runs_ = 0;
-  /// Points the table at the gradients' current views (copies it only if one moved).
+  /// Points the table at the values' and gradients' current views (copies it only if one
+  /// of them moved).
   void refresh_slots();
 };
 
