@@ -8,6 +8,8 @@
 #include <cmath>
 #include <optional>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "equivalence.hpp"
 #include "shardtensor/comm/memory_budget.hpp"
@@ -330,6 +332,39 @@ TEST_CASE("a convolution holding its input's only reference writes the input gra
   if (in_place) CHECK(reused + field <= held + 1024);
 }
 
+TEST_CASE("a redistribute handed its source lets it go once packed", "[memory][redistribute]") {
+  // The source goes once packed and the send buffer once sent: at most one field-sized array
+  // beside the caller's at a time, where a source the caller keeps costs two (the buffers,
+  // then the receive buffer and the result). The same values either way.
+  const Tracking tracking;
+  const Communicator world;
+  const Decomposition from = Decomposition::automatic({24, 16, 12}, world.size());
+  std::vector<std::vector<Index>> points{from.split_points(0), from.split_points(1),
+                                         from.split_points(2)};
+  for (std::size_t k = 1; k + 1 < points[0].size(); ++k) points[0][k] += 1;  // x splits moved
+  const Decomposition to = Decomposition::from_split_points(points);
+  const auto run = [&](bool hand_over) {
+    ShardTensor<float> x = test::random_shard<float>(from, world.rank(), 2, 3, 5);
+    const std::uint64_t source = x.view().span() * sizeof(float);
+    const std::uint64_t before = memory_snapshot().total.current;
+    reset_memory_peak();
+    const ShardTensor<float> y =
+        hand_over ? redistribute(world, std::exchange(x, {}), to) : redistribute(world, x, to);
+    const std::uint64_t peak = memory_snapshot().total.peak - before;
+    const std::uint64_t result = y.view().span() * sizeof(float);
+    return std::make_tuple(peak, source, result, test::host_values(y.view()));
+  };
+  const auto [handed_peak, source, result, handed_values] = run(true);
+  const auto [kept_peak, kept_source, kept_result, kept_values] = run(false);
+  INFO("peak beyond the source " << handed_peak << " bytes handed over, " << kept_peak
+                                 << " kept; source " << source << ", result " << result);
+  CHECK(handed_values == kept_values);
+  // Packed: the send buffer (the source's size); sent: the receive buffer, then the result
+  // (the result's size each), the source gone.
+  CHECK(handed_peak <= std::max(source, 2 * result - std::min(result, source)) + 1024);
+  CHECK(kept_peak >= source + result);
+}
+
 TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step falls",
           "[memory][unet][recompute]") {
   // A 3-D U-Net of two levels on 32^3 cells, sharded over the ranks. With recomputation each
@@ -346,11 +381,13 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // (0.48; 0.49 before, of 13.25); split along x only, the convolutions read their input and
   // their neighbours' planes without a padded copy (SlabExchange): 0.50 at 2 ranks. Where the
   // split points are not multiples of 2^depth (3 ranks: 0, 11, 22, 32) the upsampled field is
-  // redistributed inside the first unit, one field more beside the concatenation: 0.54. Split
-  // along more axes (4 and 8 ranks), the peak is the recomputed forward's second conv with its
-  // halo-padded input: 0.63. Where a library (cuDNN) runs the convolutions, every conv reads a
-  // halo-padded copy: 0.67 on one rank (an H200, before the two units above). bench_scaling's
-  // 64^3 U-Net: 102.2 -> 48.0 MiB on one rank (all categories), 53.8 -> 25.8 MiB per rank on 2.
+  // redistributed inside the first unit beside the concatenation: 0.53 (0.54 before the
+  // redistribution freed its source once packed and added the gradient back without a
+  // copy). Split along more axes (4 and 8 ranks), the peak is the recomputed forward's second conv
+  // with its halo-padded input: 0.63. Where a library (cuDNN) runs the convolutions, every conv
+  // reads a halo-padded copy: 0.67 on one rank (an H200, before the two units above).
+  // bench_scaling's 64^3 U-Net: 102.2 -> 48.0 MiB on one rank (all categories), 53.8 -> 25.8 MiB
+  // per rank on 2.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
