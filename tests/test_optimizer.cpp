@@ -421,6 +421,34 @@ TEMPLATE_TEST_CASE("clip_grad_norm follows clip_grad_norm_", "[clip]", float, do
                     Contains("clip_grad_norm: max_norm must be a finite number > 0, got 0"));
 }
 
+TEMPLATE_TEST_CASE("clip_grad_norm over an optimizer's table: the same bits in one kernel each",
+                   "[clip][launches]", float, double) {
+  const auto parameters = random_parameters<TestType>(5);
+  auto optimizer = make_optimizer<TestType>(options_of("sgd", 0.1), parameters);
+  const auto grads = set_random_gradients(parameters, 0);
+  double sum = 0;
+  for (double g : grads) sum += g * g;
+  const double norm = std::sqrt(sum);
+
+  // Above the norm: one kernel for every parameter's sum of squares, nothing scaled.
+  KernelCounter counter;
+  const double through_table = clip_grad_norm(*optimizer, 2 * norm);
+  CHECK(counter.counts().launches == 1);
+  CHECK(through_table == Approx(norm).epsilon(1e-13));
+  CHECK(through_table == clip_grad_norm(parameters, 2 * norm));  // the same bits
+  CHECK(flat_values(parameters, true) == grads);
+
+  // Below: one more kernel scales every gradient.
+  const double max_norm = 0.3 * norm;
+  counter.reset();
+  CHECK(clip_grad_norm(*optimizer, max_norm) == through_table);
+  CHECK(counter.counts().launches == 2);
+  const auto scale = static_cast<TestType>(max_norm / (through_table + 1e-6));
+  std::vector<double> expected;
+  for (double g : grads) expected.push_back(static_cast<TestType>(g * scale));
+  CHECK(flat_values(parameters, true) == expected);  // one rounding per value, as g * scale
+}
+
 TEMPLATE_TEST_CASE("optimizer state round trips to a bit-identical run", "[optimizer][state]",
                    float, double) {
   for (const OptimizerOptions& options : optimizer_cases()) {

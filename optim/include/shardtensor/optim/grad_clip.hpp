@@ -16,7 +16,16 @@ namespace shardtensor {
 template <class T>
 double clip_grad_norm(const NamedParameters<T>& parameters, double max_norm);
 
+/// The same over an optimizer's parameters, through its table of their addresses (the form a
+/// training step uses): one kernel for the norm and one for the scaling, whatever the number
+/// of parameters. Each parameter's sum of squares is taken by one team, so on the host the
+/// norm does not depend on the number of threads.
+template <class T>
+double clip_grad_norm(Optimizer<T>& optimizer, double max_norm);
+
 extern template double clip_grad_norm(const NamedParameters<float>&, double);
 extern template double clip_grad_norm(const NamedParameters<double>&, double);
+extern template double clip_grad_norm(Optimizer<float>&, double);
+extern template double clip_grad_norm(Optimizer<double>&, double);
 
 }  // namespace shardtensor

@@ -99,6 +99,14 @@ class Optimizer {
   /// Values per work item of the fused update: a run the host vectorises, one on a GPU.
   static constexpr std::size_t run_length = kernels_run_on_host ? 256 : 1;
 
+  /// The table of every parameter's addresses, on the device, pointed at the values' and
+  /// gradients' current views: for other kernels over all parameters at once
+  /// (clip_grad_norm). Copies it to the device only if a view moved.
+  Kokkos::View<const impl::ParameterSlot<T>*, DefaultMemorySpace> parameter_table() {
+    refresh_slots();
+    return slots_;
+  }
+
  protected:
   /// Builds the fused update's table over the parameters and these per-parameter states
   /// (each empty or one view per parameter). Call once, from the constructor.

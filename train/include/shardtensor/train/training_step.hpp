@@ -63,7 +63,7 @@ StepOutcome training_step(Module<T>& model, Optimizer<T>& optimizer,
   check_memory_budget(domain, data_parallel);
   model.average_gradients(data_parallel);
   StepOutcome outcome;
-  if (max_grad_norm > 0) outcome.grad_norm = clip_grad_norm(optimizer.parameters(), max_grad_norm);
+  if (max_grad_norm > 0) outcome.grad_norm = clip_grad_norm(optimizer, max_grad_norm);
   outcome.learning_rate = schedule.at(optimizer.step_count());
   optimizer.set_learning_rate(outcome.learning_rate);
   optimizer.step();
