@@ -1,8 +1,15 @@
 // Gather to root, all-gather, scatter from root and redistribute: bit-exact round trips
-// over 1-D/2-D/3-D process grids, uneven splits and different ghost widths.
+// over 1-D/2-D/3-D process grids, uneven splits and different ghost widths; redistribute_field's
+// gradient.
 
 #include <catch2/catch.hpp>
+#include <optional>
+#include <vector>
 
+#include "equivalence.hpp"
+#include "shardtensor/nn/loss.hpp"
+#include "shardtensor/nn/pointwise.hpp"
+#include "shardtensor/nn/redistribute_field.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;
@@ -126,4 +133,47 @@ TEMPLATE_TEST_CASE("redistribute between any two decompositions is bit-exact", "
         CHECK(wrong_in_shard(back) == 0);
       }
   }
+}
+
+TEMPLATE_TEST_CASE("redistribute_field's gradient is the output's moved back, alone or added",
+                   "[redistribute][autograd]", float, double) {
+  // loss = sum(m + back) or sum(back + m), back = redistribute_field(u * w, from) and
+  // u = redistribute_field(x, to), m = x * v: x's gradient is w moved back plus v, bit for bit.
+  // With m first, u's backward runs before m's (the sweep's order): the first gradient to
+  // reach x is the redistributed one, made once the exchange is done; with back first, u's
+  // backward adds to the gradient m left. A held Variable of u keeps u's gradient readable.
+  const Communicator comm;
+  const Decomposition from = Decomposition::automatic({11, 9, 7}, comm.size());
+  std::vector<std::vector<Index>> points{from.split_points(0), from.split_points(1),
+                                         from.split_points(2)};
+  for (std::size_t k = 1; k + 1 < points[0].size(); ++k) points[0][k] += 1;  // x splits moved
+  const Decomposition to = Decomposition::from_split_points(points);
+  const ShardTensor<TestType> w = random_field<TestType>(comm, to, 2, 3, {});
+  const ShardTensor<TestType> v = random_field<TestType>(comm, from, 2, 3, {});
+  const ShardTensor<TestType> w_back = redistribute(comm, w, from);
+  std::vector<double> expected = test::host_values(w_back.view());
+  const std::vector<double> vs = test::host_values(v.view());
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    expected[i] =
+        static_cast<TestType>(static_cast<TestType>(expected[i]) + static_cast<TestType>(vs[i]));
+  for (const bool back_first : {true, false})
+    for (const bool hold_u : {false, true}) {
+      INFO((back_first ? "back" : "m") << " first, u " << (hold_u ? "held" : "dropped"));
+      const auto x =
+          Variable<TestType>::field(random_field<TestType>(comm, from, 2, 3, {}), true, "x");
+      std::optional<Variable<TestType>> held;
+      Variable<TestType> loss;
+      {
+        const Variable<TestType> u = redistribute_field(comm, x, to);
+        if (hold_u) held = u;
+        const Variable<TestType> back =
+            redistribute_field(comm, multiply(u, Variable<TestType>::field(w)), from);
+        const Variable<TestType> m = multiply(x, Variable<TestType>::field(v));
+        loss = sum(comm, back_first ? add(back, m) : add(m, back));
+      }
+      backward(loss);
+      CHECK(test::host_values(x.grad().view()) == expected);
+      if (hold_u && comm.size() > 1)
+        CHECK(test::host_values(held->grad().view()) == test::host_values(w.view()));
+    }
 }

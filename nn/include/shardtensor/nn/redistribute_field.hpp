@@ -24,12 +24,25 @@ Variable<T> redistribute_field(const Communicator& comm, Variable<T> input,
   if (x.decomposition() == to && x.ghosts().none()) return input;
   auto node = make_result_node<T>("redistribute", {input.node()});
   const std::shared_ptr<impl::Node<T>> in = input.node();
+  const Decomposition from = x.decomposition();
+  const bool ghost_free = x.ghosts().none();
   input = Variable<T>();  // the node lets go of its value unless another Variable holds it
   node->field = redistribute(comm, std::exchange(x, ShardTensor<T>()), to);
   if (node->requires_grad) {
-    node->backward = [comm, in](impl::Node<T>& self) {
-      // Added into the input's gradient as it arrives: no redistributed copy beside it.
-      redistribute_add(comm, self.grad_field(), in->grad_field());
+    node->backward = [comm, in, from, ghost_free](impl::Node<T>& self) {
+      // The gradient goes once packed where only this node holds it (no Variable of the node
+      // is left to read it).
+      const bool sole = self.grad_field().view().use_count() == 1 && self.handle.expired();
+      ShardTensor<T> grad =
+          sole ? std::exchange(self.field_grad, ShardTensor<T>()) : self.grad_field();
+      if (ghost_free && in->field_grad.view().span() == 0) {
+        // The first gradient to reach the input: the redistributed field becomes it, made
+        // once the send buffer is gone (not a zero-filled gradient beside both buffers).
+        in->field_grad = redistribute(comm, std::exchange(grad, ShardTensor<T>()), from);
+        return;
+      }
+      // Else added into the input's gradient as it arrives: no redistributed copy beside it.
+      redistribute_add(comm, std::exchange(grad, ShardTensor<T>()), in->grad_field());
     };
   }
   return Variable<T>(node);
