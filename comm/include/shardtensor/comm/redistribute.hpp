@@ -16,12 +16,13 @@ namespace shardtensor {
 namespace impl {
 
 /// redistribute's work: sends `from` onto `to`, then writes (or adds, `mode`) what arrives into
-/// the owned cells of make_destination(), called once the send buffer is gone. `from` goes
-/// once packed where it was the last handle of its array.
+/// the owned cells of make_destination() (a field laid out by `to` with from's batch and
+/// channels), called once the send buffer is gone, and returns it. `from` goes once packed
+/// where it was the last handle of its array.
 template <class T, class MakeDestination>
-void redistribute_into(const Communicator& comm, ShardTensor<T> from, const Decomposition& to,
-                       const MakeDestination& make_destination, UnpackMode mode,
-                       const char* where) {
+ShardTensor<T> redistribute_into(const Communicator& comm, ShardTensor<T> from,
+                                 const Decomposition& to, const MakeDestination& make_destination,
+                                 UnpackMode mode, const char* where) {
   CommTimerScope timer(CommKind::collective);
   impl::check_layout_on_all_ranks(comm, from, where);
   const Decomposition source = from.decomposition();
@@ -59,15 +60,10 @@ void redistribute_into(const Communicator& comm, ShardTensor<T> from, const Deco
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "redistribute_recv"), impl::sum(recv_counts));
   alltoallv(comm, send, send_counts, recv, recv_counts);
   send = Kokkos::View<T*, DefaultMemorySpace>();
-  const ShardTensor<T> destination = [&] {
+  ShardTensor<T> destination = [&] {
     MemoryCategoryScope as_caller(caller_category);
     return make_destination();
   }();
-  SHARDTENSOR_REQUIRE(
-      destination.decomposition() == to &&
-          destination.batch() * destination.channels() == values_per_cell,
-      where,
-      "the destination (" << destination.decomposition().describe() << ") does not take the field");
   offset = 0;
   for (int r = 0; r < p; ++r) {
     unpack_box(ExecutionSpace(), recv, destination.view(), destination.to_local(recv_boxes[r]),
@@ -75,6 +71,7 @@ void redistribute_into(const Communicator& comm, ShardTensor<T> from, const Deco
     offset += recv_counts[r];
   }
   Kokkos::fence();
+  return destination;
 }
 
 }  // namespace impl
@@ -91,16 +88,13 @@ void redistribute_into(const Communicator& comm, ShardTensor<T> from, const Deco
 template <class T>
 ShardTensor<T> redistribute(const Communicator& comm, ShardTensor<T> from, const Decomposition& to,
                             const GhostWidths& to_ghosts = {}) {
-  ShardTensor<T> result;
   const Index batch = from.batch(), channels = from.channels();
-  impl::redistribute_into(
+  return impl::redistribute_into(
       comm, std::exchange(from, ShardTensor<T>()), to,
       [&] {
-        result = ShardTensor<T>(to, comm.rank(), batch, channels, to_ghosts, "redistributed_field");
-        return result;
+        return ShardTensor<T>(to, comm.rank(), batch, channels, to_ghosts, "redistributed_field");
       },
       UnpackMode::assign, "redistribute");
-  return result;
 }
 
 /// Adds the field `from`, laid out by `into`'s decomposition, to `into`'s owned cells (a
