@@ -144,10 +144,7 @@ TEMPLATE_TEST_CASE("redistribute_field's gradient is the output's moved back, al
   // backward adds to the gradient m left. A held Variable of u keeps u's gradient readable.
   const Communicator comm;
   const Decomposition from = Decomposition::automatic({11, 9, 7}, comm.size());
-  std::vector<std::vector<Index>> points{from.split_points(0), from.split_points(1),
-                                         from.split_points(2)};
-  for (std::size_t k = 1; k + 1 < points[0].size(); ++k) points[0][k] += 1;  // x splits moved
-  const Decomposition to = Decomposition::from_split_points(points);
+  const Decomposition to = test::x_splits_moved(from);
   const ShardTensor<TestType> w = random_field<TestType>(comm, to, 2, 3, {});
   const ShardTensor<TestType> v = random_field<TestType>(comm, from, 2, 3, {});
   const ShardTensor<TestType> w_back = redistribute(comm, w, from);

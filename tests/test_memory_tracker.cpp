@@ -339,10 +339,7 @@ TEST_CASE("a redistribute handed its source lets it go once packed", "[memory][r
   const Tracking tracking;
   const Communicator world;
   const Decomposition from = Decomposition::automatic({24, 16, 12}, world.size());
-  std::vector<std::vector<Index>> points{from.split_points(0), from.split_points(1),
-                                         from.split_points(2)};
-  for (std::size_t k = 1; k + 1 < points[0].size(); ++k) points[0][k] += 1;  // x splits moved
-  const Decomposition to = Decomposition::from_split_points(points);
+  const Decomposition to = test::x_splits_moved(from);
   const auto run = [&](bool hand_over) {
     ShardTensor<float> x = test::random_shard<float>(from, world.rank(), 2, 3, 5);
     const std::uint64_t source = x.view().span() * sizeof(float);

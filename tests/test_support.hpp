@@ -30,6 +30,14 @@ inline int world_size() {
   return s;
 }
 
+/// `d` with every inner split point along x moved up by one cell: another layout of the same
+/// field (a 3-D one: split_points of x, y and z), for redistributions between uneven splits.
+inline Decomposition x_splits_moved(const Decomposition& d) {
+  std::vector<std::vector<Index>> points{d.split_points(0), d.split_points(1), d.split_points(2)};
+  for (std::size_t k = 1; k + 1 < points[0].size(); ++k) points[0][k] += 1;
+  return Decomposition::from_split_points(points);
+}
+
 /// Every way to write `nranks` as a product of `ndims` ordered factors.
 inline std::vector<std::vector<int>> process_grids(int nranks, int ndims) {
   std::vector<std::vector<int>> out;
