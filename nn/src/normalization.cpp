@@ -143,9 +143,8 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
     SavedField<T> saved_input(input, value_needed ? input_packing : SavedPacking::none,
                               name + ".saved_input");
     node->backward = [=](impl::Node<T>& self) mutable {
-      // The output's gradient is this node's alone: no other node shares the buffer, and no
-      // caller holds the output (whose gradient it could read).
-      const bool in_place = self.grad_field().view().use_count() == 1 && self.handle.expired();
+      // The output's gradient is this node's alone (the input's gradient may take it).
+      const bool in_place = self.owns_grad_field();
       const ShardTensor<T> x_again = saved_input.value();
       saved_input = {};
       const kernels::OwnedCells<const T> x_cells = x_again.interior();

@@ -77,6 +77,9 @@ struct Node {
     }
     return field_grad;
   }
+  /// Whether this node's gradient is its own to consume in its backward: no other node shares
+  /// the buffer, and no Variable of the node is left (a caller could read its gradient).
+  bool owns_grad_field() { return grad_field().view().use_count() == 1 && handle.expired(); }
   /// For a backward that writes, rather than adds to, every owned cell of this gradient: true
   /// where no gradient has reached this node yet and the field has no ghost cells, with the
   /// buffer allocated without its zero fill (a pass over it that the write makes useless);

@@ -30,11 +30,10 @@ Variable<T> redistribute_field(const Communicator& comm, Variable<T> input,
   node->field = redistribute(comm, std::exchange(x, ShardTensor<T>()), to);
   if (node->requires_grad) {
     node->backward = [comm, in, from, ghost_free](impl::Node<T>& self) {
-      // The gradient goes once packed where only this node holds it (no Variable of the node
-      // is left to read it).
-      const bool sole = self.grad_field().view().use_count() == 1 && self.handle.expired();
-      ShardTensor<T> grad =
-          sole ? std::exchange(self.field_grad, ShardTensor<T>()) : self.grad_field();
+      // The gradient goes once packed where it is this node's alone.
+      ShardTensor<T> grad = self.owns_grad_field()
+                                ? std::exchange(self.field_grad, ShardTensor<T>())
+                                : self.grad_field();
       if (ghost_free && in->field_grad.view().span() == 0) {
         // The first gradient to reach the input: the redistributed field becomes it, made
         // once the send buffer is gone (not a zero-filled gradient beside both buffers).
