@@ -1,6 +1,6 @@
 // Gather to root, all-gather, scatter from root and redistribute: bit-exact round trips
-// over 1-D/2-D/3-D process grids, uneven splits and different ghost widths; redistribute_field's
-// gradient.
+// over 1-D/2-D/3-D process grids, uneven splits and different ghost widths; a channel range
+// redistributed into another field's channels; redistribute_field's gradient.
 
 #include <catch2/catch.hpp>
 #include <optional>
@@ -133,6 +133,53 @@ TEMPLATE_TEST_CASE("redistribute between any two decompositions is bit-exact", "
         CHECK(wrong_in_shard(back) == 0);
       }
   }
+}
+
+TEMPLATE_TEST_CASE("redistribute_channels writes or adds a channel range into another layout",
+                   "[redistribute]", float, double) {
+  // Channels [1, 3) of a 3-channel field with ghost cells, written into channels [2, 4) of a
+  // 5-channel field of another layout (other ghost widths), then added once more: the other
+  // channels and every ghost cell stay as they were, the range holds the values, then twice
+  // them (exact), whatever the two decompositions.
+  const Communicator comm;
+  for (const Decomposition& from : decompositions_for(comm.size()))
+    for (const Decomposition& to : decompositions_for(comm.size())) {
+      if (from.ndims() != to.ndims()) continue;
+      INFO(from.describe() << " -> " << to.describe());
+      const int ndims = from.ndims();
+      const ShardTensor<TestType> source =
+          random_field<TestType>(comm, from, 2, 3, GhostWidths::uniform(1, ndims));
+      const ShardTensor<TestType> into =
+          random_field<TestType>(comm, to, 2, 5, GhostWidths::uniform(2, ndims));
+      const std::vector<double> before = test::host_values(into.view());
+      long long wrong = 0;
+      for (const UnpackMode mode : {UnpackMode::assign, UnpackMode::add}) {
+        redistribute_channels(comm, source, 1, into, 2, 2, mode);
+        const std::vector<double> now = test::host_values(into.view());
+        std::size_t i = 0;  // host_values: the allocated cells in C order
+        for (Index n = 0; n < 2; ++n)
+          for (Index c = 0; c < 5; ++c)
+            for (Index x = 0; x < into.allocated_extent(0); ++x)
+              for (Index y = 0; y < into.allocated_extent(1); ++y)
+                for (Index z = 0; z < into.allocated_extent(2); ++z, ++i) {
+                  const SpatialIndex local{x, y, z};
+                  const bool range = c >= 2 && c < 4 && !test::is_ghost(into, local);
+                  const TestType value =
+                      range ? cell_value<TestType>(from, 3, n, c - 1, into.to_global(local)) : 0;
+                  const double want = !range                       ? before[i]
+                                      : mode == UnpackMode::assign ? value
+                                                                   : TestType(value + value);
+                  if (now[i] != want) ++wrong;
+                }
+      }
+      CHECK(wrong == 0);
+    }
+  CHECK_THROWS_WITH(
+      redistribute_channels(
+          comm, random_field<float>(comm, decompositions_for(comm.size())[0], 1, 3, {}), 2,
+          random_field<float>(comm, decompositions_for(comm.size())[0], 1, 3, {}), 0, 2,
+          UnpackMode::assign),
+      Catch::Matchers::Contains("redistribute_channels: channels [2, 4) of a field of 3"));
 }
 
 TEMPLATE_TEST_CASE("redistribute_field's gradient is the output's moved back, alone or added",

@@ -377,14 +377,14 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // recomputation (13.25 -> 12.25 MiB without on one rank). On one rank 5.86 MiB with
   // (0.48; 0.49 before, of 13.25); split along x only, the convolutions read their input and
   // their neighbours' planes without a padded copy (SlabExchange): 0.50 at 2 ranks. Where the
-  // split points are not multiples of 2^depth (3 ranks: 0, 11, 22, 32) the upsampled field is
-  // redistributed inside the first unit beside the concatenation: 0.53 (0.54 before the
-  // redistribution freed its source once packed and added the gradient back without a
-  // copy). Split along more axes (4 and 8 ranks), the peak is the recomputed forward's second conv
-  // with its halo-padded input: 0.63. Where a library (cuDNN) runs the convolutions, every conv
+  // split points are not multiples of 2^depth (3 ranks: 0, 11, 22, 32) the first unit's
+  // concatenation redistributes the upsampled field into its channels: 0.53 (at 64^3 0.50; at
+  // 32^3 the transposed conv's taps-chunk floor is a tenth of the peak). Split along more
+  // axes (4 and 8 ranks), the peak is the recomputed forward's second conv with its
+  // halo-padded input: 0.63. Where a library (cuDNN) runs the convolutions, every conv
   // reads a halo-padded copy: 0.67 on one rank (an H200, before the two units above).
   // bench_scaling's 64^3 U-Net: 102.2 -> 48.0 MiB on one rank (all categories), 53.8 -> 25.8 MiB
-  // per rank on 2.
+  // per rank on 2, 38.5 -> 19.1 on 3.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();

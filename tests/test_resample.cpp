@@ -232,6 +232,48 @@ TEMPLATE_TEST_CASE("a concat handed its first input lets it go before making the
                         Contains("does not match the first input"));
 }
 
+TEMPLATE_TEST_CASE("a concat redistributes a part laid out elsewhere straight into its channels",
+                   "[concat][redistribute]", float, double) {
+  // concat_channels(comm, std::move(first), channels, make_second), make_second() returning a
+  // field whose x split points are a cell off the first's (a U-Net's upsampling on uneven
+  // splits): the values and gradients of concat_channels({first, redistribute_field(second)}),
+  // bit for bit, whether the part's gradient is the first to reach it (written straight from
+  // the output's gradient channels) or is added to one (a second backward into the same leaf).
+  const Communicator comm;
+  const Decomposition d = Decomposition::automatic({12, 10, 6}, comm.size());
+  const Decomposition moved = test::x_splits_moved(d);
+  const auto leaf = [&](const Decomposition& on, Index channels, std::uint64_t seed,
+                        const char* name) {
+    return Variable<TestType>::field(
+        test::random_shard<TestType>(on, comm.rank(), 2, channels, seed), true, name);
+  };
+  const Variable<TestType> a = leaf(d, 2, 1, "a"), b = leaf(moved, 3, 2, "b");
+  const Variable<TestType> f = leaf(d, 2, 1, "f"), s = leaf(moved, 3, 2, "s");
+  const auto w = Variable<TestType>::field(
+      test::random_shard<TestType>(moved, comm.rank(), 2, 3, 4), false, "w");
+  for (const char* pass : {"first gradient", "added gradient"}) {
+    INFO(pass);
+    const Variable<TestType> joined =
+        concat_channels<TestType>({a, redistribute_field(comm, multiply(b, w), d)});
+    backward(test::weighted_sum<TestType>(comm, joined));
+    Variable<TestType> first = f;
+    const Variable<TestType> fused =
+        concat_channels<TestType>(comm, std::move(first), 3, [&] { return multiply(s, w); });
+    CHECK(fused.value().decomposition() == d);
+    backward(test::weighted_sum<TestType>(comm, fused));
+    CHECK(test::host_values(fused.value().view()) == test::host_values(joined.value().view()));
+    CHECK(test::host_values(f.grad().view()) == test::host_values(a.grad().view()));
+    CHECK(test::host_values(s.grad().view()) == test::host_values(b.grad().view()));
+  }
+  const Decomposition other = Decomposition::automatic({12, 10, 8}, comm.size());
+  const auto elsewhere = Variable<TestType>::field(
+      test::random_shard<TestType>(other, comm.rank(), 2, 3, 3), false, "elsewhere");
+  Variable<TestType> again = f;
+  CHECK_THROWS_WITH(
+      concat_channels<TestType>(comm, std::move(again), 3, [&] { return elsewhere; }),
+      Contains("concat_channels: target decomposition") && Contains("covers another field"));
+}
+
 TEST_CASE("concat and upsample reject mismatched input", "[concat][upsample][errors]") {
   const Communicator comm;
   const Decomposition d = Decomposition::automatic({12, 10}, comm.size());

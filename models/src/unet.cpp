@@ -2,8 +2,8 @@
 
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
+#include "shardtensor/nn/concat.hpp"
 #include "shardtensor/nn/recompute.hpp"
-#include "shardtensor/nn/redistribute_field.hpp"
 
 namespace shardtensor::models {
 
@@ -243,11 +243,10 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     // The concatenation consumes the skip before the upsampled field is made: no backward
     // reads the skip's or the upsampled field's values (the graph keeps only what the ops
     // saved), so each goes once copied, and the two never exist beside it at once.
-    const Decomposition skip_decomposition = skips[l].value().decomposition();
-    h = concat_channels<T>(std::move(skips[l]), channels(l), [&] {
-      // On odd split points the upsampled field is split one cell off the skip's: move it.
-      return redistribute_field(comm_, upsample_[l]->forward(h), skip_decomposition);
-    });
+    // On split points that are not multiples of 2^depth the upsampled field is split a cell
+    // off the skip's: the concatenation redistributes it straight into its channels.
+    h = concat_channels<T>(comm_, std::move(skips[l]), channels(l),
+                           [&] { return upsample_[l]->forward(h); });
     h = block(up_[l], h);
   }
   h = head_->forward(h);
@@ -262,12 +261,9 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   // field and the concatenation never exist at once.
   const std::shared_ptr<Sequential<T>> up = up_[l];
   const auto first_unit = [this, l, up](std::vector<Variable<T>> in, bool graph_only) {
-    const Decomposition skip_decomposition = in[0].value().decomposition();
     const Variable<T> low = std::move(in[1]);
-    Variable<T> joined = concat_channels<T>(std::move(in[0]), channels(l), [&] {
-      // On odd split points the upsampled field is split one cell off the skip's: move it.
-      return redistribute_field(comm_, upsample_[l]->forward(low), skip_decomposition);
-    });
+    Variable<T> joined = concat_channels<T>(comm_, std::move(in[0]), channels(l),
+                                            [&] { return upsample_[l]->forward(low); });
     return up->forward_layers(0, 2, std::move(joined), graph_only);
   };
   std::vector<Variable<T>> inputs;  // (a braced list would copy the skip and hold it)

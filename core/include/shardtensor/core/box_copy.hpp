@@ -81,6 +81,20 @@ struct CopyShifted {  // cell = (or +=) the cell `shift` values away
       cell = *(&cell + shift);
   }
 };
+template <class ToView, class FromView, bool add>
+struct CopyBetween {  // to(n, c, to_lower + xyz) = (or +=) from(n, c, from_lower + xyz)
+  ToView to;
+  FromView from;
+  Index to_lower[3], from_lower[3];
+  KOKKOS_INLINE_FUNCTION void operator()(Index n, Index c, Index x, Index y, Index z) const {
+    auto& cell = to(n, c, to_lower[0] + x, to_lower[1] + y, to_lower[2] + z);
+    const auto value = from(n, c, from_lower[0] + x, from_lower[1] + y, from_lower[2] + z);
+    if (add)
+      cell += value;
+    else
+      cell = value;
+  }
+};
 template <class T>
 struct Fill {  // cell = value
   T value;
@@ -127,6 +141,31 @@ void copy_box(const Space& space, const FieldView& field, const Box& from, const
   else
     impl::for_each_box_cell(space, "shardtensor::copy_box", field, to,
                             impl::CopyShifted<T, false>{shift});
+}
+
+/// to(n, c, to_box) = (or +=) from(n, c, from_box) for two boxes of the same extents in two
+/// fields of the same batch and channels (either may be a channel range of a larger field): a
+/// rank's own part of a redistribution, without a buffer in between. Runs on the default
+/// execution space.
+template <class ToView, class FromView>
+void copy_box_between(const FromView& from, const Box& from_box, const ToView& to,
+                      const Box& to_box, UnpackMode mode = UnpackMode::assign) {
+  if (to_box.empty()) return;
+  const Index extents[3] = {to_box.extent[0], to_box.extent[1], to_box.extent[2]};
+  const Index to_lower[3] = {to_box.lower[0], to_box.lower[1], to_box.lower[2]};
+  const Index from_lower[3] = {from_box.lower[0], from_box.lower[1], from_box.lower[2]};
+  const auto copy = [&](auto op) {
+    for (int a = 0; a < 3; ++a) {
+      op.to_lower[a] = to_lower[a];
+      op.from_lower[a] = from_lower[a];
+    }
+    for_each_cell_by_lines(ExecutionSpace(), "shardtensor::copy_box_between", to.extent(0),
+                           to.extent(1), extents, op);
+  };
+  if (mode == UnpackMode::add)
+    copy(impl::CopyBetween<ToView, FromView, true>{to, from, {}, {}});
+  else
+    copy(impl::CopyBetween<ToView, FromView, false>{to, from, {}, {}});
 }
 
 /// Sets field(n, c, box) to `value` for every batch and channel.

@@ -1,9 +1,13 @@
 #pragma once
-// Channel concatenation of sharded fields (U-Net skip connections): local, no communication.
+// Channel concatenation of sharded fields (U-Net skip connections): local, except for a part
+// laid out by another decomposition, which is redistributed straight into its channels.
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 #include <vector>
 
+#include "shardtensor/comm/redistribute.hpp"
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
@@ -47,9 +51,9 @@ class ChannelConcat {
   void add_input(const Variable<T>& x) {
     const Index c = x.value().channels(), at = offset_, channels = channels_, cells = cells_,
                 chunk = chunk_, chunks = chunks_;
-    SHARDTENSOR_REQUIRE(at + c <= channels_, "concat_channels",
-                        "'" << x.name() << "' brings " << c << " channels to " << at << " of "
-                            << channels_);
+    SHARDTENSOR_REQUIRE(
+        at + c <= channels_, "concat_channels",
+        "'" << x.name() << "' brings " << c << " channels to " << at << " of " << channels_);
     const auto xv = x.value().view();
     const auto yv = y_.view();
     Kokkos::parallel_for(
@@ -65,6 +69,33 @@ class ChannelConcat {
         });
     nodes_.push_back(x.node());
     offsets_.push_back(offset_);
+    redistributed_.emplace_back();
+    offset_ += c;
+  }
+
+  /// Writes `x`, laid out by another decomposition of the same global field (an upsampling
+  /// on split points that are not multiples of its factor), into the next channels of y: the
+  /// redistribution writes straight into them, so no redistributed copy of x exists beside y,
+  /// and x's value goes once packed where `x` was its last Variable. The backward brings those
+  /// channels' gradient back onto x's decomposition the same way. Collective over `comm`.
+  void add_redistributed_input(const Communicator& comm, Variable<T> x) {
+    impl::require_field(x, "concat_channels");
+    if (x.value().decomposition() == y_.decomposition()) return add_input(x);
+    const Index c = x.value().channels(), at = offset_;
+    SHARDTENSOR_REQUIRE(
+        at + c <= channels_ && x.value().batch() == y_.batch() && x.value().ghosts().none(),
+        "concat_channels",
+        "'" << x.name() << "' (batch " << x.value().batch() << ", " << c
+            << " channels, ghost cells: " << !x.value().ghosts().none()
+            << ") does not fit channels " << at << " of " << channels_
+            << " of a ghost-free field of batch " << y_.batch());
+    ShardTensor<T> value = x.value();
+    nodes_.push_back(x.node());
+    x = Variable<T>();  // the node lets go of its value unless another Variable holds it
+    redistribute_channels(comm, std::exchange(value, ShardTensor<T>()), 0, y_, at, c,
+                          UnpackMode::assign, "concat_channels");
+    offsets_.push_back(at);
+    redistributed_.emplace_back(comm);
     offset_ += c;
   }
 
@@ -74,11 +105,21 @@ class ChannelConcat {
     auto node = make_result_node<T>("concat", nodes_);
     node->field = y_;
     if (node->requires_grad) {
-      node->backward = [nodes = nodes_, offsets = offsets_, channels = channels_, cells = cells_,
-                        chunk = chunk_, chunks = chunks_](impl::Node<T>& self) {
+      node->backward = [nodes = nodes_, offsets = offsets_, redistributed = redistributed_,
+                        channels = channels_, cells = cells_, chunk = chunk_,
+                        chunks = chunks_](impl::Node<T>& self) {
         const auto gy = self.grad_field().view();
         for (std::size_t k = 0; k < nodes.size(); ++k) {
           if (!nodes[k]->requires_grad) continue;
+          if (redistributed[k]) {  // written, or added, straight from gy's channels
+            impl::Node<T>& in = *nodes[k];
+            const UnpackMode mode =
+                in.take_unfilled_grad_field() ? UnpackMode::assign : UnpackMode::add;
+            const ShardTensor<T>& gx = in.grad_field();
+            redistribute_channels(*redistributed[k], self.grad_field(), offsets[k], gx, 0,
+                                  gx.channels(), mode, "concat_channels backward");
+            continue;
+          }
           const auto gx = nodes[k]->grad_field().view();
           const Index c = gx.extent(1), at = offsets[k];
           Kokkos::parallel_for(
@@ -105,6 +146,7 @@ class ChannelConcat {
   Index channels_, cells_, chunk_, chunks_, offset_ = 0;
   std::vector<std::shared_ptr<impl::Node<T>>> nodes_;
   std::vector<Index> offsets_;
+  std::vector<std::optional<Communicator>> redistributed_;  // for an input redistributed in
 };
 
 }  // namespace impl
@@ -123,6 +165,37 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
   return concat.finish();
 }
 
+namespace impl {
+
+/// The two concat_channels(first, second_channels, make_second) below; `comm` null where the
+/// second part must have the first's layout.
+template <class T, class MakeSecond>
+Variable<T> concat_made_second(const Communicator* comm, Variable<T>&& first, Index second_channels,
+                               const MakeSecond& make_second) {
+  impl::require_concat_match(first, first);  // a field without ghost cells
+  const Index batch = first.value().batch();
+  const Decomposition decomposition = first.value().decomposition();
+  impl::ChannelConcat<T> concat(first.value(), first.value().channels() + second_channels);
+  concat.add_input(first);
+  first = Variable<T>();
+  Variable<T> second = make_second();
+  impl::require_field(second, "concat_channels");
+  const bool elsewhere = second.value().decomposition() != decomposition;
+  SHARDTENSOR_REQUIRE(
+      second.value().batch() == batch && (comm || !elsewhere) && second.value().ghosts().none(),
+      "concat_channels",
+      "'" << second.name() << "' (batch " << second.value().batch() << ", "
+          << second.value().decomposition().describe() << ") does not match the first input (batch "
+          << batch << ", " << decomposition.describe() << ")");
+  if (elsewhere)
+    concat.add_redistributed_input(*comm, std::exchange(second, Variable<T>()));
+  else
+    concat.add_input(second);
+  return concat.finish();
+}
+
+}  // namespace impl
+
 /// concat_channels({first, make_second()}), with make_second() called once `first` is copied
 /// and handed over: where it was the last Variable of its value, the value goes before the
 /// second part is made, and the two never exist beside the output at once (a recomputed
@@ -130,24 +203,18 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
 template <class T, class MakeSecond>
 Variable<T> concat_channels(Variable<T>&& first, Index second_channels,
                             const MakeSecond& make_second) {
-  impl::require_concat_match(first, first);  // a field without ghost cells
-  const Index batch = first.value().batch();
-  const Decomposition decomposition = first.value().decomposition();
-  impl::ChannelConcat<T> concat(first.value(), first.value().channels() + second_channels);
-  concat.add_input(first);
-  first = Variable<T>();
-  const Variable<T> second = make_second();
-  impl::require_field(second, "concat_channels");
-  SHARDTENSOR_REQUIRE(second.value().batch() == batch &&
-                          second.value().decomposition() == decomposition &&
-                          second.value().ghosts().none(),
-                      "concat_channels",
-                      "'" << second.name() << "' (batch " << second.value().batch() << ", "
-                          << second.value().decomposition().describe()
-                          << ") does not match the first input (batch " << batch << ", "
-                          << decomposition.describe() << ")");
-  concat.add_input(second);
-  return concat.finish();
+  return impl::concat_made_second<T>(nullptr, std::move(first), second_channels, make_second);
+}
+
+/// The same, where make_second() may return the same global field laid out by another
+/// decomposition (a U-Net's upsampling on split points that are not multiples of its factor):
+/// it is redistributed straight into the concatenation's channels, so neither a
+/// redistributed copy nor the whole field in send and receive buffers exists beside the
+/// output, only the cells that change rank. Collective over `comm`.
+template <class T, class MakeSecond>
+Variable<T> concat_channels(const Communicator& comm, Variable<T>&& first, Index second_channels,
+                            const MakeSecond& make_second) {
+  return impl::concat_made_second<T>(&comm, std::move(first), second_channels, make_second);
 }
 
 }  // namespace shardtensor
