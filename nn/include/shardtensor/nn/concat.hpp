@@ -51,9 +51,7 @@ class ChannelConcat {
   void add_input(const Variable<T>& x) {
     const Index c = x.value().channels(), at = offset_, channels = channels_, cells = cells_,
                 chunk = chunk_, chunks = chunks_;
-    SHARDTENSOR_REQUIRE(
-        at + c <= channels_, "concat_channels",
-        "'" << x.name() << "' brings " << c << " channels to " << at << " of " << channels_);
+    require_room(x);
     const auto xv = x.value().view();
     const auto yv = y_.view();
     Kokkos::parallel_for(
@@ -73,22 +71,15 @@ class ChannelConcat {
     offset_ += c;
   }
 
-  /// Writes `x`, laid out by another decomposition of the same global field (an upsampling
-  /// on split points that are not multiples of its factor), into the next channels of y: the
-  /// redistribution writes straight into them, so no redistributed copy of x exists beside y,
-  /// and x's value goes once packed where `x` was its last Variable. The backward brings those
+  /// Writes `x` (y's batch, no ghost cells), laid out by another decomposition of the same
+  /// global field (an upsampling on split points that are not multiples of its factor), into
+  /// the next channels of y: the redistribution writes straight into them, so no
+  /// redistributed copy of x exists beside y, and x's value goes once packed where `x` was its
+  /// last Variable. The backward brings those
   /// channels' gradient back onto x's decomposition the same way. Collective over `comm`.
   void add_redistributed_input(const Communicator& comm, Variable<T> x) {
-    impl::require_field(x, "concat_channels");
-    if (x.value().decomposition() == y_.decomposition()) return add_input(x);
+    require_room(x);
     const Index c = x.value().channels(), at = offset_;
-    SHARDTENSOR_REQUIRE(
-        at + c <= channels_ && x.value().batch() == y_.batch() && x.value().ghosts().none(),
-        "concat_channels",
-        "'" << x.name() << "' (batch " << x.value().batch() << ", " << c
-            << " channels, ghost cells: " << !x.value().ghosts().none()
-            << ") does not fit channels " << at << " of " << channels_
-            << " of a ghost-free field of batch " << y_.batch());
     ShardTensor<T> value = x.value();
     nodes_.push_back(x.node());
     x = Variable<T>();  // the node lets go of its value unless another Variable holds it
@@ -97,6 +88,14 @@ class ChannelConcat {
     offsets_.push_back(at);
     redistributed_.emplace_back(comm);
     offset_ += c;
+  }
+
+  /// Requires y to have room for x's channels at the next offset.
+  void require_room(const Variable<T>& x) const {
+    const Index c = x.value().channels();
+    SHARDTENSOR_REQUIRE(
+        offset_ + c <= channels_, "concat_channels",
+        "'" << x.name() << "' brings " << c << " channels to " << offset_ << " of " << channels_);
   }
 
   Variable<T> finish() {
