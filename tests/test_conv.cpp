@@ -14,6 +14,7 @@
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/kernels/timed_choice.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
+#include "shardtensor/nn/concat.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;
@@ -314,12 +315,12 @@ TEMPLATE_TEST_CASE(
   }
 }
 
-TEST_CASE("HaloPadding's shell and the input rebuild the padded buffer bit for bit",
-          "[conv][padding]") {
-  // What Conv keeps for backward instead of the padded buffer: every padding mode, stride and
-  // dilation of the cases, on every process grid; the input has ghosts of its own (ignored).
-  const Communicator world;
-  for (const ConvCase& c : conv_cases()) {
+/// body(case, decomposition, its layer's HaloPadding) for every case on every process grid
+/// of `world` (periodic ones for periodic padding).
+template <class Body>
+void for_each_padded_grid(const Communicator& world, const std::vector<ConvCase>& cases,
+                          const Body& body) {
+  for (const ConvCase& c : cases) {
     INFO(c.name);
     const std::vector<bool> periodic(c.extents.size(),
                                      c.options.padding_mode == PaddingMode::periodic);
@@ -327,22 +328,173 @@ TEST_CASE("HaloPadding's shell and the input rebuild the padded buffer bit for b
          test::test_decompositions(c.extents, world.size(), periodic, min_cells(c.options))) {
       const Conv<double> conv(world, c.options, "conv");
       HaloPadding<double> halo(world, conv.geometry(), c.options.padding_mode, 0.0, "conv");
-      const ShardTensor<double> x(d, world.rank(), 2, c.options.in_channels,
-                                  GhostWidths::uniform(1, d.ndims()), "x");
-      test::fill(x, [&](Index n, Index ch, const SpatialIndex&, SpatialIndex g) {
-        return hashed_uniform(11, test::global_linear_index(d, c.options.in_channels, n, ch, g));
-      });
-      const ShardTensor<double> padded = halo.forward(x);
-      const ShardTensor<double> rebuilt = halo.rebuild(x, halo.shell(padded));
-      REQUIRE(rebuilt.view().extent(2) == padded.view().extent(2));
-      const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded.view());
-      const auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rebuilt.view());
-      REQUIRE(a.span() == b.span());
-      Index differ = 0;
-      for (std::size_t i = 0; i < a.span(); ++i) differ += a.data()[i] != b.data()[i];
-      CHECK(differ == 0);
+      body(c, d, halo);
     }
   }
+}
+
+TEST_CASE("HaloPadding's shell and the input rebuild the padded buffer bit for bit",
+          "[conv][padding]") {
+  // What Conv keeps for backward instead of the padded buffer: every padding mode, stride and
+  // dilation of the cases, on every process grid; the input has ghosts of its own (ignored).
+  const Communicator world;
+  for_each_padded_grid(
+      world, conv_cases(),
+      [&](const ConvCase& c, const Decomposition& d, HaloPadding<double>& halo) {
+        const ShardTensor<double> x(d, world.rank(), 2, c.options.in_channels,
+                                    GhostWidths::uniform(1, d.ndims()), "x");
+        test::fill(x, [&](Index n, Index ch, const SpatialIndex&, SpatialIndex g) {
+          return hashed_uniform(11, test::global_linear_index(d, c.options.in_channels, n, ch, g));
+        });
+        const ShardTensor<double> padded = halo.forward(x);
+        const ShardTensor<double> rebuilt = halo.rebuild(x, halo.shell(padded, x));
+        REQUIRE(rebuilt.view().extent(2) == padded.view().extent(2));
+        const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded.view());
+        const auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rebuilt.view());
+        REQUIRE(a.span() == b.span());
+        Index differ = 0;
+        for (std::size_t i = 0; i < a.span(); ++i) differ += a.data()[i] != b.data()[i];
+        CHECK(differ == 0);
+      });
+}
+
+TEST_CASE("HaloPadding pads an input that carries its ghost cells in place, with a copy's bits",
+          "[conv][padding]") {
+  // What a producer gets by allocating its output with the layer's ghost cells (a U-Net's
+  // concatenation): forward fills them, no copy; rebuild fills them again from the shell
+  // whatever another layer left there; the adjoint in place leaves the owned cells a copy's
+  // adjoint would write and zero ghosts. Every padding mode, stride and dilation of the
+  // cases, on every process grid, ghost cells starting as garbage.
+  const Communicator world;
+  int padded_cases = 0;
+  for_each_padded_grid(
+      world, all_conv_cases(),
+      [&](const ConvCase& c, const Decomposition& d, HaloPadding<double>& halo) {
+        if (halo.ghosts() == GhostWidths{}) return;
+        const Index channels = c.options.in_channels;
+        const auto value = [&](Index n, Index ch, const SpatialIndex& local, SpatialIndex g) {
+          return hashed_uniform(11, test::global_linear_index(d, channels, n, ch, g));
+        };
+        const ShardTensor<double> x(d, world.rank(), 2, channels);
+        test::fill(x, value);
+        const ShardTensor<double> copy = halo.forward(x);
+        const ShardTensor<double> own(d, world.rank(), 2, channels, halo.ghosts(), "own");
+        const auto scramble = [&](const ShardTensor<double>& f) {  // garbage ghosts, x's cells
+          test::fill(f, [&](Index n, Index ch, const SpatialIndex& local, SpatialIndex g) {
+            return test::is_ghost(f, local) ? -7.5 - double(local[0]) : value(n, ch, local, g);
+          });
+        };
+        scramble(own);
+        REQUIRE(halo.pads_in_place(own));
+        ++padded_cases;
+        // Not the caller's promise: a copy, and the input's ghosts are left as they were.
+        const ShardTensor<double> copied = halo.forward(own);
+        CHECK(copied.view().data() != own.view().data());
+        CHECK(test::relative_error(copied.view(), copy.view()) == 0);
+        const ShardTensor<double> padded = halo.forward(own, /*ghosts_are_scratch=*/true);
+        CHECK(padded.view().data() == own.view().data());
+        CHECK(test::relative_error(padded.view(), copy.view()) == 0);
+        const PaddedShell<double> shell = halo.shell(padded, own);
+        CHECK(shell.in_place);
+        scramble(own);
+        const ShardTensor<double> rebuilt = halo.rebuild(own, shell);
+        CHECK(rebuilt.view().data() == own.view().data());
+        CHECK(test::relative_error(rebuilt.view(), copy.view()) == 0);
+
+        // The adjoint, into a gradient of x's layout and in place.
+        const ShardTensor<double> grad(d, world.rank(), 2, channels, halo.ghosts(), "grad");
+        test::fill(grad, [&](Index n, Index ch, const SpatialIndex& local, SpatialIndex) {
+          const SpatialIndex g = grad.to_global(local);
+          return hashed_uniform(
+              29, std::uint64_t((((n * channels + ch) * 97 + g[0] + 3) * 89 + g[1] + 3) * 83 +
+                                g[2] + 3));
+        });
+        ShardTensor<double> grad_copy(d, world.rank(), 2, channels, halo.ghosts(), "grad copy");
+        Kokkos::deep_copy(grad_copy.view(), grad.view());
+        const ShardTensor<double> into(d, world.rank(), 2, channels);
+        halo.backward(grad_copy, into, /*overwrite=*/true);
+        halo.backward(grad, grad, /*overwrite=*/true);
+        const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad.view());
+        const auto expected = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), into.view());
+        const Box inner = grad.interior_box();
+        Index nonzero_ghosts = 0, ghosts = 0, differ = 0;
+        for (Index n = 0; n < 2; ++n)
+          for (Index ch = 0; ch < channels; ++ch)
+            for (Index i = 0; i < grad.allocated_extent(0); ++i)
+              for (Index j = 0; j < grad.allocated_extent(1); ++j)
+                for (Index k = 0; k < grad.allocated_extent(2); ++k) {
+                  if (test::is_ghost(grad, {i, j, k})) {
+                    ++ghosts;
+                    nonzero_ghosts += h(n, ch, i, j, k) != 0;
+                  } else {
+                    differ += h(n, ch, i, j, k) != expected(n, ch, i - inner.lower[0],
+                                                            j - inner.lower[1], k - inner.lower[2]);
+                  }
+                }
+        CHECK(differ == 0);
+        CHECK(ghosts > 0);
+        CHECK(nonzero_ghosts == 0);
+      });
+  CHECK(padded_cases > 0);
+  // A caller's array wrapped without a copy is never written: always copied.
+  const ConvCase c = all_conv_cases().front();
+  const Conv<double> conv(world, c.options, "conv");
+  const HaloPadding<double> halo(world, conv.geometry(), c.options.padding_mode, 0.0, "conv");
+  const Decomposition d = Decomposition::automatic(c.extents, world.size());
+  ShardTensor<double> own(d, world.rank(), 1, c.options.in_channels, halo.ghosts());
+  CHECK(halo.pads_in_place(own));
+  CHECK(!halo.pads_in_place(ShardTensor<double>::wrap(own.view().data(), d, world.rank(), 1,
+                                                      c.options.in_channels, halo.ghosts())));
+  CHECK(!halo.pads_in_place(ShardTensor<double>(d, world.rank(), 1, c.options.in_channels)));
+}
+
+TEMPLATE_TEST_CASE(
+    "a conv after a concatenation with its ghost cells pads it in place, with a copy's bits",
+    "[conv][padding][concat]", float, double) {
+  // concat_channels(..., conv.padded_input_ghosts(skip)) allocates the output with the ghost
+  // cells the conv would copy it into; the conv fills them in place. Output, input and
+  // parameter gradients are those of the concatenation without ghost cells, bit for bit.
+  const Communicator world;
+  int in_place_cases = 0;
+  for (const ConvCase& c : all_conv_cases()) {
+    if (c.options.in_channels < 2 || c.options.groups != 1) continue;
+    INFO(c.name);
+    const std::vector<bool> periodic(c.extents.size(),
+                                     c.options.padding_mode == PaddingMode::periodic);
+    for (const Decomposition& d :
+         test::test_decompositions(c.extents, world.size(), periodic, min_cells(c.options))) {
+      const Index first = c.options.in_channels / 2, second = c.options.in_channels - first;
+      struct Result {
+        ShardTensor<TestType> y, g_first, g_second;
+        ReplicatedView<TestType> g_weight;
+      };
+      const auto run = [&](bool with_ghosts) {
+        Conv<TestType> conv(world, c.options, "conv");
+        const auto a = Variable<TestType>::field(
+            test::random_shard<TestType>(d, world.rank(), 2, first, 5), true, "a");
+        const auto b = Variable<TestType>::field(
+            test::random_shard<TestType>(d, world.rank(), 2, second, 6), true, "b");
+        const GhostWidths ghosts =
+            with_ghosts ? conv.padded_input_ghosts(a.value()) : GhostWidths{};
+        if (with_ghosts && !ghosts.none()) ++in_place_cases;
+        Variable<TestType> a_in = a;
+        const Variable<TestType> joined = concat_channels<TestType>(
+            world, std::move(a_in), second, [&] { return b; }, ghosts);
+        CHECK(joined.value().ghosts() == ghosts);
+        CHECK(joined.node()->scratch_ghosts == !ghosts.none());
+        const Variable<TestType> y = conv.forward(joined);
+        backward(test::weighted_sum<TestType>(world, y));
+        return Result{y.value(), a.grad(), b.grad(), conv.weight().data_grad()};
+      };
+      const Result copied = run(false), in_place = run(true);
+      CHECK(test::relative_error(in_place.y.view(), copied.y.view()) == 0);
+      CHECK(test::relative_error(in_place.g_first.view(), copied.g_first.view()) == 0);
+      CHECK(test::relative_error(in_place.g_second.view(), copied.g_second.view()) == 0);
+      CHECK(test::relative_error(in_place.g_weight, copied.g_weight) == 0);
+    }
+  }
+  // Multi-axis splits need ghost cells (slab reads cover x splits only): at 4 ranks and more.
+  if (world.size() >= 4) CHECK(in_place_cases > 0);
 }
 
 TEMPLATE_TEST_CASE("a conv that reads no ghost cell reads its input in place and leaves it be",

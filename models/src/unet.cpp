@@ -245,8 +245,9 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     // saved), so each goes once copied, and the two never exist beside it at once.
     // On split points that are not multiples of 2^depth the upsampled field is split a cell
     // off the skip's: the concatenation redistributes it straight into its channels.
-    h = concat_channels<T>(comm_, std::move(skips[l]), channels(l),
-                           [&] { return upsample_[l]->forward(h); });
+    const GhostWidths ghosts = concat_ghosts(l, skips[l].value(), false);
+    h = concat_channels<T>(
+        comm_, std::move(skips[l]), channels(l), [&] { return upsample_[l]->forward(h); }, ghosts);
     h = block(up_[l], h);
   }
   h = head_->forward(h);
@@ -262,8 +263,9 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   const std::shared_ptr<Sequential<T>> up = up_[l];
   const auto first_unit = [this, l, up](std::vector<Variable<T>> in, bool graph_only) {
     const Variable<T> low = std::move(in[1]);
-    Variable<T> joined = concat_channels<T>(comm_, std::move(in[0]), channels(l),
-                                            [&] { return upsample_[l]->forward(low); });
+    const GhostWidths ghosts = concat_ghosts(l, in[0].value(), true);
+    Variable<T> joined = concat_channels<T>(
+        comm_, std::move(in[0]), channels(l), [&] { return upsample_[l]->forward(low); }, ghosts);
     return up->forward_layers(0, 2, std::move(joined), graph_only);
   };
   std::vector<Variable<T>> inputs;  // (a braced list would copy the skip and hold it)
@@ -272,6 +274,13 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   const Variable<T> first =
       recompute<T>(std::move(inputs), {upsample_[l], (*up)[0], (*up)[1]}, first_unit);
   return up->forward_layers(2, up->size(), first);  // the second unit (recompute_range)
+}
+
+template <class T>
+GhostWidths UNet<T>::concat_ghosts(int l, const ShardTensor<T>& skip, bool in_unit) const {
+  if (!in_unit && grad_enabled()) return {};
+  const auto conv = std::dynamic_pointer_cast<Conv<T>>((*up_[l])[0]);
+  return conv ? conv->padded_input_ghosts(skip) : GhostWidths{};
 }
 
 template class UNet<float>;

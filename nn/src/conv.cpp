@@ -168,6 +168,18 @@ bool Conv<T>::slabs_agree(const ShardTensor<T>& input, bool mine, Index below, I
 }
 
 template <class T>
+GhostWidths Conv<T>::padded_input_ghosts(const ShardTensor<T>& like) const {
+  if (options_.bf16 || halo_->reads_in_place(like)) return {};
+  // forward's may_read_input and may_read_slabs: a library reads a padded buffer always.
+  std::array<bool, 3> wraps{};
+  const bool library = options_.library_kernels && kernels::conv_library_available();
+  if (!library && (halo_->reads_input_itself(like, wraps) ||
+                   (geometry_.ndims != 1 && halo_->reads_input_with_slabs(like, wraps))))
+    return {};
+  return halo_->ghosts();
+}
+
+template <class T>
 Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const std::string where = layer_name(geometry_.ndims, name_);
   SHARDTENSOR_REQUIRE(input.is_field(), where, "input '" << input.name() << "' is not a field");
@@ -191,7 +203,11 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const bool may_read_slabs = !may_read_input && !halo_->reads_in_place(x) &&
                               rotation.computed_axis(0) < 2 &&
                               halo_->reads_input_with_slabs(x, wraps, options_.bf16);
-  ShardTensor<T> padded = may_read_input || may_read_slabs ? x : halo_->start(x);
+  // An input whose producer allocated it with this layer's ghost cells for it (a U-Net's
+  // concatenation) is padded in place: no copy beside it.
+  const bool ghosts_are_scratch = input.node()->scratch_ghosts;
+  ShardTensor<T> padded =
+      may_read_input || may_read_slabs ? x : halo_->start(x, ghosts_are_scratch);
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
@@ -265,7 +281,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     reads_input = slabs_agree(x, false, below, above);  // collective: every rank calls it
   }
   const bool slabs = may_read_slabs && reads_input;
-  if ((may_read_input || may_read_slabs) && !reads_input) padded = halo_->start(x);
+  if ((may_read_input || may_read_slabs) && !reads_input)
+    padded = halo_->start(x, ghosts_are_scratch);
   shape = rotated(shape, rotation);
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
@@ -327,7 +344,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
                               options_.bf16 && !impl::recomputing_flag() ? SavedPacking::rounded
                                                                           : SavedPacking::none,
                               name_ + ".saved_input");
-    PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded);
+    PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded, x);
     // The neighbours' planes that forward read (a surface), for the weight gradient.
     FieldView<T> slab_lower = slabs ? exchange->lower() : FieldView<T>(),
                  slab_upper = slabs ? exchange->upper() : FieldView<T>();
@@ -336,17 +353,20 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     node->backward = [=](impl::Node<T>& self) mutable {
       ShardTensor<T> padded;
       bool in_place = false;  // the buffer is the input itself (HaloPadding::reads_in_place)
+      bool padded_in_place = false;  // the input itself, its ghost cells filled (pads_in_place)
       {
         const ShardTensor<T> input_value = saved_input.value();  // unpacked: goes at the brace
         padded = reads_input ? input_value : halo->rebuild(input_value, shell);
-        in_place = padded.view().data() == input_value.view().data();
+        const bool same = padded.view().data() == input_value.view().data();
+        in_place = same && padded.ghosts() == GhostWidths{};
+        padded_in_place = same && !in_place;
       }
       // Backward runs once: free what it kept before the gradients are allocated.
       shell = {};
       saved_input = {};
       // Whether this closure holds the input's only reference: no Variable of it, no other op
       // kept it, not a caller's array (unmanaged: no count). Before xp, a second reference.
-      const bool sole_reference = in_place && padded.view().use_count() == 1;
+      const bool sole_reference = (in_place || padded_in_place) && padded.view().use_count() == 1;
       const FieldView<T> xp = rotation.apply(padded.view());
       // bf16: the output gradient is an operand too (rounded in place, or into a copy where
       // its memory is shared: a caller's gradient).
@@ -376,11 +396,17 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       if (direct && kernels.input_gradient_after_weights() &&
           !(sole_reference && x_node->adopt_grad_field(padded)))
         x_node->take_unfilled_grad_field();
+      // Likewise an input padded in place: its buffer takes the input gradient and becomes
+      // that gradient (the halo adjoint below zeroes its ghost cells).
+      const bool grad_in_input = padded_in_place && sole_reference && x_node->requires_grad &&
+                                 kernels.input_gradient_after_weights() &&
+                                 x_node->adopt_grad_field(padded, /*ghosts_zeroed=*/true);
       ShardTensor<T> grad_padded;
       if (x_node->requires_grad)
         grad_padded =
             direct ? x_node->grad_field()
-            : kernels.input_gradient_after_weights() && !in_place
+            : kernels.input_gradient_after_weights() &&
+                    ((!in_place && !padded_in_place) || grad_in_input)
                 ? padded
                 : ShardTensor<T>(padded.decomposition(), padded.rank(), padded.batch(),
                                  padded.channels(), padded.ghosts(), name_ + ".padded_grad");
@@ -396,7 +422,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       } else {
         kernels.backward(gy, xp, w, gw, gb, rotation.apply(grad_padded.view()));
       }
-      if (x_node->requires_grad && !direct) {
+      if (grad_in_input) {
+        halo->backward(grad_padded, grad_padded, /*overwrite=*/true);
+      } else if (x_node->requires_grad && !direct) {
         const bool first = x_node->take_unfilled_grad_field();  // written, not added to
         halo->backward(grad_padded, x_node->grad_field(), first);
       }

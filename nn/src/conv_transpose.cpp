@@ -224,7 +224,7 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
     const Communicator comm = comm_;
     const std::string name = name_;
     // As Conv: keep the padded input's shell, not a second copy of the input (conv.cpp).
-    PaddedShell<T> shell = halo->shell(padded);
+    PaddedShell<T> shell = halo->shell(padded, x);
     // The graph keeps no values: capture the input (bf16: rounded into 16 bits, as in Conv).
     SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
                               name_ + ".saved_input");

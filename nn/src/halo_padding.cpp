@@ -71,12 +71,14 @@ struct PaddedValue {
 /// padded = the input's owned cells (rounded to bfloat16 if asked) with zeros around them (its
 /// ghost and padding cells), in one pass over the lines of the buffer along its innermost axis
 /// longer than one cell: a line outside the interior is zeroed whole, a line through it copied
-/// with its two ends zeroed. On a GPU cell by cell (for_each_cell_by_lines).
+/// with its two ends zeroed. On a GPU cell by cell (for_each_cell_by_lines). `padded` may be
+/// the input itself (padded in place): then only the cells around its owned ones are zeroed.
 template <class T>
 void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool to_bfloat16) {
   const Box inner = padded.interior_box();
   const auto v = padded.view();
   const auto s = input.interior();
+  const bool in_place = input.view().data() == v.data();
   const Index e[3] = {padded.allocated_extent(0), padded.allocated_extent(1),
                       padded.allocated_extent(2)};
   if constexpr (!kernels_run_on_host) {
@@ -87,7 +89,10 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
         ExecutionSpace(), "fill_padded", v.extent(0), v.extent(1), e,
         KOKKOS_LAMBDA(Index n, Index c, Index x, Index y, Index z) {
           const bool inside = x >= lo0 && x < hi0 && y >= lo1 && y < hi1 && z >= lo2 && z < hi2;
-          v(n, c, x, y, z) = inside ? value(s(n, c, x - lo0, y - lo1, z - lo2)) : T(0);
+          if (!inside)
+            v(n, c, x, y, z) = T(0);
+          else if (!in_place)
+            v(n, c, x, y, z) = value(s(n, c, x - lo0, y - lo1, z - lo2));
         });
     return;
   }
@@ -110,6 +115,7 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
         }
         zero_cells(p, lo[axis], step);
         zero_cells(p + hi[axis] * step, length - hi[axis], step);
+        if (in_place) return;
         const T* from = &s(c.n, c.c, axis == 0 ? 0 : c.x - lo[0], axis == 1 ? 0 : c.y - lo[1],
                            axis == 2 ? 0 : c.z - lo[2]);
         T* to = p + lo[axis] * step;
@@ -192,8 +198,8 @@ HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
 }
 
 template <class T>
-ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
-  const ShardTensor<T> padded = start(input);
+ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input, bool ghosts_are_scratch) {
+  const ShardTensor<T> padded = start(input, ghosts_are_scratch);
   finish(padded);
   return padded;
 }
@@ -201,6 +207,13 @@ ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input) {
 template <class T>
 bool HaloPadding<T>::reads_in_place(const ShardTensor<T>& input) const {
   return !bfloat16_ && ghosts_ == GhostWidths{} && input.ghosts() == GhostWidths{} &&
+         padded_decomposition(input.decomposition()) == input.decomposition();
+}
+
+template <class T>
+bool HaloPadding<T>::pads_in_place(const ShardTensor<T>& input) const {
+  return !bfloat16_ && input.owns_memory() && !(ghosts_ == GhostWidths{}) &&
+         input.ghosts() == ghosts_ &&
          padded_decomposition(input.decomposition()) == input.decomposition();
 }
 
@@ -243,11 +256,17 @@ bool HaloPadding<T>::exchanges_nothing(const Decomposition& decomposition) const
 }
 
 template <class T>
-ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input) {
+ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input, bool ghosts_are_scratch) {
   const Decomposition decomposition = padded_decomposition(input.decomposition());
   check_padding_sources(decomposition, boundary_, where_);
   if (reads_in_place(input)) {
     // Sends nothing; finish() completes it as for a copy.
+    if (!exchanges_nothing(decomposition)) plan_for(input).start(input);
+    return input;
+  }
+  if (ghosts_are_scratch && pads_in_place(input)) {
+    // The shell starts at zero as a copy's would (what another layer left there goes).
+    fill_padded(input, input, false);
     if (!exchanges_nothing(decomposition)) plan_for(input).start(input);
     return input;
   }
@@ -290,6 +309,13 @@ void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTens
     unfill_boundary_padding(padded_grad, boundary_);
   if (shell && !exchanges_nothing(padded_grad.decomposition()))
     plan_for(padded_grad).reverse_accumulate(padded_grad);
+  if (input_grad.view().data() == padded_grad.view().data()) {
+    // The gradient of an input padded in place, taken over: its owned cells are in place.
+    SHARDTENSOR_REQUIRE(overwrite, where_,
+                        "a padded gradient can only be its input's own if written");
+    if (shell) fill_padded(padded_grad, padded_grad, false);
+    return;
+  }
   if (overwrite)
     copy_interior(padded_grad, input_grad);
   else
@@ -297,8 +323,10 @@ void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTens
 }
 
 template <class T>
-PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded) {
+PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded, const ShardTensor<T>& input) {
   PaddedShell<T> shell;
+  shell.in_place =
+      padded.view().data() == input.view().data() && !(padded.ghosts() == GhostWidths{});
   shell.boxes = exchanged_boxes(padded);  // the rest of the shell is recomputed in rebuild()
   const Index per_cell = padded.batch() * padded.channels();
   Index cells = 0;
@@ -318,9 +346,11 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
                                        const PaddedShell<T>& shell) const {
   if (reads_in_place(input)) return input;
   // forward()'s steps, with the exchanged ghosts from the shell instead of the neighbours.
-  ShardTensor<T> padded = ShardTensor<T>::uninitialized(
-      padded_decomposition(input.decomposition()), input.rank(), input.batch(), input.channels(),
-      ghosts_, where_ + " padded input");
+  ShardTensor<T> padded =
+      shell.in_place ? input
+                     : ShardTensor<T>::uninitialized(padded_decomposition(input.decomposition()),
+                                                     input.rank(), input.batch(), input.channels(),
+                                                     ghosts_, where_ + " padded input");
   fill_padded(input, padded, bfloat16_);
   const Index per_cell = padded.batch() * padded.channels();
   std::size_t offset = 0;

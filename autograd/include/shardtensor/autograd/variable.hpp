@@ -39,6 +39,9 @@ struct Node {
   std::string op;  // what produced the value, for messages
   bool is_field = true;
   bool requires_grad = false;
+  /// The field's ghost cells hold no values: its producer allocated them for a consumer to
+  /// fill in place (HaloPadding::pads_in_place), which may overwrite them.
+  bool scratch_ghosts = false;
   // Sharded field (is_field) ...
   ShardTensor<T> field, field_grad;
   // ... or replicated tensor of the given shape.
@@ -102,8 +105,10 @@ struct Node {
   /// nothing reads again (the op's own output gradient): true where take_unfilled_grad_field()
   /// would be, with `buffer` taken as the gradient (one field fewer in flight); false where the
   /// backward must use grad_field() or take_unfilled_grad_field().
-  bool adopt_grad_field(const ShardTensor<T>& buffer) {
-    if (field_grad.view().span() != 0 || !(buffer.ghosts() == GhostWidths{})) return false;
+  /// A buffer with ghost cells only with `ghosts_zeroed` (they become the gradient's).
+  bool adopt_grad_field(const ShardTensor<T>& buffer, bool ghosts_zeroed = false) {
+    if (field_grad.view().span() != 0 || !(ghosts_zeroed || buffer.ghosts() == GhostWidths{}))
+      return false;
     if (field.view().span() != 0 ? !field.same_layout(buffer)
                                  : !released || !released->matches(buffer))
       return false;

@@ -60,15 +60,15 @@ struct UNetOptions {
 ///
 /// A block is `blocks` times conv{i} (3-wide, padding 1, the padding mode) -> norm{i} ->
 /// activation (inside norm{i}: fuse_activation; activation{i} of its own with norm none).
-/// Convolutions followed by a normalization have no bias (the normalization removes it). Parameter names: "down0.conv0.weight", "down0.norm0.bias",
-/// "downsample1.weight", "upsample0.weight" (transpose) or "upsample0.conv.weight",
-/// "up0.conv1.weight", "head.bias", ... (see docs/models.md).
+/// Convolutions followed by a normalization have no bias (the normalization removes it). Parameter
+/// names: "down0.conv0.weight", "down0.norm0.bias", "downsample1.weight", "upsample0.weight"
+/// (transpose) or "upsample0.conv.weight", "up0.conv1.weight", "head.bias", ... (see
+/// docs/models.md).
 ///
 /// Sharding: each field extent must be divisible by 2^depth. Pooling by 2 puts an odd split
 /// point p at ceil(p / 2), so after upsampling the split moves to p + 1; the upsampled field
-/// is then redistributed onto the skip's decomposition before the concatenation (one
-/// all-to-all; split points divisible by 2^depth avoid it). A rank must keep at least one
-/// cell at every level.
+/// is then redistributed straight into the concatenation's channels (one all-to-all; split
+/// points divisible by 2^depth avoid it). A rank must keep at least one cell at every level.
 template <class T>
 class UNet : public Module<T> {
  public:
@@ -105,6 +105,12 @@ class UNet : public Module<T> {
   /// (the upsampling, the concatenation, conv0 and norm0) from the skip and `coarse`, the
   /// coarser level's output; the second the rest of the block.
   Variable<T> up_in_two_units(int l, Variable<T>&& skip, const Variable<T>& coarse);
+  /// The ghost cells of level l's concatenation (laid out like `skip`): those its conv0 pads
+  /// in place (Conv::padded_input_ghosts) where the concatenation is not kept to the backward
+  /// (in_unit: made inside a recomputed unit, or no graph is recorded), so that no padded copy
+  /// sits beside it (a recomputed level's peak); none where it is kept (a graph's, or a whole
+  /// recomputed block's input), whose ghost cells would add to the backward's peak.
+  GhostWidths concat_ghosts(int l, const ShardTensor<T>& skip, bool in_unit) const;
   std::shared_ptr<Module<T>> make_down(const std::string& name, Index channels);
   std::shared_ptr<Module<T>> make_up(const std::string& name, Index in, Index out);
   std::shared_ptr<Conv<T>> make_conv(const std::string& name, Index in, Index out, int kernel,

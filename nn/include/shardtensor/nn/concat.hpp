@@ -30,12 +30,15 @@ void require_concat_match(const Variable<T>& a, const Variable<T>& b) {
 }
 
 /// A concatenation's output and its backward: the inputs are copied into y one after another
-/// (add_input), then finish() makes the Variable.
+/// (add_input), then finish() makes the Variable. With `ghosts`, y carries ghost cells for the
+/// layer it feeds to fill in place (zero until then; Node::scratch_ghosts).
 template <class T>
 class ChannelConcat {
  public:
-  ChannelConcat(const ShardTensor<T>& like, Index channels)
-      : y_(impl::field_like(like, "concat", channels)),
+  ChannelConcat(const ShardTensor<T>& like, Index channels, const GhostWidths& ghosts = {})
+      : y_(ghosts.none() ? impl::field_like(like, "concat", channels)
+                         : ShardTensor<T>(like.decomposition(), like.rank(), like.batch(), channels,
+                                          ghosts, "concat")),
         channels_(channels),
         cells_(static_cast<Index>(like.view().span()) / (like.batch() * like.channels())),
         // On a host a run is the whole channel (a plain loop); on a GPU runs of 4096 cells,
@@ -52,6 +55,12 @@ class ChannelConcat {
     const Index c = x.value().channels(), at = offset_, channels = channels_, cells = cells_,
                 chunk = chunk_, chunks = chunks_;
     require_room(x);
+    if (!y_.ghosts().none()) {  // x's cells go into y's owned ones: one run per line
+      copy_box_between(x.value().view(), x.value().interior_box(), impl::channel_range(y_, at, c),
+                       y_.interior_box());
+      add_part(x.node(), c);
+      return;
+    }
     const auto xv = x.value().view();
     const auto yv = y_.view();
     Kokkos::parallel_for(
@@ -65,10 +74,7 @@ class ChannelConcat {
           Kokkos::parallel_for(Kokkos::TeamVectorRange(team, begin, end),
                                [&](const Index i) { to[i] = from[i]; });
         });
-    nodes_.push_back(x.node());
-    offsets_.push_back(offset_);
-    redistributed_.emplace_back();
-    offset_ += c;
+    add_part(x.node(), c);
   }
 
   /// Writes `x` (y's batch, no ghost cells), laid out by another decomposition of the same
@@ -81,12 +87,20 @@ class ChannelConcat {
     require_room(x);
     const Index c = x.value().channels(), at = offset_;
     ShardTensor<T> value = x.value();
-    nodes_.push_back(x.node());
+    const std::shared_ptr<impl::Node<T>> node = x.node();
     x = Variable<T>();  // the node lets go of its value unless another Variable holds it
     redistribute_channels(comm, std::exchange(value, ShardTensor<T>()), 0, y_, at, c,
                           UnpackMode::assign, "concat_channels");
-    offsets_.push_back(at);
-    redistributed_.emplace_back(comm);
+    add_part(node, c, comm);
+  }
+
+  /// Records an input written into the next `c` channels (`redistributed`: over that
+  /// communicator, from another decomposition).
+  void add_part(const std::shared_ptr<impl::Node<T>>& node, Index c,
+                std::optional<Communicator> redistributed = {}) {
+    nodes_.push_back(node);
+    offsets_.push_back(offset_);
+    redistributed_.push_back(std::move(redistributed));
     offset_ += c;
   }
 
@@ -103,11 +117,13 @@ class ChannelConcat {
                         "inputs brought " << offset_ << " channels of " << channels_);
     auto node = make_result_node<T>("concat", nodes_);
     node->field = y_;
+    node->scratch_ghosts = !y_.ghosts().none();
     if (node->requires_grad) {
       node->backward = [nodes = nodes_, offsets = offsets_, redistributed = redistributed_,
                         channels = channels_, cells = cells_, chunk = chunk_,
                         chunks = chunks_](impl::Node<T>& self) {
-        const auto gy = self.grad_field().view();
+        const ShardTensor<T>& grad = self.grad_field();
+        const auto gy = grad.view();
         for (std::size_t k = 0; k < nodes.size(); ++k) {
           if (!nodes[k]->requires_grad) continue;
           if (redistributed[k]) {  // written, or added, straight from gy's channels
@@ -119,8 +135,14 @@ class ChannelConcat {
                                   gx.channels(), mode, "concat_channels backward");
             continue;
           }
-          const auto gx = nodes[k]->grad_field().view();
+          const ShardTensor<T>& grad_x = nodes[k]->grad_field();
+          const auto gx = grad_x.view();
           const Index c = gx.extent(1), at = offsets[k];
+          if (!grad.ghosts().none()) {
+            copy_box_between(impl::channel_range(grad, at, c), grad.interior_box(), gx,
+                             grad_x.interior_box(), UnpackMode::add);
+            continue;
+          }
           Kokkos::parallel_for(
               "concat_backward", Policy(static_cast<int>(gx.extent(0) * c * chunks), Kokkos::AUTO),
               KOKKOS_LAMBDA(const Member& team) {
@@ -167,14 +189,14 @@ Variable<T> concat_channels(const std::vector<Variable<T>>& inputs) {
 namespace impl {
 
 /// The two concat_channels(first, second_channels, make_second) below; `comm` null where the
-/// second part must have the first's layout.
+/// second part must have the first's layout; `ghosts`: the output's.
 template <class T, class MakeSecond>
 Variable<T> concat_made_second(const Communicator* comm, Variable<T>&& first, Index second_channels,
-                               const MakeSecond& make_second) {
+                               const MakeSecond& make_second, const GhostWidths& ghosts) {
   impl::require_concat_match(first, first);  // a field without ghost cells
   const Index batch = first.value().batch();
   const Decomposition decomposition = first.value().decomposition();
-  impl::ChannelConcat<T> concat(first.value(), first.value().channels() + second_channels);
+  impl::ChannelConcat<T> concat(first.value(), first.value().channels() + second_channels, ghosts);
   concat.add_input(first);
   first = Variable<T>();
   Variable<T> second = make_second();
@@ -202,7 +224,8 @@ Variable<T> concat_made_second(const Communicator* comm, Variable<T>&& first, In
 template <class T, class MakeSecond>
 Variable<T> concat_channels(Variable<T>&& first, Index second_channels,
                             const MakeSecond& make_second) {
-  return impl::concat_made_second<T>(nullptr, std::move(first), second_channels, make_second);
+  return impl::concat_made_second<T>(nullptr, std::move(first), second_channels, make_second,
+                                     GhostWidths{});
 }
 
 /// The same, where make_second() may return the same global field laid out by another
@@ -210,10 +233,13 @@ Variable<T> concat_channels(Variable<T>&& first, Index second_channels,
 /// it is redistributed straight into the concatenation's channels, so neither a
 /// redistributed copy nor the whole field in send and receive buffers exists beside the
 /// output, only the cells that change rank. Collective over `comm`.
+/// With `ghosts` (Conv::padded_input_ghosts of the layer it feeds), the output carries those
+/// ghost cells, zero, for that layer to fill in place (Node::scratch_ghosts): no padded copy
+/// of it exists beside it.
 template <class T, class MakeSecond>
 Variable<T> concat_channels(const Communicator& comm, Variable<T>&& first, Index second_channels,
-                            const MakeSecond& make_second) {
-  return impl::concat_made_second<T>(&comm, std::move(first), second_channels, make_second);
+                            const MakeSecond& make_second, const GhostWidths& ghosts = {}) {
+  return impl::concat_made_second<T>(&comm, std::move(first), second_channels, make_second, ghosts);
 }
 
 }  // namespace shardtensor

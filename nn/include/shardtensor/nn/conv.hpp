@@ -90,6 +90,13 @@ class Conv : public Module<T> {
   void compute_in_bf16(bool on) override;
   void overlap_halo(bool on) override { options_.overlap_halo = on; }
 
+  /// The ghost cells an input laid out like `like` (a field without ghost cells) should carry
+  /// for forward to pad it in place instead of copying it, where its producer allocates them
+  /// for this layer (concat_channels' `ghosts`): the padding's widths where forward would
+  /// make a padded copy, none where it reads an input without ghost cells itself (the plane
+  /// path, where nothing or only x is exchanged) or reads no ghost cell, or rounds to bf16.
+  GhostWidths padded_input_ghosts(const ShardTensor<T>& like) const;
+
   const ConvOptions& options() const { return options_; }
   const WindowGeometry& geometry() const { return geometry_; }
   Variable<T> weight() const { return weight_; }

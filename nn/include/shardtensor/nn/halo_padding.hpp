@@ -24,6 +24,7 @@ template <class T>
 struct PaddedShell {
   std::vector<Box> boxes;
   Kokkos::View<T*, DefaultMemorySpace> values;
+  bool in_place = false;  // the buffer was the input itself (padded in place): rebuilt there
 };
 
 template <class T>
@@ -43,8 +44,11 @@ class HaloPadding {
   /// Copy of the shard with the ghost cells the windows read: exchanged from neighbours
   /// (wrapped for periodic padding), boundary padding filled. Collective. Where the windows
   /// read no ghost cell and the input carries none (reads_in_place), the input itself: the
-  /// caller must not write into the result.
-  ShardTensor<T> forward(const ShardTensor<T>& input);
+  /// caller must not write into the result. With `ghosts_are_scratch` (the caller's promise
+  /// that nothing reads the input's ghost cells as values: an op allocated them for this
+  /// layer, see pads_in_place), an input that carries the buffer's ghost cells is padded in
+  /// place: its ghost cells are filled and it is returned, no copy.
+  ShardTensor<T> forward(const ShardTensor<T>& input, bool ghosts_are_scratch = false);
 
   /// Whether the buffer holds the input's values rounded to bfloat16 (the operand of a layer
   /// computing in bf16): rounded as they are copied in, so the exchanged ghosts and the
@@ -56,6 +60,13 @@ class HaloPadding {
   /// ghost or padding cell to fill and no rounding (1x1 convolutions; a transposed
   /// convolution whose kernel is its stride, on splits at multiples of it).
   bool reads_in_place(const ShardTensor<T>& input) const;
+
+  /// True if forward(input, true) fills the input's own ghost cells instead of copying it: it
+  /// carries exactly the buffer's ghost widths and layout (padded_decomposition), in memory of
+  /// its own (never a caller's array wrapped without a copy), and no rounding is asked. What a
+  /// producer gets by allocating its output with ghosts() (concat_channels' `ghosts`): the
+  /// buffer and its input are one field, at the peak of a recomputed U-Net level.
+  bool pads_in_place(const ShardTensor<T>& input) const;
 
   /// Whether a kernel may read the input itself instead of a padded copy (the convolutions'
   /// plane path): every cell the windows read outside the owned cells is a zero of the
@@ -82,7 +93,7 @@ class HaloPadding {
   /// while the messages travel: start() copies the shard and posts the exchange; finish()
   /// completes it and fills the boundary padding. Between the two, the owned cells are
   /// final, and so are zeros-mode padding cells (the buffer starts zero-filled).
-  ShardTensor<T> start(const ShardTensor<T>& input);
+  ShardTensor<T> start(const ShardTensor<T>& input, bool ghosts_are_scratch = false);
   void finish(const ShardTensor<T>& padded);
 
   /// The ghost boxes (local indices of `padded`) that the exchange writes: a computation that
@@ -100,16 +111,19 @@ class HaloPadding {
   /// `overwrite`, written into it: its owned cells' old values are not read).
   /// Overwrites `padded_grad` (whose cells past the owned ones are garbage after). Collective
   /// where a rank exchanges ghosts; a `padded_grad` without ghost cells (the input itself) is
-  /// only added or copied.
+  /// only added or copied. `input_grad` may be `padded_grad` itself (a gradient of an input
+  /// padded in place, with `overwrite`): then its owned cells stay where they are and its
+  /// ghost cells end zero, as in a gradient allocated afresh.
   void backward(const ShardTensor<T>& padded_grad, const ShardTensor<T>& input_grad,
                 bool overwrite = false);
 
   /// A finished padded buffer's shell: what a layer keeps for its backward instead of the
   /// buffer (its exchanged ghosts: a surface, not a second copy of the volume, and nothing on
   /// one rank without periodic padding), and hands to rebuild(). Local.
-  PaddedShell<T> shell(const ShardTensor<T>& padded);
+  PaddedShell<T> shell(const ShardTensor<T>& padded, const ShardTensor<T>& input);
   /// The buffer forward(input) returned, from the same input and that buffer's shell, with
-  /// no communication (the input itself where reads_in_place). Local.
+  /// no communication (the input itself where reads_in_place, or where it was padded in
+  /// place: its ghost cells filled again). Local.
   ShardTensor<T> rebuild(const ShardTensor<T>& input, const PaddedShell<T>& shell) const;
 
   /// Layout of forward's result for an input decomposition.
