@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 
+#include "shardtensor/core/memory_tracker.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;
@@ -23,22 +24,48 @@ std::vector<Index> extents_for(const std::vector<int>& grid, int min_cells) {
   return e;
 }
 
-/// Fills owned cells with (global linear index + 1) and ghosts with the sentinel, exchanges,
-/// and returns the number of cells whose value is not what the owner holds (or the sentinel
-/// past an open boundary).
+/// What a ghost cell of `d` at global cell g holds after an exchange: its owner's value
+/// (global linear index + 1), or the sentinel past an open boundary.
+inline double exchanged_value(const Decomposition& d, Index channels, Index n, Index c,
+                              SpatialIndex g) {
+  if (!test::wrap_global(d, g)) return sentinel;
+  return double(test::global_linear_index(d, channels, n, c, g) + 1);
+}
+
+/// A field of `d` with its owned cells at their exchanged_value and its ghosts the sentinel.
+template <class T>
+ShardTensor<T> field_to_exchange(const Communicator& comm, const Decomposition& d,
+                                 const GhostWidths& ghosts, Index channels) {
+  ShardTensor<T> field(d, comm.rank(), 2, channels, ghosts);
+  test::fill(field, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
+    return test::is_ghost(field, local) ? sentinel : exchanged_value(d, channels, n, c, g);
+  });
+  return field;
+}
+
+/// The cells of `field` whose value is not their exchanged_value.
+template <class T>
+long long wrong_cells(const ShardTensor<T>& field) {
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), field.view());
+  long long wrong = 0;
+  for (Index n = 0; n < field.batch(); ++n)
+    for (Index c = 0; c < field.channels(); ++c)
+      for (Index x = 0; x < field.allocated_extent(0); ++x)
+        for (Index y = 0; y < field.allocated_extent(1); ++y)
+          for (Index z = 0; z < field.allocated_extent(2); ++z) {
+            const double want = exchanged_value(field.decomposition(), field.channels(), n, c,
+                                                field.to_global({x, y, z}));
+            if (double(host(n, c, x, y, z)) != want) ++wrong;
+          }
+  return wrong;
+}
+
+/// Fills a field (field_to_exchange), exchanges, and returns its wrong cells.
 template <class T>
 long long wrong_cells_after_exchange(const Decomposition& d, const GhostWidths& ghosts,
                                      bool split_phase, const CommOptions& options = {}) {
   const Communicator comm = Communicator().with_options(options);
-  const Index batch = 2, channels = 3;
-  ShardTensor<T> field(d, comm.rank(), batch, channels, ghosts);
-  auto expected_value = [&](Index n, Index c, SpatialIndex g) {
-    if (!test::wrap_global(d, g)) return sentinel;
-    return double(test::global_linear_index(d, channels, n, c, g) + 1);
-  };
-  test::fill(field, [&](Index n, Index c, const SpatialIndex& local, const SpatialIndex& g) {
-    return test::is_ghost(field, local) ? sentinel : expected_value(n, c, g);
-  });
+  const ShardTensor<T> field = field_to_exchange<T>(comm, d, ghosts, 3);
   HaloExchange<T> halo(comm, field);
   if (split_phase) {
     halo.start(field);
@@ -47,17 +74,7 @@ long long wrong_cells_after_exchange(const Decomposition& d, const GhostWidths& 
   } else {
     halo.exchange(field);
   }
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), field.view());
-  long long wrong = 0;
-  for (Index n = 0; n < batch; ++n)
-    for (Index c = 0; c < channels; ++c)
-      for (Index x = 0; x < field.allocated_extent(0); ++x)
-        for (Index y = 0; y < field.allocated_extent(1); ++y)
-          for (Index z = 0; z < field.allocated_extent(2); ++z) {
-            const double want = expected_value(n, c, field.to_global({x, y, z}));
-            if (double(host(n, c, x, y, z)) != want) ++wrong;
-          }
-  return wrong;
+  return wrong_cells(field);
 }
 
 std::vector<std::vector<bool>> periodic_variants(int ndims) {
@@ -130,6 +147,51 @@ TEMPLATE_TEST_CASE("every communication backend fills the ghosts", "[halo]", flo
       }
     }
   }
+}
+
+TEMPLATE_TEST_CASE("halo plans lease their buffers from one pool, each exchange in flight its own",
+                   "[halo][pool]", float, double) {
+  // Two plans exchange at once (both started, then finished in the other order): each needs
+  // its own buffers, and both fill their ghosts. Idle, the plans hold none: their buffers are
+  // back in the pool, where the next exchanges take them without allocating. Periodic, so
+  // that every rank exchanges, itself included on one rank.
+  const Communicator comm;
+  const std::vector<int> grid = test::process_grids(comm.size(), 3).back();
+  const Decomposition d(extents_for(grid, 3), grid, {true, true, true});
+  const GhostWidths ghosts = GhostWidths::uniform(1, 3);
+  const ShardTensor<TestType> a = field_to_exchange<TestType>(comm, d, ghosts, 3);
+  const ShardTensor<TestType> b = field_to_exchange<TestType>(comm, d, ghosts, 5);
+  HaloExchange<TestType> plan_a(comm, a), plan_b(comm, b);
+  using Lease = impl::BufferLease<TestType>;
+  const auto round = [&] {
+    plan_a.start(a);
+    plan_b.start(b);
+    plan_b.finish(b);
+    plan_a.finish(a);
+  };
+  round();
+  CHECK(wrong_cells(a) == 0);
+  CHECK(wrong_cells(b) == 0);
+  const std::size_t pooled = Lease::free_values();
+  // Both plans' send buffers at least (in host memory MPI receives forward messages into the
+  // ghost cells, with no receive buffer).
+  CHECK(pooled * sizeof(TestType) >= plan_a.bytes_sent() + plan_b.bytes_sent());
+  disable_memory_tracking();
+  enable_memory_tracking();  // from zero
+  round();
+  round();
+  const std::uint64_t allocated = memory_snapshot()[MemoryCategory::comm_buffers].peak;
+  disable_memory_tracking();
+  CHECK(wrong_cells(a) == 0);
+  CHECK(wrong_cells(b) == 0);
+  CHECK(Lease::free_values() == pooled);
+  CHECK(allocated == 0);
+  // A larger exchange takes the memory of a smaller free buffer rather than adding to it.
+  {
+    const Lease small(1), large(pooled + 1);
+    CHECK(large.view().extent(0) == pooled + 1);
+  }
+  CHECK(Lease::free_values() >= pooled + 1);
 }
 
 TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]") {

@@ -7,7 +7,6 @@
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/comm/transport.hpp"
 #include "shardtensor/core/box_copy.hpp"
-#include "shardtensor/core/memory_tracker.hpp"
 
 namespace shardtensor {
 
@@ -147,9 +146,8 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
     if (m.neighbor == rank)
       m.self_partner = message_of_direction[direction_index(opposite(m.direction))];
 
-  MemoryCategoryScope memory(MemoryCategory::comm_buffers);
-  send_buffer_ = Buffer("halo_send", send_total);
-  recv_buffer_ = Buffer("halo_recv", recv_total);
+  send_total_ = send_total;
+  recv_total_ = recv_total;
   receive_message_.reserve(messages_.size());
   // Where the transport can, forward messages land straight in the ghost cells (no unpack).
   if (impl::transport_for<DefaultMemorySpace>(comm_).receives_into_boxes())
@@ -190,6 +188,10 @@ void HaloExchange<T>::check_field(const ShardTensor<T>& field, Phase expected,
 template <class T>
 void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field) {
   ExecutionSpace().fence();  // the kernels that wrote the field, before the plan's own instance
+  // Forward, MPI in host memory receives into the ghost cells: no receive buffer.
+  send_lease_ = impl::BufferLease<T>(send_total_);
+  recv_lease_ = impl::BufferLease<T>(
+      phase == Phase::forward && receives_in_place() ? 0 : recv_total_);
   in_flight_ = field.view().data();
   receive_message_.clear();
   phase_ = phase;
@@ -202,8 +204,8 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
   // listed (transport.hpp): a rank sends towards d in the plan's order (directions ascending);
   // the neighbour receives that message as its message towards -d, so receives are listed in
   // the opposite order (opposite directions ascending) and the two lists agree on every pair.
-  const Buffer& out = reverse ? recv_buffer_ : send_buffer_;
-  const Buffer& in = reverse ? send_buffer_ : recv_buffer_;
+  const Buffer& out = reverse ? recv_lease_.view() : send_lease_.view();
+  const Buffer& in = reverse ? send_lease_.view() : recv_lease_.view();
   std::vector<impl::Send> sends;
   std::vector<impl::Receive> receives;
   for (const Message& m : messages_) {
@@ -240,7 +242,7 @@ void HaloExchange<T>::start(const ShardTensor<T>& field) {
     if (m.self_partner >= 0)  // to itself (periodic on one rank): owned cells to ghosts
       copy_box(space_, field.view(), m.send_box, messages_[m.self_partner].recv_box);
     else
-      pack_box(space_, field.view(), m.send_box, send_buffer_, m.send_offset);
+      pack_box(space_, field.view(), m.send_box, send_lease_.view(), m.send_offset);
   }
   post_transfers(field, /*reverse=*/false);
 }
@@ -265,7 +267,7 @@ void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
       copy_box(space_, field.view(), m.recv_box, messages_[m.self_partner].send_box,
                UnpackMode::add);
     else
-      pack_box(space_, field.view(), m.recv_box, recv_buffer_, m.recv_offset);
+      pack_box(space_, field.view(), m.recv_box, recv_lease_.view(), m.recv_offset);
   }
   post_transfers(field, /*reverse=*/true);
   // The ghost values now live in the buffer; in the adjoint they are consumed.
@@ -284,9 +286,11 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
   const auto unpack = [&](int message) {
     const Message& m = messages_[message];
     if (reverse)
-      unpack_box(space_, send_buffer_, field.view(), m.send_box, UnpackMode::add, m.send_offset);
+      unpack_box(space_, send_lease_.view(), field.view(), m.send_box, UnpackMode::add,
+                 m.send_offset);
     else
-      unpack_box(space_, recv_buffer_, field.view(), m.recv_box, UnpackMode::assign, m.recv_offset);
+      unpack_box(space_, recv_lease_.view(), field.view(), m.recv_box, UnpackMode::assign,
+                 m.recv_offset);
   };
   if (reverse) {
     // Several messages may add into the same owned cell (a corner gets face, edge and corner
@@ -304,6 +308,8 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
   }
   space_.fence();     // the unpacked ghosts, before the kernels of the default instance read them
   transfers_.wait();  // the sends, before the buffers are packed again
+  send_lease_.release();  // idle: another plan's exchange may take them
+  recv_lease_.release();
   receive_message_.clear();
   phase_ = Phase::idle;
 }

@@ -5,15 +5,18 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/impl/buffer_pool.hpp"
 #include "shardtensor/comm/transport.hpp"
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
 
-/// Built once per (communicator, decomposition, ghost widths, batch, channels); the
-/// exchanges then allocate nothing. One message per neighbouring rank and direction
-/// (up to 26 in 3-D), so corner ghosts arrive in the same single round as faces.
+/// Built once per (communicator, decomposition, ghost widths, batch, channels). One message
+/// per neighbouring rank and direction (up to 26 in 3-D), so corner ghosts arrive in the same
+/// single round as faces. An exchange leases its send and receive buffers from the pool that
+/// every plan shares (impl::BufferLease) for start()..finish(): a model's many plans hold the
+/// buffers of the exchanges in flight, not one pair each, and a steady step allocates none.
 ///
 /// Forward (`start`/`finish`, or `exchange`): ghost cells that lie inside the global field,
 /// or across a periodic boundary, receive copies of the owning rank's cells. Ghost cells past
@@ -75,9 +78,9 @@ class HaloExchange {
 
   const std::vector<Message>& messages() const { return messages_; }
   /// Bytes this rank sends in one forward exchange.
-  std::size_t bytes_sent() const { return send_buffer_.span() * sizeof(T); }
+  std::size_t bytes_sent() const { return send_total_ * sizeof(T); }
   /// Bytes this rank receives in one forward exchange.
-  std::size_t bytes_received() const { return recv_buffer_.span() * sizeof(T); }
+  std::size_t bytes_received() const { return recv_total_ * sizeof(T); }
 
  private:
   using Buffer = Kokkos::View<T*, DefaultMemorySpace>;
@@ -101,7 +104,9 @@ class HaloExchange {
   GhostWidths ghosts_;
   Index batch_, channels_;
   std::vector<Message> messages_;
-  Buffer send_buffer_, recv_buffer_;
+  std::size_t send_total_ = 0, recv_total_ = 0;  // values in the send and receive buffers
+  // Leased for one exchange (begin_phase to the end of wait_and_unpack).
+  impl::BufferLease<T> send_lease_, recv_lease_;
   std::vector<int> receive_message_;            // message index of each receive of the exchange
   std::vector<impl::BoxLayout> ghost_layouts_;  // per message, where the transport takes boxes
   Phase phase_ = Phase::idle;
