@@ -382,12 +382,15 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // 32^3 the transposed conv's taps-chunk floor is a tenth of the peak). Split along more
   // axes (4 and 8 ranks) a conv copies its input into a halo-padded buffer; the first unit's
   // concatenation carries its conv's ghost cells instead, which the conv fills in place
-  // (Conv::padded_input_ghosts): 0.53 and 0.52 (0.63 with the copy beside it); the peak is
-  // then the second conv's halo-padded input. Where a library (cuDNN) runs the convolutions,
-  // every conv but the concatenation's reads a halo-padded copy: 0.67 on one rank (an H200,
-  // before the two units and the concatenation's ghost cells).
+  // (Conv::padded_input_ghosts): 0.53 and 0.52 (0.63 with the copy beside it). So do the
+  // normalizations' outputs that feed a conv (set_output_ghosts), the first unit's output
+  // included: 0.56 and 0.55 here, where a shard's ghost cells are a third of its cells and
+  // that output's ghosted gradient sits under the first unit's backward; at 64^3 the second
+  // unit's padded copy they save weighs more (bench_scaling at four ranks: 16.5 -> 15.3 MiB).
+  // Where a library (cuDNN) runs the convolutions, every conv reads a halo-padded buffer:
+  // 0.67 on one rank (an H200, before the two units and the ghost cells above).
   // bench_scaling's 64^3 U-Net: 102.2 -> 48.0 MiB on one rank (all categories), 53.8 -> 25.8 MiB
-  // per rank on 2, 38.5 -> 19.1 on 3, 30.2 -> 17.9 on 4 (2x2), 17.2 -> 10.8 on 8.
+  // per rank on 2, 38.4 -> 18.9 on 3, 28.8 -> 15.3 on 4 (2x2), 16.1 -> 9.3 on 8.
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
@@ -406,8 +409,10 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   for (const Index point : split.split_points(0)) aligned = aligned && point % 4 == 0;
   INFO("decomposition " << split.describe());
   const bool padded_copies = kernels::conv_library_available();
-  CHECK(double(with) <=
-        (padded_copies ? 0.70 : slabs ? (aligned ? 0.52 : 0.56) : 0.56) * double(without));
+  CHECK(double(with) <= (padded_copies ? 0.70
+                         : slabs       ? (aligned ? 0.52 : 0.56)
+                                       : 0.58) *
+                            double(without));
   // In bf16 it keeps no more where the bf16 convolutions read their input in place (a CPU with
   // bf16 dot products; one rank, x splits): a recomputed unit's run inside backward packs none
   // of its fields into 16 bits beside the float ones, since its backward comes next

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "equivalence.hpp"
+#include "shardtensor/nn/conv.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;
@@ -271,6 +272,78 @@ TEMPLATE_TEST_CASE("a fused activation gives the bits of the two layers apart",
           }
         }
       }
+}
+
+TEMPLATE_TEST_CASE(
+    "a normalization feeding a conv carries the conv's ghost cells, which it fills in place",
+    "[normalization][padding]", float, double) {
+  // conv -> norm (fused GELU) -> conv, with the norm's output allocated with the second conv's
+  // ghost cells (set_output_ghosts, as the U-Net does where nothing keeps it to the backward),
+  // against the same without: the output and every gradient bit for bit. The norm's input
+  // gradient, which cannot take that output gradient's buffer (another layout), is written
+  // over the first conv's output (nothing else holds it). Zeros and reflect padding, 2-D
+  // and 3-D, every decomposition of the rank count (several axes split: ghost cells), shards
+  // one cell thick included (where the output keeps no ghost cells: normalize()).
+  const Communicator world;
+  int ghosted = 0;
+  for (const PaddingMode mode : {PaddingMode::zeros, PaddingMode::reflect})
+    for (const std::vector<Index>& extents :
+         {std::vector<Index>{12, 10}, std::vector<Index>{8, 6, 10}}) {
+      INFO(extents.size() << "-D, padding " << int(mode));
+      for (const Decomposition& d : test::test_decompositions(
+               extents, world.size(), std::vector<bool>(extents.size(), false),
+               mode == PaddingMode::reflect ? 2 : 1)) {  // (reflect reads 2 owned cells)
+        struct Result {
+          ShardTensor<TestType> y, gx;
+          std::vector<ReplicatedView<TestType>> grads;
+          GhostWidths norm_output_ghosts;
+        };
+        const auto run = [&](bool carry_ghosts) {
+          ConvOptions c;
+          c.in_channels = 3;
+          c.out_channels = int(channels);
+          c.kernel.assign(extents.size(), 3);
+          c.padding.assign(extents.size(), 1);
+          c.padding_mode = mode;
+          c.seed = 5;
+          const auto first = std::make_shared<Conv<TestType>>(world, c, "first");
+          c.in_channels = int(channels);
+          c.seed = 6;
+          const auto second = std::make_shared<Conv<TestType>>(world, c, "second");
+          GroupNorm<TestType> norm(world, 2, int(channels), 1e-5, true, "norm");
+          norm.fuse_activation(Activation::gelu);
+          if (carry_ghosts)
+            norm.set_output_ghosts([second](const ShardTensor<TestType>& like) {
+              return second->padded_input_ghosts(like);
+            });
+          const auto x = Variable<TestType>::field(
+              test::random_shard<TestType>(d, world.rank(), batch, 3, 7), true, "x");
+          Variable<TestType> h = norm.forward(first->forward(x));
+          const GhostWidths ghosts = h.value().ghosts();
+          CHECK(h.node()->scratch_ghosts == !ghosts.none());
+          const Variable<TestType> y = second->forward(h);
+          h = Variable<TestType>();
+          backward(test::weighted_sum<TestType>(world, y));
+          std::vector<ReplicatedView<TestType>> grads;
+          for (const auto* m : {static_cast<const Module<TestType>*>(first.get()),
+                                static_cast<const Module<TestType>*>(&norm),
+                                static_cast<const Module<TestType>*>(second.get())})
+            for (const auto& p : m->named_parameters()) grads.push_back(p.second.data_grad());
+          return Result{y.value(), x.grad(), grads, ghosts};
+        };
+        const Result plain = run(false), carried = run(true);
+        CHECK(plain.norm_output_ghosts.none());
+        if (!carried.norm_output_ghosts.none()) ++ghosted;
+        CHECK(same_bits(carried.y, plain.y));
+        CHECK(same_bits(carried.gx, plain.gx));
+        REQUIRE(carried.grads.size() == plain.grads.size());
+        for (std::size_t i = 0; i < plain.grads.size(); ++i) {
+          INFO("parameter " << i << ", " << d.describe());
+          CHECK(same_bits(carried.grads[i], plain.grads[i]));
+        }
+      }
+    }
+  CHECK(ghosted > 0);  // reflect padding copies even on one rank
 }
 
 TEMPLATE_TEST_CASE("a fused activation: sharded equals one rank", "[normalization][fused]",

@@ -104,6 +104,8 @@ std::shared_ptr<Sequential<T>> UNet<T>::make_block(const std::string& name, Inde
                                                bool two_recomputed_units) {
   auto block = std::make_shared<Sequential<T>>();
   const std::string path = name_ + "." + name;
+  std::vector<std::shared_ptr<Conv<T>>> convs;
+  std::vector<std::function<void(OutputGhosts<T>)>> set_norm_output_ghosts;
   for (int i = 0; i < options_.blocks; ++i) {
     const std::string index = std::to_string(i);
     const bool normalized = options_.norm != NormKind::none;
@@ -111,12 +113,15 @@ std::shared_ptr<Sequential<T>> UNet<T>::make_block(const std::string& name, Inde
     std::shared_ptr<Conv<T>> conv =
         make_conv(name + ".conv" + index, i == 0 ? in : out, out, 3, 1, !normalized);
     block->add("conv" + index, conv);
+    convs.push_back(conv);
     const std::string norm = "norm" + index;
     // The activation runs inside the normalization (fuse_activation): the normalized field,
     // the activation's input, is never stored, so a block keeps one field less per conv.
     const auto add_fused = [&](const auto& layer) {
       layer->fuse_activation(options_.activation);
       block->add(norm, layer);
+      set_norm_output_ghosts.push_back(
+          [layer](OutputGhosts<T> ghosts) { layer->set_output_ghosts(std::move(ghosts)); });
     };
     if (options_.norm == NormKind::group)
       add_fused(std::make_shared<GroupNorm<T>>(comm_, options_.norm_groups, int(out), 1e-5, true,
@@ -129,6 +134,12 @@ std::shared_ptr<Sequential<T>> UNet<T>::make_block(const std::string& name, Inde
     else
       block->add("activation" + index, std::make_shared<ActivationLayer<T>>(options_.activation));
   }
+  // A normalization's output, the next conv's input, carries that conv's ghost cells where
+  // nothing keeps it to the backward: the conv pads it in place, no copy beside it.
+  for (std::size_t i = 0; i + 1 < convs.size() && i < set_norm_output_ghosts.size(); ++i)
+    set_norm_output_ghosts[i]([next = convs[i + 1]](const ShardTensor<T>& like) {
+      return kept_to_backward() ? GhostWidths{} : next->padded_input_ghosts(like);
+    });
   // The first unit (conv0 and norm0, with the upsampling and the concatenation before them)
   // is recomputed by UNet::forward itself.
   if (two_recomputed_units) block->recompute_range(2, block->size());
@@ -245,7 +256,7 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
     // saved), so each goes once copied, and the two never exist beside it at once.
     // On split points that are not multiples of 2^depth the upsampled field is split a cell
     // off the skip's: the concatenation redistributes it straight into its channels.
-    const GhostWidths ghosts = concat_ghosts(l, skips[l].value(), false);
+    const GhostWidths ghosts = concat_ghosts(l, skips[l].value());
     h = concat_channels<T>(
         comm_, std::move(skips[l]), channels(l), [&] { return upsample_[l]->forward(h); }, ghosts);
     h = block(up_[l], h);
@@ -263,7 +274,7 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   const std::shared_ptr<Sequential<T>> up = up_[l];
   const auto first_unit = [this, l, up](std::vector<Variable<T>> in, bool graph_only) {
     const Variable<T> low = std::move(in[1]);
-    const GhostWidths ghosts = concat_ghosts(l, in[0].value(), true);
+    const GhostWidths ghosts = concat_ghosts(l, in[0].value());
     Variable<T> joined = concat_channels<T>(
         comm_, std::move(in[0]), channels(l), [&] { return upsample_[l]->forward(low); }, ghosts);
     return up->forward_layers(0, 2, std::move(joined), graph_only);
@@ -277,8 +288,8 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
 }
 
 template <class T>
-GhostWidths UNet<T>::concat_ghosts(int l, const ShardTensor<T>& skip, bool in_unit) const {
-  if (!in_unit && grad_enabled()) return {};
+GhostWidths UNet<T>::concat_ghosts(int l, const ShardTensor<T>& skip) const {
+  if (kept_to_backward()) return {};
   const auto conv = std::dynamic_pointer_cast<Conv<T>>((*up_[l])[0]);
   return conv ? conv->padded_input_ghosts(skip) : GhostWidths{};
 }

@@ -100,14 +100,22 @@ using FusedActivation = std::optional<kernels::ActivationFunction<T>>;
 /// y = f(y) with a fused activation f), and its backward: through the statistics when they are
 /// the batch's (`batch_stats`, `count` values each), else (fixed statistics, BatchNorm in
 /// evaluation) a per-channel scale. Without `value_needed` (forward_graph_only) the output is
-/// an empty field of its layout.
+/// an empty field of its layout. The output has the input's ghost cells, or those
+/// `output_ghosts` gives an input without any (for the conv it feeds to fill).
 template <class T>
 Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const StatLayout& layout,
                       const Coefficients& k, double count, bool batch_stats,
                       const std::string& name, const Variable<T>& weight, const Variable<T>& bias,
                       SavedPacking input_packing, const FusedActivation<T>& activation,
-                      bool value_needed, DoublesArena& arena) {
+                      const OutputGhosts<T>& output_ghosts, bool value_needed,
+                      DoublesArena& arena) {
   const ShardTensor<T>& x = input.value();
+  GhostWidths ghosts = x.ghosts().none() && output_ghosts ? output_ghosts(x) : x.ghosts();
+  // Not on a shard one cell thick along z with z ghosts: the gradient's rows would run along
+  // y with a stride, summed in another order than the input's (kernels' CellLines), and the
+  // bits would differ from the run without.
+  if (!(ghosts == x.ghosts()) && x.local_extent(2) == 1 && ghosts.lower[2] + ghosts.upper[2] > 0)
+    ghosts = x.ghosts();
   const Index blocks = layout.blocks();
   const BlockDoubles mean = k.mean, rstd = k.rstd, scale = k.scale, shift = k.shift;
   const BlockDoubles gradient_doubles = arena.take(5 * blocks);  // for the backward
@@ -116,21 +124,21 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
   if (weight.defined()) inputs.push_back(weight.node());
   if (bias.defined()) inputs.push_back(bias.node());
   auto node = make_result_node<T>(name, inputs);
+  node->scratch_ghosts = !(ghosts == x.ghosts());
   if (value_needed) {
     // Every owned cell is written below: only ghost cells (if any) need their zeros.
-    ShardTensor<T> y =
-        x.ghosts() == GhostWidths{}
-            ? ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(), x.channels(),
-                                            x.ghosts(), name + ".output")
-            : ShardTensor<T>(x.decomposition(), x.rank(), x.batch(), x.channels(), x.ghosts(),
-                             name + ".output");
+    ShardTensor<T> y = ghosts == GhostWidths{}
+                           ? ShardTensor<T>::uninitialized(x.decomposition(), x.rank(), x.batch(),
+                                                           x.channels(), ghosts, name + ".output")
+                           : ShardTensor<T>(x.decomposition(), x.rank(), x.batch(), x.channels(),
+                                            ghosts, name + ".output");
     kernels::normalize_forward(ExecutionSpace(), kernels::OwnedCells<const T>(x.interior()), mean,
                                rstd, scale, shift, kernels::OwnedCells<T>(y.interior()));
     if (activation) impl::apply_activation(*activation, y, y);
     node->field = y;
   } else {
     node->released = typename impl::Node<T>::Layout{x.decomposition(), x.rank(), x.batch(),
-                                                    x.channels(), x.ghosts()};
+                                                    x.channels(), ghosts};
   }
   if (node->requires_grad) {
     auto x_node = input.node();
@@ -147,6 +155,11 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
       const bool in_place = self.owns_grad_field();
       const ShardTensor<T> x_again = saved_input.value();
       saved_input = {};
+      // Nothing holds the input's value but this closure and perhaps the input's node (no op
+      // saved it, no Variable of it is left).
+      const bool node_holds_x = x_node->field.view().data() == x_again.view().data();
+      const bool x_held_here_only =
+          x_again.view().use_count() == (node_holds_x ? 2 : 1) && x_node->handle.expired();
       const kernels::OwnedCells<const T> x_cells = x_again.interior();
       // dy: the output's gradient, or (with the activation) the gradient at the normalized
       // values, in place of the output's where that is this node's alone, else in a field of
@@ -187,9 +200,15 @@ Variable<T> normalize(const Communicator& comm, const Variable<T>& input, const 
                                      a3);
       // Written, not added to; over dy itself where the input's gradient can take that buffer
       // (each cell reads its dy before its dx is written): one field fewer at the peak of a
-      // U-Net block's backward.
-      const bool first =
-          (dy_is_own && x_node->adopt_grad_field(dy)) || x_node->take_unfilled_grad_field();
+      // U-Net block's backward. Where it cannot (dy has the ghost cells of the conv the
+      // output fed), over the input itself if nothing else holds it (each cell reads its x
+      // before its dx is written).
+      bool first = dy_is_own && x_node->adopt_grad_field(dy);
+      if (!first && dy_is_own && x_held_here_only && x_node->field_grad.view().span() == 0) {
+        x_node->release_value();  // its copy, if it has one: nothing can read it any more
+        first = x_node->adopt_grad_field(x_again);
+      }
+      first = first || x_node->take_unfilled_grad_field();
       kernels::normalize_backward(space, gy, x_cells, mean, rstd, a1, a2, a3,
                                   kernels::OwnedCells<T>(x_node->grad_field().interior()), first);
     };
@@ -256,7 +275,7 @@ Variable<T> GroupNorm<T>::normalized(const Variable<T>& input, bool value_needed
   return normalize(comm_, input, layout,
                    coefficients<double>(layout, stats.mean, stats.var, eps_, weight_, bias_, arena),
                    stats.count, true, name_, weight_, bias_, input_packing(), activation_,
-                   value_needed, arena);
+                   output_ghosts_, value_needed, arena);
 }
 
 template <class T>
@@ -306,7 +325,8 @@ Variable<T> BatchNorm<T>::normalized(const Variable<T>& input, bool value_needed
     return normalize(
         comm_, input, layout,
         coefficients<T>(layout, running_mean_, running_var_, eps_, weight_, bias_, arena), count,
-        false, name_, weight_, bias_, input_packing(), activation_, value_needed, arena);
+        false, name_, weight_, bias_, input_packing(), activation_, output_ghosts_, value_needed,
+        arena);
   }
   const Index global_cells = x.decomposition().global_cells();
   SHARDTENSOR_REQUIRE(x.batch() * global_cells > 1, where_,
@@ -325,7 +345,7 @@ Variable<T> BatchNorm<T>::normalized(const Variable<T>& input, bool value_needed
   return normalize(comm_, input, layout,
                    coefficients<double>(layout, stats.mean, stats.var, eps_, weight_, bias_, arena),
                    stats.count, true, name_, weight_, bias_, input_packing(), activation_,
-                   value_needed, arena);
+                   output_ghosts_, value_needed, arena);
 }
 
 template class GroupNorm<float>;

@@ -105,12 +105,16 @@ class UNet : public Module<T> {
   /// (the upsampling, the concatenation, conv0 and norm0) from the skip and `coarse`, the
   /// coarser level's output; the second the rest of the block.
   Variable<T> up_in_two_units(int l, Variable<T>&& skip, const Variable<T>& coarse);
+  /// Whether a field made now is kept to the backward: a graph is recorded, and this is not
+  /// a recomputed unit's run (whose fields, like those of its first run without a graph, live
+  /// only through the unit). Where it is not, a conv's input carries the conv's ghost cells,
+  /// so that no padded copy sits beside it (a recomputed level's peak); a kept one would carry
+  /// them to the backward's peak.
+  static bool kept_to_backward() { return grad_enabled() && !impl::recomputing_flag(); }
   /// The ghost cells of level l's concatenation (laid out like `skip`): those its conv0 pads
-  /// in place (Conv::padded_input_ghosts) where the concatenation is not kept to the backward
-  /// (in_unit: made inside a recomputed unit, or no graph is recorded), so that no padded copy
-  /// sits beside it (a recomputed level's peak); none where it is kept (a graph's, or a whole
-  /// recomputed block's input), whose ghost cells would add to the backward's peak.
-  GhostWidths concat_ghosts(int l, const ShardTensor<T>& skip, bool in_unit) const;
+  /// in place (Conv::padded_input_ghosts), none where it is kept to the backward (without
+  /// recomputation; at a level recomputed as one unit, whose input it is).
+  GhostWidths concat_ghosts(int l, const ShardTensor<T>& skip) const;
   std::shared_ptr<Module<T>> make_down(const std::string& name, Index channels);
   std::shared_ptr<Module<T>> make_up(const std::string& name, Index in, Index out);
   std::shared_ptr<Conv<T>> make_conv(const std::string& name, Index in, Index out, int kernel,

@@ -20,6 +20,7 @@
 //
 // Fields may carry ghost cells: only the owned cells are read and written.
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,12 @@
 #include "shardtensor/nn/saved_field.hpp"
 
 namespace shardtensor {
+
+/// The ghost cells to allocate a normalization's output with, given its input (without ghost
+/// cells): those of the conv it feeds (Conv::padded_input_ghosts), which fills them in place,
+/// or none. A normalization's set_output_ghosts.
+template <class T>
+using OutputGhosts = std::function<GhostWidths(const ShardTensor<T>&)>;
 
 /// Group normalization (Wu & He): for each sample n and group of channels/num_groups
 /// consecutive channels, the mean and (biased) variance over the group's channels and every
@@ -56,6 +63,10 @@ class GroupNorm : public Module<T> {
   void fuse_activation(Activation kind, double slope = 0.01) {
     activation_ = kernels::ActivationFunction<T>{kind, static_cast<T>(slope)};
   }
+  /// Where the output feeds a conv that can pad it in place, set by a model that knows (the
+  /// U-Net's blocks): an input without ghost cells makes an output with `ghosts(input)`, zero,
+  /// marked for that conv to fill (Node::scratch_ghosts). Same numbers.
+  void set_output_ghosts(OutputGhosts<T> ghosts) { output_ghosts_ = std::move(ghosts); }
 
   int num_groups() const { return num_groups_; }
   int channels() const { return channels_; }
@@ -80,6 +91,7 @@ class GroupNorm : public Module<T> {
   Variable<T> weight_, bias_;
   bool bf16_inputs_ = false;
   std::optional<kernels::ActivationFunction<T>> activation_;
+  OutputGhosts<T> output_ghosts_;
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }
@@ -130,6 +142,8 @@ class BatchNorm : public Module<T> {
   void fuse_activation(Activation kind, double slope = 0.01) {
     activation_ = kernels::ActivationFunction<T>{kind, static_cast<T>(slope)};
   }
+  /// As GroupNorm's: the output allocated with the ghost cells of the conv it feeds.
+  void set_output_ghosts(OutputGhosts<T> ghosts) { output_ghosts_ = std::move(ghosts); }
 
   int channels() const { return channels_; }
   double momentum() const { return momentum_; }
@@ -157,6 +171,7 @@ class BatchNorm : public Module<T> {
   Index batches_tracked_ = 0;
   bool bf16_inputs_ = false;
   std::optional<kernels::ActivationFunction<T>> activation_;
+  OutputGhosts<T> output_ghosts_;
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }

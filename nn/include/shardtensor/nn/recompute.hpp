@@ -79,6 +79,7 @@ Variable<T> recompute(std::vector<Variable<T>> inputs,
     for (const auto& named : module->named_parameters()) nodes.push_back(named.second.node());
   auto node = make_result_node<T>("recompute", std::move(nodes));
   node->field = output.value();
+  node->scratch_ghosts = output.node()->scratch_ghosts;
   if (node->requires_grad) {
     node->backward = [body, inputs = std::move(inputs)](impl::Node<T>& self) mutable {
       // The unit again, with a graph, on leaves that share the inputs' values. Then neither
@@ -92,6 +93,8 @@ Variable<T> recompute(std::vector<Variable<T>> inputs,
         for (const Variable<T>& input : inputs) {
           leaves.push_back(Variable<T>::field(input.value(), input.requires_grad(),
                                               input.name() + ".recomputed"));
+          // The same value: its ghost cells are as much a consumer's to fill.
+          leaves.back().node()->scratch_ghosts = input.node()->scratch_ghosts;
           input_nodes.push_back(input.node());
           leaf_nodes.push_back(leaves.back().node());
         }
