@@ -414,23 +414,21 @@ TEST_CASE("HaloPadding pads an input that carries its ghost cells in place, with
         const ShardTensor<double> into(d, world.rank(), 2, channels);
         halo.backward(grad_copy, into, /*overwrite=*/true);
         halo.backward(grad, grad, /*overwrite=*/true);
-        const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad.view());
         const auto expected = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), into.view());
         const Box inner = grad.interior_box();
-        Index nonzero_ghosts = 0, ghosts = 0, differ = 0;
-        for (Index n = 0; n < 2; ++n)
-          for (Index ch = 0; ch < channels; ++ch)
-            for (Index i = 0; i < grad.allocated_extent(0); ++i)
-              for (Index j = 0; j < grad.allocated_extent(1); ++j)
-                for (Index k = 0; k < grad.allocated_extent(2); ++k) {
-                  if (test::is_ghost(grad, {i, j, k})) {
-                    ++ghosts;
-                    nonzero_ghosts += h(n, ch, i, j, k) != 0;
-                  } else {
-                    differ += h(n, ch, i, j, k) != expected(n, ch, i - inner.lower[0],
-                                                            j - inner.lower[1], k - inner.lower[2]);
-                  }
-                }
+        const auto ghost = [&](Index, Index, const SpatialIndex& local, const SpatialIndex&,
+                               double) { return test::is_ghost(grad, local); };
+        const long long ghosts = test::count_cells(grad, ghost);
+        const long long nonzero_ghosts = test::count_cells(
+            grad, [&](Index n, Index ch, const SpatialIndex& l, const SpatialIndex& g, double v) {
+              return ghost(n, ch, l, g, v) && v != 0;
+            });
+        const long long differ = test::count_cells(
+            grad, [&](Index n, Index ch, const SpatialIndex& l, const SpatialIndex&, double v) {
+              return !test::is_ghost(grad, l) &&
+                     v != expected(n, ch, l[0] - inner.lower[0], l[1] - inner.lower[1],
+                                   l[2] - inner.lower[2]);
+            });
         CHECK(differ == 0);
         CHECK(ghosts > 0);
         CHECK(nonzero_ghosts == 0);

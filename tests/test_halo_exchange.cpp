@@ -46,18 +46,10 @@ ShardTensor<T> field_to_exchange(const Communicator& comm, const Decomposition& 
 /// The cells of `field` whose value is not their exchanged_value.
 template <class T>
 long long wrong_cells(const ShardTensor<T>& field) {
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), field.view());
-  long long wrong = 0;
-  for (Index n = 0; n < field.batch(); ++n)
-    for (Index c = 0; c < field.channels(); ++c)
-      for (Index x = 0; x < field.allocated_extent(0); ++x)
-        for (Index y = 0; y < field.allocated_extent(1); ++y)
-          for (Index z = 0; z < field.allocated_extent(2); ++z) {
-            const double want = exchanged_value(field.decomposition(), field.channels(), n, c,
-                                                field.to_global({x, y, z}));
-            if (double(host(n, c, x, y, z)) != want) ++wrong;
-          }
-  return wrong;
+  return test::count_cells(field, [&](Index n, Index c, const SpatialIndex&,
+                                      const SpatialIndex& g, double value) {
+    return value != exchanged_value(field.decomposition(), field.channels(), n, c, g);
+  });
 }
 
 /// Fills a field (field_to_exchange), exchanges, and returns its wrong cells.

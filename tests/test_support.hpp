@@ -66,19 +66,36 @@ inline std::uint64_t global_linear_index(const Decomposition& d, Index channels,
                                     g[2]);
 }
 
-/// Sets every allocated cell (ghosts included) of `tensor` with value(n, c, local, global).
+/// cell(n, c, local) for every allocated cell (ghosts included) of `tensor`, in C order.
 template <class T, class F>
-void fill(const ShardTensor<T>& tensor, F value) {
-  auto host = Kokkos::create_mirror_view(tensor.view());
+void for_each_allocated_cell(const ShardTensor<T>& tensor, F cell) {
   for (Index n = 0; n < tensor.batch(); ++n)
     for (Index c = 0; c < tensor.channels(); ++c)
       for (Index x = 0; x < tensor.allocated_extent(0); ++x)
         for (Index y = 0; y < tensor.allocated_extent(1); ++y)
-          for (Index z = 0; z < tensor.allocated_extent(2); ++z) {
-            const SpatialIndex local{x, y, z};
-            host(n, c, x, y, z) = static_cast<T>(value(n, c, local, tensor.to_global(local)));
-          }
+          for (Index z = 0; z < tensor.allocated_extent(2); ++z) cell(n, c, SpatialIndex{x, y, z});
+}
+
+/// Sets every allocated cell (ghosts included) of `tensor` with value(n, c, local, global).
+template <class T, class F>
+void fill(const ShardTensor<T>& tensor, F value) {
+  auto host = Kokkos::create_mirror_view(tensor.view());
+  for_each_allocated_cell(tensor, [&](Index n, Index c, const SpatialIndex& l) {
+    host(n, c, l[0], l[1], l[2]) = static_cast<T>(value(n, c, l, tensor.to_global(l)));
+  });
   Kokkos::deep_copy(tensor.view(), host);
+}
+
+/// The allocated cells (ghosts included) of `tensor` for which
+/// counts(n, c, local, global, value) is true: fill()'s reading counterpart.
+template <class T, class F>
+long long count_cells(const ShardTensor<T>& tensor, F counts) {
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tensor.view());
+  long long count = 0;
+  for_each_allocated_cell(tensor, [&](Index n, Index c, const SpatialIndex& l) {
+    count += counts(n, c, l, tensor.to_global(l), double(host(n, c, l[0], l[1], l[2])));
+  });
+  return count;
 }
 
 /// True if the local cell is a ghost cell (not owned).
