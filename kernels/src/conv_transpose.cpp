@@ -2,6 +2,7 @@
 
 #include "conv_transpose_gemm.hpp"  // private to kernels/src
 
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/kernels/channel_sums.hpp"
 
@@ -10,8 +11,10 @@ namespace shardtensor::kernels {
 template <class T>
 void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
                             const FieldView<T>& xp, const ReplicatedView<T>& w,
-                            const ReplicatedView<T>& bias, const FieldView<T>& y) {
-  if (conv_transpose_gemm_applies(g)) return conv_transpose_gemm_forward(space, g, xp, w, bias, y);
+                            const ReplicatedView<T>& bias, const FieldView<T>& y,
+                            const ConvTransposeOutput& at) {
+  if (conv_transpose_gemm_applies(g))
+    return conv_transpose_gemm_forward(space, g, xp, w, bias, y, at);
   const bool has_bias = bias.extent(0) > 0;
   const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
   Kokkos::parallel_for(
@@ -20,7 +23,9 @@ void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShap
         const Index n = r.n, co = r.c, ox = r.x, oy = r.y;
         const Index group = co / g.out_per_group, cog = co % g.out_per_group;
         const T start = has_bias ? bias(co) : T(0);
-        for (Index oz = 0; oz < g.out[2]; ++oz) y(n, co, ox, oy, oz) = start;
+        // This row's outputs in y: oz at line[oz].
+        T* const line = &y(n, at.channel + co, at.lower[0] + ox, at.lower[1] + oy, at.lower[2]);
+        for (Index oz = 0; oz < g.out[2]; ++oz) line[oz] = start;
         for (Index a = 0; a < g.k[0]; ++a) {
           const Index ix = g.input_of(0, ox, a);
           if (ix < 0) continue;
@@ -34,11 +39,13 @@ void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShap
                 const Index ci = group * g.in_per_group + cig;
                 const T weight = w(g.weight_index(ci, cog, a, b, c));
                 for (Index iz = z0; iz < z1; ++iz)
-                  y(n, co, ox, oy, iz * sz + shift) += weight * xp(n, ci, ix, iy, iz);
+                  line[iz * sz + shift] += weight * xp(n, ci, ix, iy, iz);
               }
             }
           }
         }
+        if (at.bf16)
+          for (Index oz = 0; oz < g.out[2]; ++oz) line[oz] = T(round_to_bfloat16(float(line[oz])));
       });
 }
 
@@ -142,7 +149,8 @@ void conv_transpose_backward(const ExecutionSpace& space, const ConvTransposeSha
                                         const ReplicatedView<T>&, const FieldView<T>&);           \
   template void conv_transpose_forward(const ExecutionSpace&, const ConvTransposeShape&,          \
                                        const FieldView<T>&, const ReplicatedView<T>&,             \
-                                       const ReplicatedView<T>&, const FieldView<T>&);            \
+                                       const ReplicatedView<T>&, const FieldView<T>&,             \
+                                       const ConvTransposeOutput&);                               \
   template void conv_transpose_backward_data(const ExecutionSpace&, const ConvTransposeShape&,    \
                                              const FieldView<T>&, const ReplicatedView<T>&,       \
                                              const FieldView<T>&);                                \

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <string>
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/kernels/conv.hpp"
 
 namespace shardtensor::kernels {
@@ -56,12 +57,12 @@ struct TapChunks {
 };
 
 /// Between G (rows co * T + tap, columns the cells of input rows [row0, row0 + rows)) and one
-/// sample's output field: to_field writes the outputs (plus bias), else gathers them into G.
-/// One work item per (co, input row) row of taps.
+/// sample's output field: to_field writes the outputs (plus bias) where `at` says, else
+/// gathers them (from all of y) into G. One work item per (co, input row) row of taps.
 template <class T>
 void move_taps(const ExecutionSpace& space, const ConvTransposeShape& g, Index n, Index row0,
                Index rows, T* taps, const FieldView<T>& y, const ReplicatedView<T>& bias,
-               bool to_field) {
+               bool to_field, const ConvTransposeOutput& at = {}) {
   const Index ny = g.padded[1], nz = g.padded[2];
   const Index cells = rows * nz, tap_count = g.k[0] * g.k[1] * g.k[2];
   const bool has_bias = bias.extent(0) > 0;
@@ -76,9 +77,13 @@ void move_taps(const ExecutionSpace& space, const ConvTransposeShape& g, Index n
           for (Index b = 0; b < g.k[1]; ++b)
             for (Index c = 0; c < g.k[2]; ++c, ++tap) {
               T* const line = taps + (co * tap_count + tap) * cells + row * nz;
-              T* const out = &y(n, co, ix * g.s[0] + a, iy * g.s[1] + b, c);
+              T* const out = &y(n, at.channel + co, at.lower[0] + ix * g.s[0] + a,
+                                at.lower[1] + iy * g.s[1] + b, at.lower[2] + c);
               const Index step = g.s[2];
-              if (to_field)
+              if (to_field && at.bf16)
+                for (Index iz = 0; iz < nz; ++iz)
+                  out[iz * step] = T(round_to_bfloat16(float(line[iz] + shift)));
+              else if (to_field)
                 for (Index iz = 0; iz < nz; ++iz) out[iz * step] = line[iz] + shift;
               else
                 for (Index iz = 0; iz < nz; ++iz) line[iz] = out[iz * step];
@@ -114,7 +119,8 @@ Kokkos::View<T*, DefaultMemorySpace> buffer(const char* label, Index values) {
 template <class T>
 void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
                                  const FieldView<T>& xp, const ReplicatedView<T>& w,
-                                 const ReplicatedView<T>& bias, const FieldView<T>& y) {
+                                 const ReplicatedView<T>& bias, const FieldView<T>& y,
+                                 const ConvTransposeOutput& at) {
   const Index cells = g.padded[0] * g.padded[1] * g.padded[2];
   const Index columns = g.out_channels * g.k[0] * g.k[1] * g.k[2];
   const TapChunks chunks(g, columns);
@@ -132,7 +138,7 @@ void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTranspos
       }
       gemm(space, "T", "N", T(1), weights, UnmanagedMatrix<T>(x, g.in_channels, part), T(0),
            UnmanagedMatrix<T>(taps.data(), columns, part));
-      move_taps(space, g, n, row0, rows, taps.data(), y, bias, true);
+      move_taps(space, g, n, row0, rows, taps.data(), y, bias, true, at);
     }
 }
 
@@ -173,14 +179,14 @@ void conv_transpose_gemm_backward(const ExecutionSpace& space, const ConvTranspo
     }
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                            \
-  template void conv_transpose_gemm_forward(const ExecutionSpace&, const ConvTransposeShape&, \
-                                            const FieldView<T>&, const ReplicatedView<T>&,    \
-                                            const ReplicatedView<T>&, const FieldView<T>&);   \
-  template void conv_transpose_gemm_backward(                                                 \
-      const ExecutionSpace&, const ConvTransposeShape&, const FieldView<T>&,                  \
-      const FieldView<T>&, const ReplicatedView<T>&, const ReplicatedView<T>&,                \
-      const FieldView<T>&);
+#define SHARDTENSOR_INSTANTIATE(T)                                                                \
+  template void conv_transpose_gemm_forward(const ExecutionSpace&, const ConvTransposeShape&,     \
+                                            const FieldView<T>&, const ReplicatedView<T>&,        \
+                                            const ReplicatedView<T>&, const FieldView<T>&,        \
+                                            const ConvTransposeOutput&);                          \
+  template void conv_transpose_gemm_backward(                                                     \
+      const ExecutionSpace&, const ConvTransposeShape&, const FieldView<T>&, const FieldView<T>&, \
+      const ReplicatedView<T>&, const ReplicatedView<T>&, const FieldView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

@@ -13,7 +13,8 @@ bool conv_transpose_gemm_applies(const ConvTransposeShape& g);
 template <class T>
 void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
                                  const FieldView<T>& xp, const ReplicatedView<T>& w,
-                                 const ReplicatedView<T>& bias, const FieldView<T>& y);
+                                 const ReplicatedView<T>& bias, const FieldView<T>& y,
+                                 const ConvTransposeOutput& at);
 
 /// Weight gradient (added to gw, unless empty) and input gradient (written to gxp, unless
 /// empty) from gy.

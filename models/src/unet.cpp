@@ -251,15 +251,7 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
       h = up_in_two_units(l, std::move(skips[l]), h);
       continue;
     }
-    // The concatenation consumes the skip before the upsampled field is made: no backward
-    // reads the skip's or the upsampled field's values (the graph keeps only what the ops
-    // saved), so each goes once copied, and the two never exist beside it at once.
-    // On split points that are not multiples of 2^depth the upsampled field is split a cell
-    // off the skip's: the concatenation redistributes it straight into its channels.
-    const GhostWidths ghosts = concat_ghosts(l, skips[l].value());
-    h = concat_channels<T>(
-        comm_, std::move(skips[l]), channels(l), [&] { return upsample_[l]->forward(h); }, ghosts);
-    h = block(up_[l], h);
+    h = block(up_[l], concat_upsampled(l, std::move(skips[l]), h));
   }
   h = head_->forward(h);
   return skip_ ? add(h, skip_->forward(input)) : h;
@@ -274,10 +266,7 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   const std::shared_ptr<Sequential<T>> up = up_[l];
   const auto first_unit = [this, l, up](std::vector<Variable<T>> in, bool graph_only) {
     const Variable<T> low = std::move(in[1]);
-    const GhostWidths ghosts = concat_ghosts(l, in[0].value());
-    Variable<T> joined = concat_channels<T>(
-        comm_, std::move(in[0]), channels(l), [&] { return upsample_[l]->forward(low); }, ghosts);
-    return up->forward_layers(0, 2, std::move(joined), graph_only);
+    return up->forward_layers(0, 2, concat_upsampled(l, std::move(in[0]), low), graph_only);
   };
   std::vector<Variable<T>> inputs;  // (a braced list would copy the skip and hold it)
   inputs.push_back(std::move(skip));
@@ -285,6 +274,27 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   const Variable<T> first =
       recompute<T>(std::move(inputs), {upsample_[l], (*up)[0], (*up)[1]}, first_unit);
   return up->forward_layers(2, up->size(), first);  // the second unit (recompute_range)
+}
+
+template <class T>
+Variable<T> UNet<T>::concat_upsampled(int l, Variable<T>&& skip, const Variable<T>& coarse) {
+  // No backward reads the skip's or the upsampled field's values (the graph keeps only what
+  // the ops saved), so the skip goes once copied, and the two never exist beside the
+  // concatenation at once.
+  const GhostWidths ghosts = concat_ghosts(l, skip.value());
+  const auto transpose = std::dynamic_pointer_cast<ConvTranspose<T>>(upsample_[l]);
+  if (transpose && transpose->output_decomposition(coarse.value().decomposition()) ==
+                       skip.value().decomposition())
+    return concat_channels_written<T>(
+        std::move(skip), channels(l),
+        [&](const ShardTensor<T>& into, Index first) {
+          return transpose->forward_into(coarse, into, first);
+        },
+        ghosts);
+  // On split points that are not multiples of 2^depth the upsampled field is split a cell
+  // off the skip's: the concatenation redistributes it straight into its channels.
+  return concat_channels<T>(
+      comm_, std::move(skip), channels(l), [&] { return upsample_[l]->forward(coarse); }, ghosts);
 }
 
 template <class T>

@@ -169,16 +169,49 @@ template <class T>
 Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
   SHARDTENSOR_REQUIRE(input.is_field(), where_, "input '" << input.name() << "' is not a field");
   const ShardTensor<T>& x = input.value();
+  const ShardTensor<T> y =
+      ShardTensor<T>::uninitialized(output_decomposition(x.decomposition()), x.rank(), x.batch(),
+                                    options_.out_channels, {}, name_ + ".output");
+  const std::shared_ptr<impl::Node<T>> node = write_output(input, y, 0);
+  node->field = y;
+  return Variable<T>(node);
+}
+
+template <class T>
+std::shared_ptr<impl::Node<T>> ConvTranspose<T>::forward_into(const Variable<T>& input,
+                                                              const ShardTensor<T>& into,
+                                                              Index first) {
+  SHARDTENSOR_REQUIRE(input.is_field(), where_, "input '" << input.name() << "' is not a field");
+  const ShardTensor<T>& x = input.value();
+  const Decomposition out_decomposition = output_decomposition(x.decomposition());
+  SHARDTENSOR_REQUIRE(into.decomposition() == out_decomposition && into.batch() == x.batch() &&
+                          into.rank() == x.rank(),
+                      where_,
+                      "the output field (batch "
+                          << into.batch() << ", " << into.decomposition().describe()
+                          << ") is not this input's output (batch " << x.batch() << ", "
+                          << out_decomposition.describe() << ")");
+  SHARDTENSOR_REQUIRE(first >= 0 && first + options_.out_channels <= into.channels(), where_,
+                      "output channels [" << first << ", " << first + options_.out_channels
+                                          << ") outside the field's " << into.channels());
+  const std::shared_ptr<impl::Node<T>> node = write_output(input, into, first);
+  node->released = typename impl::Node<T>::Layout{out_decomposition, x.rank(), x.batch(),
+                                                  Index(options_.out_channels), GhostWidths{}};
+  return node;
+}
+
+template <class T>
+std::shared_ptr<impl::Node<T>> ConvTranspose<T>::write_output(const Variable<T>& input,
+                                                              const ShardTensor<T>& y,
+                                                              Index first) {
+  const ShardTensor<T>& x = input.value();
   SHARDTENSOR_REQUIRE(
       x.channels() == options_.in_channels, where_,
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
-  const Decomposition out_decomposition = output_decomposition(x.decomposition());
   const std::shared_ptr<HaloPadding<T>> halo = halo_for(input_ghosts(x.decomposition()));
 
   const ShardTensor<T> padded = halo->forward(x);
 
-  ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
-                                                   options_.out_channels, {}, name_ + ".output");
   kernels::ConvTransposeShape shape{x.batch(),
                                     options_.in_channels,
                                     options_.out_channels,
@@ -209,14 +242,16 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
   const ReplicatedView<T> w = options_.bf16
                                   ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16")
                                   : weight_.data();
+  kernels::ConvTransposeOutput at;  // the owned cells of y's channels from `first`
+  at.channel = first;
+  for (int d = 0; d < max_spatial_dims; ++d) at.lower[d] = y.ghosts().lower[d];
+  at.bf16 = options_.bf16;
   kernels::conv_transpose_forward(ExecutionSpace(), shape, padded.view(), w,
-                                  bias_.defined() ? bias_.data() : no_bias, y.view());
-  if (options_.bf16) kernels::round_to_bfloat16(ExecutionSpace(), y.view());
+                                  bias_.defined() ? bias_.data() : no_bias, y.view(), at);
 
   std::vector<std::shared_ptr<impl::Node<T>>> inputs{input.node(), weight_.node()};
   if (bias_.defined()) inputs.push_back(bias_.node());
   auto node = make_result_node<T>(name_, inputs);
-  node->field = y;
   if (node->requires_grad) {
     auto x_node = input.node();
     auto w_node = weight_.node();
@@ -255,7 +290,7 @@ Variable<T> ConvTranspose<T>::forward(const Variable<T>& input) {
       }
     };
   }
-  return Variable<T>(node);
+  return node;
 }
 
 template class ConvTranspose<float>;

@@ -70,12 +70,22 @@ struct ConvTransposeShape {
   }
 };
 
+/// Where conv_transpose_forward writes its outputs in y: channels from `channel`, cells from
+/// `lower` along each dim (a concatenation's channels, past its ghost cells), each rounded to
+/// a bfloat16 value where `bf16` (a bf16 layer's output; the same bits as rounding after).
+struct ConvTransposeOutput {
+  Index channel = 0;
+  Index lower[3] = {0, 0, 0};
+  bool bf16 = false;
+};
+
 /// y = bias + sum over taps (a, b, c) and input channels of w * x, by output z row: a tap c
-/// adds an input row to every s-th output of the row.
+/// adds an input row to every s-th output of the row. `at`: where in y (default: all of it).
 template <class T>
 void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
                             const FieldView<T>& xp, const ReplicatedView<T>& w,
-                            const ReplicatedView<T>& bias, const FieldView<T>& y);
+                            const ReplicatedView<T>& bias, const FieldView<T>& y,
+                            const ConvTransposeOutput& at = {});
 
 /// Both directions of backward: the weight and bias gradients' partial sums (gw, gb) and the
 /// padded input's gradient (gxp, zero on entry); an empty View is not computed. Where the taps

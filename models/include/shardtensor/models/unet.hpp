@@ -115,6 +115,10 @@ class UNet : public Module<T> {
   /// in place (Conv::padded_input_ghosts), none where it is kept to the backward (without
   /// recomputation; at a level recomputed as one unit, whose input it is).
   GhostWidths concat_ghosts(int l, const ShardTensor<T>& skip) const;
+  /// Level l's concatenation of the skip and the upsampled `coarse`, the skip copied in and
+  /// handed over before the upsampling runs. A transposed conv whose output has the skip's
+  /// layout writes it straight into the concatenation's channels (concat_channels_written).
+  Variable<T> concat_upsampled(int l, Variable<T>&& skip, const Variable<T>& coarse);
   std::shared_ptr<Module<T>> make_down(const std::string& name, Index channels);
   std::shared_ptr<Module<T>> make_up(const std::string& name, Index in, Index out);
   std::shared_ptr<Conv<T>> make_conv(const std::string& name, Index in, Index out, int kernel,

@@ -104,6 +104,10 @@ class ChannelConcat {
     offset_ += c;
   }
 
+  /// The output, and the channel the next input goes to (for add_part after writing it there).
+  const ShardTensor<T>& output() const { return y_; }
+  Index next_channel() const { return offset_; }
+
   /// Requires y to have room for x's channels at the next offset.
   void require_room(const Variable<T>& x) const {
     const Index c = x.value().channels();
@@ -240,6 +244,23 @@ template <class T, class MakeSecond>
 Variable<T> concat_channels(const Communicator& comm, Variable<T>&& first, Index second_channels,
                             const MakeSecond& make_second, const GhostWidths& ghosts = {}) {
   return impl::concat_made_second<T>(&comm, std::move(first), second_channels, make_second, ghosts);
+}
+
+/// concat_channels(first, make_second()) where the second part is written straight into the
+/// output's channels once `first` is copied and handed over: write_second(into, channel)
+/// writes it into channels [channel, channel + second_channels) of into's owned cells and
+/// returns its node (ConvTranspose::forward_into), so no field of its own exists beside the
+/// output. `ghosts`: the output's, as in the form above.
+template <class T, class WriteSecond>
+Variable<T> concat_channels_written(Variable<T>&& first, Index second_channels,
+                                    const WriteSecond& write_second,
+                                    const GhostWidths& ghosts = {}) {
+  impl::require_concat_match(first, first);  // a field without ghost cells
+  impl::ChannelConcat<T> concat(first.value(), first.value().channels() + second_channels, ghosts);
+  concat.add_input(first);
+  first = Variable<T>();
+  concat.add_part(write_second(concat.output(), concat.next_channel()), second_channels);
+  return concat.finish();
 }
 
 }  // namespace shardtensor

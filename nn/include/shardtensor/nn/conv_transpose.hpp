@@ -53,6 +53,13 @@ class ConvTranspose : public Module<T> {
                 const std::string& name = "conv_transpose");
 
   Variable<T> forward(const Variable<T>& input) override;
+  /// forward(input) with the output written into channels [first, first + out_channels) of
+  /// `into`'s owned cells (laid out by output_decomposition, with any ghost cells and
+  /// channels: a concatenation's output, impl::ChannelConcat::add_written_part) instead of a
+  /// field of its own. Returns the output's node: it holds no value, only its layout (that of
+  /// forward's output), for its gradient.
+  std::shared_ptr<impl::Node<T>> forward_into(const Variable<T>& input, const ShardTensor<T>& into,
+                                              Index first);
   void compute_in_bf16(bool on) override;
 
   const ConvTransposeOptions& options() const { return options_; }
@@ -70,6 +77,10 @@ class ConvTranspose : public Module<T> {
 
  private:
   std::shared_ptr<HaloPadding<T>> halo_for(const GhostWidths& ghosts);
+  /// The output of `input` written into channels [first, first + out_channels) of `into`'s
+  /// owned cells, and its node with the backward (forward and forward_into).
+  std::shared_ptr<impl::Node<T>> write_output(const Variable<T>& input, const ShardTensor<T>& into,
+                                              Index first);
 
   Communicator comm_;
   ConvTransposeOptions options_;
