@@ -17,7 +17,10 @@
 //           data would, the rewrite's time ("fill", timed alone) subtracted: the fair
 //           baseline. ratio_to_fresh_mpi = fresh time / halo time;
 //   pack, unpack  the library's pack_box / unpack_box over the plan's boxes, alone (in host
-//           memory the exchange unpacks only messages to the rank itself).
+//           memory the exchange unpacks only messages to the rank itself);
+//   bf16    the library's exchange on the bfloat16 wire (HaloWire::bfloat16: half the bytes,
+//           packed and unpacked with conversion), the exchange of a bf16 layer's operand;
+//           "x f32" = halo time / bf16 time.
 // The copy ceiling is a large Kokkos::deep_copy on one core, bytes read + written: the rate
 // of an exchange that copies each byte once. Time = the slowest rank's, per call, median over
 // repetitions; bytes = bytes_sent() + bytes_received(), mean over ranks; GB/s = bytes / time
@@ -216,7 +219,7 @@ float expected(const ShardTensor<float>& field, Index n, Index c, const SpatialI
   return analytic(n, c, g[0], g[1], g[2]);
 }
 
-/// Calls f(host mirror value, expected value) for every cell of the field.
+/// Calls f(host mirror value, expected value, whether a ghost cell) for every cell.
 template <class HostView, class F>
 void for_each_cell(const ShardTensor<float>& field, bool filled, const HostView& host, F f) {
   for (Index n = 0; n < field.batch(); ++n)
@@ -224,18 +227,23 @@ void for_each_cell(const ShardTensor<float>& field, bool filled, const HostView&
       for (Index x = 0; x < field.allocated_extent(0); ++x)
         for (Index y = 0; y < field.allocated_extent(1); ++y)
           for (Index z = 0; z < field.allocated_extent(2); ++z)
-            f(host(n, c, x, y, z), expected(field, n, c, {x, y, z}, filled));
+            f(host(n, c, x, y, z), expected(field, n, c, {x, y, z}, filled),
+              !field.interior_box().contains({x, y, z}));
 }
 
-/// Fills the field, exchanges once, and returns the number of wrong cells over all ranks.
-long long check_exchange(HaloExchange<float>& halo, const ShardTensor<float>& field) {
+/// Fills the field, exchanges once, and returns the number of wrong cells over all ranks
+/// (the bfloat16 wire's ghosts hold the owners' values rounded).
+long long check_exchange(HaloExchange<float>& halo, const ShardTensor<float>& field,
+                         HaloWire wire) {
   auto host = Kokkos::create_mirror_view(field.view());
-  for_each_cell(field, true, host, [](float& cell, float want) { cell = want; });
+  for_each_cell(field, true, host, [](float& cell, float want, bool) { cell = want; });
   Kokkos::deep_copy(field.view(), host);
-  halo.exchange(field);
+  halo.exchange(field, wire);
   Kokkos::deep_copy(host, field.view());
   long long wrong = 0;
-  for_each_cell(field, false, host, [&](float& cell, float want) { wrong += cell != want; });
+  for_each_cell(field, false, host, [&](float& cell, float want, bool ghost) {
+    wrong += cell != (ghost && wire == HaloWire::bfloat16 ? round_to_bfloat16(want) : want);
+  });
   return (long long)allreduce(double(wrong), MPI_SUM);
 }
 
@@ -295,7 +303,7 @@ class MpiBaseline {
 };
 
 /// What each width measures; the order of the variants timed for it.
-enum Timed { halo_t, mpi_t, fresh_t, fill_t, pack_t, unpack_t, timed_count };
+enum Timed { halo_t, mpi_t, fresh_t, fill_t, pack_t, unpack_t, bf16_t, timed_count };
 
 struct WidthResult {
   int width = 0, iters = 0;
@@ -327,6 +335,7 @@ WidthResult run_width(const Options& o, const Decomposition& d, const Communicat
         unpacked("unpacked", halo.bytes_received() / sizeof(float));
     std::vector<Variant> variants(timed_count);
     variants[halo_t].op = [&] { halo.exchange(field); };
+    variants[bf16_t].op = [&] { halo.exchange(field, HaloWire::bfloat16); };
     variants[mpi_t].op = [&] { baseline.exchange(false); };
     variants[fresh_t].op = [&] { baseline.exchange(true); };
     variants[fill_t].op = [&] { baseline.fill(); };
@@ -345,7 +354,8 @@ WidthResult run_width(const Options& o, const Decomposition& d, const Communicat
     r.iters = variants[halo_t].iters;
     for (int k = 0; k < timed_count; ++k) r.s[k] = median(variants[k].seconds);
   }
-  r.wrong = check_exchange(halo, field);
+  r.wrong = check_exchange(halo, field, HaloWire::native) +
+            check_exchange(halo, field, HaloWire::bfloat16);
   return r;
 }
 
@@ -378,21 +388,23 @@ void print_report(const Options& o, const Decomposition& d, int nranks,
       "  time = slowest rank; GB/s = (sent + received bytes per rank, mean over ranks) / time\n"
       "  mpi = plain MPI, same messages, contiguous never-rewritten buffers (cache-hot);\n"
       "  fresh = the same, send buffer rewritten before each send, rewrite time subtracted\n"
+      "  bf16 = the exchange on the bfloat16 wire (half the bytes); x f32 = halo us / bf16 us\n"
       "  copy ceiling (deep_copy of %lld MiB on one core, read + write bytes): %.2f GB/s\n\n",
       d.describe().c_str(), nranks, (long long)o.batch, (long long)o.channels,
       (long long)d.extent(0, 0), (long long)d.extent(0, 1), (long long)d.extent(0, 2), o.reps,
       (long long)o.copy_mib, copy_rate);
-  std::printf("%5s %4s %8s %8s %9s %9s %6s %10s %6s %8s %8s\n", "width", "msgs", "KiB/rank",
+  std::printf("%5s %4s %8s %8s %9s %9s %6s %10s %6s %8s %8s %8s %6s\n", "width", "msgs", "KiB/rank",
               "halo us", "halo GB/s", "mpi GB/s", "ratio", "fresh GB/s", "ratio", "pack us",
-              "unpk us");
+              "unpk us", "bf16 us", "x f32");
   for (const WidthResult& r : results) {
     if (r.bytes_per_rank == 0)
       std::printf("%5d %4zu %8s  (nothing to exchange)\n", r.width, r.messages, "0");
     else
-      std::printf("%5d %4zu %8.0f %8.1f %9.2f %9.2f %6.3f %10.2f %6.3f %8.1f %8.1f\n", r.width,
-                  r.messages, r.bytes_per_rank / 1024, r.s[halo_t] * 1e6, r.rate(r.s[halo_t]),
-                  r.rate(r.s[mpi_t]), r.s[mpi_t] / r.s[halo_t], r.rate(r.fresh_s()),
-                  r.fresh_s() / r.s[halo_t], r.s[pack_t] * 1e6, r.s[unpack_t] * 1e6);
+      std::printf("%5d %4zu %8.0f %8.1f %9.2f %9.2f %6.3f %10.2f %6.3f %8.1f %8.1f %8.1f %6.3f\n",
+                  r.width, r.messages, r.bytes_per_rank / 1024, r.s[halo_t] * 1e6,
+                  r.rate(r.s[halo_t]), r.rate(r.s[mpi_t]), r.s[mpi_t] / r.s[halo_t],
+                  r.rate(r.fresh_s()), r.fresh_s() / r.s[halo_t], r.s[pack_t] * 1e6,
+                  r.s[unpack_t] * 1e6, r.s[bf16_t] * 1e6, r.s[halo_t] / r.s[bf16_t]);
   }
 
   std::ostringstream js;
@@ -411,6 +423,8 @@ void print_report(const Options& o, const Decomposition& d, int nranks,
        << ",\"halo_s\":" << json_number(r.s[halo_t]) << "," << json_rates(r)
        << ",\"fill_s\":" << json_number(r.s[fill_t]) << ",\"pack_s\":" << json_number(r.s[pack_t])
        << ",\"unpack_s\":" << json_number(r.s[unpack_t])
+       << ",\"bf16_s\":" << json_number(r.s[bf16_t])
+       << ",\"bf16_speedup\":" << json_ratio(r.s[halo_t], r.s[bf16_t])
        << ",\"correct\":" << (r.wrong == 0 ? "true" : "false") << "}";
   }
   std::printf("\n%s]}\n", js.str().c_str());

@@ -101,6 +101,7 @@ struct Result {
   StepTimes train, infer;
   MemorySnapshot memory, infer_memory;
   KernelCounts train_counts, infer_counts;  // of the last timed step (core/kernel_counter.hpp)
+  double train_halo_mib = 0, infer_halo_mib = 0;  // sent per step, the busiest rank's
 };
 
 double median(std::vector<double> v) {
@@ -144,7 +145,8 @@ ShardTensor<T> random_field(const Decomposition& d, int rank, Index batch, Index
 template <class T>
 void run(const Communicator& world, const RunConfig& config, const Settings& s,
          const Decomposition& d, Result& r) {
-  const RankMesh mesh = world.mesh(1);  // one data group: every rank shares the one sample
+  // One data group (every rank shares the one sample), moving data as parallel.* says.
+  const RankMesh mesh = world.with_options(config.parallel.comm).mesh(1);
   const int dims = int(s.extents.size());
   for (int rank = 0; rank < world.size(); ++rank) {
     Index cells = 1;
@@ -186,6 +188,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);
     const double collective = comm_seconds(CommKind::collective);
+    r.train_halo_mib = to_mib(halo_bytes_sent());
     check_memory_budget(world);  // the optimizer's state is allocated in its first step
     if (step >= s.warmup) r.train.add(t1 - t0, c1 - c0, halo, collective);
   }
@@ -209,9 +212,12 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);
     const double collective = comm_seconds(CommKind::collective);
+    r.infer_halo_mib = to_mib(halo_bytes_sent());
     check_memory_budget(world);
     if (step >= 1) r.infer.add(t1 - t0, c1 - c0, halo, collective);  // one warm-up step
   }
+  r.train_halo_mib = max_over_ranks(r.train_halo_mib);
+  r.infer_halo_mib = max_over_ranks(r.infer_halo_mib);
   r.infer_memory = memory_report(world);
 }
 
@@ -322,12 +328,16 @@ int main(int argc, char** argv) {
             vector_path().c_str());
         if (r.fits) {
           std::printf(
-              "  training step   %10.2f ms (CPU %.2f ms), halo %.1f %%, collectives %.1f %%\n",
-              train_s * 1e3, train_cpu_s * 1e3, 100 * train_halo, 100 * train_collective);
+              "  training step   %10.2f ms (CPU %.2f ms), halo %.1f %% (%.2f MiB sent), "
+              "collectives %.1f %%\n",
+              train_s * 1e3, train_cpu_s * 1e3, 100 * train_halo, r.train_halo_mib,
+              100 * train_collective);
           if (s.infer_iters > 0)
             std::printf(
-                "  inference step  %10.2f ms (CPU %.2f ms), halo %.1f %%, collectives %.1f %%\n",
-                infer_s * 1e3, infer_cpu_s * 1e3, 100 * infer_halo, 100 * infer_collective);
+                "  inference step  %10.2f ms (CPU %.2f ms), halo %.1f %% (%.2f MiB sent), "
+                "collectives %.1f %%\n",
+                infer_s * 1e3, infer_cpu_s * 1e3, 100 * infer_halo, r.infer_halo_mib,
+                100 * infer_collective);
         } else {
           std::printf("  does not fit: %s\n", r.error.c_str());
         }
@@ -362,7 +372,8 @@ int main(int argc, char** argv) {
             "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s,\"vector_isa\":\"%s\","
             "\"vector_lanes\":%d,\"bf16_dot\":%s,\"train_launches\":%lld,\"train_fences\":%lld,"
             "\"train_deep_copies\":%lld,\"train_allocations\":%lld,\"infer_launches\":%lld,"
-            "\"infer_fences\":%lld,\"infer_deep_copies\":%lld,\"infer_allocations\":%lld}\n",
+            "\"infer_fences\":%lld,\"infer_deep_copies\":%lld,\"infer_allocations\":%lld,"
+            "\"bf16_halos\":\"%s\",\"train_halo_mib\":%s,\"infer_halo_mib\":%s}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
@@ -387,7 +398,9 @@ int main(int argc, char** argv) {
             (long long)r.train_counts.launches, (long long)r.train_counts.fences,
             (long long)r.train_counts.deep_copies, (long long)r.train_counts.allocations,
             (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
-            (long long)r.infer_counts.deep_copies, (long long)r.infer_counts.allocations);
+            (long long)r.infer_counts.deep_copies, (long long)r.infer_counts.allocations,
+            to_string(config.parallel.comm.bf16_halos), json_number(r.train_halo_mib).c_str(),
+            json_number(r.infer_halo_mib).c_str());
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

@@ -1,7 +1,8 @@
 // bf16 layers (Module::compute_in_bf16, autocast's semantics): the rounding against an
 // independent reference; Conv, ConvTranspose and a U-Net in bf16 sharded against one rank
 // (within the bf16 rounding stated per check), against the same layers in float, and their
-// outputs bf16 values; a double model refuses bf16.
+// outputs bf16 values; their halos on the bfloat16 wire (the same bits, fewer bytes); a
+// double model refuses bf16.
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -10,14 +11,15 @@
 
 #include "equivalence.hpp"
 #include "model_options.hpp"
+#include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 #include "shardtensor/nn/saved_field.hpp"
 
 using namespace shardtensor;
+using Catch::Matchers::Contains;
 using models::UNet;
 using models::UNetOptions;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -39,7 +41,8 @@ std::uint16_t reference_bits(float x) {
   const std::uint32_t u = bits_of(x);
   const std::uint16_t toward_zero = std::uint16_t(u >> 16);
   const std::uint16_t away = std::uint16_t(toward_zero + 1);
-  const double below = std::abs(double(x) - double(float_of_bits(std::uint32_t(toward_zero) << 16)));
+  const double below =
+      std::abs(double(x) - double(float_of_bits(std::uint32_t(toward_zero) << 16)));
   // The neighbour away from zero past the largest finite value is infinity: its distance is
   // where the rounding boundary would be with one more exponent (2^128 for float).
   const std::uint32_t away_bits = std::uint32_t(away) << 16;
@@ -96,9 +99,9 @@ constexpr double bf16_step = 1.0 / 128;
 
 TEST_CASE("bfloat16 rounds to nearest even, as a reference by distances does", "[bf16]") {
   // Specials and boundaries: zeros, the largest float (rounds to infinity), ties both ways.
-  for (std::uint32_t u : {0x00000000u, 0x80000000u, 0x7f7fffffu, 0x7f7f7fffu, 0x7f7f8000u,
-                          0x3f808000u, 0x3f818000u, 0x00008000u, 0x00018000u, 0x00000001u,
-                          0x7f800000u, 0xff800000u, 0x3f7fffffu}) {
+  for (std::uint32_t u :
+       {0x00000000u, 0x80000000u, 0x7f7fffffu, 0x7f7f7fffu, 0x7f7f8000u, 0x3f808000u, 0x3f818000u,
+        0x00008000u, 0x00018000u, 0x00000001u, 0x7f800000u, 0xff800000u, 0x3f7fffffu}) {
     INFO("bits " << std::hex << u);
     CHECK(bfloat16_bits(float_of_bits(u)) == reference_bits(float_of_bits(u)));
   }
@@ -164,7 +167,7 @@ TEST_CASE("bf16 convolutions: sharded equals one rank, near float, bf16 outputs"
   const Communicator world;
   for (const auto& one : cases) {
     const std::vector<Index>& extents = one.first;  // no structured bindings: lambdas capture
-    const ConvOptions& options = one.second;         // them only from C++20 (nvcc warns)
+    const ConvOptions& options = one.second;        // them only from C++20 (nvcc warns)
     INFO("kernel " << options.kernel.size() << "-D " << options.kernel[0] << ", "
                    << options.in_channels << " -> " << options.out_channels);
     const std::vector<bool> periodic(extents.size(), options.padding_mode == PaddingMode::periodic);
@@ -317,8 +320,7 @@ TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", 
   o.output_padding = {1, 1};
   const Communicator world;
   const auto bf16 = bf16_factory<ConvTranspose<float>>(o, true);
-  const auto decompositions =
-      test::test_decompositions({12, 10}, world.size(), {false, false}, 2);
+  const auto decompositions = test::test_decompositions({12, 10}, world.size(), {false, false}, 2);
   for (const Decomposition& d : decompositions)
     test::check_equivalence<float>(bf16, d, 2, o.in_channels, test::weighted_sum<float>,
                                    {bf16_step, 1e-5});
@@ -342,6 +344,53 @@ TEST_CASE("a bf16 U-Net: sharded equals one rank within bf16 rounding", "[bf16][
        test::test_decompositions({16, 16}, world.size(), {false, false}, 4))
     test::check_equivalence<float>(bf16, d, 1, 2, test::weighted_sum<float>,
                                    {4 * bf16_step, 4 * bf16_step});
+}
+
+TEST_CASE("a bf16 layer's halos on the bfloat16 wire: the same bits in fewer bytes",
+          "[bf16][halo]") {
+  // A bf16 layer's padded operand holds bfloat16 values, so moving its ghosts as bfloat16
+  // (parallel.bf16_halos: on) changes no bit of any output or gradient; each rank with a
+  // neighbour sends less (the adjoint's float gradients are the rest).
+  const Communicator world;
+  const auto on_wire = [&](const test::ModuleFactory<float>& make, const Decomposition& d,
+                           Index channels, Bf16Halos halos) {
+    CommOptions options;
+    options.bf16_halos = halos;
+    enable_comm_timers();
+    reset_comm_timers();
+    auto run = test::run_module<float>(make, world.with_options(options), d, 1, channels,
+                                       test::weighted_sum<float>);
+    const std::uint64_t bytes = halo_bytes_sent();
+    enable_comm_timers(false);
+    return std::make_pair(run, bytes);
+  };
+  const auto check = [&](const test::ModuleFactory<float>& make, const Decomposition& d,
+                         Index channels) {
+    INFO(d.describe());
+    const auto on = on_wire(make, d, channels, Bf16Halos::always);
+    const auto off = on_wire(make, d, channels, Bf16Halos::never);
+    test::check_bit_identical(on.first, off.first);
+    if (off.second == 0)
+      CHECK(on.second == 0);
+    else
+      CHECK(on.second < off.second);
+  };
+  const ConvOptions conv = conv_options(5, 4, {3, 3, 3}, {1, 1, 1});
+  for (const Decomposition& d :
+       test::test_decompositions({10, 8, 9}, world.size(), {false, false, false}, 3))
+    check(bf16_factory<Conv<float>>(conv, true), d, conv.in_channels);
+  const ConvOptions reflect = conv_options(3, 2, {3, 3}, {1, 1}, PaddingMode::reflect);
+  for (const Decomposition& d :
+       test::test_decompositions({12, 10}, world.size(), {false, false}, 3))
+    check(bf16_factory<Conv<float>>(reflect, true), d, reflect.in_channels);
+  const UNetOptions o = test::small_unet(2, 2);
+  const test::ModuleFactory<float> unet = [o](const Communicator& comm) {
+    auto model = std::make_shared<UNet<float>>(comm, o);
+    model->compute_in_bf16(true);
+    return std::static_pointer_cast<Module<float>>(model);
+  };
+  for (const Decomposition& d : test::test_decompositions({16, 16}, world.size(), {true, false}, 4))
+    check(unet, d, 2);
 }
 
 TEST_CASE("a bf16 ViT (both attentions) and FNO: sharded equals one rank within bf16 rounding",
@@ -368,8 +417,7 @@ TEST_CASE("a bf16 ViT (both attentions) and FNO: sharded equals one rank within 
   const auto fno = [f, in_bf16](const Communicator& comm) {
     return in_bf16(std::make_shared<models::FNO<float>>(comm, f, "fno"));
   };
-  for (const Decomposition& d :
-       test::test_decompositions({12, 16}, world.size(), {true, true}, 3))
+  for (const Decomposition& d : test::test_decompositions({12, 16}, world.size(), {true, true}, 3))
     test::check_equivalence<float>(fno, d, 1, 2, test::weighted_sum<float>,
                                    {4 * bf16_step, 4 * bf16_step});
 }

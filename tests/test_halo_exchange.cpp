@@ -1,12 +1,14 @@
 // HaloExchange: every ghost cell (faces, edges, corners) holds the owner's value after an
 // exchange, for 1-D/2-D/3-D process grids, uneven splits, periodic and open boundaries,
 // widths 1-3 (also asymmetric), float and double; and the reverse is the exact adjoint. A slab
-// exchange brings the neighbours' x-planes, open and periodic.
+// exchange brings the neighbours' x-planes, open and periodic. The bfloat16 wire moves the
+// owners' values rounded, in half the bytes.
 
 #include <array>
 #include <catch2/catch.hpp>
 #include <sstream>
 
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "test_support.hpp"
 
@@ -46,10 +48,10 @@ ShardTensor<T> field_to_exchange(const Communicator& comm, const Decomposition& 
 /// The cells of `field` whose value is not their exchanged_value.
 template <class T>
 long long wrong_cells(const ShardTensor<T>& field) {
-  return test::count_cells(field, [&](Index n, Index c, const SpatialIndex&,
-                                      const SpatialIndex& g, double value) {
-    return value != exchanged_value(field.decomposition(), field.channels(), n, c, g);
-  });
+  return test::count_cells(
+      field, [&](Index n, Index c, const SpatialIndex&, const SpatialIndex& g, double value) {
+        return value != exchanged_value(field.decomposition(), field.channels(), n, c, g);
+      });
 }
 
 /// Fills a field (field_to_exchange), exchanges, and returns its wrong cells.
@@ -184,6 +186,56 @@ TEMPLATE_TEST_CASE("halo plans lease their buffers from one pool, each exchange 
     CHECK(large.view().extent(0) == pooled + 1);
   }
   CHECK(Lease::free_values() >= pooled + 1);
+}
+
+TEST_CASE("the bfloat16 wire moves half the bytes: the owners' values rounded to bfloat16",
+          "[halo][bf16]") {
+  // The owned cells count up to thousands, most with more significant bits than bfloat16's 8:
+  // each ghost must hold its owner's value rounded to nearest even, the owned cells unchanged,
+  // the open boundaries' ghosts untouched. A bf16 layer's operand is rounded already, so there
+  // the wire changes nothing (the bf16 layer tests compare sharded with one rank).
+  const Communicator comm;
+  for (int ndims = 1; ndims <= 3; ++ndims)
+    for (const std::vector<int>& grid : test::process_grids(comm.size(), ndims))
+      for (const std::vector<bool>& periodic : periodic_variants(ndims))
+        for (int width = 1; width <= 2; ++width) {
+          const Decomposition d(extents_for(grid, 3), grid, periodic);
+          const GhostWidths ghosts = GhostWidths::uniform(width, ndims);
+          INFO(describe(d, ghosts));
+          const ShardTensor<float> field = field_to_exchange<float>(comm, d, ghosts, 3);
+          HaloExchange<float> plan(comm, field);
+          CHECK(2 * plan.bytes_sent(HaloWire::bfloat16) == plan.bytes_sent());
+          CHECK(2 * plan.bytes_received(HaloWire::bfloat16) == plan.bytes_received());
+          plan.start(field, HaloWire::bfloat16);
+          plan.finish(field);
+          const auto wrong = [&] {
+            return test::count_cells(field, [&](Index n, Index c, const SpatialIndex& local,
+                                                const SpatialIndex& g, double value) {
+              const double owner = exchanged_value(d, field.channels(), n, c, g);
+              const bool ghost = test::is_ghost(field, local);
+              return value != (ghost ? double(round_to_bfloat16(float(owner))) : owner);
+            });
+          };
+          CHECK(wrong() == 0);
+          // The plan goes on to an adjoint (floats) and to bfloat16 exchanges again: the ghosts
+          // hold bfloat16 values of the owners' sums.
+          plan.reverse_accumulate(field);
+          plan.exchange(field, HaloWire::bfloat16);
+          CHECK(test::count_cells(field, [&](Index, Index, const SpatialIndex& local,
+                                             const SpatialIndex&, double value) {
+                  return test::is_ghost(field, local) &&
+                         value != double(round_to_bfloat16(float(value)));
+                }) == 0);
+        }
+  // Doubles are never sent as bfloat16.
+  const Decomposition d(extents_for({comm.size()}, 3), {comm.size()}, {true});
+  const ShardTensor<double> wide =
+      field_to_exchange<double>(comm, d, GhostWidths::uniform(1, 1), 1);
+  HaloExchange<double> plan(comm, wide);
+  CHECK_THROWS_WITH(plan.start(wide, HaloWire::bfloat16),
+                    Catch::Contains("the bfloat16 wire moves float fields, this one has 8-byte"));
+  plan.exchange(wide);  // the refused start left the plan idle
+  CHECK(wrong_cells(wide) == 0);
 }
 
 TEST_CASE("reverse_accumulate is the adjoint of the exchange", "[halo][adjoint]") {

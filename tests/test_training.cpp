@@ -122,6 +122,20 @@ TEST_CASE("config errors name the key, the value and the line", "[config]") {
   CHECK(aware.parallel.comm.device_aware_mpi);
   CHECK_FALSE(
       RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.device_aware_mpi);
+  const auto bf16_halos = [](const std::string& value) {
+    return RunConfig::parse(
+               "data: {path: a.h5}\nmodel: {type: unet}\nparallel: {bf16_halos: " + value + "}\n",
+               "run.yaml")
+        .parallel.comm.bf16_halos;
+  };
+  CHECK(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.bf16_halos ==
+        Bf16Halos::automatic);
+  CHECK(bf16_halos("on") == Bf16Halos::always);
+  CHECK(bf16_halos("off") == Bf16Halos::never);
+  CHECK(bf16_halos("auto") == Bf16Halos::automatic);
+  CHECK_THAT(test::error_message_of([&] { bf16_halos("half"); }),
+             Catch::Contains("run.yaml: parallel.bf16_halos (line 3)") &&
+                 Catch::Contains("'half'") && Catch::Contains("auto, on, off"));
 
   CHECK(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\ntraining: {tf32: true}\n")
             .training.tf32);

@@ -7,6 +7,7 @@ namespace shardtensor {
 namespace {
 
 std::atomic<std::int64_t> counted_ns[2]{};
+std::atomic<std::uint64_t> halo_bytes{0};
 // Scopes of each kind open on this thread: only the outermost one counts.
 thread_local int depth[2] = {0, 0};
 
@@ -31,6 +32,11 @@ void comm_timer_leave(CommKind kind, std::int64_t start) noexcept {
   if (start >= 0) counted_ns[int(kind)].fetch_add(now_ns() - start, std::memory_order_relaxed);
 }
 
+void count_halo_bytes(std::uint64_t bytes) noexcept {
+  if (comm_timers_on.load(std::memory_order_relaxed))
+    halo_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 }  // namespace impl
 
 void enable_comm_timers(bool on) noexcept {
@@ -43,10 +49,15 @@ bool comm_timers_enabled() noexcept {
 
 void reset_comm_timers() noexcept {
   for (auto& ns : counted_ns) ns.store(0, std::memory_order_relaxed);
+  halo_bytes.store(0, std::memory_order_relaxed);
 }
 
 double comm_seconds(CommKind kind) noexcept {
   return 1e-9 * double(counted_ns[int(kind)].load(std::memory_order_relaxed));
+}
+
+std::uint64_t halo_bytes_sent() noexcept {
+  return halo_bytes.load(std::memory_order_relaxed);
 }
 
 }  // namespace shardtensor

@@ -119,6 +119,10 @@ const char* to_string(CommBackend backend) {
   return backend == CommBackend::nccl ? "nccl" : "mpi";
 }
 
+const char* to_string(Bf16Halos halos) {
+  return halos == Bf16Halos::always ? "on" : halos == Bf16Halos::never ? "off" : "auto";
+}
+
 int Communicator::reserve_tags(int count) const {
   int* tag_upper_bound = nullptr;
   int found = 0;

@@ -1,6 +1,7 @@
 #include "shardtensor/comm/halo_exchange.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
@@ -155,6 +156,19 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
 }
 
 template <class T>
+HaloWire HaloExchange<T>::wire_for_bfloat16_values() const {
+  if (!std::is_same_v<T, float>) return HaloWire::native;
+  switch (comm_.options().bf16_halos) {
+    case Bf16Halos::always:
+      return HaloWire::bfloat16;
+    case Bf16Halos::never:
+      return HaloWire::native;
+    default:  // bfloat16 where every message is unpacked anyway
+      return ghost_layouts_.empty() ? HaloWire::bfloat16 : HaloWire::native;
+  }
+}
+
+template <class T>
 int HaloExchange<T>::forward_tag(const Direction& d) const {
   return tag_base_ + direction_index(d);
 }
@@ -186,15 +200,28 @@ void HaloExchange<T>::check_field(const ShardTensor<T>& field, Phase expected,
 }
 
 template <class T>
-void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field) {
+void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field, HaloWire wire) {
   ExecutionSpace().fence();  // the kernels that wrote the field, before the plan's own instance
+  wire_ = wire;
+  // A bfloat16 value takes half of a leased float.
+  const auto values = [&](std::size_t count) {
+    return wire == HaloWire::bfloat16 ? (count + 1) / 2 : count;
+  };
   // Forward, MPI in host memory receives into the ghost cells: no receive buffer.
-  send_lease_ = impl::BufferLease<T>(send_total_);
+  send_lease_ = impl::BufferLease<T>(values(send_total_));
   recv_lease_ = impl::BufferLease<T>(
-      phase == Phase::forward && receives_in_place() ? 0 : recv_total_);
+      phase == Phase::forward && receives_in_place() ? 0 : values(recv_total_));
   in_flight_ = field.view().data();
   receive_message_.clear();
   phase_ = phase;
+}
+
+template <class T>
+Kokkos::View<std::uint16_t*, DefaultMemorySpace, Kokkos::MemoryUnmanaged>
+HaloExchange<T>::bfloat16_view(const impl::BufferLease<T>& lease) {
+  using Bits = Kokkos::View<std::uint16_t*, DefaultMemorySpace, Kokkos::MemoryUnmanaged>;
+  return Bits(reinterpret_cast<std::uint16_t*>(lease.view().data()),
+              lease.view().extent(0) * sizeof(T) / sizeof(std::uint16_t));
 }
 
 template <class T>
@@ -204,16 +231,24 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
   // listed (transport.hpp): a rank sends towards d in the plan's order (directions ascending);
   // the neighbour receives that message as its message towards -d, so receives are listed in
   // the opposite order (opposite directions ascending) and the two lists agree on every pair.
-  const Buffer& out = reverse ? recv_lease_.view() : send_lease_.view();
-  const Buffer& in = reverse ? send_lease_.view() : recv_lease_.view();
+  const Buffer& out_values = reverse ? recv_lease_.view() : send_lease_.view();
+  const Buffer& in_values = reverse ? send_lease_.view() : recv_lease_.view();
+  // Offsets count values of the wire: the buffers' own, or bfloat16 bits inside them.
+  const bool bfloat16 = wire_ == HaloWire::bfloat16;
+  const std::size_t wire_bytes = value_bytes(wire_);
+  const auto out = [&](std::size_t offset) -> const void* {
+    return reinterpret_cast<const char*>(out_values.data()) + offset * wire_bytes;
+  };
+  const auto in = [&](std::size_t offset) -> void* {
+    return reinterpret_cast<char*>(in_values.data()) + offset * wire_bytes;
+  };
   std::vector<impl::Send> sends;
   std::vector<impl::Receive> receives;
   for (const Message& m : messages_) {
     const std::size_t count = reverse ? m.recv_count : m.send_count;
     if (count == 0 || m.self_partner >= 0) continue;
     const int tag = reverse ? reverse_tag(m.direction) : forward_tag(m.direction);
-    sends.push_back(
-        {m.neighbor, out.data() + (reverse ? m.recv_offset : m.send_offset), count, tag});
+    sends.push_back({m.neighbor, out(reverse ? m.recv_offset : m.send_offset), count, tag});
   }
   for (std::size_t i = messages_.size(); i-- > 0;) {
     const Message& m = messages_[i];
@@ -224,23 +259,39 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
     if (!reverse && receives_in_place())
       receives.push_back({m.neighbor, field.view().data(), count, tag, &ghost_layouts_[i]});
     else
-      receives.push_back(
-          {m.neighbor, in.data() + (reverse ? m.send_offset : m.recv_offset), count, tag});
+      receives.push_back({m.neighbor, in(reverse ? m.send_offset : m.recv_offset), count, tag});
     receive_message_.push_back(static_cast<int>(i));
   }
-  transfers_ = impl::transport_for<DefaultMemorySpace>(comm_).exchange(sends, receives,
-                                                                       impl::wire_type<T>());
+  std::uint64_t bytes = 0;
+  for (const impl::Send& send : sends) bytes += send.count * wire_bytes;
+  impl::count_halo_bytes(bytes);
+  transfers_ = impl::transport_for<DefaultMemorySpace>(comm_).exchange(
+      sends, receives, bfloat16 ? impl::WireType::bfloat16 : impl::wire_type<T>());
 }
 
 template <class T>
-void HaloExchange<T>::start(const ShardTensor<T>& field) {
+void HaloExchange<T>::start(const ShardTensor<T>& field, HaloWire wire) {
   CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::start");
-  begin_phase(Phase::forward, field);
+  SHARDTENSOR_REQUIRE(
+      wire == HaloWire::native || (std::is_same_v<T, float>), "HaloExchange::start",
+      "the bfloat16 wire moves float fields, this one has " << sizeof(T) << "-byte values");
+  begin_phase(Phase::forward, field, wire);
   for (const Message& m : messages_) {
     if (m.send_count == 0) continue;
+    const Box own_ghosts = m.self_partner >= 0 ? messages_[m.self_partner].recv_box : Box{};
+    if constexpr (std::is_same_v<T, float>) {
+      if (wire == HaloWire::bfloat16) {
+        if (m.self_partner >= 0)
+          copy_box_bfloat16(space_, field.view(), m.send_box, own_ghosts);
+        else
+          pack_box_bfloat16(space_, field.view(), m.send_box, bfloat16_view(send_lease_),
+                            m.send_offset);
+        continue;
+      }
+    }
     if (m.self_partner >= 0)  // to itself (periodic on one rank): owned cells to ghosts
-      copy_box(space_, field.view(), m.send_box, messages_[m.self_partner].recv_box);
+      copy_box(space_, field.view(), m.send_box, own_ghosts);
     else
       pack_box(space_, field.view(), m.send_box, send_lease_.view(), m.send_offset);
   }
@@ -258,7 +309,7 @@ template <class T>
 void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
   CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::reverse_start");
-  begin_phase(Phase::reverse, field);
+  begin_phase(Phase::reverse, field, HaloWire::native);
   // Roles swap: ghosts go out of the receive buffer, owned cells' contributions come back
   // into the send buffer.
   for (const Message& m : messages_) {
@@ -285,12 +336,20 @@ template <class T>
 void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse) {
   const auto unpack = [&](int message) {
     const Message& m = messages_[message];
-    if (reverse)
+    if (reverse) {
       unpack_box(space_, send_lease_.view(), field.view(), m.send_box, UnpackMode::add,
                  m.send_offset);
-    else
-      unpack_box(space_, recv_lease_.view(), field.view(), m.recv_box, UnpackMode::assign,
-                 m.recv_offset);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (wire_ == HaloWire::bfloat16) {
+        unpack_box_bfloat16(space_, bfloat16_view(recv_lease_), field.view(), m.recv_box,
+                            m.recv_offset);
+        return;
+      }
+    }
+    unpack_box(space_, recv_lease_.view(), field.view(), m.recv_box, UnpackMode::assign,
+               m.recv_offset);
   };
   if (reverse) {
     // Several messages may add into the same owned cell (a corner gets face, edge and corner
@@ -312,6 +371,7 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
   recv_lease_.release();
   receive_message_.clear();
   phase_ = Phase::idle;
+  wire_ = HaloWire::native;
 }
 
 template class HaloExchange<float>;

@@ -17,6 +17,8 @@ std::size_t wire_size(WireType type) {
     case WireType::int8:
     case WireType::uint8:
       return 1;
+    case WireType::bfloat16:
+      return 2;
     case WireType::int32:
     case WireType::uint32:
     case WireType::float32:
@@ -24,6 +26,11 @@ std::size_t wire_size(WireType type) {
     default:
       return 8;
   }
+}
+
+void require_reducible(WireType type, const char* where) {
+  SHARDTENSOR_REQUIRE(type != WireType::bfloat16, where,
+                      "bfloat16 values are moved, not reduced: reduce them as float");
 }
 
 namespace {
@@ -44,6 +51,8 @@ MPI_Datatype mpi_datatype(WireType type) {
       return MPI_UINT64_T;
     case WireType::float32:
       return MPI_FLOAT;
+    case WireType::bfloat16:  // MPI has no bfloat16: moved as bits, never reduced
+      return MPI_UINT16_T;
     default:
       return MPI_DOUBLE;
   }
@@ -201,6 +210,7 @@ class MpiTransport final : public Transport {
   bool receives_into_boxes() const override { return memory_ == MpiMemory::host; }
 
   void allreduce(void* data, std::size_t count, WireType type, ReduceOp op) override {
+    require_reducible(type, "allreduce");
     Kokkos::fence();
     const Staged buffer = stage(data, count, type, true);
     MPI_Allreduce(MPI_IN_PLACE, buffer.data(), to_int(count), mpi_datatype(type), mpi_op(op),
@@ -225,6 +235,7 @@ class MpiTransport final : public Transport {
 
   void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
                       WireType type, ReduceOp op) override {
+    require_reducible(type, "reduce_scatter");
     Kokkos::fence();
     const Staged in = stage(send, sum(counts), type, true);
     const Staged out = stage(recv, counts[rank_], type, false);

@@ -31,15 +31,16 @@ void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
   const Lines lines(s.extent(0), s.extent(1), e);
   const Index length = lines.length, s_step = s.stride(2 + lines.axis),
               t_step = t.stride(2 + lines.axis);
-  for_each_line(ExecutionSpace(), label, lines, KOKKOS_LAMBDA(const CellIndex& c) {
-    const T* from = &s(c.n, c.c, c.x, c.y, c.z);
-    T* to = &t(c.n, c.c, c.x, c.y, c.z);
-    if (s_step == 1 && t_step == 1) {  // a loop the compiler vectorises
-      for (Index i = 0; i < length; ++i) op(from[i], to[i]);
-      return;
-    }
-    for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
-  });
+  for_each_line(
+      ExecutionSpace(), label, lines, KOKKOS_LAMBDA(const CellIndex& c) {
+        const T* from = &s(c.n, c.c, c.x, c.y, c.z);
+        T* to = &t(c.n, c.c, c.x, c.y, c.z);
+        if (s_step == 1 && t_step == 1) {  // a loop the compiler vectorises
+          for (Index i = 0; i < length; ++i) op(from[i], to[i]);
+          return;
+        }
+        for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
+      });
 }
 
 /// p[i * step] = 0 for i in [0, count). One or two cells (the padding of a 3- or 5-wide
@@ -198,6 +199,12 @@ HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
 }
 
 template <class T>
+void HaloPadding<T>::start_exchange(const ShardTensor<T>& padded) {
+  HaloExchange<T>& plan = plan_for(padded);
+  plan.start(padded, bfloat16_ ? plan.wire_for_bfloat16_values() : HaloWire::native);
+}
+
+template <class T>
 ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input, bool ghosts_are_scratch) {
   const ShardTensor<T> padded = start(input, ghosts_are_scratch);
   finish(padded);
@@ -261,13 +268,13 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input, bool ghosts_ar
   check_padding_sources(decomposition, boundary_, where_);
   if (reads_in_place(input)) {
     // Sends nothing; finish() completes it as for a copy.
-    if (!exchanges_nothing(decomposition)) plan_for(input).start(input);
+    if (!exchanges_nothing(decomposition)) start_exchange(input);
     return input;
   }
   if (ghosts_are_scratch && pads_in_place(input)) {
     // The shell starts at zero as a copy's would (what another layer left there goes).
     fill_padded(input, input, false);
-    if (!exchanges_nothing(decomposition)) plan_for(input).start(input);
+    if (!exchanges_nothing(decomposition)) start_exchange(input);
     return input;
   }
   // Only the shell around the owned cells starts at zero (the ghosts and the zeros padding):
@@ -277,7 +284,7 @@ ShardTensor<T> HaloPadding<T>::start(const ShardTensor<T>& input, bool ghosts_ar
       ShardTensor<T>::uninitialized(decomposition, input.rank(), input.batch(), input.channels(),
                                     ghosts_, where_ + " padded input");
   fill_padded(input, padded, bfloat16_);
-  if (!exchanges_nothing(decomposition)) plan_for(padded).start(padded);
+  if (!exchanges_nothing(decomposition)) start_exchange(padded);
   return padded;
 }
 
@@ -331,9 +338,20 @@ PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded, const ShardTe
   const Index per_cell = padded.batch() * padded.channels();
   Index cells = 0;
   for (const Box& b : shell.boxes) cells += b.size();
-  shell.values = Kokkos::View<T*, DefaultMemorySpace>(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, where_ + " padding shell"), cells * per_cell);
+  const auto no_init = Kokkos::view_alloc(Kokkos::WithoutInitializing, where_ + " padding shell");
   std::size_t offset = 0;
+  if constexpr (std::is_same<T, float>::value) {
+    if (bfloat16_) {  // bfloat16 values: their bits are all of them
+      shell.bfloat16_values =
+          Kokkos::View<std::uint16_t*, DefaultMemorySpace>(no_init, cells * per_cell);
+      for (const Box& b : shell.boxes) {
+        pack_box_bfloat16(ExecutionSpace(), padded.view(), b, shell.bfloat16_values, offset);
+        offset += static_cast<std::size_t>(b.size() * per_cell);
+      }
+      return shell;
+    }
+  }
+  shell.values = Kokkos::View<T*, DefaultMemorySpace>(no_init, cells * per_cell);
   for (const Box& b : shell.boxes) {
     pack_box(ExecutionSpace(), padded.view(), b, shell.values, offset);
     offset += static_cast<std::size_t>(b.size() * per_cell);
@@ -355,7 +373,14 @@ ShardTensor<T> HaloPadding<T>::rebuild(const ShardTensor<T>& input,
   const Index per_cell = padded.batch() * padded.channels();
   std::size_t offset = 0;
   for (const Box& b : shell.boxes) {
-    unpack_box(ExecutionSpace(), shell.values, padded.view(), b, UnpackMode::assign, offset);
+    if constexpr (std::is_same<T, float>::value) {
+      if (shell.bfloat16_values.extent(0) > 0)
+        unpack_box_bfloat16(ExecutionSpace(), shell.bfloat16_values, padded.view(), b, offset);
+      else
+        unpack_box(ExecutionSpace(), shell.values, padded.view(), b, UnpackMode::assign, offset);
+    } else {
+      unpack_box(ExecutionSpace(), shell.values, padded.view(), b, UnpackMode::assign, offset);
+    }
     offset += static_cast<std::size_t>(b.size() * per_cell);
   }
   if (!padding_ready_after_start()) fill_boundary_padding(padded, boundary_);

@@ -65,6 +65,8 @@ ncclDataType_t nccl_type(WireType type) {
       return ncclUint64;
     case WireType::float32:
       return ncclFloat32;
+    case WireType::bfloat16:
+      return ncclBfloat16;
     default:
       return ncclFloat64;
   }
@@ -163,6 +165,7 @@ class NcclTransport final : public Transport {
   const char* name() const override { return "nccl"; }
 
   void allreduce(void* data, std::size_t count, WireType type, ReduceOp op) override {
+    require_reducible(type, "allreduce");
     Group& g = group();
     check(ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), g.comm, g.stream),
           "ncclAllReduce");
@@ -190,6 +193,7 @@ class NcclTransport final : public Transport {
 
   void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
                       WireType type, ReduceOp op) override {
+    require_reducible(type, "reduce_scatter");
     Group& g = group();
     if (equal(counts)) {
       check(

@@ -2,6 +2,7 @@
 // HaloExchange: a persistent plan that fills a ShardTensor's ghost cells from its
 // neighbours (faces, edges and corners), and its adjoint.
 
+#include <cstdint>
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
@@ -11,6 +12,12 @@
 #include "shardtensor/core/shard_tensor.hpp"
 
 namespace shardtensor {
+
+/// How a forward exchange moves a field's values: as they are (`native`), or, for a float
+/// field, as bfloat16 (half the bytes: the operand of a bf16 layer, whose values are bfloat16
+/// values already, arrives unchanged; any other value arrives rounded to nearest even). The
+/// adjoint moves gradients, which stay float, as they are.
+enum class HaloWire { native, bfloat16 };
 
 /// Built once per (communicator, decomposition, ghost widths, batch, channels). One message
 /// per neighbouring rank and direction (up to 26 in 3-D), so corner ghosts arrive in the same
@@ -62,10 +69,11 @@ class HaloExchange {
   HaloExchange(const HaloExchange&) = delete;
   HaloExchange& operator=(const HaloExchange&) = delete;
 
-  void start(const ShardTensor<T>& field);
+  /// `wire` bfloat16: float fields only.
+  void start(const ShardTensor<T>& field, HaloWire wire = HaloWire::native);
   void finish(const ShardTensor<T>& field);
-  void exchange(const ShardTensor<T>& field) {
-    start(field);
+  void exchange(const ShardTensor<T>& field, HaloWire wire = HaloWire::native) {
+    start(field, wire);
     finish(field);
   }
 
@@ -76,22 +84,37 @@ class HaloExchange {
     reverse_finish(field);
   }
 
+  /// The wire for a float field that holds bfloat16 values (a bf16 layer's operand), as the
+  /// communicator's options say (CommOptions::bf16_halos): the same values either way.
+  HaloWire wire_for_bfloat16_values() const;
+
   const std::vector<Message>& messages() const { return messages_; }
   /// Bytes this rank sends in one forward exchange.
-  std::size_t bytes_sent() const { return send_total_ * sizeof(T); }
+  std::size_t bytes_sent(HaloWire wire = HaloWire::native) const {
+    return send_total_ * value_bytes(wire);
+  }
   /// Bytes this rank receives in one forward exchange.
-  std::size_t bytes_received() const { return recv_total_ * sizeof(T); }
+  std::size_t bytes_received(HaloWire wire = HaloWire::native) const {
+    return recv_total_ * value_bytes(wire);
+  }
 
  private:
   using Buffer = Kokkos::View<T*, DefaultMemorySpace>;
   enum class Phase { idle, forward, reverse };
 
+  static std::size_t value_bytes(HaloWire wire) {
+    return wire == HaloWire::bfloat16 ? sizeof(std::uint16_t) : sizeof(T);
+  }
   void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
-  void begin_phase(Phase phase, const ShardTensor<T>& field);
+  void begin_phase(Phase phase, const ShardTensor<T>& field, HaloWire wire);
+  /// A leased buffer as the bfloat16 wire fills it: twice as many 16-bit values.
+  static Kokkos::View<std::uint16_t*, DefaultMemorySpace, Kokkos::MemoryUnmanaged> bfloat16_view(
+      const impl::BufferLease<T>& lease);
   /// Every message of a phase (packed) to the transport as one exchange.
   void post_transfers(const ShardTensor<T>& field, bool reverse);
-  /// Forward messages land in the field's ghost cells (ghost_layouts_), not the buffer.
-  bool receives_in_place() const { return !ghost_layouts_.empty(); }
+  /// Forward messages land in the field's ghost cells (ghost_layouts_), not the buffer: where
+  /// the transport can and the wire carries the field's own values.
+  bool receives_in_place() const { return !ghost_layouts_.empty() && wire_ == HaloWire::native; }
   void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
   int forward_tag(const Direction& d) const;
   int reverse_tag(const Direction& d) const;
@@ -110,7 +133,8 @@ class HaloExchange {
   std::vector<int> receive_message_;            // message index of each receive of the exchange
   std::vector<impl::BoxLayout> ghost_layouts_;  // per message, where the transport takes boxes
   Phase phase_ = Phase::idle;
-  const T* in_flight_ = nullptr;  // the field of the exchange in progress
+  HaloWire wire_ = HaloWire::native;  // of the exchange in progress
+  const T* in_flight_ = nullptr;      // the field of the exchange in progress
   // Last, so destroyed first: a plan destroyed mid-exchange (while an exception unwinds)
   // cancels its transfers before its buffers go.
   impl::Transfers transfers_;

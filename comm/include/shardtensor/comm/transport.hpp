@@ -27,7 +27,9 @@
 
 namespace shardtensor::impl {
 
-enum class WireType { int8, uint8, int32, uint32, int64, uint64, float32, float64 };
+/// What a transfer's elements are. bfloat16: 16-bit bfloat16 values (a float field's values
+/// packed to half the bytes, core/bfloat16.hpp); moved, never reduced.
+enum class WireType { int8, uint8, int32, uint32, int64, uint64, float32, float64, bfloat16 };
 
 template <class T>
 constexpr WireType wire_type() {
@@ -47,6 +49,8 @@ constexpr WireType wire_type() {
 }
 
 std::size_t wire_size(WireType type);
+/// Throws unless `type` can be reduced (sums, maxima): bfloat16 is moved as bits only.
+void require_reducible(WireType type, const char* where);
 
 /// Elements of all blocks of a count vector.
 inline std::size_t sum(const std::vector<std::size_t>& counts) {

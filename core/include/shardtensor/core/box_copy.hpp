@@ -6,7 +6,10 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 
+#include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/box.hpp"
 #include "shardtensor/core/cell_index.hpp"
 
@@ -49,6 +52,13 @@ void for_each_box_cell(const Space& space, const char* label, const FieldView& f
           for (Index k = 0; k < length; ++k) cell_op(first + k * i_step, cell[k * step]);
         }
       });
+}
+
+/// How far `from`'s cells lie from `to`'s in one field (same extents), in values.
+template <class FieldView>
+std::ptrdiff_t box_shift(const FieldView& field, const Box& from, const Box& to) {
+  return (from.lower[0] - to.lower[0]) * field.stride(2) +
+         (from.lower[1] - to.lower[1]) * field.stride(3) + (from.lower[2] - to.lower[2]);
 }
 
 // The cell operations are functors, not lambdas: a CUDA __host__ __device__ lambda defined in
@@ -95,6 +105,26 @@ struct CopyBetween {  // to(n, c, to_lower + xyz) = (or +=) from(n, c, from_lowe
       cell = value;
   }
 };
+// The bfloat16 wire of a float field (pack_box_bfloat16): half the bytes, and the same values
+// where the field holds bfloat16 values (the operand of a bf16 layer).
+struct StoreBfloat16Into {  // out[i] = cell's bfloat16 bits (rounded to nearest even)
+  std::uint16_t* out;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, const float& cell) const {
+    out[i] = bfloat16_bits(cell);
+  }
+};
+struct AssignFromBfloat16 {  // cell = the bfloat16 value in[i]
+  const std::uint16_t* in;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, float& cell) const {
+    cell = bfloat16_value(in[i]);
+  }
+};
+struct CopyShiftedBfloat16 {  // cell = the cell `shift` values away, rounded to bfloat16
+  std::ptrdiff_t shift;
+  KOKKOS_INLINE_FUNCTION void operator()(Index, float& cell) const {
+    cell = round_to_bfloat16(*(&cell + shift));
+  }
+};
 template <class T>
 struct Fill {  // cell = value
   T value;
@@ -125,15 +155,47 @@ void unpack_box(const Space& space, const BufferView& buffer, const FieldView& f
     impl::for_each_box_cell(space, "shardtensor::unpack_box", field, box, impl::AssignFrom<T>{in});
 }
 
+/// pack_box of a float field into bfloat16 bits (rounded to nearest even): half the bytes of
+/// pack_box, and the same values where the field holds bfloat16 values.
+template <class Space, class FieldView, class BufferView>
+void pack_box_bfloat16(const Space& space, const FieldView& field, const Box& box,
+                       const BufferView& buffer, std::size_t offset = 0) {
+  static_assert(std::is_same_v<typename FieldView::non_const_value_type, float> &&
+                    std::is_same_v<typename BufferView::non_const_value_type, std::uint16_t>,
+                "a float field into a buffer of bfloat16 bits");
+  impl::for_each_box_cell(space, "shardtensor::pack_box_bfloat16", field, box,
+                          impl::StoreBfloat16Into{buffer.data() + offset});
+}
+
+/// Inverse of pack_box_bfloat16: field(n, c, box) = the buffer's bfloat16 values (exact).
+template <class Space, class BufferView, class FieldView>
+void unpack_box_bfloat16(const Space& space, const BufferView& buffer, const FieldView& field,
+                         const Box& box, std::size_t offset = 0) {
+  static_assert(std::is_same_v<typename FieldView::non_const_value_type, float> &&
+                    std::is_same_v<typename BufferView::non_const_value_type, std::uint16_t>,
+                "a buffer of bfloat16 bits into a float field");
+  impl::for_each_box_cell(space, "shardtensor::unpack_box_bfloat16", field, box,
+                          impl::AssignFromBfloat16{buffer.data() + offset});
+}
+
+/// field(n, c, to) = field(n, c, from) rounded to bfloat16, cell by cell: copy_box as the
+/// bfloat16 wire moves it (a message a rank sends to itself).
+template <class Space, class FieldView>
+void copy_box_bfloat16(const Space& space, const FieldView& field, const Box& from, const Box& to) {
+  static_assert(std::is_same_v<typename FieldView::non_const_value_type, float>,
+                "rounds a float field");
+  const std::ptrdiff_t shift = impl::box_shift(field, from, to);
+  impl::for_each_box_cell(space, "shardtensor::copy_box_bfloat16", field, to,
+                          impl::CopyShiftedBfloat16{shift});
+}
+
 /// field(n, c, to) = (or +=) field(n, c, from) cell by cell, for two boxes of the same extents
 /// in one field: a message a rank sends to itself (periodic ghosts on one rank), without a
 /// buffer in between. The boxes must not overlap.
 template <class Space, class FieldView>
 void copy_box(const Space& space, const FieldView& field, const Box& from, const Box& to,
               UnpackMode mode = UnpackMode::assign) {
-  const std::ptrdiff_t shift = (from.lower[0] - to.lower[0]) * field.stride(2) +
-                               (from.lower[1] - to.lower[1]) * field.stride(3) +
-                               (from.lower[2] - to.lower[2]);
+  const std::ptrdiff_t shift = impl::box_shift(field, from, to);
   using T = typename FieldView::non_const_value_type;
   if (mode == UnpackMode::add)
     impl::for_each_box_cell(space, "shardtensor::copy_box_add", field, to,

@@ -4,6 +4,7 @@
 // boundary -- and the adjoint that takes a gradient of that buffer back to the shard.
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,9 @@ template <class T>
 struct PaddedShell {
   std::vector<Box> boxes;
   Kokkos::View<T*, DefaultMemorySpace> values;
+  /// Instead of `values` where the buffer holds bfloat16 values (round_to_bfloat16): their
+  /// bits, half the bytes.
+  Kokkos::View<std::uint16_t*, DefaultMemorySpace> bfloat16_values;
   bool in_place = false;  // the buffer was the input itself (padded in place): rebuilt there
 };
 
@@ -52,7 +56,9 @@ class HaloPadding {
 
   /// Whether the buffer holds the input's values rounded to bfloat16 (the operand of a layer
   /// computing in bf16): rounded as they are copied in, so the exchanged ghosts and the
-  /// boundary padding are rounded too. Float only; off by default.
+  /// boundary padding are rounded too. The halo exchange may then move them as bfloat16 (half
+  /// the bytes, the same values: CommOptions::bf16_halos), and a shell keeps them so. Float only;
+  /// off by default.
   void round_to_bfloat16(bool on);
   bool rounds_to_bfloat16() const { return bfloat16_; }
 
@@ -134,6 +140,9 @@ class HaloPadding {
 
  private:
   HaloExchange<T>& plan_for(const ShardTensor<T>& padded);
+  /// Starts the forward exchange of a buffer: bfloat16 values as the options say
+  /// (HaloExchange::wire_for_bfloat16_values).
+  void start_exchange(const ShardTensor<T>& padded);
 
   Communicator comm_;
   GhostWidths ghosts_;
