@@ -188,7 +188,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);
     const double collective = comm_seconds(CommKind::collective);
-    r.train_halo_mib = to_mib(halo_bytes_sent());
+    r.train_halo_mib = to_mib(comm_bytes_sent(CommKind::halo));
     check_memory_budget(world);  // the optimizer's state is allocated in its first step
     if (step >= s.warmup) r.train.add(t1 - t0, c1 - c0, halo, collective);
   }
@@ -212,7 +212,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     const double t1 = MPI_Wtime(), c1 = cpu_seconds();
     const double halo = comm_seconds(CommKind::halo);
     const double collective = comm_seconds(CommKind::collective);
-    r.infer_halo_mib = to_mib(halo_bytes_sent());
+    r.infer_halo_mib = to_mib(comm_bytes_sent(CommKind::halo));
     check_memory_budget(world);
     if (step >= 1) r.infer.add(t1 - t0, c1 - c0, halo, collective);  // one warm-up step
   }
@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
             "\"vector_lanes\":%d,\"bf16_dot\":%s,\"train_launches\":%lld,\"train_fences\":%lld,"
             "\"train_deep_copies\":%lld,\"train_allocations\":%lld,\"infer_launches\":%lld,"
             "\"infer_fences\":%lld,\"infer_deep_copies\":%lld,\"infer_allocations\":%lld,"
-            "\"bf16_halos\":\"%s\",\"train_halo_mib\":%s,\"infer_halo_mib\":%s}\n",
+            "\"bf16_wire\":\"%s\",\"train_halo_mib\":%s,\"infer_halo_mib\":%s}\n",
             model_type.c_str(), s.config_path.c_str(), config.training.precision.c_str(),
             world.size(), grid.c_str(), global_json.c_str(), (long long)cells,
             (long long)r.cells_per_rank, (long long)s.batch, (long long)s.channels_in,
@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
             (long long)r.train_counts.deep_copies, (long long)r.train_counts.allocations,
             (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
             (long long)r.infer_counts.deep_copies, (long long)r.infer_counts.allocations,
-            to_string(config.parallel.comm.bf16_halos), json_number(r.train_halo_mib).c_str(),
+            to_string(config.parallel.comm.bf16_wire), json_number(r.train_halo_mib).c_str(),
             json_number(r.infer_halo_mib).c_str());
       }
     } catch (const std::exception& e) {

@@ -349,26 +349,26 @@ TEST_CASE("a bf16 U-Net: sharded equals one rank within bf16 rounding", "[bf16][
 TEST_CASE("a bf16 layer's halos on the bfloat16 wire: the same bits in fewer bytes",
           "[bf16][halo]") {
   // A bf16 layer's padded operand holds bfloat16 values, so moving its ghosts as bfloat16
-  // (parallel.bf16_halos: on) changes no bit of any output or gradient; each rank with a
+  // (parallel.bf16_wire: on) changes no bit of any output or gradient; each rank with a
   // neighbour sends less (the adjoint's float gradients are the rest).
   const Communicator world;
   const auto on_wire = [&](const test::ModuleFactory<float>& make, const Decomposition& d,
-                           Index channels, Bf16Halos halos) {
+                           Index channels, Bf16Wire halos) {
     CommOptions options;
-    options.bf16_halos = halos;
+    options.bf16_wire = halos;
     enable_comm_timers();
     reset_comm_timers();
     auto run = test::run_module<float>(make, world.with_options(options), d, 1, channels,
                                        test::weighted_sum<float>);
-    const std::uint64_t bytes = halo_bytes_sent();
+    const std::uint64_t bytes = comm_bytes_sent(CommKind::halo);
     enable_comm_timers(false);
     return std::make_pair(run, bytes);
   };
   const auto check = [&](const test::ModuleFactory<float>& make, const Decomposition& d,
                          Index channels) {
     INFO(d.describe());
-    const auto on = on_wire(make, d, channels, Bf16Halos::always);
-    const auto off = on_wire(make, d, channels, Bf16Halos::never);
+    const auto on = on_wire(make, d, channels, Bf16Wire::always);
+    const auto off = on_wire(make, d, channels, Bf16Wire::never);
     test::check_bit_identical(on.first, off.first);
     if (off.second == 0)
       CHECK(on.second == 0);
@@ -393,10 +393,100 @@ TEST_CASE("a bf16 layer's halos on the bfloat16 wire: the same bits in fewer byt
     check(unet, d, 2);
 }
 
+TEST_CASE(
+    "bf16 attention (ring and neighbourhood): sharded equals one rank, near float, its "
+    "K/V on the bfloat16 wire with the same bits",
+    "[bf16][attention]") {
+  // Q, K, V and the output's gradient rounded, scores, softmax and sums in float, the output
+  // rounded. Sharded against one rank: the ring folds the blocks in another order, so an
+  // output may round the other way (a bf16 step). The K/V blocks (ring) or halo
+  // (neighbourhood) on the bfloat16 wire against float: the same bits, fewer bytes.
+  const Communicator world;
+  for (const AttentionKind kind : {AttentionKind::global, AttentionKind::neighborhood}) {
+    MultiHeadAttentionOptions o;
+    o.dims = 2;
+    o.channels = 8;
+    o.heads = 2;
+    o.kind = kind;
+    o.window = {3};
+    INFO((kind == AttentionKind::global ? "ring" : "neighbourhood") << " attention");
+    const auto bf16 = bf16_factory<MultiHeadAttention<float>>(o, true);
+    const auto decompositions = test::test_decompositions({10, 9}, world.size(), {false, false}, 2);
+    for (const Decomposition& d : decompositions)
+      test::check_equivalence<float>(bf16, d, 2, o.channels, test::weighted_sum<float>,
+                                     {2 * bf16_step, 2 * bf16_step});
+    const Communicator self(MPI_COMM_SELF);
+    const Decomposition whole = test::unsharded(decompositions.front());
+    const auto run = [&](bool on) {
+      return test::run_module<float>(bf16_factory<MultiHeadAttention<float>>(o, on), self, whole, 2,
+                                     o.channels, test::weighted_sum<float>);
+    };
+    const auto low = run(true), full = run(false);
+    CHECK(holds_bfloat16_values(low.output.value()));
+    const double output_error =
+        test::relative_error(low.output.value().view(), full.output.value().view());
+    CHECK(output_error > 0);
+    CHECK(output_error <= 2e-2);
+    CHECK(test::relative_error(low.input.grad().view(), full.input.grad().view()) <= 2e-2);
+    // The wire: every rank sends its K/V (ring: CommKind::collective; neighbourhood: halo).
+    const CommKind kv_kind = kind == AttentionKind::global ? CommKind::collective : CommKind::halo;
+    const auto on_wire = [&](const Decomposition& d, Bf16Wire wire) {
+      CommOptions options;
+      options.bf16_wire = wire;
+      enable_comm_timers();
+      reset_comm_timers();
+      auto result = test::run_module<float>(bf16, world.with_options(options), d, 2, o.channels,
+                                            test::weighted_sum<float>);
+      const std::uint64_t bytes = comm_bytes_sent(kv_kind);
+      enable_comm_timers(false);
+      return std::make_pair(result, bytes);
+    };
+    for (const Decomposition& d : decompositions) {
+      INFO(d.describe());
+      const auto on = on_wire(d, Bf16Wire::always), off = on_wire(d, Bf16Wire::never);
+      test::check_bit_identical(on.first, off.first);
+      if (off.second == 0)
+        CHECK(on.second == 0);
+      else
+        CHECK(on.second < off.second);
+    }
+  }
+  // The ops' numerics: bf16 attention is float attention on the rounded q, k and v, with its
+  // output rounded, bit for bit (one rank: the same block order).
+  const Communicator self(MPI_COMM_SELF);
+  const Decomposition whole({7, 6}, {1, 1}, {false, false});
+  std::vector<ShardTensor<float>> qkv, rounded;
+  for (std::uint64_t seed : {3, 4, 5}) {
+    qkv.push_back(test::random_shard<float>(whole, 0, 2, 4, seed));
+    rounded.push_back(kernels::bfloat16_copy(qkv.back(), "rounded"));
+  }
+  const auto attend = [&](const std::vector<ShardTensor<float>>& in, bool ring, bool bf16) {
+    std::vector<Variable<float>> v;
+    for (const ShardTensor<float>& f : in) v.push_back(Variable<float>::field(f, false, "x"));
+    NeighborhoodAttentionOptions n;
+    n.heads = 2;
+    n.window = {3};
+    n.bf16 = bf16;
+    const Variable<float> out = ring ? ring_attention(self, v[0], v[1], v[2], 2, false, false, bf16)
+                                     : neighborhood_attention(self, v[0], v[1], v[2], n);
+    return test::host_values(kernels::bfloat16_copy(out.value(), "out").view());
+  };
+  for (const bool ring : {true, false}) {
+    INFO((ring ? "ring" : "neighbourhood") << " attention op");
+    CHECK(attend(qkv, ring, true) == attend(rounded, ring, false));
+  }
+  // A double layer refuses bf16, naming the problem.
+  MultiHeadAttentionOptions o;
+  o.channels = 4;
+  o.heads = 2;
+  MultiHeadAttention<double> wide(world, o, "a");
+  CHECK_THROWS_WITH(wide.compute_in_bf16(true), Contains("bf16 operands need a float model"));
+}
+
 TEST_CASE("a bf16 ViT (both attentions) and FNO: sharded equals one rank within bf16 rounding",
           "[bf16][vit][fno]") {
-  // The projections, MLPs, patch embeddings and heads are bf16 convolutions; attention's
-  // softmax, the token norms and the spectral convolutions stay float.
+  // The projections, MLPs, patch embeddings and heads are bf16 convolutions, attention takes
+  // bf16 Q, K, V; its softmax, the token norms and the spectral convolutions stay float.
   const Communicator world;
   const auto in_bf16 = [](std::shared_ptr<Module<float>> model) {
     model->compute_in_bf16(true);

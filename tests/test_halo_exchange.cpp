@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 
+#include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "test_support.hpp"
@@ -378,4 +379,57 @@ TEMPLATE_TEST_CASE("a slab exchange brings the neighbours' x-planes", "[halo][sl
       check(slabs.upper(), widths[1], offset + field.local_extent(0));
       CHECK(wrong == 0);
     }
+}
+
+TEST_CASE("a slab exchange on the bfloat16 wire brings the planes rounded, in half the bytes",
+          "[halo][slabs][bf16]") {
+  const Communicator comm;
+  const int p = comm.size();
+  if (p == 1) return;  // no slabs on one rank (covers() is false)
+  for (const bool periodic : {false, true}) {
+    const Decomposition d(extents_for({p, 1, 1}, 2), {p, 1, 1}, {periodic, false, false});
+    INFO(describe(d, {}));
+    ShardTensor<float> field(d, comm.rank(), 2, 3);
+    // Owned values past bfloat16's 8 significant bits, so that rounding shows.
+    const auto value = [&](Index n, Index c, SpatialIndex g) {
+      return double(float(1.001 * double(test::global_linear_index(d, 3, n, c, g) + 1)));
+    };
+    test::fill(field, [&](Index n, Index c, const SpatialIndex&, const SpatialIndex& g) {
+      return value(n, c, g);
+    });
+    std::uint64_t bytes[2] = {0, 0};
+    for (const HaloWire wire : {HaloWire::native, HaloWire::bfloat16}) {
+      const bool bf16 = wire == HaloWire::bfloat16;
+      enable_comm_timers();
+      reset_comm_timers();
+      SlabExchange<float> slabs(comm, field, 2, 1, periodic, wire);
+      slabs.wait();
+      bytes[bf16] = comm_bytes_sent(CommKind::halo);
+      enable_comm_timers(false);
+      const Index nx = d.global_extent(0), offset = field.global_box().lower[0];
+      long long wrong = 0;
+      const auto check = [&](const FieldView<float>& slab, Index first) {
+        auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), slab);
+        for (Index n = 0; n < 2; ++n)
+          for (Index c = 0; c < 3; ++c)
+            for (Index i = 0; i < Index(host.extent(2)); ++i)
+              for (Index y = 0; y < Index(host.extent(3)); ++y)
+                for (Index z = 0; z < Index(host.extent(4)); ++z) {
+                  const double owner = value(n, c, {(first + i + nx) % nx, y, z});
+                  const double want = bf16 ? double(round_to_bfloat16(float(owner))) : owner;
+                  if (double(host(n, c, i, y, z)) != want) ++wrong;
+                }
+      };
+      check(slabs.lower(), offset - 2);
+      check(slabs.upper(), offset + field.local_extent(0));
+      CHECK(wrong == 0);
+    }
+    CHECK(2 * bytes[1] == bytes[0]);
+    CHECK(bytes[0] > 0);  // every shard has a neighbour along x
+  }
+  // Doubles are never sent as bfloat16.
+  const Decomposition d(extents_for({p, 1, 1}, 2), {p, 1, 1});
+  const ShardTensor<double> wide(d, comm.rank(), 1, 1);
+  CHECK_THROWS_WITH(SlabExchange<double>(comm, wide, 1, 1, false, HaloWire::bfloat16),
+                    Catch::Contains("the bfloat16 wire moves float fields, this one has 8-byte"));
 }

@@ -122,19 +122,19 @@ TEST_CASE("config errors name the key, the value and the line", "[config]") {
   CHECK(aware.parallel.comm.device_aware_mpi);
   CHECK_FALSE(
       RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.device_aware_mpi);
-  const auto bf16_halos = [](const std::string& value) {
+  const auto bf16_wire = [](const std::string& value) {
     return RunConfig::parse(
-               "data: {path: a.h5}\nmodel: {type: unet}\nparallel: {bf16_halos: " + value + "}\n",
+               "data: {path: a.h5}\nmodel: {type: unet}\nparallel: {bf16_wire: " + value + "}\n",
                "run.yaml")
-        .parallel.comm.bf16_halos;
+        .parallel.comm.bf16_wire;
   };
-  CHECK(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.bf16_halos ==
-        Bf16Halos::automatic);
-  CHECK(bf16_halos("on") == Bf16Halos::always);
-  CHECK(bf16_halos("off") == Bf16Halos::never);
-  CHECK(bf16_halos("auto") == Bf16Halos::automatic);
-  CHECK_THAT(test::error_message_of([&] { bf16_halos("half"); }),
-             Catch::Contains("run.yaml: parallel.bf16_halos (line 3)") &&
+  CHECK(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\n").parallel.comm.bf16_wire ==
+        Bf16Wire::automatic);
+  CHECK(bf16_wire("on") == Bf16Wire::always);
+  CHECK(bf16_wire("off") == Bf16Wire::never);
+  CHECK(bf16_wire("auto") == Bf16Wire::automatic);
+  CHECK_THAT(test::error_message_of([&] { bf16_wire("half"); }),
+             Catch::Contains("run.yaml: parallel.bf16_wire (line 3)") &&
                  Catch::Contains("'half'") && Catch::Contains("auto, on, off"));
 
   CHECK(RunConfig::parse("data: {path: a.h5}\nmodel: {type: unet}\ntraining: {tf32: true}\n")

@@ -7,7 +7,7 @@ namespace shardtensor {
 namespace {
 
 std::atomic<std::int64_t> counted_ns[2]{};
-std::atomic<std::uint64_t> halo_bytes{0};
+std::atomic<std::uint64_t> counted_bytes[2]{};
 // Scopes of each kind open on this thread: only the outermost one counts.
 thread_local int depth[2] = {0, 0};
 
@@ -32,9 +32,9 @@ void comm_timer_leave(CommKind kind, std::int64_t start) noexcept {
   if (start >= 0) counted_ns[int(kind)].fetch_add(now_ns() - start, std::memory_order_relaxed);
 }
 
-void count_halo_bytes(std::uint64_t bytes) noexcept {
+void count_bytes_sent(CommKind kind, std::uint64_t bytes) noexcept {
   if (comm_timers_on.load(std::memory_order_relaxed))
-    halo_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    counted_bytes[int(kind)].fetch_add(bytes, std::memory_order_relaxed);
 }
 
 }  // namespace impl
@@ -49,15 +49,15 @@ bool comm_timers_enabled() noexcept {
 
 void reset_comm_timers() noexcept {
   for (auto& ns : counted_ns) ns.store(0, std::memory_order_relaxed);
-  halo_bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : counted_bytes) bytes.store(0, std::memory_order_relaxed);
 }
 
 double comm_seconds(CommKind kind) noexcept {
   return 1e-9 * double(counted_ns[int(kind)].load(std::memory_order_relaxed));
 }
 
-std::uint64_t halo_bytes_sent() noexcept {
-  return halo_bytes.load(std::memory_order_relaxed);
+std::uint64_t comm_bytes_sent(CommKind kind) noexcept {
+  return counted_bytes[int(kind)].load(std::memory_order_relaxed);
 }
 
 }  // namespace shardtensor

@@ -119,8 +119,8 @@ const char* to_string(CommBackend backend) {
   return backend == CommBackend::nccl ? "nccl" : "mpi";
 }
 
-const char* to_string(Bf16Halos halos) {
-  return halos == Bf16Halos::always ? "on" : halos == Bf16Halos::never ? "off" : "auto";
+const char* to_string(Bf16Wire halos) {
+  return halos == Bf16Wire::always ? "on" : halos == Bf16Wire::never ? "off" : "auto";
 }
 
 int Communicator::reserve_tags(int count) const {

@@ -158,10 +158,10 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
 template <class T>
 HaloWire HaloExchange<T>::wire_for_bfloat16_values() const {
   if (!std::is_same_v<T, float>) return HaloWire::native;
-  switch (comm_.options().bf16_halos) {
-    case Bf16Halos::always:
+  switch (comm_.options().bf16_wire) {
+    case Bf16Wire::always:
       return HaloWire::bfloat16;
-    case Bf16Halos::never:
+    case Bf16Wire::never:
       return HaloWire::native;
     default:  // bfloat16 where every message is unpacked anyway
       return ghost_layouts_.empty() ? HaloWire::bfloat16 : HaloWire::native;
@@ -264,7 +264,7 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
   }
   std::uint64_t bytes = 0;
   for (const impl::Send& send : sends) bytes += send.count * wire_bytes;
-  impl::count_halo_bytes(bytes);
+  impl::count_bytes_sent(CommKind::halo, bytes);
   transfers_ = impl::transport_for<DefaultMemorySpace>(comm_).exchange(
       sends, receives, bfloat16 ? impl::WireType::bfloat16 : impl::wire_type<T>());
 }

@@ -287,8 +287,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
   // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
-  const ReplicatedView<T> w =
-      options_.bf16 ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16") : weight_.data();
+  const ReplicatedView<T> w = options_.bf16
+                                  ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16")
+                                  : weight_.data();
   // With `split`, the outputs whose windows read none of the `travelling` boxes of xp first,
   // while those cells travel, then, once `arrived` returns, the rest; else all after it.
   const auto forward_around = [&](bool split, const std::vector<Box>& travelling,
@@ -305,7 +306,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   };
   std::optional<SlabExchange<T>> exchange;  // the input's slabs
   if (slabs) {
-    exchange.emplace(comm_, x, below, above, halo_->periodic());
+    // A bf16 layer's kernels round the planes they read: bfloat16 planes change nothing.
+    exchange.emplace(
+        comm_, x, below, above, halo_->periodic(),
+        options_.bf16 ? SlabExchange<T>::wire_for_bfloat16_readers(comm_) : HaloWire::native);
     const bool split = kernels.runs_in_chunks() && options_.overlap_halo;
     forward_around(split, split ? slab_boxes(xp, rotation, below, above) : std::vector<Box>(),
                    [&] { exchange->wait(); },
@@ -340,10 +344,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     // Not in a recomputed unit's run inside backward, whose backward comes next: packing would
     // only add the 16 bits beside the float input for that short while (the unit's first
     // conv, after the U-Net's concatenation: its peak).
-    SavedField<T> saved_input(input,
-                              options_.bf16 && !impl::recomputing_flag() ? SavedPacking::rounded
-                                                                          : SavedPacking::none,
-                              name_ + ".saved_input");
+    SavedField<T> saved_input(
+        input,
+        options_.bf16 && !impl::recomputing_flag() ? SavedPacking::rounded : SavedPacking::none,
+        name_ + ".saved_input");
     PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded, x);
     // The neighbours' planes that forward read (a surface), for the weight gradient.
     FieldView<T> slab_lower = slabs ? exchange->lower() : FieldView<T>(),
@@ -352,7 +356,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
       ShardTensor<T> padded;
-      bool in_place = false;  // the buffer is the input itself (HaloPadding::reads_in_place)
+      bool in_place = false;         // the buffer is the input itself (HaloPadding::reads_in_place)
       bool padded_in_place = false;  // the input itself, its ghost cells filled (pads_in_place)
       {
         const ShardTensor<T> input_value = saved_input.value();  // unpacked: goes at the brace
@@ -377,7 +381,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       // The output gradient's planes that the input gradient reads past its ends: the
       // mirror of forward's (its windows run the other way).
       std::optional<SlabExchange<T>> gy_exchange;
-      if (slabs) gy_exchange.emplace(comm, grad_output, above, below, periodic);
+      if (slabs)
+        gy_exchange.emplace(
+            comm, grad_output, above, below, periodic,
+            bf16 ? SlabExchange<T>::wire_for_bfloat16_readers(comm) : HaloWire::native);
       const ReplicatedView<T> gw =
           w_node->requires_grad ? w_node->grad_partial(comm) : ReplicatedView<T>();
       const ReplicatedView<T> gb =

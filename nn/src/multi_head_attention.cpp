@@ -49,11 +49,13 @@ template <class T>
 Variable<T> MultiHeadAttention<T>::forward(const Variable<T>& input) {
   const Variable<T> q = (*q_)(input), k = (*k_)(input), v = (*v_)(input);
   if (options_.kind == AttentionKind::global)
-    return (*out_)(ring_attention(comm_, q, k, v, options_.heads, false, options_.tf32));
+    return (*out_)(
+        ring_attention(comm_, q, k, v, options_.heads, false, options_.tf32, options_.bf16));
   NeighborhoodAttentionOptions n;
   n.heads = options_.heads;
   n.window = options_.window;
   n.dilation = options_.dilation;
+  n.bf16 = options_.bf16;
   return (*out_)(neighborhood_attention(comm_, q, k, v, n));
 }
 

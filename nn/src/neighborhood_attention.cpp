@@ -17,6 +17,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "shardtensor/comm/impl/layout_check.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/neighborhood_attention.hpp"
 
 namespace shardtensor {
@@ -115,6 +117,8 @@ std::string validate(const Communicator& comm, const Variable<T>& q, const Varia
   const ShardTensor<T>& qf = q.value();
   const Decomposition& dec = qf.decomposition();
   const int ndims = dec.ndims();
+  if (options.bf16 && !std::is_same<T, float>::value)
+    return "bf16 operands need a float model, this one is double";
   if (dec.nranks() != comm.size() || qf.rank() != comm.rank()) {
     error << "the decomposition (" << dec.describe() << ") has " << dec.nranks()
           << " parts and this is the shard of rank " << qf.rank() << ", but the communicator has "
@@ -266,6 +270,12 @@ using kernels::pack_rows;
 using kernels::PackedRows;
 using kernels::unpack_rows;
 
+/// Rounds packed rows to bfloat16 in place (a bf16 call's operands; float only).
+template <class T>
+void round_rows(const PackedRows<T>& rows) {
+  kernels::round_to_bfloat16(ExecutionSpace(), rows.data(), rows.data(), rows.span());
+}
+
 /// The backward of one call: dQ, and dK/dV with the ghost keys' gradients sent back to their
 /// owners (the halo adjoint) while the owned ones are computed.
 template <class T>
@@ -277,6 +287,7 @@ struct Backward {
   Decomposition dec;
   int rank;
   SpatialIndex to_padded;
+  bool bf16;
 
   void operator()(impl::Node<T>& self) const {
     const Index C = g->channels, N = g->batch, H = g->heads;
@@ -290,6 +301,7 @@ struct Backward {
     const PackedRows<T> delta = scratch("neighborhood delta", N * g->cells(), H);
     pack_rows(ExecutionSpace(), grad.view(), grad.interior_box(), 0, C, dout, g->local,
               negated(grad.ghosts()), 0);
+    if (bf16) round_rows(dout);  // an operand of dV = P^T dO and dP = dO V^T
     kernels::neighborhood_delta(ExecutionSpace(), g->grid, dout, saved->out, delta);
     const bool need_kv = self.inputs[1]->requires_grad || self.inputs[2]->requires_grad;
 
@@ -394,15 +406,17 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
             field_to_padded(kf), 0);
   pack_rows(ExecutionSpace(), vf.view(), vf.interior_box(), 0, C, saved->kv, g->padded,
             field_to_padded(vf), C);
+  if (options.bf16) round_rows(saved->kv);  // the ghosts come rounded from their owners
   ShardTensor<T> padded(dec, rank, N, 2 * C, g->ghosts, "neighborhood_attention kv");
   unpack_rows(ExecutionSpace(), saved->kv, g->padded, none, 0, 2 * C, padded.view(),
               padded_interior, 0, false);
   const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
-  plan->start(padded);
+  plan->start(padded, options.bf16 ? plan->wire_for_bfloat16_values() : HaloWire::native);
 
   // While the messages travel: pack Q, compute the early queries.
   pack_rows(ExecutionSpace(), qf.view(), qf.interior_box(), 0, C, saved->q, g->local,
             negated(qf.ghosts()), 0);
+  if (options.bf16) round_rows(saved->q);
   kernels::neighborhood_forward(ExecutionSpace(), g->grid, g->early, saved->q, saved->kv,
                                 saved->out, saved->lse);
   plan->finish(padded);
@@ -414,13 +428,15 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
     kernels::neighborhood_forward(ExecutionSpace(), g->grid, b, saved->q, saved->kv, saved->out,
                                   saved->lse);
 
+  if (options.bf16) round_rows(saved->out);  // backward's delta reads the rounded output too
   auto node = make_result_node<T>("neighborhood_attention", {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(dec, rank, N, C, {}, "neighborhood_attention");
   unpack_rows(ExecutionSpace(), saved->out, g->local, none, 0, C, node->field.view(), owned_box, 0,
               false);
   if (!node->requires_grad) return Variable<T>(node);
 
-  node->backward = Backward<T>{g, plan, saved, owned_box, padded_interior, dec, rank, to_padded};
+  node->backward =
+      Backward<T>{g, plan, saved, owned_box, padded_interior, dec, rank, to_padded, options.bf16};
   return Variable<T>(node);
 }
 

@@ -23,6 +23,7 @@
 #include "shardtensor/comm/point_to_point.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/flash_attention.hpp"
 
 namespace shardtensor {
@@ -91,6 +92,14 @@ void unpack(const T* packed, const ShardTensor<T>& f, const Heads& a, bool add) 
 template <class T>
 void unpack(const T* packed, const ReplicatedView<T>& r, const Heads& a, Index tokens, bool add) {
   kernels::unpack_tokens(ExecutionSpace(), packed, r, tokens, a, add);
+}
+
+/// `b` rounded to bfloat16 in place where `bf16` (a bf16 op's operands: Q, K, V, the output
+/// and its gradient), and returned.
+template <class T>
+AttentionBuffer<T> rounded_if(bool bf16, AttentionBuffer<T> b) {
+  if (bf16) kernels::round_to_bfloat16(ExecutionSpace(), b.data(), b.data(), b.extent(0));
+  return b;
 }
 
 /// Zero-filled buffer of a block's gradient, or an empty one when not needed.
@@ -247,12 +256,16 @@ Ring ring_of(const Communicator& comm, const Decomposition& d) {
 
 /// The K/V blocks around the ring: step s computes on the block of rank source(s) while the
 /// next one arrives. Two buffers alternate, the own block's (overwritten from step 1 on) and
-/// one more: a buffer is received into only after its block was sent on.
+/// one more: a buffer is received into only after its block was sent on. With `bfloat16`
+/// (the blocks hold bfloat16 values: a bf16 op's), the blocks travel as their 16-bit bits,
+/// two such buffers alternating, and each is widened into the own block's buffer to be
+/// computed on: half the bytes, the same values, the same memory.
 template <class T>
 class BlockRing {
  public:
-  BlockRing(const Communicator& comm, const Ring& ring, const Heads& a, AttentionBuffer<T> own)
-      : comm_(comm), ring_(ring), a_(a) {
+  BlockRing(const Communicator& comm, const Ring& ring, const Heads& a, AttentionBuffer<T> own,
+            bool bfloat16)
+      : comm_(comm), ring_(ring), a_(a), bfloat16_(bfloat16 && ring.size > 1) {
     const Index capacity = 2 * a.block(ring.max_tokens);
     impl::mpi_count(static_cast<std::size_t>(capacity), "ring_attention");
     buffers_[0] = own;
@@ -263,16 +276,38 @@ class BlockRing {
       Kokkos::deep_copy(
           Kokkos::subview(buffers_[0], std::make_pair(Index(0), Index(own.extent(0)))), own);
     }
-    buffers_[1] = attention_buffer<T>("attention.kv_ring", capacity, MemoryCategory::comm_buffers);
+    if (!bfloat16_) {
+      buffers_[1] =
+          attention_buffer<T>("attention.kv_ring", capacity, MemoryCategory::comm_buffers);
+      return;
+    }
+    if constexpr (std::is_same<T, float>::value) {
+      const MemoryCategoryScope memory(MemoryCategory::comm_buffers);
+      for (auto& bits : bits_)
+        bits = Kokkos::View<std::uint16_t*, DefaultMemorySpace>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, "attention.kv_ring_bf16"), capacity);
+      kernels::store_bfloat16_bits(ExecutionSpace(), own.data(), bits_[0].data(), own.extent(0));
+    }
   }
   /// The block of ring step `step` (owned by ring.source(step)); starts the next transfer.
   const T* start(int step) {
+    const Index count = 2 * a_.block(ring_.tokens[ring_.source(step)]);
+    const bool more = step + 1 < ring_.size;
+    const Index next_count = more ? 2 * a_.block(ring_.tokens[ring_.source(step + 1)]) : 0;
+    if (bfloat16_) {
+      const std::uint16_t* bits = bits_[step % 2].data();
+      if (step > 0) kernels::unpack_bfloat16(ExecutionSpace(), bits, buffers_[0].data(), count);
+      if (more)
+        transfer_ =
+            post_exchange(comm_, bits, count, ring_.next(), bits_[(step + 1) % 2].data(),
+                          next_count, ring_.prev(), kv_tag(comm_), impl::WireType::bfloat16);
+      return buffers_[0].data();
+    }
     T* current = buffers_[step % 2].data();
-    if (step + 1 < ring_.size)
-      transfer_ = post_exchange(
-          comm_, static_cast<const T*>(current), 2 * a_.block(ring_.tokens[ring_.source(step)]),
-          ring_.next(), buffers_[(step + 1) % 2].data(),
-          2 * a_.block(ring_.tokens[ring_.source(step + 1)]), ring_.prev(), kv_tag(comm_));
+    if (more)
+      transfer_ =
+          post_exchange(comm_, static_cast<const T*>(current), count, ring_.next(),
+                        buffers_[(step + 1) % 2].data(), next_count, ring_.prev(), kv_tag(comm_));
     return current;
   }
   void progress() { transfer_.test(); }
@@ -283,8 +318,10 @@ class BlockRing {
   Communicator comm_;
   const Ring& ring_;
   Heads a_;
+  bool bfloat16_;
   AttentionBuffer<T> buffers_[2];
-  PendingExchange transfer_;
+  Kokkos::View<std::uint16_t*, DefaultMemorySpace> bits_[2];  // the bfloat16 wire's
+  PendingExchange transfer_;  // last: waited for before the buffers go
 };
 
 /// Forward of ring attention on packed q and the own K/V block (used up as a ring buffer):
@@ -292,12 +329,12 @@ class BlockRing {
 template <class T>
 OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const Heads& a,
                               const AttentionBuffer<T>& q, AttentionBuffer<T> kv, bool causal,
-                              T scale, bool tf32) {
+                              T scale, bool tf32, bool bfloat16_wire) {
   const Index L = ring.tokens[ring.rank];
   OnlineSoftmax<T> state(ExecutionSpace(), a.slices() * L, a.head_dim);
   AttentionBuffer<T> scores =
       attention_buffer<T>("attention.scores", kernels::score_buffer_size(a, L, ring.max_tokens));
-  BlockRing<T> blocks(comm, ring, a, kv);
+  BlockRing<T> blocks(comm, ring, a, kv, bfloat16_wire);
   const Progress progress = [&] { blocks.progress(); };
   for (int step = 0; step < ring.size; ++step) {
     const int src = ring.source(step);
@@ -321,7 +358,8 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
 template <class T>
 AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, const Heads& a,
                                  const QueryGradients<T>& g, T* dq, AttentionBuffer<T> kv,
-                                 bool need_dkv, bool causal, T scale, bool tf32) {
+                                 bool need_dkv, bool causal, T scale, bool tf32,
+                                 bool bfloat16_wire) {
   const Index block_max = 2 * a.block(ring.max_tokens);
   const Index values = kernels::score_buffer_size(a, g.queries, ring.max_tokens);
   AttentionBuffer<T> scores = attention_buffer<T>("attention.scores", values);
@@ -337,7 +375,7 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
   // Step s sends this step's dK/dV (grads[s % 2]) on and receives the previous rank's into
   // `incoming`; it is waited for at step s + 1, before `incoming` is added and reposted.
   PendingExchange grad_ring[2];
-  BlockRing<T> blocks(comm, ring, a, kv);
+  BlockRing<T> blocks(comm, ring, a, kv, bfloat16_wire);
   const Progress progress = [&] {
     blocks.progress();
     grad_ring[0].test();
@@ -381,9 +419,11 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
 
 template <class T>
 Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const Variable<T>& k,
-                           const Variable<T>& v, int heads, bool causal, bool tf32) {
+                           const Variable<T>& v, int heads, bool causal, bool tf32, bool bf16) {
   constexpr const char* where = "ring_attention";
   check_defined(where, q, k, v);
+  SHARDTENSOR_REQUIRE(!bf16 || (std::is_same<T, float>::value), where,
+                      "bf16 operands need a float model, this one is double");
   for (const Variable<T>* x : {&q, &k, &v}) check_sharded(where, comm, *x);
   const ShardTensor<T>& qf = q.value();
   const Decomposition& dec = qf.decomposition();
@@ -401,11 +441,18 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
 
   const Ring ring = ring_of(comm, dec);
   const T scale = T(1) / std::sqrt(T(a.head_dim));
-  OnlineSoftmax<T> state = ring_forward(comm, ring, a, packed_copy(qf, a),
-                                        packed_kv(k.value(), v.value(), a), causal, scale, tf32);
+  // bf16: Q, K and V rounded, their K/V blocks on the bfloat16 wire unless the options say
+  // float (the same values either way); scores, softmax and sums in float; output rounded.
+  const bool bfloat16_wire = bf16 && comm.options().bf16_wire != Bf16Wire::never;
+  OnlineSoftmax<T> state = ring_forward(comm, ring, a, rounded_if(bf16, packed_copy(qf, a)),
+                                        rounded_if(bf16, packed_kv(k.value(), v.value(), a)),
+                                        causal, scale, tf32, bfloat16_wire);
 
   auto node = make_result_node<T>(where, {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(dec, qf.rank(), qf.batch(), qf.channels(), {}, where);
+  if (bf16)
+    kernels::round_to_bfloat16(ExecutionSpace(), state.out(), state.out(),
+                               std::size_t(a.block(ring.tokens[ring.rank])));
   unpack(state.out(), node->field, a, /*add=*/false);
   if (!node->requires_grad) return Variable<T>(node);
 
@@ -413,18 +460,20 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
   // keeps no values; backward packs them again).
   const AttentionBuffer<T> lse = state.max;
   const ShardTensor<T> output = node->field, qv = qf, kv_k = k.value(), kv_v = v.value();
-  node->backward = [comm, a, ring, causal, tf32, scale, lse, output, qv, kv_k,
+  node->backward = [comm, a, ring, causal, tf32, bf16, bfloat16_wire, scale, lse, output, qv, kv_k,
                     kv_v](impl::Node<T>& self) {
     const Index L = ring.tokens[ring.rank], E = a.block(L);
     const auto& inputs = self.inputs;
-    const QueryGradients<T> g = kernels::query_gradients(
-        ExecutionSpace(), packed_copy(qv, a), packed_copy(self.grad_field(), a),
-        packed_copy(output, a), lse, L, a.head_dim);
-    const AttentionBuffer<T> kv = packed_kv(kv_k, kv_v, a);
+    // bf16: the output gradient is an operand too (of dV = P^T dO and dP = dO V^T).
+    const QueryGradients<T> g =
+        kernels::query_gradients(ExecutionSpace(), rounded_if(bf16, packed_copy(qv, a)),
+                                 rounded_if(bf16, packed_copy(self.grad_field(), a)),
+                                 packed_copy(output, a), lse, L, a.head_dim);
+    const AttentionBuffer<T> kv = rounded_if(bf16, packed_kv(kv_k, kv_v, a));
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, E);
     const bool need_dkv = inputs[1]->requires_grad || inputs[2]->requires_grad;
-    const AttentionBuffer<T> dkv =
-        ring_backward(comm, ring, a, g, data_or_null(dq), kv, need_dkv, causal, scale, tf32);
+    const AttentionBuffer<T> dkv = ring_backward(comm, ring, a, g, data_or_null(dq), kv, need_dkv,
+                                                 causal, scale, tf32, bfloat16_wire);
     if (inputs[0]->requires_grad) unpack(dq.data(), inputs[0]->grad_field(), a, true);
     if (inputs[1]->requires_grad) unpack(dkv.data(), inputs[1]->grad_field(), a, true);
     if (inputs[2]->requires_grad) unpack(dkv.data() + E, inputs[2]->grad_field(), a, true);
@@ -547,7 +596,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                                 \
   template Variable<T> ring_attention(const Communicator&, const Variable<T>&, const Variable<T>&, \
-                                      const Variable<T>&, int, bool, bool);                        \
+                                      const Variable<T>&, int, bool, bool, bool);                  \
   template Variable<T> attention_replicated_queries(const Communicator&, const Variable<T>&,       \
                                                     const Variable<T>&, const Variable<T>&, int);  \
   template Variable<T> attention_replicated_keys(const Communicator&, const Variable<T>&,          \

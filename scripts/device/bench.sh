@@ -5,7 +5,7 @@
 # output into $OUT/bench.log). Run it after scripts/device/run.sh (which unpacks the bundle),
 # or alone: then it unpacks the bundle first, running no test.
 #
-#   scripts/device/bench.sh [conv,unet,capacity,vit,attention,memops]  (default: all, in order)
+#   scripts/device/bench.sh [conv,unet,capacity,vit,attention,memops,halo]  (default: all, in order)
 #
 #   conv       bench_conv 32 -> 32, k3, 128^3, forward + backward (median of 7 after 3) and
 #              tools/pytorch_gpu_conv.py
@@ -22,6 +22,10 @@
 #              scaled_dot_product_attention (tools/pytorch_gpu_attention.py: fp32, TF32, bf16)
 #   memops     bench_memory_ops at 128^3 (pooling, upsampling, GroupNorm, GELU, concat, MSE:
 #              GB/s against the GPU's copy ceiling) and tools/pytorch_memory_ops.py on the GPU
+#   halo       bench_halo on device memory, float against the bfloat16 wire (its bf16 column):
+#              one rank, periodic (the messages to itself), and two ranks sharing the GPU
+#              (staged through host buffers); then ring attention's K/V on the bfloat16 wire
+#              (bench_attention --bf16 on at 16384 tokens, one and two ranks)
 #
 # Each command runs with a time limit (LIMIT_S, 300 s); a run that fails or times out is
 # logged and the next one starts. CUDNN_APIS (default "legacy graph graph_cl") names the cuDNN
@@ -33,7 +37,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${OUT:-$root/device-out}"
 limit="${LIMIT_S:-300}"
-parts=",${1:-conv,unet,capacity,vit,attention,memops},"
+parts=",${1:-conv,unet,capacity,vit,attention,memops,halo},"
 unpacked=/tmp/shardtensor-device
 mkdir -p "$out"
 [ -f "$unpacked/env.sh" ] || bash "$root/scripts/device/run.sh" '^$' 1 > /dev/null
@@ -134,6 +138,13 @@ fi
 if [[ $parts == *,memops,* ]]; then
   run mpiexec -n 1 "$bin/bench_memory_ops" --size 128 --iters 5 --warmup 2
   run python3 "$root/tools/pytorch_memory_ops.py" --size 128 --iters 5 --warmup 2 --device cuda
+fi
+if [[ $parts == *,halo,* ]]; then
+  run mpiexec -n 1 "$bin/bench_halo" --periodic --reps 5
+  run mpiexec -n 2 "$bin/bench_halo" --reps 5
+  for ranks in 1 2; do
+    run mpiexec -n $ranks "$bin/bench_attention" --tokens 16384 --iters 3 --warmup 1 --bf16 on
+  done
 fi
 echo "bench: $(wc -l < "$jsonl") JSON lines in $jsonl"
 python3 "$root/scripts/device/summarize.py" "$jsonl"

@@ -41,11 +41,18 @@ def line(r):
             "bench_conv", path + " tf32 " + r.get("tf32", "?"), r["step_median_s"] * 1e3,
             r["forward_s"] * 1e3, r["gflops_per_core"], r.get("step_peak_mib", "?"))
     if r.get("bench") == "attention":
-        return "%-22s %-28s fwd %.1f ms fwd+bwd %.1f ms wait %.1f %% check %.2g step %s MiB" % (
-            "bench_attention", "%s tokens %s rk tf32 %s" % (r["tokens"], r.get("ranks", 1),
-                                                            r.get("tf32")),
+        return ("%-22s %-28s fwd %.1f ms fwd+bwd %.1f ms wait %.1f %% check %.2g step %s MiB "
+                "ring %s MiB") % (
+            "bench_attention", "%s tokens %s rk tf32 %s bf16 %s" % (
+                r["tokens"], r.get("ranks", 1), r.get("tf32"), r.get("bf16", False)),
             r["ms_forward"], r["ms_forward_backward"], 100 * r.get("wait_fraction", 0),
-            r["check_error"], r["tracked_step_mib"])
+            r["check_error"], r["tracked_step_mib"], r.get("ring_mib", "?"))
+    if r.get("bench") == "halo":
+        return "%-22s %-28s %s" % ("bench_halo", "%s rk %s periodic %s" % (
+            r["ranks"], r["grid"], r["periodic"]), "; ".join(
+                "width %s: %.1f us float, %.1f us bf16 (x%.2f), %.2f GB/s" % (
+                    w["width"], w["halo_s"] * 1e6, w.get("bf16_s", 0) * 1e6,
+                    w.get("bf16_speedup") or 0, w["gbytes_per_s"]) for w in r["per_width"]))
     if r.get("bench") == "scaling":
         peak = r.get("peak_mib", {})
         return "%-22s %-28s size %s step %.2f ms infer %.2f ms peak %.0f MiB fits %s" % (

@@ -36,17 +36,17 @@ DataConfig read_data(const ConfigNode& node, bool path_required) {
 }
 
 ParallelConfig read_parallel(const ConfigNode& node) {
-  node.allow_only({"data_groups", "grid", "backend", "device_aware_mpi", "bf16_halos"});
+  node.allow_only({"data_groups", "grid", "backend", "device_aware_mpi", "bf16_wire"});
   ParallelConfig p;
   const std::string backend = node.choice("backend", "mpi", {"mpi", "nccl"});
   node["backend"].check(backend != "nccl" || nccl_available(),
                         "'nccl' needs a CUDA build with NCCL; this build has none (use mpi)");
   p.comm.backend = backend == "nccl" ? CommBackend::nccl : CommBackend::mpi;
   p.comm.device_aware_mpi = node.get("device_aware_mpi", p.comm.device_aware_mpi);
-  const std::string bf16_halos = node.choice("bf16_halos", "auto", {"auto", "on", "off"});
-  p.comm.bf16_halos = bf16_halos == "on"    ? Bf16Halos::always
-                      : bf16_halos == "off" ? Bf16Halos::never
-                                            : Bf16Halos::automatic;
+  const std::string bf16_wire = node.choice("bf16_wire", "auto", {"auto", "on", "off"});
+  p.comm.bf16_wire = bf16_wire == "on"    ? Bf16Wire::always
+                     : bf16_wire == "off" ? Bf16Wire::never
+                                          : Bf16Wire::automatic;
   p.data_groups = node.get("data_groups", p.data_groups);
   node["data_groups"].check(p.data_groups >= 1,
                             "must be at least 1, got " + node["data_groups"].text());

@@ -9,7 +9,7 @@
 //         (halo exchanges, rings, all-to-all) as grouped ncclSend / ncclRecv, on the
 //         communicator's own CUDA stream. Needs one GPU per rank.
 // Config: `parallel.backend: mpi | nccl`, `parallel.device_aware_mpi: false | true`,
-// `parallel.bf16_halos: auto | on | off`.
+// `parallel.bf16_wire: auto | on | off`.
 
 #include <string>
 
@@ -17,26 +17,28 @@ namespace shardtensor {
 
 enum class CommBackend { mpi, nccl };
 
-/// How a halo exchange moves the operand of a bf16 layer (float values that are bfloat16
-/// values, HaloWire::bfloat16): `automatic` as bfloat16 where the transport unpacks every
-/// message anyway (device memory: half the bytes for no extra pass), as float where MPI
-/// receives straight into the ghost cells (host memory: on one node the unpack that bfloat16
-/// needs costs more than the halved copy saves); `always` (host memory across a slow
-/// network) or `never`. The values that arrive are the same either way.
-enum class Bf16Halos { automatic, always, never };
+/// How the operands of bf16 layers (float values that are bfloat16 values) travel between
+/// ranks. Halo exchanges (HaloWire::bfloat16): `automatic` as bfloat16 where the transport
+/// unpacks every message anyway (device memory: half the bytes for no extra pass), as float
+/// where MPI receives straight into the ghost cells (host memory: on one node the unpack that
+/// bfloat16 needs costs more than the halved copy saves). Slab exchanges: float (likewise),
+/// bfloat16 with `always`. Ring attention's K/V blocks: as bfloat16 unless `never`. `always`
+/// (host memory across a slow network) or `never` for every transfer. The values that arrive
+/// are the same either way.
+enum class Bf16Wire { automatic, always, never };
 
 struct CommOptions {
   CommBackend backend = CommBackend::mpi;
   /// MPI backend: hand MPI device pointers instead of staging through host buffers. No effect
   /// on host memory, nor with NCCL (which only sees device memory anyway).
   bool device_aware_mpi = false;
-  Bf16Halos bf16_halos = Bf16Halos::automatic;
+  Bf16Wire bf16_wire = Bf16Wire::automatic;
 };
 
 /// "mpi" or "nccl".
 const char* to_string(CommBackend backend);
 /// "auto", "on" or "off", as the config says it.
-const char* to_string(Bf16Halos halos);
+const char* to_string(Bf16Wire halos);
 
 /// Whether this build has the NCCL backend: a CUDA build configured with NCCL.
 bool nccl_available();

@@ -3,7 +3,9 @@
 // (HaloExchange start / finish / reverse_start / reverse_finish) and inside collectives
 // (allreduce, allgather(v), reduce-scatter, all-to-all(v), ring shift, redistribute), summed
 // since the last reset. They answer "what fraction of a step is communication"
-// (bench/bench_scaling). Beside them, the bytes halo exchanges sent to other ranks.
+// (bench/bench_scaling). Beside them, the bytes sent to other ranks: by halo exchanges
+// (CommKind::halo), and by the point-to-point transfers of operations that pipeline their own
+// (CommKind::collective: ring attention's blocks, post_exchange).
 //
 //   enable_comm_timers();  reset_comm_timers();  ...one step...
 //   double halo = comm_seconds(CommKind::halo);
@@ -27,9 +29,10 @@ bool comm_timers_enabled() noexcept;
 void reset_comm_timers() noexcept;
 /// Seconds counted for `kind` since the last reset, on all threads of this process.
 double comm_seconds(CommKind kind) noexcept;
-/// Bytes this process's halo exchanges (forward and adjoint) handed the transport to send to
-/// other ranks while counting was on, since the last reset.
-std::uint64_t halo_bytes_sent() noexcept;
+/// Bytes this process handed the transport to send to other ranks while counting was on,
+/// since the last reset: halo exchanges' (forward and adjoint) for CommKind::halo, post_exchange's
+/// for CommKind::collective (the collectives proper are not counted).
+std::uint64_t comm_bytes_sent(CommKind kind) noexcept;
 
 namespace impl {
 extern std::atomic<bool> comm_timers_on;
@@ -38,8 +41,8 @@ extern std::atomic<bool> comm_timers_on;
 std::int64_t comm_timer_enter(CommKind kind) noexcept;
 /// Leaves it; an outermost scope (start >= 0) adds its time.
 void comm_timer_leave(CommKind kind, std::int64_t start) noexcept;
-/// Adds to halo_bytes_sent() while counting is on.
-void count_halo_bytes(std::uint64_t bytes) noexcept;
+/// Adds to comm_bytes_sent(kind) while counting is on.
+void count_bytes_sent(CommKind kind, std::uint64_t bytes) noexcept;
 }  // namespace impl
 
 /// Counts the time until it goes out of scope as communication of `kind`.

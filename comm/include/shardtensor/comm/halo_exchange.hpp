@@ -85,7 +85,7 @@ class HaloExchange {
   }
 
   /// The wire for a float field that holds bfloat16 values (a bf16 layer's operand), as the
-  /// communicator's options say (CommOptions::bf16_halos): the same values either way.
+  /// communicator's options say (CommOptions::bf16_wire): the same values either way.
   HaloWire wire_for_bfloat16_values() const;
 
   const std::vector<Message>& messages() const { return messages_; }

@@ -55,15 +55,19 @@ class PendingExchange {
 /// Starts sending `send_count` values at `send` to rank `to` and receiving `receive_count`
 /// values into `receive` from rank `from` (buffers of the default memory space; kernels that
 /// wrote `send` are fenced first). Every rank of a ring calls it in the same step; `tag` tells
-/// this operation's messages from others.
+/// this operation's messages from others. `wire`: what the values are (T's own type, or
+/// bfloat16 bits in 16-bit buffers). The bytes sent count as CommKind::collective's.
 template <class T>
 PendingExchange post_exchange(const Communicator& comm, const T* send, Index send_count, int to,
-                              T* receive, Index receive_count, int from, int tag) {
+                              T* receive, Index receive_count, int from, int tag,
+                              impl::WireType wire = impl::wire_type<T>()) {
   impl::mpi_count(static_cast<std::size_t>(send_count), "post_exchange");
   impl::mpi_count(static_cast<std::size_t>(receive_count), "post_exchange");
+  if (to != comm.rank())
+    impl::count_bytes_sent(CommKind::collective, std::uint64_t(send_count) * sizeof(T));
   return PendingExchange(impl::transport_for<DefaultMemorySpace>(comm).exchange(
       {{to, send, static_cast<std::size_t>(send_count), tag}},
-      {{from, receive, static_cast<std::size_t>(receive_count), tag}}, impl::wire_type<T>()));
+      {{from, receive, static_cast<std::size_t>(receive_count), tag}}, wire));
 }
 
 }  // namespace shardtensor

@@ -8,7 +8,11 @@
 //   ... compute what reads no slab ...
 //   slabs.wait();  // slabs.lower() and slabs.upper() hold the neighbours' planes
 
+#include <cstdint>
+#include <type_traits>
+
 #include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/comm/halo_exchange.hpp"
 #include "shardtensor/comm/point_to_point.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -22,16 +26,27 @@ class SlabExchange {
   /// `upper` from the one above (its first), and this shard's own planes to them. Past an
   /// open boundary (not `periodic`) nothing moves and that slab is empty. Collective over the
   /// field's ranks, with the same widths on each; every neighbour must own at least the planes
-  /// it sends. The field has no ghost cells, and is read until wait().
+  /// it sends. The field has no ghost cells, and is read until wait(). With `wire` bfloat16
+  /// (float fields), the planes travel as bfloat16 bits and arrive rounded (half the bytes;
+  /// for a reader that rounds anyway, the same values), widened by wait().
   SlabExchange(const Communicator& comm, const ShardTensor<T>& field, Index lower, Index upper,
-               bool periodic);
+               bool periodic, HaloWire wire = HaloWire::native);
   /// Not copied or moved: MPI writes into the buffers until wait(), and a defaulted move
   /// assignment would free them (the members in order) before the pending exchange waited.
   SlabExchange(const SlabExchange&) = delete;
   SlabExchange& operator=(const SlabExchange&) = delete;
 
   /// Blocks until the slabs are in place.
-  void wait() { pending_.wait(); }
+  void wait();
+
+  /// The wire for a float field read by a kernel that rounds it to bfloat16 (a bf16 layer's
+  /// operand), as the communicator's options say: bfloat16 only with `bf16_wire: on` (MPI
+  /// receives float slabs in place; bfloat16 ones need a pass to widen them).
+  static HaloWire wire_for_bfloat16_readers(const Communicator& comm) {
+    return std::is_same<T, float>::value && comm.options().bf16_wire == Bf16Wire::always
+               ? HaloWire::bfloat16
+               : HaloWire::native;
+  }
 
   /// The neighbours' planes as fields (batch, channels, planes, y, z): lower() ends where the
   /// shard begins, upper() begins where it ends. Empty past an open boundary.
@@ -44,8 +59,10 @@ class SlabExchange {
   static bool covers(const Decomposition& decomposition, Index lower, Index upper);
 
  private:
+  using Bits = Kokkos::View<std::uint16_t*, DefaultMemorySpace>;
   FieldView<T> lower_, upper_;
   Kokkos::View<T*, DefaultMemorySpace> sent_;  // the planes sent, until they have left
+  Bits sent_bits_, lower_bits_, upper_bits_;   // the bfloat16 wire's, until wait()
   PendingExchange pending_;
 };
 

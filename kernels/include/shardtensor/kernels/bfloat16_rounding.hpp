@@ -30,11 +30,19 @@ std::size_t pack_bfloat16(const ExecutionSpace& space, const T* from, std::uint1
 
 /// to[i] = bfloat16_value(bits[i]) for i < n (exact).
 template <class T>
-void unpack_bfloat16(const ExecutionSpace& space, const std::uint16_t* bits, T* to,
-                     std::size_t n) {
+void unpack_bfloat16(const ExecutionSpace& space, const std::uint16_t* bits, T* to, std::size_t n) {
   Kokkos::parallel_for(
       "unpack_bfloat16", kernel_range(space, Index(n)),
       KOKKOS_LAMBDA(const Index i) { to[i] = T(bfloat16_value(bits[i])); });
+}
+
+/// bits[i] = bfloat16_bits(from[i]) for i < n, float only: pack_bfloat16 without its count
+/// (no value is read back on the host, so a GPU stream does not wait).
+inline void store_bfloat16_bits(const ExecutionSpace& space, const float* from, std::uint16_t* bits,
+                                std::size_t n) {
+  Kokkos::parallel_for(
+      "store_bfloat16_bits", kernel_range(space, Index(n)),
+      KOKKOS_LAMBDA(const Index i) { bits[i] = bfloat16_bits(from[i]); });
 }
 
 /// Rounds every value of `view` (a contiguous View: a field with its ghosts, a parameter).

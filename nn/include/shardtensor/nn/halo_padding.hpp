@@ -57,7 +57,7 @@ class HaloPadding {
   /// Whether the buffer holds the input's values rounded to bfloat16 (the operand of a layer
   /// computing in bf16): rounded as they are copied in, so the exchanged ghosts and the
   /// boundary padding are rounded too. The halo exchange may then move them as bfloat16 (half
-  /// the bytes, the same values: CommOptions::bf16_halos), and a shell keeps them so. Float only;
+  /// the bytes, the same values: CommOptions::bf16_wire), and a shell keeps them so. Float only;
   /// off by default.
   void round_to_bfloat16(bool on);
   bool rounds_to_bfloat16() const { return bfloat16_; }

@@ -30,6 +30,9 @@ struct MultiHeadAttentionOptions {
   /// Global attention's float products may run on TF32 tensor cores where the GPU has them
   /// (as ConvOptions::tf32). Module::allow_tf32 sets it with the projections' (training.tf32).
   bool tf32 = false;
+  /// Attention in bf16 (autocast's numerics: ring_attention's and neighborhood_attention's
+  /// `bf16`). Module::compute_in_bf16 sets it with the projections' (training.precision).
+  bool bf16 = false;
 };
 
 /// y = W_o attention(W_q x, W_k x, W_v x) + b_o, the projections pointwise (1x1
@@ -54,6 +57,10 @@ class MultiHeadAttention : public Module<T> {
   void allow_tf32(bool on) override {
     options_.tf32 = on;
     Module<T>::allow_tf32(on);
+  }
+  void compute_in_bf16(bool on) override {
+    Module<T>::compute_in_bf16(on);  // the projections (double refuses, naming the layer)
+    options_.bf16 = on;
   }
 
   const MultiHeadAttentionOptions& options() const { return options_; }

@@ -37,6 +37,10 @@ struct NeighborhoodAttentionOptions {
   std::vector<Index> window{7};
   /// Spacing of the window's keys per spatial axis (one value: every axis), at least 1.
   std::vector<Index> dilation{1};
+  /// Autocast's numerics (float only; Module::compute_in_bf16): Q, K, V and the output's
+  /// gradient rounded to bfloat16, scores, softmax and sums in float, the output rounded; the
+  /// K/V halo then moves as the communicator's options say (CommOptions::bf16_wire).
+  bool bf16 = false;
 };
 
 /// softmax(q . k / sqrt(head_dim)) v over each query cell's window of keys, per head and batch

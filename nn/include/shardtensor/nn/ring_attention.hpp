@@ -30,14 +30,18 @@ namespace shardtensor {
 /// current one); backward rings them again with their dK/dV accumulators. With `causal`
 /// (1-D fields only), query token i attends to key tokens j <= i (global positions). With
 /// `tf32`, float products may run on TF32 tensor cores where the GPU has them (as
-/// ConvOptions::tf32; the host ignores it).
+/// ConvOptions::tf32; the host ignores it). With `bf16` (float only; Module::compute_in_bf16),
+/// autocast's numerics: Q, K, V and the output's gradient rounded to bfloat16, scores,
+/// softmax and sums in float, the output rounded; the K/V blocks then travel as bfloat16 (half
+/// the bytes, the same values) unless the communicator's options say `bf16_wire: off`.
 /// Collective over `comm`. Returns a field of q's layout without ghost cells. Throws
 /// shardtensor::Error (on every rank) if channels are not a multiple of `heads`, there are
 /// fewer tokens than ranks, the decomposition does not have one part per rank, the layouts
 /// differ, or `causal` is asked of a 2-D/3-D field.
 template <class T>
 Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const Variable<T>& k,
-                           const Variable<T>& v, int heads, bool causal = false, bool tf32 = false);
+                           const Variable<T>& v, int heads, bool causal = false, bool tf32 = false,
+                           bool bf16 = false);
 
 /// Replicated queries, sharded keys/values: q is replicated {N, query_tokens, C}, k and v
 /// sharded fields of one layout (any dimensionality), e.g. learned queries pooling a field.
@@ -61,7 +65,7 @@ Variable<T> attention_replicated_keys(const Communicator& comm, const Variable<T
 
 extern template Variable<float> ring_attention(const Communicator&, const Variable<float>&,
                                                const Variable<float>&, const Variable<float>&, int,
-                                               bool, bool);
+                                               bool, bool, bool);
 extern template Variable<float> attention_replicated_queries(const Communicator&,
                                                              const Variable<float>&,
                                                              const Variable<float>&,
@@ -72,7 +76,7 @@ extern template Variable<float> attention_replicated_keys(const Communicator&,
                                                           const Variable<float>&, int);
 extern template Variable<double> ring_attention(const Communicator&, const Variable<double>&,
                                                 const Variable<double>&, const Variable<double>&,
-                                                int, bool, bool);
+                                                int, bool, bool, bool);
 extern template Variable<double> attention_replicated_queries(const Communicator&,
                                                               const Variable<double>&,
                                                               const Variable<double>&,
