@@ -57,6 +57,13 @@ std::size_t pack_bfloat16(const ExecutionSpace& space, const T* from, std::uint1
   return inexact;
 }
 
+void store_bfloat16_bits(const ExecutionSpace& space, const float* from, std::uint16_t* bits,
+                         std::size_t n) {
+  Kokkos::parallel_for(
+      "store_bfloat16_bits", kernel_range(space, Index(n)),
+      KOKKOS_LAMBDA(const Index i) { bits[i] = bfloat16_bits(from[i]); });
+}
+
 template void round_to_bfloat16(const ExecutionSpace&, const float*, float*, std::size_t);
 template void round_to_bfloat16(const ExecutionSpace&, const double*, double*, std::size_t);
 template std::size_t pack_bfloat16(const ExecutionSpace&, const float*, std::uint16_t*,

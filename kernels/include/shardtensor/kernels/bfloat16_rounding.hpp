@@ -38,12 +38,8 @@ void unpack_bfloat16(const ExecutionSpace& space, const std::uint16_t* bits, T* 
 
 /// bits[i] = bfloat16_bits(from[i]) for i < n, float only: pack_bfloat16 without its count
 /// (no value is read back on the host, so a GPU stream does not wait).
-inline void store_bfloat16_bits(const ExecutionSpace& space, const float* from, std::uint16_t* bits,
-                                std::size_t n) {
-  Kokkos::parallel_for(
-      "store_bfloat16_bits", kernel_range(space, Index(n)),
-      KOKKOS_LAMBDA(const Index i) { bits[i] = bfloat16_bits(from[i]); });
-}
+void store_bfloat16_bits(const ExecutionSpace& space, const float* from, std::uint16_t* bits,
+                         std::size_t n);
 
 /// Rounds every value of `view` (a contiguous View: a field with its ghosts, a parameter).
 template <class ViewType>
