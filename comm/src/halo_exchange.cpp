@@ -157,15 +157,11 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
 
 template <class T>
 HaloWire HaloExchange<T>::wire_for_bfloat16_values() const {
-  if (!std::is_same_v<T, float>) return HaloWire::native;
-  switch (comm_.options().bf16_wire) {
-    case Bf16Wire::always:
-      return HaloWire::bfloat16;
-    case Bf16Wire::never:
-      return HaloWire::native;
-    default:  // bfloat16 where every message is unpacked anyway
-      return ghost_layouts_.empty() ? HaloWire::bfloat16 : HaloWire::native;
-  }
+  // It pays where every message is unpacked anyway (no receiving into the ghost cells).
+  return std::is_same_v<T, float> &&
+                 bfloat16_on_the_wire(comm_.options().bf16_wire, ghost_layouts_.empty())
+             ? HaloWire::bfloat16
+             : HaloWire::native;
 }
 
 template <class T>

@@ -443,7 +443,8 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
   const T scale = T(1) / std::sqrt(T(a.head_dim));
   // bf16: Q, K and V rounded, their K/V blocks on the bfloat16 wire unless the options say
   // float (the same values either way); scores, softmax and sums in float; output rounded.
-  const bool bfloat16_wire = bf16 && comm.options().bf16_wire != Bf16Wire::never;
+  // Widening a block is one pass beside its attention products: it pays.
+  const bool bfloat16_wire = bf16 && bfloat16_on_the_wire(comm.options().bf16_wire, true);
   OnlineSoftmax<T> state = ring_forward(comm, ring, a, rounded_if(bf16, packed_copy(qf, a)),
                                         rounded_if(bf16, packed_kv(k.value(), v.value(), a)),
                                         causal, scale, tf32, bfloat16_wire);

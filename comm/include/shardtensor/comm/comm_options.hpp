@@ -27,6 +27,13 @@ enum class CommBackend { mpi, nccl };
 /// are the same either way.
 enum class Bf16Wire { automatic, always, never };
 
+/// Whether a transfer of bf16 operands goes as bfloat16: always with `always`, never with
+/// `never`, and with `automatic` where the transfer's kind says it pays (`pays`: no extra pass
+/// against float, or one that is small beside the work it feeds).
+inline bool bfloat16_on_the_wire(Bf16Wire wire, bool pays) {
+  return wire == Bf16Wire::always || (wire == Bf16Wire::automatic && pays);
+}
+
 struct CommOptions {
   CommBackend backend = CommBackend::mpi;
   /// MPI backend: hand MPI device pointers instead of staging through host buffers. No effect

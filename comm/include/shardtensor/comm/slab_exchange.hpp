@@ -43,7 +43,8 @@ class SlabExchange {
   /// operand), as the communicator's options say: bfloat16 only with `bf16_wire: on` (MPI
   /// receives float slabs in place; bfloat16 ones need a pass to widen them).
   static HaloWire wire_for_bfloat16_readers(const Communicator& comm) {
-    return std::is_same<T, float>::value && comm.options().bf16_wire == Bf16Wire::always
+    return std::is_same<T, float>::value &&
+                   bfloat16_on_the_wire(comm.options().bf16_wire, /*pays=*/false)
                ? HaloWire::bfloat16
                : HaloWire::native;
   }
