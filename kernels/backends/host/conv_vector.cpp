@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.hpp"
 #include "host_threads.hpp"
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
@@ -267,8 +268,8 @@ std::vector<std::ptrdiff_t> tap_offsets(const Correlation& r,
 /// the end of an output row are the next row's first cells (the rows' last source columns
 /// in between are skipped).
 inline void output_vectors(const Correlation& r, Index source_row_stride, Index out_row_stride,
-                           Index y0, Index y1, Index source_first_row,
-                           const ConvTileShape& shape, std::vector<OutputVector>& vectors) {
+                           Index y0, Index y1, Index source_first_row, const ConvTileShape& shape,
+                           std::vector<OutputVector>& vectors) {
   const Index source_base = source_first_row * source_row_stride;  // where the source starts
   const Index lanes = shape.lanes;
   const Index row = r.out[2], rows = y1 - y0;
@@ -431,6 +432,112 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
   }
 }
 
+/// AMX: source pairs per chunk (16 or fewer, the chunks of equal size), 0 where the pairs
+/// split into no such chunks (17 pairs: those correlations run on the bf16 dot products).
+inline int amx_chunk_pairs(const Correlation& r) {
+  const Index pairs = (r.src_per_group + 1) / 2, chunks = (pairs + 15) / 16;
+  return pairs % chunks == 0 ? int(pairs / chunks) : 0;
+}
+/// Whether a bf16 correlation runs on AMX tiles now.
+inline bool amx_runs(const Correlation& r) {
+  return bf16_matrix_tiles() && amx_chunk_pairs(r) > 0;
+}
+/// Values of group `group`'s weights packed for amx_correlate_tile: per block of 16 outputs.
+inline Index amx_block_values(const Correlation& r) {
+  return 16 * r.k[0] * r.k[1] * r.k[2] * ((r.src_per_group + 1) / 2);
+}
+
+/// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`)
+/// for amx_correlate_tile: [block of 16 outputs][a][chunk][(b, c)][16 outputs][chunk's pairs],
+/// each a pair of channels 2p (upper half) and 2p + 1 (lower; zero past the channels), zero
+/// past out_per_group.
+void pack_amx_weights(const Correlation& r, const ConvShape& g, const ReplicatedView<float>& w,
+                      bool transposed, Index group, uint32_t* packed) {
+  const Index chunk_pairs = amx_chunk_pairs(r), pairs = (r.src_per_group + 1) / 2;
+  const Index blocks = (r.out_per_group + 15) / 16;
+  uint32_t* p = packed;
+  for (Index block = 0; block < blocks; ++block)
+    for (Index a = 0; a < r.k[0]; ++a)
+      for (Index k0 = 0; k0 < pairs; k0 += chunk_pairs)
+        for (Index b = 0; b < r.k[1]; ++b)
+          for (Index c = 0; c < r.k[2]; ++c)
+            for (Index i = 0; i < 16; ++i)
+              for (Index q = k0; q < k0 + chunk_pairs; ++q, ++p) {
+                const Index o = block * 16 + i, j = 2 * q;
+                const auto weight = [&](Index channel) {
+                  return o < r.out_per_group && channel < r.src_per_group
+                             ? w(correlation_weight_index(g, group, transposed, o, channel, a, b,
+                                                          c))
+                             : 0.0f;
+                };
+                *p = bf16_pair(weight(j), weight(j + 1));
+              }
+}
+
+/// The correlation on AMX tiles (amx_correlate_tile) over pair planes: per band of output
+/// rows, tiles of up to 32 outputs x 2 (3 for 16 outputs or fewer) vectors of 16 cells, each
+/// summing over every source channel at once.
+void correlate_amx(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+                   const SourceSlabs<float>& slabs, const ReplicatedView<float>& w, bool transposed,
+                   const ReplicatedView<float>& bias, const FieldView<float>& out, float* workspace,
+                   bool band_copies, const PlaneFilter& keep, const void* packed_weights) {
+  const ConvTileShape shape = conv_tile_shape();
+  const int chunk_pairs = amx_chunk_pairs(r);
+  const int chunks = int((r.src_per_group + 1) / 2 / chunk_pairs);
+  const Index kx = r.k[0], block_values = amx_block_values(r);
+  const Index blocks = (r.out_per_group + 15) / 16;
+  uint32_t* const packed = reinterpret_cast<uint32_t*>(workspace);  // the weights, the rings
+  uint32_t* const rings = packed + blocks * block_values;
+  const std::size_t ring_size = PlaneSource<uint32_t>::ring_values(r, band_copies);
+  const PlaneSource<uint32_t> layout(r, src, rings, band_copies);
+  std::vector<std::ptrdiff_t> yz_offsets;
+  for (Index b = 0; b < r.k[1]; ++b)
+    for (Index c = 0; c < r.k[2]; ++c)
+      yz_offsets.push_back(b * r.d[1] * layout.row_stride() + c * r.d[2]);
+  const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
+  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const int threads = host_threads();
+  std::vector<PlaneSource<uint32_t>> sources;
+  for (int t = 0; t < threads; ++t)
+    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
+  const Index batch = out.extent(0), per_sample = r.out[0] * bands;
+  for (Index group = 0; group < r.groups; ++group) {
+    const uint32_t* const weights =
+        packed_weights ? static_cast<const uint32_t*>(packed_weights) : packed;
+    if (!packed_weights) pack_amx_weights(r, g, w, transposed, group, packed);
+    split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
+      PlaneSource<uint32_t>& source = sources[t];
+      std::vector<const uint32_t*> planes(kx);
+      std::vector<OutputVector> vectors;
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / per_sample, x = (item % per_sample) / bands,
+                    y0 = (item % bands) * band_rows;
+        if (item == first || item % per_sample == 0) source.start(n, group);
+        const Index y1 = std::min(y0 + band_rows, r.out[1]);
+        if (!keep(x, y0, y1)) continue;
+        source.start_band(y0);
+        for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
+        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), shape,
+                       vectors);
+        while (!vectors.empty() && vectors.back().mask == 0) vectors.pop_back();  // padding
+        float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
+        for (Index o0 = 0; o0 < r.out_per_group; o0 += 32) {
+          const int rows = int(std::min<Index>(32, r.out_per_group - o0));
+          const int per_tile = rows > 16 ? 2 : amx_tile_vectors;
+          const float* block_bias =
+              bias.extent(0) > 0 ? &bias(group * r.out_per_group + o0) : nullptr;
+          for (std::size_t v = 0; v < vectors.size(); v += per_tile)
+            amx_correlate_tile(
+                planes.data(), int(kx), yz_offsets.data(), int(yz_offsets.size()),
+                source.channel_stride(), chunk_pairs, chunks, weights + o0 / 16 * block_values,
+                block_values, &vectors[v], int(std::min<std::size_t>(per_tile, vectors.size() - v)),
+                out_plane + o0 * out_channel_stride, out_channel_stride, rows, block_bias);
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
 
 std::size_t conv_vector_packed_values(const Correlation& r) {
@@ -441,7 +548,8 @@ std::size_t conv_vector_packed_values(const Correlation& r) {
 }
 
 int conv_vector_packing() {
-  return conv_tile_shape().tile_rows;
+  // AMX's layout (per correlation: where it runs) is told apart from the tile rows' by sign.
+  return bf16_matrix_tiles() ? -conv_tile_shape().tile_rows : conv_tile_shape().tile_rows;
 }
 
 bool conv_vector_bf16_pairs() {
@@ -453,6 +561,8 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
                               float* packed) {
   SHARDTENSOR_REQUIRE(r.groups == 1, "conv_vector_pack_weights",
                       "kept packed weights need one group, not " << r.groups);
+  if (pairs && amx_runs(r))
+    return pack_amx_weights(r, g, w, transposed, 0, reinterpret_cast<uint32_t*>(packed));
   pack_correlation_weights(r, g, w, transposed, 0, pairs, packed);
 }
 
@@ -464,6 +574,9 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
                            float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
                            const float* packed_weights, const SourceSlabs<float>& slabs) {
+  if (pairs && amx_runs(r))
+    return correlate_amx(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
+                         packed_weights);
   if (pairs)
     correlate<uint32_t>(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
                         packed_weights);
@@ -479,7 +592,9 @@ namespace {
 inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies, bool pairs) {
   const std::size_t ring = pairs ? PlaneSource<uint32_t>::ring_values(r, band_copies)
                                  : PlaneSource<float>::ring_values(r, band_copies);
-  return conv_vector_packed_values(r) + ring * host_threads();
+  // AMX tiles read up to 15 cells past a vector: past the last ring, these.
+  constexpr std::size_t tile_overrun = 16;
+  return conv_vector_packed_values(r) + ring * host_threads() + tile_overrun;
 }
 /// Taps padded to whole weight-gradient tiles (of every path: tap_padding).
 inline Index padded_taps(const Correlation& r) {

@@ -36,6 +36,16 @@ bool bf16_dot_products();
 /// use) or forbids the bf16 dot products, for tests and measurements.
 void allow_bf16_dot_products(bool allow);
 
+/// Whether bf16 convolutions' forward and input gradient run on AMX matrix tiles now (Intel
+/// Sapphire Rapids and later Xeons; Linux 5.16 or later grants the tiles): where bf16 dot
+/// products run and the CPU has AMX-BF16, unless forbidden. Each tile sums 16 to 32 channels'
+/// products in an order of the hardware's: outputs within a bf16 step of the float tiles', the
+/// same for every cell, so sharded runs still give one rank's bits.
+bool bf16_matrix_tiles();
+/// Allows (the default; SHARDTENSOR_AMX=off in the environment forbids, read on first use) or
+/// forbids the AMX tiles, for tests and measurements.
+void allow_bf16_matrix_tiles(bool allow);
+
 /// Runs `rounds` rounds of independent multiply-add chains on the selected path's vectors (on
 /// the best path where it is off) and returns the flops run, 0 in a build without vector
 /// kernels: benchmarks time it for the machine's multiply-add ceiling (bench_support.hpp).

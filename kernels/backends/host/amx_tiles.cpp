@@ -1,0 +1,245 @@
+#include "amx_tiles.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/kernels/vector_isa.hpp"
+
+// GCC 11 has the AMX intrinsics. The tiles' functions are compiled for AMX and AVX-512 by a
+// pragma, not by flags for the whole file: the rest of it runs on every CPU.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
+    !defined(__CUDACC__)
+#define SHARDTENSOR_AMX_TILES 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace shardtensor::kernels::host {
+
+namespace {
+
+/// Whether AMX tiles may run: SHARDTENSOR_AMX=off forbids them on first use.
+std::atomic<bool>& amx_allowed() {
+  static std::atomic<bool> allowed = [] {
+    const char* env = std::getenv("SHARDTENSOR_AMX");
+    const std::string value = env ? env : "";
+    SHARDTENSOR_REQUIRE(value.empty() || value == "on" || value == "off", "SHARDTENSOR_AMX",
+                        "'" << value << "' is not on or off");
+    return value != "off";
+  }();
+  return allowed;
+}
+
+}  // namespace
+
+bool amx_tiles_allowed() {
+  return amx_allowed().load();
+}
+void allow_amx_tiles(bool allow) {
+  amx_allowed().store(allow);
+}
+
+#ifdef SHARDTENSOR_AMX_TILES
+
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f")
+
+inline int smaller(int a, int b) {
+  return a < b ? a : b;
+}
+
+/// The tile configuration (palette 1): per tile register its rows and bytes per row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+/// Tile register numbers (GCC's AMX intrinsics take literals only): sums of output block m
+/// and vector v in sum_tile[m][v], the blocks' weights in 4 and 5, the vectors' cells in 6, 7
+/// and 3. Two blocks use 0-3 for sums and one vector at most two; one block, three vectors.
+constexpr int sum_tile[2][3] = {{0, 1, 2}, {2, 3, -1}};
+constexpr int weight_tile[2] = {4, 5}, cell_tile[3] = {6, 7, 3};
+
+/// GCC's tile loads and stores are asm without a memory clobber: this tells the compiler that
+/// memory may have been read or written by them.
+inline void memory_barrier() {
+  asm volatile("" ::: "memory");
+}
+
+inline void zero_tile(int tile) {
+  switch (tile) {
+    case 0:
+      _tile_zero(0);
+      return;
+    case 1:
+      _tile_zero(1);
+      return;
+    case 2:
+      _tile_zero(2);
+      return;
+    default:
+      _tile_zero(3);
+      return;
+  }
+}
+
+inline void store_tile(int tile, float* to) {
+  switch (tile) {
+    case 0:
+      _tile_stored(0, to, 64);
+      return;
+    case 1:
+      _tile_stored(1, to, 64);
+      return;
+    case 2:
+      _tile_stored(2, to, 64);
+      return;
+    default:
+      _tile_stored(3, to, 64);
+      return;
+  }
+}
+
+/// MB blocks of 16 output channels x NV vectors of 16 cells (MB NV + MB + NV <= 8 tiles).
+template <int MB, int NV>
+void correlate(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* yz_offsets,
+               int yz_taps, std::ptrdiff_t pair_stride, int chunk_pairs, int chunks,
+               const uint32_t* weights, std::ptrdiff_t block_stride, const OutputVector* vectors,
+               float* out, std::ptrdiff_t out_channel_stride, int rows, const float* bias) {
+  static_assert((MB == 2 && NV <= 2) || (MB == 1 && NV <= 3), "eight tile registers");
+  TileConfig config;
+  for (int m = 0; m < MB; ++m) {
+    const int block_rows = smaller(16, rows - 16 * m);
+    for (int v = 0; v < NV; ++v) {
+      config.rows[sum_tile[m][v]] = uint8_t(block_rows);
+      config.bytes_per_row[sum_tile[m][v]] = 64;
+    }
+    config.rows[weight_tile[m]] = uint8_t(block_rows);
+    config.bytes_per_row[weight_tile[m]] = uint16_t(4 * chunk_pairs);
+  }
+  for (int v = 0; v < NV; ++v) {
+    config.rows[cell_tile[v]] = uint8_t(chunk_pairs);
+    config.bytes_per_row[cell_tile[v]] = 64;
+  }
+  _tile_loadconfig(&config);
+  memory_barrier();  // the planes and weights written before are read below
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) zero_tile(sum_tile[m][v]);
+  const std::size_t weight_stride = 4 * std::size_t(chunk_pairs), cell_stride = 4 * pair_stride;
+  const std::ptrdiff_t chunk_step = std::ptrdiff_t(chunk_pairs) * pair_stride;
+  const std::ptrdiff_t tap_weights = 16 * std::ptrdiff_t(chunk_pairs);
+  for (int a = 0; a < x_taps; ++a) {
+    if (!planes[a]) continue;
+    for (int k = 0; k < chunks; ++k) {
+      const uint32_t* chunk_planes = planes[a] + k * chunk_step;
+      const uint32_t* w = weights + (std::ptrdiff_t(a) * chunks + k) * yz_taps * tap_weights;
+      for (int t = 0; t < yz_taps; ++t, w += tap_weights) {
+        const uint32_t* cells = chunk_planes + yz_offsets[t];
+        _tile_loadd(4, w, weight_stride);
+        if constexpr (MB == 2) _tile_loadd(5, w + block_stride, weight_stride);
+        _tile_loadd(6, cells + vectors[0].source, cell_stride);
+        if constexpr (NV > 1) _tile_loadd(7, cells + vectors[1].source, cell_stride);
+        if constexpr (NV > 2) _tile_loadd(3, cells + vectors[2].source, cell_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (NV > 1) _tile_dpbf16ps(1, 4, 7);
+        if constexpr (NV > 2) _tile_dpbf16ps(2, 4, 3);
+        if constexpr (MB == 2) _tile_dpbf16ps(2, 5, 6);
+        if constexpr (MB == 2 && NV > 1) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  }
+  // Each sum tile through L1, with the bias, into the vector's cells of the output.
+  alignas(64) float sums[16][16];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) {
+      store_tile(sum_tile[m][v], &sums[0][0]);
+      memory_barrier();
+      const OutputVector& vector = vectors[v];
+      const int block_rows = smaller(16, rows - 16 * m);
+      for (int i = 0; i < block_rows; ++i) {
+        const int o = 16 * m + i;
+        __m512 values = _mm512_load_ps(sums[i]);
+        if (bias) values = _mm512_add_ps(values, _mm512_set1_ps(bias[o]));
+        float* channel = out + o * out_channel_stride;
+        _mm512_mask_storeu_ps(channel + vector.output, __mmask16(vector.mask), values);
+        if (vector.next_mask)
+          _mm512_mask_storeu_ps(channel + vector.next_output, __mmask16(vector.next_mask), values);
+      }
+    }
+  memory_barrier();
+  _tile_release();
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+
+bool amx_tiles_usable() {
+  static const bool usable = [] {
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+    constexpr int request_permission = 0x1023, tile_data = 18;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    return syscall(SYS_arch_prctl, request_permission, tile_data) == 0;
+  }();
+  return usable;
+}
+
+void amx_correlate_tile(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* yz_offsets,
+                        int yz_taps, std::ptrdiff_t pair_stride, int chunk_pairs, int chunks,
+                        const uint32_t* weights, std::ptrdiff_t block_stride,
+                        const OutputVector* vectors, int vector_count, float* out,
+                        std::ptrdiff_t out_channel_stride, int rows, const float* bias) {
+  SHARDTENSOR_REQUIRE(amx_tiles_usable(), "amx_correlate_tile", "AMX tiles do not run here");
+  SHARDTENSOR_REQUIRE(rows >= 1 && rows <= 32 && chunk_pairs >= 1 && chunk_pairs <= 16 &&
+                          vector_count >= 1 && vector_count <= (rows > 16 ? 2 : 3),
+                      "amx_correlate_tile",
+                      rows << " rows, " << vector_count << " vectors, " << chunk_pairs
+                           << " pairs per chunk: outside the tiles");
+  const auto args =
+      std::make_tuple(planes, x_taps, yz_offsets, yz_taps, pair_stride, chunk_pairs, chunks,
+                      weights, block_stride, vectors, out, out_channel_stride, rows, bias);
+  if (rows > 16)
+    return vector_count == 2 ? std::apply(correlate<2, 2>, args)
+                             : std::apply(correlate<2, 1>, args);
+  switch (vector_count) {
+    case 3:
+      return std::apply(correlate<1, 3>, args);
+    case 2:
+      return std::apply(correlate<1, 2>, args);
+    default:
+      return std::apply(correlate<1, 1>, args);
+  }
+}
+
+#else  // not x86-64 with AMX in the compiler: never usable
+
+bool amx_tiles_usable() {
+  return false;
+}
+void amx_correlate_tile(const uint32_t* const*, int, const std::ptrdiff_t*, int, std::ptrdiff_t,
+                        int, int, const uint32_t*, std::ptrdiff_t, const OutputVector*, int, float*,
+                        std::ptrdiff_t, int, const float*) {
+  SHARDTENSOR_FAIL("amx_correlate_tile", "this build has no AMX tiles");
+}
+
+#endif
+
+}  // namespace shardtensor::kernels::host
+
+namespace shardtensor::kernels {
+
+bool bf16_matrix_tiles() {
+  return host::pair_tiles_use_dot() && host::amx_tiles_allowed() && host::amx_tiles_usable();
+}
+void allow_bf16_matrix_tiles(bool allow) {
+  host::allow_amx_tiles(allow);
+}
+
+}  // namespace shardtensor::kernels

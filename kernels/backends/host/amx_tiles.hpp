@@ -1,0 +1,47 @@
+#pragma once
+// bf16 convolution tiles on Intel AMX (Advanced Matrix Extensions: Sapphire Rapids and later
+// Xeons): one TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 float
+// sums, sixteen times the multiply-adds per cycle of AVX-512's. The one file of raw intrinsics
+// in the host backend: Highway has no matrix tiles. Compiled for x86-64 only (with
+// -mamx-tile -mamx-bf16); elsewhere amx_tiles_usable() is false and nothing calls the tile.
+//
+// The operands are the pair planes of the bf16 dot-product tiles (vector_kernels.hpp): a
+// 32-bit cell holds channel 2p's bf16 value in its upper half and 2p + 1's in the lower. A
+// tile's B operand is 16 cells of `chunk_pairs` consecutive pair planes (a strided load), its
+// A operand 16 output channels' weight pairs, its sums 16 output channels x 16 cells: per
+// output cell, the order of the sums is the hardware's within a chunk of pairs, and chunk by
+// chunk, tap by tap otherwise, the same for every cell (so sharded runs give one rank's bits).
+
+#include <cstddef>
+#include <cstdint>
+
+#include "vector_kernels.hpp"
+
+namespace shardtensor::kernels::host {
+
+/// Whether this CPU has AMX with bf16 and Linux lets this process use its tile registers
+/// (asked once, ARCH_REQ_XCOMP_PERM).
+bool amx_tiles_usable();
+/// Whether they may run (SHARDTENSOR_AMX=off in the environment forbids, read on first use),
+/// and allowing or forbidding them, for tests and measurements (kernels::allow_amx_tiles).
+bool amx_tiles_allowed();
+void allow_amx_tiles(bool allow);
+
+/// Most output cells' vectors (16 cells each) per amx_correlate_tile call.
+constexpr int amx_tile_vectors = 3;
+
+/// out[o][cells of vector v] = bias[o] + sum over x taps a, chunks k, (y, z) taps t and the
+/// chunk's pairs p of weights · planes[a] pair plane (k chunk_pairs + p) at vectors[v].source +
+/// yz_offsets[t], for `rows` (<= 32) output channels a channel stride apart, `vector_count`
+/// vectors (<= 2 where rows > 16, else <= 3). planes[a] null: outside the source (reads zero).
+/// Pair planes of a plane lie `pair_stride` cells apart; 15 cells past a vector are read (the
+/// lanes outside its masks are not written). weights: for each 16 output channels, [a][k][t]
+/// [16 rows][chunk_pairs] weight pairs (rows past `rows` zero); `block_stride` values from one
+/// 16 to the next.
+void amx_correlate_tile(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* yz_offsets,
+                        int yz_taps, std::ptrdiff_t pair_stride, int chunk_pairs, int chunks,
+                        const uint32_t* weights, std::ptrdiff_t block_stride,
+                        const OutputVector* vectors, int vector_count, float* out,
+                        std::ptrdiff_t out_channel_stride, int rows, const float* bias);
+
+}  // namespace shardtensor::kernels::host
