@@ -206,12 +206,15 @@ TEST_CASE(
   // With them (AVX512_BF16), forward and input gradient add their products channel pair by
   // pair (another order: outputs within a bf16 step, the input gradient within float
   // rounding) and the weight gradient adds the float tiles' products in their order (the same
-  // bits). Odd channel counts (5 in, 7 out) pair the last channel with zeros.
+  // bits). On AMX tiles (where the CPU has them) all three sum in the hardware's order: within
+  // a bf16 step, and float rounding. Odd channel counts (5 in, 7 out) pair the last channel
+  // with zeros; 40 channels take two chunks of pairs on the tiles.
   const std::string initial = kernels::vector_isa();
   if (initial == "off") return;  // the run turned the vector paths off: nothing to compare
   const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
       {{9, 8, 20}, conv_options(5, 7, {3, 3, 3}, {1, 1, 1})},
       {{24, 40}, conv_options(9, 4, {3, 3}, {1, 1}, PaddingMode::periodic)},
+      {{6, 10, 21}, conv_options(40, 36, {3, 3, 3}, {1, 1, 1})},
   };
   const Communicator self(MPI_COMM_SELF);
   for (const auto& one : cases) {
@@ -221,32 +224,50 @@ TEST_CASE(
                                      options.padding_mode == PaddingMode::periodic);
     const Decomposition whole =
         test::unsharded(test::test_decompositions(one.first, 1, periodic, 3).front());
-    const auto run = [&](const std::string& isa, bool dot) {
+    const auto run = [&](const std::string& isa, bool dot, bool tiles) {
       kernels::select_vector_isa(isa);
       kernels::allow_bf16_dot_products(dot);
+      kernels::allow_bf16_matrix_tiles(tiles);
       return test::run_module<float>(bf16_factory<Conv<float>>(options, true), self, whole, 2,
                                      options.in_channels, test::weighted_sum<float>);
     };
     const auto weight_gradient = [](const auto& r) {
       return test::host_values(r.module->named_parameters()[0].second.data_grad());
     };
-    const auto reference = run(kernels::vector_isas().front(), false);
+    const auto reference = run(kernels::vector_isas().front(), false, false);
+    const auto reference_weight_gradient = weight_gradient(reference);
     for (const std::string& isa : kernels::vector_isas()) {
       INFO("path " << isa);
-      const auto plain = run(isa, false);
+      const auto plain = run(isa, false, false);
       CHECK(test::host_values(plain.output.value().view()) ==
             test::host_values(reference.output.value().view()));
       CHECK(test::host_values(plain.input.grad().view()) ==
             test::host_values(reference.input.grad().view()));
-      CHECK(weight_gradient(plain) == weight_gradient(reference));
-      const auto dot = run(isa, true);
-      if (!kernels::bf16_dot_products()) continue;
-      CHECK(test::relative_error(dot.output.value().view(), reference.output.value().view()) <=
-            bf16_step);
-      CHECK(test::relative_error(dot.input.grad().view(), reference.input.grad().view()) <= 1e-6);
-      CHECK(weight_gradient(dot) == weight_gradient(reference));
+      CHECK(weight_gradient(plain) == reference_weight_gradient);
+      for (const bool tiles : {false, true}) {
+        INFO("AMX tiles allowed " << tiles);
+        const auto dot = run(isa, true, tiles);
+        if (!kernels::bf16_dot_products() || (tiles && !kernels::bf16_matrix_tiles())) continue;
+        CHECK(test::relative_error(dot.output.value().view(), reference.output.value().view()) <=
+              bf16_step);
+        CHECK(test::relative_error(dot.input.grad().view(), reference.input.grad().view()) <= 1e-6);
+        const auto dot_weight_gradient = weight_gradient(dot);
+        if (!tiles) {
+          CHECK(dot_weight_gradient == reference_weight_gradient);
+          continue;
+        }
+        double difference = 0, norm = 0;
+        for (std::size_t i = 0; i < dot_weight_gradient.size(); ++i) {
+          const double d = dot_weight_gradient[i] - reference_weight_gradient[i];
+          difference += d * d;
+          norm += reference_weight_gradient[i] * reference_weight_gradient[i];
+        }
+        CHECK(std::sqrt(difference / norm) <= 1e-6);
+        CHECK(dot_weight_gradient != reference_weight_gradient);  // the tiles did run
+      }
     }
     kernels::allow_bf16_dot_products(true);
+    kernels::allow_bf16_matrix_tiles(true);
     kernels::select_vector_isa(initial);
   }
 }

@@ -62,11 +62,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-/// Tile register numbers (GCC's AMX intrinsics take literals only): sums of output block m
-/// and vector v in sum_tile[m][v], the blocks' weights in 4 and 5, the vectors' cells in 6, 7
-/// and 3. Two blocks use 0-3 for sums and one vector at most two; one block, three vectors.
+/// Tile register numbers (GCC's AMX intrinsics take literals only). A tile product of MB
+/// blocks of rows by NV blocks of columns (MB <= 2, NV <= 2; or MB = 1, NV <= 3) keeps its sums
+/// of block (m, v) in sum_tile[m][v], the A operand of row block m in a_tile[m], the B operand
+/// of column block v in b_tile[v].
 constexpr int sum_tile[2][3] = {{0, 1, 2}, {2, 3, -1}};
-constexpr int weight_tile[2] = {4, 5}, cell_tile[3] = {6, 7, 3};
+constexpr int a_tile[2] = {4, 5}, b_tile[3] = {6, 7, 3};
 
 /// GCC's tile loads and stores are asm without a memory clobber: this tells the compiler that
 /// memory may have been read or written by them.
@@ -91,48 +92,76 @@ inline void zero_tile(int tile) {
   }
 }
 
+/// Sum tile `tile` into `to`, 16 floats a row.
 inline void store_tile(int tile, float* to) {
   switch (tile) {
     case 0:
       _tile_stored(0, to, 64);
-      return;
+      break;
     case 1:
       _tile_stored(1, to, 64);
-      return;
+      break;
     case 2:
       _tile_stored(2, to, 64);
-      return;
+      break;
     default:
       _tile_stored(3, to, 64);
-      return;
+      break;
   }
+  memory_barrier();
 }
 
-/// MB blocks of 16 output channels x NV vectors of 16 cells (MB NV + MB + NV <= 8 tiles).
+/// Configures the tiles of an MB x NV product whose row blocks have rows(m) rows, column blocks
+/// columns(v) float columns, and whose operands hold `pairs` pairs per A row and B column; the
+/// sums start at zero.
+template <int MB, int NV, class Rows, class Columns>
+void start_product(const Rows& rows, const Columns& columns, int pairs) {
+  static_assert((MB == 2 && NV <= 2) || (MB == 1 && NV <= 3), "eight tile registers");
+  TileConfig config;
+  for (int m = 0; m < MB; ++m) {
+    for (int v = 0; v < NV; ++v) {
+      config.rows[sum_tile[m][v]] = uint8_t(rows(m));
+      config.bytes_per_row[sum_tile[m][v]] = uint16_t(4 * columns(v));
+    }
+    config.rows[a_tile[m]] = uint8_t(rows(m));
+    config.bytes_per_row[a_tile[m]] = uint16_t(4 * pairs);
+  }
+  for (int v = 0; v < NV; ++v) {
+    config.rows[b_tile[v]] = uint8_t(pairs);
+    config.bytes_per_row[b_tile[v]] = uint16_t(4 * columns(v));
+  }
+  _tile_loadconfig(&config);
+  memory_barrier();  // the operands written before are read by the tile loads
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) zero_tile(sum_tile[m][v]);
+}
+
+/// sums(m, v) += A(m) B(v): the A operands from a[m] (rows a_stride bytes apart), the B
+/// operands from b[v] (rows b_stride bytes apart).
+template <int MB, int NV>
+inline void multiply_add(const void* const* a, std::size_t a_stride, const void* const* b,
+                         std::size_t b_stride) {
+  _tile_loadd(4, a[0], a_stride);
+  if constexpr (MB == 2) _tile_loadd(5, a[1], a_stride);
+  _tile_loadd(6, b[0], b_stride);
+  if constexpr (NV > 1) _tile_loadd(7, b[1], b_stride);
+  if constexpr (NV > 2) _tile_loadd(3, b[2], b_stride);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (NV > 1) _tile_dpbf16ps(1, 4, 7);
+  if constexpr (NV > 2) _tile_dpbf16ps(2, 4, 3);
+  if constexpr (MB == 2) _tile_dpbf16ps(2, 5, 6);
+  if constexpr (MB == 2 && NV > 1) _tile_dpbf16ps(3, 5, 7);
+}
+
+/// MB blocks of 16 output channels x NV vectors of 16 cells.
 template <int MB, int NV>
 void correlate(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* yz_offsets,
                int yz_taps, std::ptrdiff_t pair_stride, int chunk_pairs, int chunks,
                const uint32_t* weights, std::ptrdiff_t block_stride, const OutputVector* vectors,
                float* out, std::ptrdiff_t out_channel_stride, int rows, const float* bias) {
-  static_assert((MB == 2 && NV <= 2) || (MB == 1 && NV <= 3), "eight tile registers");
-  TileConfig config;
-  for (int m = 0; m < MB; ++m) {
-    const int block_rows = smaller(16, rows - 16 * m);
-    for (int v = 0; v < NV; ++v) {
-      config.rows[sum_tile[m][v]] = uint8_t(block_rows);
-      config.bytes_per_row[sum_tile[m][v]] = 64;
-    }
-    config.rows[weight_tile[m]] = uint8_t(block_rows);
-    config.bytes_per_row[weight_tile[m]] = uint16_t(4 * chunk_pairs);
-  }
-  for (int v = 0; v < NV; ++v) {
-    config.rows[cell_tile[v]] = uint8_t(chunk_pairs);
-    config.bytes_per_row[cell_tile[v]] = 64;
-  }
-  _tile_loadconfig(&config);
-  memory_barrier();  // the planes and weights written before are read below
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < NV; ++v) zero_tile(sum_tile[m][v]);
+  const auto block_rows = [&](int m) { return smaller(16, rows - 16 * m); };
+  start_product<MB, NV>(
+      block_rows, [](int) { return 16; }, chunk_pairs);
   const std::size_t weight_stride = 4 * std::size_t(chunk_pairs), cell_stride = 4 * pair_stride;
   const std::ptrdiff_t chunk_step = std::ptrdiff_t(chunk_pairs) * pair_stride;
   const std::ptrdiff_t tap_weights = 16 * std::ptrdiff_t(chunk_pairs);
@@ -142,17 +171,10 @@ void correlate(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* 
       const uint32_t* chunk_planes = planes[a] + k * chunk_step;
       const uint32_t* w = weights + (std::ptrdiff_t(a) * chunks + k) * yz_taps * tap_weights;
       for (int t = 0; t < yz_taps; ++t, w += tap_weights) {
-        const uint32_t* cells = chunk_planes + yz_offsets[t];
-        _tile_loadd(4, w, weight_stride);
-        if constexpr (MB == 2) _tile_loadd(5, w + block_stride, weight_stride);
-        _tile_loadd(6, cells + vectors[0].source, cell_stride);
-        if constexpr (NV > 1) _tile_loadd(7, cells + vectors[1].source, cell_stride);
-        if constexpr (NV > 2) _tile_loadd(3, cells + vectors[2].source, cell_stride);
-        _tile_dpbf16ps(0, 4, 6);
-        if constexpr (NV > 1) _tile_dpbf16ps(1, 4, 7);
-        if constexpr (NV > 2) _tile_dpbf16ps(2, 4, 3);
-        if constexpr (MB == 2) _tile_dpbf16ps(2, 5, 6);
-        if constexpr (MB == 2 && NV > 1) _tile_dpbf16ps(3, 5, 7);
+        const void* a_rows[2] = {w, w + block_stride};
+        const void* b_rows[3];
+        for (int v = 0; v < NV; ++v) b_rows[v] = chunk_planes + yz_offsets[t] + vectors[v].source;
+        multiply_add<MB, NV>(a_rows, weight_stride, b_rows, cell_stride);
       }
     }
   }
@@ -161,10 +183,8 @@ void correlate(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* 
   for (int m = 0; m < MB; ++m)
     for (int v = 0; v < NV; ++v) {
       store_tile(sum_tile[m][v], &sums[0][0]);
-      memory_barrier();
       const OutputVector& vector = vectors[v];
-      const int block_rows = smaller(16, rows - 16 * m);
-      for (int i = 0; i < block_rows; ++i) {
+      for (int i = 0; i < block_rows(m); ++i) {
         const int o = 16 * m + i;
         __m512 values = _mm512_load_ps(sums[i]);
         if (bias) values = _mm512_add_ps(values, _mm512_set1_ps(bias[o]));
@@ -172,6 +192,41 @@ void correlate(const uint32_t* const* planes, int x_taps, const std::ptrdiff_t* 
         _mm512_mask_storeu_ps(channel + vector.output, __mmask16(vector.mask), values);
         if (vector.next_mask)
           _mm512_mask_storeu_ps(channel + vector.next_output, __mmask16(vector.next_mask), values);
+      }
+    }
+  memory_barrier();
+  _tile_release();
+}
+
+/// MB blocks of 16 source channels x NV blocks of 16 output channels.
+template <int MB, int NV>
+void weight_gradient(const uint16_t* source, std::ptrdiff_t channel_stride,
+                     std::ptrdiff_t row_stride, int channels, const uint32_t* dy_pairs,
+                     std::ptrdiff_t dy_row_stride, int dy_channels, int outs, int rows,
+                     int chunk_pairs, int chunks, float* gradient,
+                     std::ptrdiff_t gradient_channel_stride) {
+  const auto block_rows = [&](int m) { return smaller(16, channels - 16 * m); };
+  const auto block_columns = [&](int v) { return smaller(16, outs - 16 * v); };
+  start_product<MB, NV>(block_rows, block_columns, chunk_pairs);
+  const std::size_t source_stride = 2 * channel_stride, dy_stride = 4 * std::size_t(dy_channels);
+  for (int y = 0; y < rows; ++y)
+    for (int k = 0; k < chunks; ++k) {
+      const uint16_t* cells = source + y * row_stride + 2 * k * chunk_pairs;
+      const uint32_t* dy = dy_pairs + y * dy_row_stride + k * chunk_pairs * dy_channels;
+      const void* a_rows[2] = {cells, cells + 16 * channel_stride};
+      const void* b_rows[3] = {dy, dy + 16, dy + 32};
+      multiply_add<MB, NV>(a_rows, source_stride, b_rows, dy_stride);
+    }
+  alignas(64) float sums[16][16];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) {
+      store_tile(sum_tile[m][v], &sums[0][0]);
+      for (int i = 0; i < block_rows(m); ++i) {
+        float* to = gradient + (16 * m + i) * gradient_channel_stride + 16 * v;
+        const __mmask16 columns = __mmask16((1u << block_columns(v)) - 1);
+        _mm512_mask_storeu_ps(
+            to, columns,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(columns, to), _mm512_load_ps(sums[i])));
       }
     }
   memory_barrier();
@@ -218,6 +273,34 @@ void amx_correlate_tile(const uint32_t* const* planes, int x_taps, const std::pt
   }
 }
 
+void amx_weight_gradient_tile(const uint16_t* source, std::ptrdiff_t channel_stride,
+                              std::ptrdiff_t row_stride, int channels, const uint32_t* dy_pairs,
+                              std::ptrdiff_t dy_row_stride, int dy_channels, int outs, int rows,
+                              int chunk_pairs, int chunks, float* gradient,
+                              std::ptrdiff_t gradient_channel_stride) {
+  SHARDTENSOR_REQUIRE(amx_tiles_usable(), "amx_weight_gradient_tile", "AMX tiles do not run here");
+  SHARDTENSOR_REQUIRE(channels >= 1 && channels <= 32 && chunk_pairs >= 1 && chunk_pairs <= 16 &&
+                          outs >= 1 && outs <= (channels > 16 ? 32 : 48),
+                      "amx_weight_gradient_tile",
+                      channels << " channels, " << outs << " outputs, " << chunk_pairs
+                               << " pairs per chunk: outside the tiles");
+  const auto args = std::make_tuple(source, channel_stride, row_stride, channels, dy_pairs,
+                                    dy_row_stride, dy_channels, outs, rows, chunk_pairs, chunks,
+                                    gradient, gradient_channel_stride);
+  const int blocks = (outs + 15) / 16;
+  if (channels > 16)
+    return blocks == 2 ? std::apply(weight_gradient<2, 2>, args)
+                       : std::apply(weight_gradient<2, 1>, args);
+  switch (blocks) {
+    case 3:
+      return std::apply(weight_gradient<1, 3>, args);
+    case 2:
+      return std::apply(weight_gradient<1, 2>, args);
+    default:
+      return std::apply(weight_gradient<1, 1>, args);
+  }
+}
+
 #else  // not x86-64 with AMX in the compiler: never usable
 
 bool amx_tiles_usable() {
@@ -227,6 +310,10 @@ void amx_correlate_tile(const uint32_t* const*, int, const std::ptrdiff_t*, int,
                         int, int, const uint32_t*, std::ptrdiff_t, const OutputVector*, int, float*,
                         std::ptrdiff_t, int, const float*) {
   SHARDTENSOR_FAIL("amx_correlate_tile", "this build has no AMX tiles");
+}
+void amx_weight_gradient_tile(const uint16_t*, std::ptrdiff_t, std::ptrdiff_t, int, const uint32_t*,
+                              std::ptrdiff_t, int, int, int, int, int, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("amx_weight_gradient_tile", "this build has no AMX tiles");
 }
 
 #endif

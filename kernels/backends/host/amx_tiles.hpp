@@ -44,4 +44,18 @@ void amx_correlate_tile(const uint32_t* const* planes, int x_taps, const std::pt
                         const OutputVector* vectors, int vector_count, float* out,
                         std::ptrdiff_t out_channel_stride, int rows, const float* bias);
 
+/// gradient[j][o] += sum over `rows` rows and `chunks` chunks of `chunk_pairs` cell pairs of
+/// source[j][cells] · dy[o][cells], for `channels` (<= 32) source channels j and `outs`
+/// (<= 32; <= 48 for 16 channels or fewer) output channels o. source: bf16 values, channel j's
+/// row y at source + j channel_stride + y row_stride (the pair planes' tap already applied),
+/// its chunk k at cells 2 k chunk_pairs ...; dy_pairs: per row (dy_row_stride values apart)
+/// and pair of cells, dy_channels 32-bit pairs (cell 2q's bf16 value in the lower half, 2q +
+/// 1's in the upper: memory order, as the source's), zero past a row's cells. gradient: row j
+/// gradient_channel_stride floats apart, o contiguous.
+void amx_weight_gradient_tile(const uint16_t* source, std::ptrdiff_t channel_stride,
+                              std::ptrdiff_t row_stride, int channels, const uint32_t* dy_pairs,
+                              std::ptrdiff_t dy_row_stride, int dy_channels, int outs, int rows,
+                              int chunk_pairs, int chunks, float* gradient,
+                              std::ptrdiff_t gradient_channel_stride);
+
 }  // namespace shardtensor::kernels::host

@@ -76,6 +76,17 @@ inline uint32_t bf16_pair(float upper, float lower) {
   return upper_bf16(upper) | bfloat16_bits(lower);
 }
 
+/// AMX weight gradient: pairs of cells per chunk of an output row of `cells` cells (16 or
+/// fewer, chunks of equal size), and the row's pairs padded to whole chunks.
+inline Index amx_chunk_pairs_of_row(Index cells) {
+  const Index pairs = (cells + 1) / 2, chunks = (pairs + 15) / 16;
+  return (pairs + chunks - 1) / chunks;
+}
+inline Index amx_row_pairs(Index cells) {
+  const Index pairs = (cells + 1) / 2, chunk = amx_chunk_pairs_of_row(cells);
+  return (pairs + chunk - 1) / chunk * chunk;
+}
+
 /// Where the vector kernels read source plane sx: the field itself when the windows lie inside
 /// it in y and z (a padded input), else a ring of zero-padded copies of its planes (the output
 /// gradient, read by the input gradient; an input read without a padded copy), whose cells past
@@ -87,9 +98,13 @@ inline uint32_t bf16_pair(float upper, float lower) {
 /// copied; a copy "channel" is a pair of the group's channels (an odd last one pairs with zeros).
 /// With cell_pairs, the pairs are of a row's cells instead (weight_gradient_pairs_tile): cell z
 /// holds z's bf16 value and z + 1's, zero past the row's end; a copy "channel" is a channel.
+/// Value uint16_t: the copies hold bf16 values (the AMX weight gradient's source), always
+/// copied, each row padded with zeros to row_width(r) cells: the tiles read whole chunks of
+/// pairs of cells.
 template <class Value, bool cell_pairs = false>
 class PlaneSource {
   static constexpr bool pairs = std::is_same<Value, uint32_t>::value;
+  static constexpr bool bf16_values = std::is_same<Value, uint16_t>::value;
   static constexpr bool channel_pairs = pairs && !cell_pairs;
   static_assert(pairs || !cell_pairs, "cell pairs are uint32_t");
   /// i modulo extent, in [0, extent). Padding reaches at most an extent past either end, so
@@ -102,7 +117,9 @@ class PlaneSource {
   static Index copy_channels(const Correlation& r) {
     return channel_pairs ? (r.src_per_group + 1) / 2 : r.src_per_group;
   }
-  static bool reads_in_place(const Correlation& r) { return !pairs && reads_inside(r); }
+  static bool reads_in_place(const Correlation& r) {
+    return std::is_same<Value, float>::value && reads_inside(r);
+  }
 
  public:
   PlaneSource(const Correlation& r, const FieldView<float>& src, Value* ring, bool bands = false,
@@ -115,14 +132,20 @@ class PlaneSource {
         rows_(copied_rows(r, bands)),
         slot_plane_(r.slots()),
         row_floats_(cell_pairs ? read_extent(r, 2) : 0) {
-    channel_stride_ = in_place_ ? src.stride(1) : rows_ * read_extent(r, 2);
-    row_stride_ = in_place_ ? src.stride(3) : read_extent(r, 2);
+    channel_stride_ = in_place_ ? src.stride(1) : rows_ * row_width(r);
+    row_stride_ = in_place_ ? src.stride(3) : row_width(r);
+  }
+  /// Cells of a copied row: the read extent, and for bf16 values the AMX chunks' padding.
+  static Index row_width(const Correlation& r) {
+    if constexpr (bf16_values)
+      return std::max(read_extent(r, 2), 2 * amx_row_pairs(r.out[2]) + (r.k[2] - 1) * r.d[2]);
+    return read_extent(r, 2);
   }
   /// Workspace values the ring needs (none when the source is read in place).
   static std::size_t ring_values(const Correlation& r, bool bands) {
     return reads_in_place(r) ? 0
                              : static_cast<std::size_t>(r.slots() * copy_channels(r) *
-                                                        copied_rows(r, bands) * read_extent(r, 2));
+                                                        copied_rows(r, bands) * row_width(r));
   }
   /// Channels (pairs for pair planes) of a plane, a channel_stride() apart.
   Index channels() const { return copy_channels(r_); }
@@ -147,7 +170,7 @@ class PlaneSource {
     const Index px = r_.wrap[0] ? wrapped(sx, r_.src[0]) : sx;  // the plane's own index
     if (!inside(0, px)) return nullptr;
     const Index c0 = group_ * r_.src_per_group;
-    if constexpr (!pairs)
+    if constexpr (std::is_same<Value, float>::value)
       if (in_place_) return &src_(n_, c0, px, r_.offset[1], r_.offset[2]);
     const Index slot = slot_of(sx, r_.slots());
     Value* copy = ring_ + slot * channels() * channel_stride_;
@@ -163,11 +186,19 @@ class PlaneSource {
         Index sy = r_.offset[1] + first_row_ + y;
         if (r_.wrap[1]) sy = wrapped(sy, r_.src[1]);
         Value* row = copy + j * channel_stride_ + y * row_stride_;
+        std::fill(row + width, row + row_stride_, Value(0));  // padding past the read extent
         if (!inside(1, sy) || (z0 == z1 && !r_.wrap[2])) {
           std::fill(row, row + width, Value(0));
           continue;
         }
-        if constexpr (cell_pairs) {
+        if constexpr (bf16_values) {
+          const float* source_row = source(c0 + j, px, sy);
+          copy_row(
+              row, width, z0, z1, extent, [&](Index sz) { return bfloat16_bits(source_row[sz]); },
+              [&](Index sz, Index count, Value* to) {
+                bf16_pack(source_row + sz, to, std::size_t(count));
+              });
+        } else if constexpr (cell_pairs) {
           // The row as floats (with its zeros or wrapped cells), then as pairs of cells.
           const float* source_row = source(c0 + j, px, sy);
           float* floats = row_floats_.data();
@@ -655,6 +686,24 @@ void transpose_gradient_pairs(const Correlation& r, const FieldView<float>& gy, 
     }
 }
 
+/// The band's output gradient for the AMX weight gradient (amx_weight_gradient_tile): [row][pair
+/// of cells (z, z + 1), padded to row_pairs][output channel], each pair z's bf16 value in the
+/// lower half and z + 1's in the upper (memory order), zero past the row's cells.
+void transpose_gradient_amx(const Correlation& r, const FieldView<float>& gy, Index n,
+                            Index first_channel, Index x, Index y0, Index rows, Index row_pairs,
+                            uint32_t* to) {
+  const Index row = r.out[2], outs = r.out_per_group, whole = row / 2;
+  for (Index y = 0; y < rows; ++y)
+    for (Index o = 0; o < outs; ++o) {
+      const float* cells = &gy(n, first_channel + o, x, y0 + y, 0);
+      uint32_t* column = to + y * row_pairs * outs + o;
+      for (Index q = 0; q < whole; ++q)
+        column[q * outs] = bf16_pair(cells[2 * q + 1], cells[2 * q]);
+      for (Index q = whole; q < row_pairs; ++q)
+        column[q * outs] = 2 * q < row ? uint32_t(bfloat16_bits(cells[2 * q])) : 0u;
+    }
+}
+
 }  // namespace
 
 /// gw += this rank's weight gradient (forward correlation r over its source xp): per output
@@ -706,11 +755,17 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
   };
-  std::vector<PlaneSource<float>> sources;  // one of the two per thread
+  // bf16 on AMX tiles: plain bf16 planes (their rows padded to whole chunks of cell pairs).
+  const bool amx = pairs && bf16_matrix_tiles();
+  const Index amx_pairs = amx_chunk_pairs_of_row(r.out[2]), row_pairs = amx_row_pairs(r.out[2]);
+  std::vector<PlaneSource<float>> sources;  // one of the three per thread
   std::vector<CellPairSource> pair_sources;
+  std::vector<PlaneSource<uint16_t>> bf16_sources;
   for (int t = 0; t < threads; ++t) {
     void* const ring = totals_of(t) + gradient_size;
-    if (pairs)
+    if (amx)
+      bf16_sources.emplace_back(r, xp, static_cast<uint16_t*>(ring), band_copies, slabs);
+    else if (pairs)
       pair_sources.emplace_back(r, xp, static_cast<uint32_t*>(ring), band_copies, slabs);
     else
       sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies, slabs);
@@ -732,7 +787,33 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                     y0 = (item % bands) * band_rows;
         const bool new_sample = item == first || item % per_sample == 0;
         const Index y1 = std::min(y0 + band_rows, r.out[1]), cells = (y1 - y0) * r.out[2];
-        if (pairs) {
+        if (amx) {
+          PlaneSource<uint16_t>& source = bf16_sources[t];
+          if (new_sample) source.start(n, group);
+          const Index rows = y1 - y0, outs_of_group = r.out_per_group;
+          uint32_t* const dy_pairs = reinterpret_cast<uint32_t*>(transposed);
+          transpose_gradient_amx(r, gy, n, group * outs_of_group, x, y0, rows, row_pairs, dy_pairs);
+          source.start_band(y0);
+          const std::ptrdiff_t cs = source.channel_stride(), rs = source.row_stride();
+          for (Index a = 0; a < kx; ++a) {
+            const uint16_t* plane = source.plane(r.offset[0] + x + a * r.d[0]);
+            if (!plane) continue;  // outside the source: reads zero
+            const uint16_t* band = plane + (y0 - source.first_row()) * rs;
+            for (Index j0 = 0; j0 < r.src_per_group; j0 += 32) {
+              const int channels = int(std::min<Index>(32, r.src_per_group - j0));
+              const Index per_tile = channels > 16 ? 32 : 48;
+              for (Index o0 = 0; o0 < outs_of_group; o0 += per_tile)
+                for (Index b = 0; b < ky; ++b)
+                  for (Index c = 0; c < kz; ++c)
+                    amx_weight_gradient_tile(
+                        band + j0 * cs + b * r.d[1] * rs + c * r.d[2], cs, rs, channels,
+                        dy_pairs + o0, row_pairs * outs_of_group, int(outs_of_group),
+                        int(std::min(per_tile, outs_of_group - o0)), int(rows), int(amx_pairs),
+                        int(row_pairs / amx_pairs),
+                        sums + (a * taps + (j0 * ky + b) * kz + c) * outs + o0, ky * kz * outs);
+            }
+          }
+        } else if (pairs) {
           CellPairSource& source = pair_sources[t];
           if (new_sample) source.start(n, group);
           const Index rows = y1 - y0, pairs_per_row = (r.out[2] + 1) / 2;
