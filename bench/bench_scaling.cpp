@@ -370,7 +370,8 @@ int main(int argc, char** argv) {
             "\"infer_collective_fraction\":%s,\"peak_mib\":%s,\"infer_peak_mib\":%s,"
             "\"peak_rss_mib\":%s,\"base_rss_mib\":%s,\"budget_mib\":%s,\"fits\":%s,"
             "\"size_multiple\":%lld,\"loss\":%s,\"load_average\":%s,\"vector_isa\":\"%s\","
-            "\"vector_lanes\":%d,\"bf16_dot\":%s,\"train_launches\":%lld,\"train_fences\":%lld,"
+            "\"vector_lanes\":%d,\"bf16_dot\":%s,\"amx_tiles\":%s,\"train_launches\":%lld,\"train_"
+            "fences\":%lld,"
             "\"train_deep_copies\":%lld,\"train_allocations\":%lld,\"infer_launches\":%lld,"
             "\"infer_fences\":%lld,\"infer_deep_copies\":%lld,\"infer_allocations\":%lld,"
             "\"bf16_wire\":\"%s\",\"train_halo_mib\":%s,\"infer_halo_mib\":%s}\n",
@@ -395,12 +396,12 @@ int main(int argc, char** argv) {
             (long long)r.size_multiple, json_number(r.fits ? r.loss : NAN, 9).c_str(),
             json_number(load_average()).c_str(), kernels::vector_isa().c_str(),
             kernels::vector_lanes(), kernels::bf16_dot_products() ? "true" : "false",
-            (long long)r.train_counts.launches, (long long)r.train_counts.fences,
-            (long long)r.train_counts.deep_copies, (long long)r.train_counts.allocations,
-            (long long)r.infer_counts.launches, (long long)r.infer_counts.fences,
-            (long long)r.infer_counts.deep_copies, (long long)r.infer_counts.allocations,
-            to_string(config.parallel.comm.bf16_wire), json_number(r.train_halo_mib).c_str(),
-            json_number(r.infer_halo_mib).c_str());
+            kernels::bf16_matrix_tiles() ? "true" : "false", (long long)r.train_counts.launches,
+            (long long)r.train_counts.fences, (long long)r.train_counts.deep_copies,
+            (long long)r.train_counts.allocations, (long long)r.infer_counts.launches,
+            (long long)r.infer_counts.fences, (long long)r.infer_counts.deep_copies,
+            (long long)r.infer_counts.allocations, to_string(config.parallel.comm.bf16_wire),
+            json_number(r.train_halo_mib).c_str(), json_number(r.infer_halo_mib).c_str());
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

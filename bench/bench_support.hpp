@@ -88,12 +88,13 @@ inline int cores_of(int ranks) {
 
 /// The host vector kernels' path, for the human line: "avx512 (16 floats)", "avx2 (8 floats)",
 /// "neon (4 floats)" or "off" (SHARDTENSOR_SIMD chooses another: kernels/vector_isa.hpp), and
-/// ", bf16 dot products" where bf16 convolutions run on them.
+/// ", bf16 dot products" where bf16 convolutions run on them, ", AMX tiles" where on those.
 inline std::string vector_path() {
   const std::string isa = kernels::vector_isa();
   if (isa == "off") return isa;
   return isa + " (" + std::to_string(kernels::vector_lanes()) + " floats" +
-         (kernels::bf16_dot_products() ? ", bf16 dot products" : "") + ")";
+         (kernels::bf16_dot_products() ? ", bf16 dot products" : "") +
+         (kernels::bf16_matrix_tiles() ? ", AMX tiles" : "") + ")";
 }
 
 /// OPENBLAS_CORETYPE as set (it changes sgemm ~2x: SkylakeX for the AVX-512 kernels), or "".
