@@ -12,6 +12,8 @@
 //            --library on|off (cuDNN in a CUDA build, on; off: the portable kernels)
 //            --tf32 on|off (float convolutions through cuDNN may use TF32 tensor cores, off)
 //            --memory-tracking on|off (the tracker's step peak, on)
+//            --precision float|bf16 (bf16: the layer computes in bf16, Module::compute_in_bf16:
+//            operands rounded, products summed in float; float)
 //            --no-allocation-cache (last argument: let glibc unmap freed buffers)
 //
 // FLOPs: 2 * Cin * Cout * k^dims * output cells per pass, three passes (forward, input
@@ -26,8 +28,10 @@
 // workspace and halo buffers included, per rank, max over ranks and steps; split by category.
 // OPENBLAS_CORETYPE (e.g. SkylakeX for AVX-512 kernels) is printed: it changes sgemm ~2x.
 // Check: afterwards, on a 20^3 field (rows of 16 + 4 cells; 2-D: 36^2) with the same channels, the
-// output and both gradients must match the direct loops (relative error <= 1e-5; 5e-3 with TF32),
-// else exit 1.
+// output and both gradients must match the direct loops (relative error <= 1e-5; 5e-3 with TF32;
+// in bf16 against the direct loops in bf16, 1e-2: the sums' order moves outputs by a bf16 step),
+// else exit 1. In bf16, where bf16 convolutions run on AMX tiles, the tiles' multiply-add
+// ceiling is measured too (full tile products on every rank at once).
 // Last line: one JSON object.
 
 #include <mpi.h>
@@ -56,8 +60,10 @@ using namespace shardtensor::bench;
 namespace {
 
 /// Largest relative error (2-norm over all ranks) of the output, input gradient and weight
-/// gradient of Conv with `options` against the direct loops, on a size^dims field.
-double error_against_direct(const Communicator& comm, const ConvOptions& options, Index size) {
+/// gradient of Conv with `options` (in bf16 if `bf16`) against the direct loops, on a size^dims
+/// field.
+double error_against_direct(const Communicator& comm, const ConvOptions& options, Index size,
+                            bool bf16) {
   ConvOptions direct = options;
   direct.algorithm = ConvAlgorithm::direct;
   const Decomposition d =
@@ -77,6 +83,7 @@ double error_against_direct(const Communicator& comm, const ConvOptions& options
   };
   const auto run = [&](const ConvOptions& o) {
     Conv<float> conv(comm, o, "check");
+    conv.compute_in_bf16(bf16);
     const auto input = Variable<float>::field(x, true, "x");
     const Variable<float> y = conv.forward(input);
     backward(mse_loss(comm, y, Variable<float>::field(target, false, "target")));
@@ -124,17 +131,20 @@ int main(int argc, char** argv) {
       const std::string memory_tracking = option(argc, argv, "--memory-tracking", "on");
       const std::string library = option(argc, argv, "--library", "on");
       const std::string tf32 = option(argc, argv, "--tf32", "off");
+      const std::string precision = option(argc, argv, "--precision", "float");
       SHARDTENSOR_REQUIRE(
           (dims == 2 || dims == 3) && batch >= 1 && size >= 4 && channels >= 1 && iters >= 1 &&
               warmup >= 0 && (algorithm == "gemm" || algorithm == "direct") &&
               (vector_kernels == "on" || vector_kernels == "off") &&
               (memory_tracking == "on" || memory_tracking == "off") &&
-              (library == "on" || library == "off") && (tf32 == "on" || tf32 == "off"),
+              (library == "on" || library == "off") && (tf32 == "on" || tf32 == "off") &&
+              (precision == "float" || precision == "bf16"),
           "bench_conv",
           "bad options: dims " << dims << ", batch " << batch << ", size " << size << ", channels "
                                << channels << ", iters " << iters << ", algorithm " << algorithm
                                << ", vector kernels " << vector_kernels << ", memory tracking "
-                               << memory_tracking << ", library " << library << ", tf32 " << tf32);
+                               << memory_tracking << ", library " << library << ", tf32 " << tf32
+                               << ", precision " << precision);
       const double memory_before = max_over_ranks(peak_resident_mib());
       if (memory_tracking == "on") enable_memory_tracking();
       const Decomposition d = Decomposition::automatic(std::vector<Index>(dims, size), comm.size());
@@ -148,6 +158,8 @@ int main(int argc, char** argv) {
       o.library_kernels = library == "on";
       o.tf32 = tf32 == "on";
       Conv<float> conv(comm, o, "bench");
+      const bool bf16 = precision == "bf16";
+      conv.compute_in_bf16(bf16);
       ShardTensor<float> x(d, comm.rank(), batch, channels);
       const auto xv = x.view();
       Kokkos::parallel_for(
@@ -197,16 +209,17 @@ int main(int argc, char** argv) {
       const double gflops_per_cpu_s = 3 * flops_per_pass / cpu_best / 1e9 / comm.size();
       const double sgemm = sgemm_gflops(channels, channels * taps, 4096, 5);
       const double peak_flops = multiply_add_peak_gflops();  // 0 on a GPU
+      const double tile_peak = bf16 && kernels::bf16_matrix_tiles() ? bf16_tile_peak_gflops() : 0.0;
       const double check_error =  // rows of 16 + 4 cells (3-D), 32 + 4 (2-D)
-          error_against_direct(comm, o, dims == 3 ? 20 : 36);
-      if (!(check_error <= (tf32 == "on" ? 5e-3 : 1e-5))) status = 1;
+          error_against_direct(comm, o, dims == 3 ? 20 : 36, bf16);
+      if (!(check_error <= (bf16 ? 1e-2 : tf32 == "on" ? 5e-3 : 1e-5))) status = 1;
       std::sort(step_times.begin(), step_times.end());
       const double median = step_times[step_times.size() / 2];
       const char* coretype = openblas_coretype();
       if (comm.rank() == 0) {
-        std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, float, %s, %d rank(s)\n",
-                    dims, channels, channels, d.describe().c_str(), batch, algorithm.c_str(),
-                    comm.size());
+        std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, %s, %s, %d rank(s)\n",
+                    dims, channels, channels, d.describe().c_str(), batch, precision.c_str(),
+                    algorithm.c_str(), comm.size());
         std::printf("  vector path                 %s\n", vector_path().c_str());
         std::printf("  forward + backward step     %10.2f ms   (median %.2f ms, forward %.2f ms)\n",
                     best * 1e3, median * 1e3, forward_best * 1e3);
@@ -221,6 +234,9 @@ int main(int argc, char** argv) {
           std::printf("  multiply-add peak per core %10.1f GFLOP/s  -> ratio %.2f (%s path)\n",
                       peak_flops, gflops_per_core / peak_flops,
                       kernels::vector_kernels_on() ? "this" : "the best");
+        if (tile_peak > 0)
+          std::printf("  AMX bf16 tile peak per core %9.1f GFLOP/s  -> ratio %.2f\n", tile_peak,
+                      gflops_per_core / tile_peak);
         std::printf(
             "  peak resident memory/rank   %10.1f MiB (%.1f MiB before the layer, step %.1f)\n",
             peak, memory_before, peak - memory_before);
@@ -248,7 +264,8 @@ int main(int argc, char** argv) {
             "\"step_workspaces_peak_mib\":%.2f,\"step_comm_buffers_peak_mib\":%.2f,"
             "\"memory_tracking\":\"%s\","
             "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"library\":\"%s\","
-            "\"tf32\":\"%s\",\"check_error\":%.3g,"
+            "\"tf32\":\"%s\",\"precision\":\"%s\",\"amx_tile_peak_gflops_per_core\":%.4g,"
+            "\"check_error\":%.3g,"
             "\"openblas_coretype\":\"%s\",\"vector_isa\":\"%s\",\"vector_lanes\":%d}\n",
             dims, comm.size(), d.describe().c_str(), long(size), batch, channels, algorithm.c_str(),
             best, median, forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
@@ -256,8 +273,8 @@ int main(int argc, char** argv) {
             peak_flops > 0 ? gflops_per_core / peak_flops : 0.0, peak, peak - memory_before,
             step_peak, step_activations, step_workspaces, step_comm_buffers,
             memory_tracking.c_str(), workspace_mib, vector_kernels.c_str(), library.c_str(),
-            tf32.c_str(), check_error, coretype, kernels::vector_isa().c_str(),
-            kernels::vector_lanes());
+            tf32.c_str(), precision.c_str(), tile_peak, check_error, coretype,
+            kernels::vector_isa().c_str(), kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

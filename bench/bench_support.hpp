@@ -79,6 +79,20 @@ inline double multiply_add_peak_gflops() {
   return best;
 }
 
+/// The AMX tiles' bf16 multiply-add ceiling per core (GFLOP/s), the best of 5 timings of
+/// independent full tile products on every rank at once; 0 where the CPU has no AMX tiles.
+inline double bf16_tile_peak_gflops() {
+  if (!kernels_run_on_host || kernels::run_bf16_tile_products(1) == 0.0) return 0.0;
+  double best = 0.0;
+  for (int r = 0; r < 5; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    const double flops = kernels::run_bf16_tile_products(std::size_t(1) << 18);
+    best = std::max(best, flops / max_over_ranks(MPI_Wtime() - start) / 1e9);
+  }
+  return best;
+}
+
 /// Cores a run of `ranks` ranks computes on, what "per core" rates divide by: every rank's
 /// host threads where the kernels run on the host (OpenMP: OMP_NUM_THREADS each), one per
 /// rank on a GPU (the rate is then per GPU).

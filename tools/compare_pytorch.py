@@ -19,6 +19,9 @@ process with P threads (torch.set_num_threads(P), one inter-op thread): the same
   `bench/bench_scaling` against the same model built by
   tools/shardtensor_torch.py (same layers, same parameter count, checked). Time: the median of
   --iters steps after one warm-up (bench_scaling's rule).
+- --precision bf16: ShardTensor's layers compute in bf16 (bench_conv / bench_scaling
+  --precision bf16), PyTorch's forward runs under torch.autocast("cpu", torch.bfloat16) (AMP:
+  oneDNN's bf16 kernels, AMX tiles where the CPU has them).
 - memory: the peak resident set of the process (getrusage) less its resident set before the
   model or layer and the input were created: what the step itself needed, without the process
   base (MPI and Kokkos, or the PyTorch libraries), per rank for ShardTensor (the largest over
@@ -81,13 +84,15 @@ def torch_conv(a: argparse.Namespace) -> dict:
     conv = (torch.nn.Conv3d if dims == 3 else torch.nn.Conv2d)(c, c, 3, padding=1, bias=True)
     x = torch.rand(1, c, *([n] * dims), requires_grad=True)
     best = forward_best = math.inf
+    bf16 = a.precision == "bf16"
     for step in range(a.warmup + a.iters):
         conv.zero_grad(set_to_none=True)
         x.grad = None
         t0 = time.perf_counter()
-        y = conv(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = conv(x)
         t1 = time.perf_counter()
-        y.sum().backward()
+        y.float().sum().backward()
         t2 = time.perf_counter()
         del y
         if step >= a.warmup:
@@ -95,7 +100,7 @@ def torch_conv(a: argparse.Namespace) -> dict:
     flops = 3 * 2.0 * c * c * 3 ** dims * n ** dims
     peak = peak_rss_mib()
     return {"framework": "pytorch", "bench": "conv%dd" % dims, "threads": a.threads, "size": n,
-            "channels": c, "step_s": best, "forward_s": forward_best,
+            "channels": c, "precision": a.precision, "step_s": best, "forward_s": forward_best,
             "gflops_per_core": flops / best / 1e9 / a.threads, "peak_rss_mib": peak,
             "base_rss_mib": base, "step_rss_mib": peak - base,
             "mkldnn": bool(torch.backends.mkldnn.is_available()),
@@ -127,12 +132,14 @@ def torch_unet(a: argparse.Namespace) -> dict:
     field = [n] * a.dims
     x, target = torch.rand(a.batch, 2, *field), torch.rand(a.batch, 1, *field)
     train, infer, loss = [], [], math.nan
+    bf16 = a.precision == "bf16"
     net.train()
     for step in range(a.warmup + a.iters):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        out = net(x)
-        value = torch.nn.functional.mse_loss(out, target)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = net(x)
+        value = torch.nn.functional.mse_loss(out.float(), target)
         value.backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
@@ -142,7 +149,7 @@ def torch_unet(a: argparse.Namespace) -> dict:
         if step >= a.warmup:
             train.append(time.perf_counter() - t0)
     net.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         for step in range(a.warmup + a.iters):
             t0 = time.perf_counter()
             out = net(x)
@@ -151,7 +158,8 @@ def torch_unet(a: argparse.Namespace) -> dict:
                 infer.append(time.perf_counter() - t0)
     peak = peak_rss_mib()
     return {"framework": "pytorch", "bench": "unet", "threads": a.threads, "size": n,
-            "parameters": parameters, "train_step_s": statistics.median(train),
+            "parameters": parameters, "precision": a.precision,
+            "train_step_s": statistics.median(train),
             "infer_step_s": statistics.median(infer), "loss": loss, "peak_rss_mib": peak,
             "dims": a.dims, "batch": a.batch,
             "base_rss_mib": base, "step_rss_mib": peak - base, "torch": torch.__version__}
@@ -195,7 +203,8 @@ class Runner:
         return [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads",
                 str(threads), "--size", str(size), "--channels", str(self.a.channels),
                 "--iters", str(self.a.iters), "--warmup", "1", "--config", self.a.config,
-                "--dims", str(self.a.dims), "--batch", str(self.a.batch)]
+                "--dims", str(self.a.dims), "--batch", str(self.a.batch), "--precision",
+                self.a.precision]
 
     def repeated(self, command: List[str], marker: str, key: str) -> Optional[dict]:
         """Runs `command` --repeats times, each in a fresh process; the record whose `key`
@@ -213,7 +222,8 @@ class Runner:
         ours = self.repeated(self.mpirun(p, [os.path.join(a.build, "bench", "bench_conv"),
                                              "--dims", str(a.dims), "--size", str(a.conv_size),
                                              "--channels", str(a.channels), "--iters",
-                                             str(a.iters), "--warmup", "1"]),
+                                             str(a.iters), "--warmup", "1", "--precision",
+                                             a.precision]),
                              '"bench":"conv%dd"' % a.dims, "step_s")
         if ours:  # bench_conv's names for the peak resident set and the step's share of it
             ours["peak_rss_mib"] = ours["peak_mib_per_rank"]
@@ -227,7 +237,8 @@ class Runner:
         ours = self.repeated(self.mpirun(p, [os.path.join(a.build, "bench", "bench_scaling"),
                                              "--config", a.config, "--size", str(a.unet_size),
                                              "--dims", str(a.dims), "--batch", str(a.batch),
-                                             "--iters", str(a.iters), "--warmup", "1"]),
+                                             "--iters", str(a.iters), "--warmup", "1",
+                                             "--precision", a.precision]),
                              '"bench":"scaling"', "train_step_s")
         theirs = self.repeated(self.worker("unet", p, a.unet_size), '"bench": "unet"',
                                "train_step_s")
@@ -313,11 +324,12 @@ def table(results: Dict[int, dict], kind: str, columns) -> List[str]:
     return rows
 
 
-def tables(results: Dict[int, dict], dims: int) -> List[str]:
-    return (["## Conv%dd layer, forward + backward" % dims, "",
+def tables(results: Dict[int, dict], dims: int, precision: str = "float") -> List[str]:
+    suffix = "" if precision == "float" else ", bf16 (PyTorch: CPU autocast)"
+    return (["## Conv%dd layer, forward + backward%s" % (dims, suffix), "",
              "Step times: the median run (range over the runs); the other columns are the "
              "median run's.", ""] + table(results, "conv", CONV_COLUMNS) +
-            ["", "## U-Net training step and inference", ""] +
+            ["", "## U-Net training step and inference%s" % suffix, ""] +
             table(results, "unet", UNET_COLUMNS))
 
 
@@ -334,6 +346,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dims", type=int, choices=(2, 3), default=3,
                     help="2: Conv2d and the U-Net on a 2-D field")
     ap.add_argument("--batch", type=int, default=1, help="U-Net samples per step")
+    ap.add_argument("--precision", choices=("float", "bf16"), default="float",
+                    help="bf16: ShardTensor in bf16, PyTorch under CPU autocast (AMP)")
     ap.add_argument("--iters", type=int, default=5, help="timed steps per run")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs per measurement, each a fresh process; the median is reported")
@@ -397,7 +411,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               time.time() - started),
           "Step MiB: peak resident set less the resident set before the layer or model and "
           "the input existed (per rank for ShardTensor, the largest over ranks).", ""]
-    md += tables(results, a.dims) + [""]
+    md += tables(results, a.dims, a.precision) + [""]
     if problems or runner.failures:
         md += ["## Problems", ""] + ["- " + m.splitlines()[0] for m in problems + runner.failures]
     with open(os.path.join(a.out, "comparison.md"), "w") as f:

@@ -233,6 +233,26 @@ void weight_gradient(const uint16_t* source, std::ptrdiff_t channel_stride,
   _tile_release();
 }
 
+/// `rounds` rounds of four independent full tile products (16 x 16 sums, 16 pairs): the
+/// tiles' multiply-add ceiling. Returns the flops run.
+double full_tile_products(std::size_t rounds) {
+  alignas(64) static const uint32_t operands[16 * 16] = {};
+  start_product<2, 2>([](int) { return 16; }, [](int) { return 16; }, 16);
+  const void* a[2] = {operands, operands};
+  _tile_loadd(4, a[0], 64);
+  _tile_loadd(5, a[1], 64);
+  _tile_loadd(6, operands, 64);
+  _tile_loadd(7, operands, 64);
+  for (std::size_t i = 0; i < rounds; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_release();
+  return 4.0 * 2 * 16 * 16 * 32 * double(rounds);
+}
+
 #pragma GCC pop_options
 
 }  // namespace
@@ -301,6 +321,10 @@ void amx_weight_gradient_tile(const uint16_t* source, std::ptrdiff_t channel_str
   }
 }
 
+double amx_peak_products(std::size_t rounds) {
+  return amx_tiles_usable() ? full_tile_products(rounds) : 0.0;
+}
+
 #else  // not x86-64 with AMX in the compiler: never usable
 
 bool amx_tiles_usable() {
@@ -310,6 +334,9 @@ void amx_correlate_tile(const uint32_t* const*, int, const std::ptrdiff_t*, int,
                         int, int, const uint32_t*, std::ptrdiff_t, const OutputVector*, int, float*,
                         std::ptrdiff_t, int, const float*) {
   SHARDTENSOR_FAIL("amx_correlate_tile", "this build has no AMX tiles");
+}
+double amx_peak_products(std::size_t) {
+  return 0.0;
 }
 void amx_weight_gradient_tile(const uint16_t*, std::ptrdiff_t, std::ptrdiff_t, int, const uint32_t*,
                               std::ptrdiff_t, int, int, int, int, int, float*, std::ptrdiff_t) {
@@ -327,6 +354,9 @@ bool bf16_matrix_tiles() {
 }
 void allow_bf16_matrix_tiles(bool allow) {
   host::allow_amx_tiles(allow);
+}
+double run_bf16_tile_products(std::size_t rounds) {
+  return host::amx_peak_products(rounds);
 }
 
 }  // namespace shardtensor::kernels

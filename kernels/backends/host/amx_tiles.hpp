@@ -27,6 +27,10 @@ bool amx_tiles_usable();
 bool amx_tiles_allowed();
 void allow_amx_tiles(bool allow);
 
+/// Runs `rounds` rounds of four independent full tile products and returns the flops run (0
+/// where the tiles are not usable): the tiles' ceiling, for benchmarks.
+double amx_peak_products(std::size_t rounds);
+
 /// Most output cells' vectors (16 cells each) per amx_correlate_tile call.
 constexpr int amx_tile_vectors = 3;
 

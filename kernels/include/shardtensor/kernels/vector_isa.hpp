@@ -45,6 +45,10 @@ bool bf16_matrix_tiles();
 /// Allows (the default; SHARDTENSOR_AMX=off in the environment forbids, read on first use) or
 /// forbids the AMX tiles, for tests and measurements.
 void allow_bf16_matrix_tiles(bool allow);
+/// Runs `rounds` rounds of independent full AMX tile products (where the CPU has them, whether
+/// or not allowed) and returns the flops run, 0 elsewhere: benchmarks time it for the bf16
+/// tiles' ceiling.
+double run_bf16_tile_products(std::size_t rounds);
 
 /// Runs `rounds` rounds of independent multiply-add chains on the selected path's vectors (on
 /// the best path where it is off) and returns the flops run, 0 in a build without vector
