@@ -133,6 +133,8 @@ def torch_unet(a: argparse.Namespace) -> dict:
     x, target = torch.rand(a.batch, 2, *field), torch.rand(a.batch, 1, *field)
     train, infer, loss = [], [], math.nan
     bf16 = a.precision == "bf16"
+    if bf16:
+        st.group_norm_in_float_under_cpu_autocast(net)
     net.train()
     for step in range(a.warmup + a.iters):
         t0 = time.perf_counter()
@@ -261,7 +263,10 @@ def check(kind: str, p: int, pair: Dict[str, Optional[dict]]) -> List[str]:
         if pair["shardtensor"]["parameters"] != pair["pytorch"]["parameters"]:
             problems.append("unet at %d: %d parameters in ShardTensor, %d in PyTorch" % (
                 p, pair["shardtensor"]["parameters"], pair["pytorch"]["parameters"]))
-    if kind == "conv" and pair["shardtensor"] and pair["shardtensor"].get("check_error", 1) > 1e-5:
+    tolerance = 1e-2 if pair["shardtensor"] and pair["shardtensor"].get("precision") == "bf16" \
+        else 1e-5  # bench_conv's own bound
+    if kind == "conv" and pair["shardtensor"] and \
+            pair["shardtensor"].get("check_error", 1) > tolerance:
         problems.append("conv at %d: bench_conv's check failed" % p)
     return problems
 

@@ -137,11 +137,7 @@ def make_steps(model_cfg, run_cfg, size, dims, device, precision="float", channe
         target = target.contiguous(memory_format=layout)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     if precision == "bf16" and device.type == "cpu":
-        # CUDA's autocast runs group_norm in float; PyTorch 1.13's CPU autocast hands it bf16
-        # input with float weights, which fails: cast as CUDA's does.
-        for module in net.modules():
-            if isinstance(module, torch.nn.GroupNorm):
-                module.register_forward_pre_hook(lambda _, inputs: (inputs[0].float(),))
+        st.group_norm_in_float_under_cpu_autocast(net)
 
     def train_step():
         opt.zero_grad(set_to_none=True)

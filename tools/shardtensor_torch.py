@@ -589,6 +589,14 @@ def build_model(model: dict, dims: int, in_channels: int, out_channels: int,
 # Names
 # ---------------------------------------------------------------------------------------
 
+def group_norm_in_float_under_cpu_autocast(net: nn.Module) -> None:
+    """Makes net's GroupNorms take float input, as CUDA's autocast runs group_norm: PyTorch
+    1.13's CPU autocast hands it bf16 input with float weights, which fails."""
+    for module in net.modules():
+        if isinstance(module, nn.GroupNorm):
+            module.register_forward_pre_hook(lambda _, inputs: (inputs[0].float(),))
+
+
 def shardtensor_names(module: nn.Module) -> Tuple["collections.OrderedDict[str, tuple]",
                                                   "collections.OrderedDict[str, tuple]"]:
     """(parameters, buffers): ShardTensor's names and shapes for a mirror module. BatchNorm's
