@@ -17,6 +17,8 @@
 //                           cuDNN may use TF32 tensor cores)
 //            --budget-mib M (per-rank budget on tracked memory, overrides the config's;
 //                            over it, the run reports "fits":false instead of failing)
+//            --peak-report N (the N largest allocations live at the training steps' peak, on
+//                            the rank with the highest peak: where the bytes sit; 0)
 //
 // Decomposition: Decomposition::automatic over all ranks (one data group). Input and target are
 // random values drawn per global cell, so every rank count trains on the same field and reports
@@ -70,7 +72,27 @@ struct Settings {
   int warmup = 1, iters = 5, infer_iters = 5;
   bool overlap = true;
   double budget_mib = 0;
+  int peak_report = 0;  // allocations to list at the training peak
 };
+
+/// The `count` largest allocations live at this rank's tracked peak, printed by the rank with
+/// the highest peak (the lowest such rank).
+void print_peak_allocations(const Communicator& world, int count) {
+  struct {
+    double peak;
+    int rank;
+  } mine{double(memory_snapshot().total.peak), world.rank()}, top = mine;
+  MPI_Allreduce(&mine, &top, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  if (world.rank() != top.rank) return;
+  const std::vector<LiveAllocation> live = memory_peak_allocations();
+  std::printf("  at the training peak (%.2f MiB, rank %d), the %d largest of %zu allocations:\n",
+              to_mib(std::uint64_t(top.peak)), top.rank, std::min<int>(count, int(live.size())),
+              live.size());
+  for (int i = 0; i < count && i < int(live.size()); ++i)
+    std::printf("    %8.3f MiB  %-14s %s\n", to_mib(live[i].bytes), to_string(live[i].category),
+                live[i].label.empty() ? "(unlabelled)" : live[i].label.c_str());
+  std::fflush(stdout);
+}
 
 /// Per-step timings of one kind of step, on this rank.
 struct StepTimes {
@@ -193,6 +215,7 @@ void run(const Communicator& world, const RunConfig& config, const Settings& s,
     if (step >= s.warmup) r.train.add(t1 - t0, c1 - c0, halo, collective);
   }
   r.memory = memory_report(world);
+  if (s.peak_report > 0) print_peak_allocations(world, s.peak_report);
 
   model->eval();
   reset_memory_peak();
@@ -260,14 +283,15 @@ int main(int argc, char** argv) {
       const std::string budget = option(argc, argv, "--budget-mib", "");
       const std::string tf32 = option(argc, argv, "--tf32", "");
       const std::string precision = option(argc, argv, "--precision", "");
-      SHARDTENSOR_REQUIRE(!s.config_path.empty() && s.extents.size() >= 1 &&
+      s.peak_report = std::stoi(option(argc, argv, "--peak-report", "0"));
+      SHARDTENSOR_REQUIRE(s.peak_report >= 0 && !s.config_path.empty() && s.extents.size() >= 1 &&
                               s.extents.size() <= 3 && s.channels_in >= 1 && s.channels_out >= 1 &&
                               s.batch >= 1 && s.warmup >= 0 && s.iters >= 1 && s.infer_iters >= 0 &&
                               (overlap == "on" || overlap == "off") &&
                               (tf32.empty() || tf32 == "on" || tf32 == "off"),
                           "bench_scaling",
                           "bad options (--config is required; --size N or AxBxC with 1-3 dims; "
-                          "--iters >= 1; --overlap on|off; --tf32 on|off)");
+                          "--iters >= 1; --overlap on|off; --tf32 on|off; --peak-report >= 0)");
       std::vector<std::string> overrides;  // checked as the config's own keys are
       if (!precision.empty()) overrides.push_back("training.precision=" + precision);
       RunConfig config = RunConfig::load(s.config_path, overrides, RunConfig::DataUse::arrays);
@@ -277,6 +301,7 @@ int main(int argc, char** argv) {
 
       enable_comm_timers();
       enable_memory_tracking();  // before anything is allocated: parameters count too
+      if (s.peak_report > 0) record_memory_peak_allocations(true);
       if (s.budget_mib > 0) set_memory_budget(std::uint64_t(std::ceil(s.budget_mib * 1048576)));
 
       std::vector<bool> periodic = config.data.periodic;

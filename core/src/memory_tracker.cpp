@@ -28,6 +28,7 @@ thread_local MemoryCategory current_category = MemoryCategory::other;
 struct Entry {
   std::uint64_t bytes;
   MemoryCategory category;
+  std::string label;  // only while peak allocations are recorded
 };
 
 struct Tracker {
@@ -39,6 +40,9 @@ struct Tracker {
   MemoryUsage total;
   std::uint64_t allocations = 0;
   MemoryOverflow overflow;
+  bool record_peak = false;               // record_memory_peak_allocations
+  std::vector<LiveAllocation> peak_live;  // what was live at total.peak
+  std::uint64_t peak_live_counted = 0;    // the total that peak_live belongs to
   // Hooks a Kokkos tool (KOKKOS_TOOLS_LIBS) had installed: called first, restored on disable.
   Kokkos::Tools::allocateDataFunction previous_allocate = nullptr;
   Kokkos::Tools::deallocateDataFunction previous_deallocate = nullptr;
@@ -49,6 +53,17 @@ struct Tracker {
     total = {};
     allocations = 0;
     overflow = {};
+    peak_live.clear();
+    peak_live_counted = 0;
+  }
+
+  /// Keeps the live allocations where the total reached a new peak (mutex held).
+  void note_peak() {
+    if (!record_peak || total.current < total.peak || total.current == peak_live_counted) return;
+    peak_live.clear();
+    for (const auto& [ptr, entry] : live)
+      peak_live.push_back({entry.label, entry.bytes, entry.category});
+    peak_live_counted = total.current;
   }
 
   /// Records an overflow if the total is above the budget (mutex held).
@@ -88,16 +103,18 @@ void on_allocate(const Kokkos::Tools::SpaceHandle space, const char* label, cons
   const MemoryCategory category =
       label && std::strncmp(label, "Kokkos::", 8) == 0 ? MemoryCategory::other : current_category;
   std::lock_guard<std::mutex> lock(t.mutex);
-  auto [it, inserted] = t.live.try_emplace(ptr, Entry{size, category});
+  Entry entry{size, category, t.record_peak && label ? label : ""};
+  auto [it, inserted] = t.live.try_emplace(ptr, entry);
   if (!inserted) {  // the address came back without a deallocation seen: forget the old one
     subtract(t.categories[int(it->second.category)], it->second.bytes);
     subtract(t.total, it->second.bytes);
-    it->second = Entry{size, category};
+    it->second = std::move(entry);
   }
   add(t.categories[int(category)], size);
   add(t.total, size);
   ++t.allocations;
   t.note_budget(category, label);
+  t.note_peak();
 }
 
 void on_deallocate(const Kokkos::Tools::SpaceHandle space, const char* label, const void* ptr,
@@ -253,6 +270,25 @@ void reset_memory_peak() {
   std::lock_guard<std::mutex> lock(t.mutex);
   for (MemoryUsage& usage : t.categories) usage.peak = usage.current;
   t.total.peak = t.total.current;
+  t.peak_live_counted = 0;
+  t.note_peak();
+}
+
+void record_memory_peak_allocations(bool record) {
+  Tracker& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.record_peak = record;
+  t.peak_live.clear();
+  t.peak_live_counted = 0;
+}
+
+std::vector<LiveAllocation> memory_peak_allocations() {
+  Tracker& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  std::vector<LiveAllocation> live = t.peak_live;
+  std::sort(live.begin(), live.end(),
+            [](const LiveAllocation& a, const LiveAllocation& b) { return a.bytes > b.bytes; });
+  return live;
 }
 
 MemorySnapshot memory_snapshot() {

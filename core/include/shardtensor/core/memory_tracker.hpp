@@ -49,6 +49,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace shardtensor {
 
@@ -124,6 +125,20 @@ void reset_memory_peak();
 
 /// This rank's figures now.
 MemorySnapshot memory_snapshot();
+
+/// An allocation live at the tracked total's peak: its View label, bytes and category.
+struct LiveAllocation {
+  std::string label;
+  std::uint64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::other;
+};
+/// Starts (or stops) keeping the labels of live allocations and, at each new peak of the
+/// total, a copy of what is live: where a peak's bytes sit (bench_scaling --peak-report). A
+/// diagnostic: each new peak copies the live list. Allocations made before record no label.
+void record_memory_peak_allocations(bool record);
+/// What was live at the total's peak since recording started or reset_memory_peak(), the
+/// largest first (empty where nothing was recorded).
+std::vector<LiveAllocation> memory_peak_allocations();
 
 /// Per-rank budget on the tracked total in bytes; 0 removes it. A budget needs tracking, so
 /// a non-zero budget enables it. Clears a recorded overflow; if the total is above the new
