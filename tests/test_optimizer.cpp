@@ -258,6 +258,70 @@ TEST_CASE("a step, and zero_grad, update every parameter in one kernel", "[optim
   }
 }
 
+/// A replicated scalar whose backward adds into w's gradient, in `order`: 'p' a rank-local
+/// partial sum (rank + 1)(i + 1) (summed over the ranks by the autodiff), 'w' a whole
+/// gradient 0.5 (i + 1).
+Variable<double> reads_weight(const Communicator& comm, const Variable<double>& w,
+                              const std::string& order) {
+  auto node = make_result_node<double>("reads_weight", {w.node()});
+  node->is_field = false;
+  node->data = ReplicatedView<double>("reads_weight", 1);
+  node->shape = {1};
+  node->backward = [comm, order](impl::Node<double>& self) {
+    impl::Node<double>& weight = *self.inputs[0];
+    for (const char kind : order) {
+      const ReplicatedView<double> g =
+          kind == 'p' ? weight.grad_partial(comm) : weight.grad_data();
+      const double scale = kind == 'p' ? comm.rank() + 1.0 : 0.5;
+      Kokkos::parallel_for(
+          "reads_weight", g.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
+            g(i) += scale * double(i + 1);
+          });
+    }
+  };
+  return Variable<double>(node);
+}
+
+TEST_CASE(
+    "partial gradient sums go into a zeroed gradient in place, and still add up where it is "
+    "not",
+    "[autograd][partial]") {
+  // A parameter's rank-local partial sums are summed over the ranks into its gradient. Where
+  // the gradient holds zeros (new, after zero_grad, after Optimizer::zero_grad) they go into
+  // it and are summed in place: no second buffer. Where it does not (accumulation over two
+  // backward calls), or a whole gradient joins them, the sums still add up exactly.
+  const Communicator comm;
+  const double ranks_sum = comm.size() * (comm.size() + 1) / 2.0;  // sum of rank + 1
+  const auto w = Variable<double>::replicated(ReplicatedView<double>("w", 300), {300}, true, "w");
+  const auto gradient_is = [&](double partials, double wholes) {
+    const std::vector<double> g = to_host(w.data_grad());
+    bool exact = true;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      exact = exact && g[i] == (partials * ranks_sum + 0.5 * wholes) * double(i + 1);
+    return exact;
+  };
+  const auto separate_buffer = [&] { return w.node()->partial_grad.extent(0) != 0; };
+  backward(reads_weight(comm, w, "p"));
+  CHECK(gradient_is(1, 0));
+  CHECK_FALSE(separate_buffer());
+  backward(reads_weight(comm, w, "p"));  // accumulates: the gradient holds the first
+  CHECK(gradient_is(2, 0));
+  CHECK(separate_buffer());
+  w.zero_grad();
+  backward(reads_weight(comm, w, "pwp"));  // a whole gradient between partial sums
+  CHECK(gradient_is(2, 1));
+  w.zero_grad();
+  backward(reads_weight(comm, w, "wp"));
+  CHECK(gradient_is(1, 1));
+  OptimizerOptions sgd;
+  sgd.type = "sgd";
+  auto optimizer = make_optimizer<double>(sgd, {{"w", w}});
+  optimizer->zero_grad();
+  backward(reads_weight(comm, w, "pp"));
+  CHECK(gradient_is(2, 0));
+  CHECK_FALSE(separate_buffer());  // in place again: the other path's buffer went
+}
+
 TEST_CASE("Adam minimises a quadratic", "[optimizer]") {
   // f(x) = sum a_i (x_i - c_i)^2 / 2 with curvatures a_i in [0.5, 1.5].
   const Index n = 40;

@@ -87,7 +87,7 @@ Optimizer<T>::Optimizer(const NamedParameters<T>& parameters, double learning_ra
     SHARDTENSOR_REQUIRE(nodes.insert(p.node().get()).second, "Optimizer",
                         "parameter '" << name << "' is listed twice under different names");
     MemoryCategoryScope memory(MemoryCategory::parameters);  // gradients count with parameters
-    p.data_grad();  // allocate a missing gradient now, not inside step()
+    p.node()->grad_storage();  // allocate a missing gradient now (zeros), not inside step()
     parameters_.emplace_back(name, p);
   }
   set_learning_rate(learning_rate);
@@ -125,7 +125,7 @@ void Optimizer<T>::refresh_slots() {
   bool moved = false;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     T* value = parameters_[i].second.data().data();
-    T* grad = parameters_[i].second.data_grad().data();
+    T* grad = parameters_[i].second.node()->grad_storage().data();  // zeros stay known zeros
     moved = moved || host_slots_(i).value != value || host_slots_(i).grad != grad;
     host_slots_(i).value = value;
     host_slots_(i).grad = grad;
@@ -142,6 +142,8 @@ void Optimizer<T>::zero_grad() {
       KOKKOS_LAMBDA(const impl::ParameterSlot<T>& slot, std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) slot.grad[i] = T(0);
       });
+  // The next backward's partial sums of each gradient may go into it (Node::grad_partial).
+  for (auto& named : parameters_) named.second.node()->note_grad_zeroed();
 }
 
 template <class T>

@@ -48,9 +48,14 @@ struct Node {
   ReplicatedView<T> data, data_grad;
   std::vector<Index> shape;
   /// Per-rank partial sums of a replicated gradient (e.g. a weight gradient summed over the
-  /// local cells only); added to data_grad after a sum over `partial_comm`.
+  /// local cells only); added to data_grad after a sum over `partial_comm`. Where data_grad
+  /// holds zeros when the first partial sum arrives (a training step's, after zero_grad), the
+  /// partial sums go into data_grad itself and are summed over the ranks in place: no second
+  /// buffer per parameter, no add.
   ReplicatedView<T> partial_grad;
   std::optional<Communicator> partial_comm;
+  bool partial_in_grad = false;  // the pending partial sums are in data_grad
+  bool grad_zero = false;        // data_grad holds zeros (allocated, or zero_grad since)
 
   std::vector<std::shared_ptr<Node>> inputs;
   std::function<void(Node&)> backward;   // reads this node's gradient, adds into inputs'
@@ -123,36 +128,92 @@ struct Node {
     field = ShardTensor<T>();
   }
   const ReplicatedView<T>& grad_data() {
-    if (data_grad.extent(0) != data.extent(0)) {
-      // A leaf's (a parameter's) gradient lives as long as the parameter: count it there.
-      MemoryCategoryScope memory(inputs.empty() ? MemoryCategory::parameters
-                                                : current_memory_category());
-      data_grad = ReplicatedView<T>(op + ".grad", data.extent(0));
-    }
+    if (partial_in_grad) move_partial_out();  // a whole gradient joins pending partial sums
+    allocate_grad_data();
+    grad_zero = false;  // the caller may write into it
+    return data_grad;
+  }
+  /// data_grad (allocated zero where it is not yet) for a caller that only keeps its address
+  /// or writes zeros through it (the optimizer's parameter table): unlike grad_data(), it
+  /// leaves the node knowing a gradient of zeros as one.
+  const ReplicatedView<T>& grad_storage() {
+    if (partial_in_grad) move_partial_out();
+    allocate_grad_data();
     return data_grad;
   }
   /// Where an op adds a rank-local partial sum of this replicated gradient.
   const ReplicatedView<T>& grad_partial(const Communicator& comm) {
-    if (partial_grad.extent(0) != data.extent(0)) {
-      MemoryCategoryScope memory(MemoryCategory::parameters);  // a weight's; kept across steps
-      partial_grad = ReplicatedView<T>(op + ".partial_grad", data.extent(0));
+    if (partial_comm) {
+      partial_comm = comm;
+      return partial_in_grad ? data_grad : partial_grad;
     }
     partial_comm = comm;
+    allocate_grad_data();
+    if (grad_zero) {
+      partial_in_grad = true;
+      grad_zero = false;
+      partial_grad = ReplicatedView<T>();  // one from an earlier step's other path goes
+      return data_grad;
+    }
+    allocate_partial_grad();
     return partial_grad;
   }
   /// Sums pending partial gradients over their communicator into data_grad.
   void complete_grad() {
     if (!partial_comm) return;
-    allreduce(*partial_comm, partial_grad);
-    const auto total = grad_data();
-    const auto partial = partial_grad;
-    // The partial sum is zeroed for the next step in the same kernel (one launch, no fence).
-    Kokkos::parallel_for(
-        "complete_grad", total.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
-          total(i) += partial(i);
-          partial(i) = T(0);
-        });
+    if (partial_in_grad) {
+      allreduce(*partial_comm, data_grad);
+    } else {
+      allreduce(*partial_comm, partial_grad);
+      const auto total = grad_data();
+      const auto partial = partial_grad;
+      // The partial sum is zeroed for the next step in the same kernel (one launch, no fence).
+      Kokkos::parallel_for(
+          "complete_grad", total.extent(0), KOKKOS_LAMBDA(const std::size_t i) {
+            total(i) += partial(i);
+            partial(i) = T(0);
+          });
+    }
+    partial_in_grad = false;
     partial_comm.reset();
+  }
+  /// Tells the node that data_grad was filled with zeros elsewhere (Optimizer::zero_grad, one
+  /// kernel for every parameter): the next partial sums may go into it.
+  void note_grad_zeroed() {
+    if (data_grad.extent(0) != data.extent(0) || partial_comm) return;
+    grad_zero = true;
+  }
+  /// data_grad filled with zeros (Variable::zero_grad).
+  void zero_data_grad() {
+    if (data_grad.extent(0) == 0) return;
+    fill_values(ExecutionSpace(), data_grad);
+    if (partial_in_grad) partial_comm.reset();  // the pending partial sums went with it
+    partial_in_grad = false;
+    grad_zero = true;
+  }
+
+  /// Allocates data_grad (zeros: grad_zero) where it has not the data's size.
+  void allocate_grad_data() {
+    if (data_grad.extent(0) == data.extent(0)) return;
+    // A leaf's (a parameter's) gradient lives as long as the parameter: count it there.
+    MemoryCategoryScope memory(inputs.empty() ? MemoryCategory::parameters
+                                              : current_memory_category());
+    data_grad = ReplicatedView<T>(op + ".grad", data.extent(0));
+    grad_zero = true;
+  }
+  void allocate_partial_grad() {
+    if (partial_grad.extent(0) == data.extent(0)) return;
+    MemoryCategoryScope memory(MemoryCategory::parameters);  // a weight's; kept across steps
+    partial_grad = ReplicatedView<T>(op + ".partial_grad", data.extent(0));
+  }
+  /// The pending partial sums from data_grad into partial_grad, data_grad zero again: where
+  /// a whole gradient is added while partial sums are pending (a weight read by a sharded
+  /// op and a replicated one).
+  void move_partial_out() {
+    allocate_partial_grad();
+    Kokkos::deep_copy(ExecutionSpace(), partial_grad, data_grad);
+    fill_values(ExecutionSpace(), data_grad);
+    partial_in_grad = false;
   }
 };
 
@@ -220,7 +281,7 @@ class Variable {
 
   void zero_grad() const {
     if (node_->field_grad.view().span()) fill_values(ExecutionSpace(), node_->field_grad.view());
-    if (node_->data_grad.extent(0)) fill_values(ExecutionSpace(), node_->data_grad);
+    node_->zero_data_grad();
   }
 
   /// Host copy of a replicated scalar (losses).
