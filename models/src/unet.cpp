@@ -101,7 +101,7 @@ std::shared_ptr<Conv<T>> UNet<T>::make_conv(const std::string& name, Index in, I
 
 template <class T>
 std::shared_ptr<Sequential<T>> UNet<T>::make_block(const std::string& name, Index in, Index out,
-                                               bool two_recomputed_units) {
+                                                   bool two_recomputed_units) {
   auto block = std::make_shared<Sequential<T>>();
   const std::string path = name_ + "." + name;
   std::vector<std::shared_ptr<Conv<T>>> convs;
@@ -232,9 +232,9 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
   impl::require_field(input, "UNet");
   check_decomposition(input.value().decomposition());
   // Recomputed blocks keep only their inputs; level 0's upsampling, concatenation and up block
-  // are two recomputed units of their own (up_in_two_units). (Every block as one unit per triple kept more at the peak,
-  // before the normalizations carried their activation: 103 against 100 MiB for the 64^3
-  // bench U-Net, whose peak is level 0's backward.)
+  // are two recomputed units of their own (up_in_two_units). (Every block as one unit per triple
+  // kept more at the peak, before the normalizations carried their activation: 103 against 100 MiB
+  // for the 64^3 bench U-Net, whose peak is level 0's backward.)
   const auto block = [this](const std::shared_ptr<Module<T>>& b, const Variable<T>& x) {
     return options_.recompute ? recompute(b, x) : b->forward(x);
   };
@@ -249,6 +249,10 @@ Variable<T> UNet<T>::forward(const Variable<T>& input) {
   for (int l = options_.depth - 1; l >= 0; --l) {
     if (recomputes_in_two_units(l)) {
       h = up_in_two_units(l, std::move(skips[l]), h);
+      continue;
+    }
+    if (options_.recompute) {
+      h = up_as_one_unit(l, std::move(skips[l]), h);
       continue;
     }
     h = block(up_[l], concat_upsampled(l, std::move(skips[l]), h));
@@ -274,6 +278,22 @@ Variable<T> UNet<T>::up_in_two_units(int l, Variable<T>&& skip, const Variable<T
   const Variable<T> first =
       recompute<T>(std::move(inputs), {upsample_[l], (*up)[0], (*up)[1]}, first_unit);
   return up->forward_layers(2, up->size(), first);  // the second unit (recompute_range)
+}
+
+template <class T>
+Variable<T> UNet<T>::up_as_one_unit(int l, Variable<T>&& skip, const Variable<T>& coarse) {
+  // Kept to the backward: the skip and the coarser level's output (which the upsampling
+  // keeps anyway), not their concatenation (twice the skip), under the finer levels' peak.
+  const std::shared_ptr<Sequential<T>> up = up_[l];
+  const auto unit = [this, l, up](std::vector<Variable<T>> in, bool graph_only) {
+    const Variable<T> low = std::move(in[1]);
+    const Variable<T> joined = concat_upsampled(l, std::move(in[0]), low);
+    return graph_only ? up->forward_graph_only(joined) : up->forward(joined);
+  };
+  std::vector<Variable<T>> inputs;  // (a braced list would copy the skip and hold it)
+  inputs.push_back(std::move(skip));
+  inputs.push_back(coarse);
+  return recompute<T>(std::move(inputs), {upsample_[l], up}, unit);
 }
 
 template <class T>

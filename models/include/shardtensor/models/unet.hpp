@@ -105,6 +105,9 @@ class UNet : public Module<T> {
   /// (the upsampling, the concatenation, conv0 and norm0) from the skip and `coarse`, the
   /// coarser level's output; the second the rest of the block.
   Variable<T> up_in_two_units(int l, Variable<T>&& skip, const Variable<T>& coarse);
+  /// Level l's upsampling, concatenation and up block as one recomputed unit from the skip
+  /// and `coarse` (the coarser levels, with recomputation).
+  Variable<T> up_as_one_unit(int l, Variable<T>&& skip, const Variable<T>& coarse);
   /// Whether a field made now is kept to the backward: a graph is recorded, and this is not
   /// a recomputed unit's run (whose fields, like those of its first run without a graph, live
   /// only through the unit). Where it is not, a conv's input carries the conv's ghost cells,
