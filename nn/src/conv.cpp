@@ -208,6 +208,12 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   const bool ghosts_are_scratch = input.node()->scratch_ghosts;
   ShardTensor<T> padded =
       may_read_input || may_read_slabs ? x : halo_->start(x, ghosts_are_scratch);
+  // Padded in place with a graph, its ghost cells are this layer's from now on: no other layer
+  // pads them again (it makes a copy), so they hold what this layer's backward reads. (Without
+  // a graph nothing reads them back: a recomputed unit's first run leaves the flag to its run
+  // inside backward.)
+  const bool padded_in_place = padded.view().data() == x.view().data() && !x.ghosts().none();
+  if (padded_in_place && grad_enabled()) input.node()->scratch_ghosts = false;
 
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    options_.out_channels, {}, name_ + ".output");
@@ -344,11 +350,15 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     // Not in a recomputed unit's run inside backward, whose backward comes next: packing would
     // only add the 16 bits beside the float input for that short while (the unit's first
     // conv, after the U-Net's concatenation: its peak).
-    SavedField<T> saved_input(
-        input,
-        options_.bf16 && !impl::recomputing_flag() ? SavedPacking::rounded : SavedPacking::none,
-        name_ + ".saved_input");
-    PaddedShell<T> shell = reads_input ? PaddedShell<T>() : halo_->shell(padded, x);
+    const bool packed = options_.bf16 && !impl::recomputing_flag();
+    SavedField<T> saved_input(input, packed ? SavedPacking::rounded : SavedPacking::none,
+                              name_ + ".saved_input");
+    // An input padded in place and saved as it is keeps the padded buffer itself to backward
+    // (its ghost cells are this layer's alone, above): no shell to rebuild it from. Where a
+    // recomputed unit's first conv pads its concatenation (the U-Net's peak), that shell was
+    // a halo's worth beside it.
+    const bool keeps_padded = padded_in_place && !packed;
+    PaddedShell<T> shell = reads_input || keeps_padded ? PaddedShell<T>() : halo_->shell(padded, x);
     // The neighbours' planes that forward read (a surface), for the weight gradient.
     FieldView<T> slab_lower = slabs ? exchange->lower() : FieldView<T>(),
                  slab_upper = slabs ? exchange->upper() : FieldView<T>();
@@ -360,7 +370,7 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       bool padded_in_place = false;  // the input itself, its ghost cells filled (pads_in_place)
       {
         const ShardTensor<T> input_value = saved_input.value();  // unpacked: goes at the brace
-        padded = reads_input ? input_value : halo->rebuild(input_value, shell);
+        padded = reads_input || keeps_padded ? input_value : halo->rebuild(input_value, shell);
         const bool same = padded.view().data() == input_value.view().data();
         in_place = same && padded.ghosts() == GhostWidths{};
         padded_in_place = same && !in_place;
