@@ -64,33 +64,33 @@ inline double sgemm_gflops(int m, int k, int n, int reps) {
   return 2.0 * m * k * double(n) / best / 1e9;
 }
 
+/// The best of 5 rates (GFLOP/s) of run(), which returns the flops it ran, on every rank at
+/// once after a barrier (the slowest rank's time).
+template <class Run>
+double best_gflops(const Run& run) {
+  double best = 0.0;
+  for (int r = 0; r < 5; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    const double flops = run();
+    best = std::max(best, flops / max_over_ranks(MPI_Wtime() - start) / 1e9);
+  }
+  return best;
+}
+
 /// The multiply-add ceiling, GFLOP/s per core: the vector kernels' path running independent
 /// multiply-add chains (kernels::run_multiply_add_chains) on one thread of every rank at once,
 /// best of 5. 0 where the kernels do not run on the host or the build has no vector kernels.
 inline double multiply_add_peak_gflops() {
   if (!kernels_run_on_host) return 0.0;
-  double best = 0.0;
-  for (int r = 0; r < 5; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = MPI_Wtime();
-    const double flops = kernels::run_multiply_add_chains(std::size_t(1) << 22);
-    best = std::max(best, flops / max_over_ranks(MPI_Wtime() - start) / 1e9);
-  }
-  return best;
+  return best_gflops([] { return kernels::run_multiply_add_chains(std::size_t(1) << 22); });
 }
 
 /// The AMX tiles' bf16 multiply-add ceiling per core (GFLOP/s), the best of 5 timings of
 /// independent full tile products on every rank at once; 0 where the CPU has no AMX tiles.
 inline double bf16_tile_peak_gflops() {
   if (!kernels_run_on_host || kernels::run_bf16_tile_products(1) == 0.0) return 0.0;
-  double best = 0.0;
-  for (int r = 0; r < 5; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = MPI_Wtime();
-    const double flops = kernels::run_bf16_tile_products(std::size_t(1) << 18);
-    best = std::max(best, flops / max_over_ranks(MPI_Wtime() - start) / 1e9);
-  }
-  return best;
+  return best_gflops([] { return kernels::run_bf16_tile_products(std::size_t(1) << 18); });
 }
 
 /// Cores a run of `ranks` ranks computes on, what "per core" rates divide by: every rank's

@@ -383,6 +383,40 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
     }
 }
 
+/// Runs body(source, planes, vectors, out_plane) for each band of output rows of group `group`
+/// that `keep` selects, every sample in order, each thread on whole bands (disjoint outputs)
+/// with its own source (sources[t], made by the caller: no View is copied inside the
+/// threads): planes[a] is x tap a's source plane, vectors the band's output vectors
+/// (output_vectors), out_plane the group's first output channel at the band's plane.
+template <class Value, class Body>
+void for_each_band(const Correlation& r, const FieldView<float>& out,
+                   std::vector<PlaneSource<Value>>& sources, Index group, const PlaneFilter& keep,
+                   const Body& body) {
+  const ConvTileShape shape = conv_tile_shape();
+  const Index kx = r.k[0], bands = (r.out[1] + band_rows - 1) / band_rows;
+  const Index per_sample = r.out[0] * bands;
+  const std::ptrdiff_t out_row_stride = out.stride(3);
+  split_over_threads(int(sources.size()), Index(out.extent(0)) * per_sample,
+                     [&](int t, Index first, Index last) {
+                       PlaneSource<Value>& source = sources[t];
+                       std::vector<const Value*> planes(kx);
+                       std::vector<OutputVector> vectors;
+                       for (Index item = first; item < last; ++item) {
+                         const Index n = item / per_sample, x = (item % per_sample) / bands,
+                                     y0 = (item % bands) * band_rows;
+                         if (item == first || item % per_sample == 0) source.start(n, group);
+                         const Index y1 = std::min(y0 + band_rows, r.out[1]);
+                         if (!keep(x, y0, y1)) continue;
+                         source.start_band(y0);
+                         for (Index a = 0; a < kx; ++a)
+                           planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
+                         output_vectors(r, source.row_stride(), out_row_stride, y0, y1,
+                                        source.first_row(), shape, vectors);
+                         body(source, planes, vectors, &out(n, group * r.out_per_group, x, 0, 0));
+                       }
+                     });
+}
+
 /// The correlation on float planes (correlate_tile) or on pair planes (correlate_pairs_tile).
 template <class Value>
 void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
@@ -401,65 +435,49 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
   const std::size_t ring_size = PlaneSource<Value>::ring_values(r, band_copies);
   const std::vector<std::ptrdiff_t> offsets =
       tap_offsets(r, PlaneSource<Value>(r, src, rings, band_copies));
-  const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
-  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const std::ptrdiff_t out_channel_stride = out.stride(1);
   const int threads = host_threads();
   // One source per thread, made here: no View is copied inside the threads.
   std::vector<PlaneSource<Value>> sources;
   for (int t = 0; t < threads; ++t)
     sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
-  const Index batch = out.extent(0), per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
     // The kept packed weights (one group), else this group's packed into the workspace.
     const Value* const weights_of_group =
         packed_weights ? static_cast<const Value*>(packed_weights) : packed;
     if (!packed_weights) pack_correlation_weights(r, g, w, transposed, group, pairs, packed);
-    // Each thread computes whole bands of output rows (disjoint outputs) of every sample, in
-    // order.
-    split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
-      PlaneSource<Value>& source = sources[t];
-      std::vector<const Value*> planes(kx);
-      std::vector<OutputVector> vectors;
-      for (Index item = first; item < last; ++item) {
-        const Index n = item / per_sample, x = (item % per_sample) / bands,
-                    y0 = (item % bands) * band_rows;
-        if (item == first || item % per_sample == 0) source.start(n, group);
-        const Index y1 = std::min(y0 + band_rows, r.out[1]);
-        if (!keep(x, y0, y1)) continue;
-        source.start_band(y0);
-        for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), shape,
-                       vectors);
-        float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
-        const Index band_vectors = Index(vectors.size()),
-                    chunk = vectors_per_chunk(r, source.row_stride(), sizeof(Value), shape,
-                                              band_vectors);
-        for (Index v0 = 0; v0 < band_vectors; v0 += chunk)
-          for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
-            const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
-            const Index pass_entries = (pass + step - 1) / step;
-            for (Index block = 0; block < blocks; ++block) {
-              const Index o0 = block * rows_per_tile;
-              const Value* weights =
-                  weights_of_group + (block * entries + j0 / step) * kx * yz_taps * rows_per_tile;
-              const float* block_bias =
-                  bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
-              const int rows = int(std::min(rows_per_tile, r.out_per_group - o0));
-              for (Index v = v0; v < std::min(v0 + chunk, band_vectors); v += vectors_per_tile) {
-                const auto args = std::make_tuple(
-                    planes.data(), int(kx), offsets.data() + j0 / step * yz_taps,
-                    int(pass_entries * yz_taps), weights, &vectors[v],
-                    out_plane + o0 * out_channel_stride, out_channel_stride, rows, block_bias,
-                    /*accumulate=*/j0 > 0);
-                if constexpr (pairs)
-                  std::apply(correlate_pairs_tile, args);
-                else
-                  std::apply(correlate_tile, args);
+    for_each_band<Value>(
+        r, out, sources, group, keep,
+        [&](const PlaneSource<Value>& source, const std::vector<const Value*>& planes,
+            const std::vector<OutputVector>& vectors, float* out_plane) {
+          const Index band_vectors = Index(vectors.size()),
+                      chunk = vectors_per_chunk(r, source.row_stride(), sizeof(Value), shape,
+                                                band_vectors);
+          for (Index v0 = 0; v0 < band_vectors; v0 += chunk)
+            for (Index j0 = 0; j0 < r.src_per_group; j0 += channels_per_pass(r)) {
+              const Index pass = std::min(channels_per_pass(r), r.src_per_group - j0);
+              const Index pass_entries = (pass + step - 1) / step;
+              for (Index block = 0; block < blocks; ++block) {
+                const Index o0 = block * rows_per_tile;
+                const Value* weights =
+                    weights_of_group + (block * entries + j0 / step) * kx * yz_taps * rows_per_tile;
+                const float* block_bias =
+                    bias.extent(0) > 0 && j0 == 0 ? &bias(group * r.out_per_group + o0) : nullptr;
+                const int rows = int(std::min(rows_per_tile, r.out_per_group - o0));
+                for (Index v = v0; v < std::min(v0 + chunk, band_vectors); v += vectors_per_tile) {
+                  const auto args = std::make_tuple(
+                      planes.data(), int(kx), offsets.data() + j0 / step * yz_taps,
+                      int(pass_entries * yz_taps), weights, &vectors[v],
+                      out_plane + o0 * out_channel_stride, out_channel_stride, rows, block_bias,
+                      /*accumulate=*/j0 > 0);
+                  if constexpr (pairs)
+                    std::apply(correlate_pairs_tile, args);
+                  else
+                    std::apply(correlate_tile, args);
+                }
               }
             }
-          }
-      }
-    });
+        });
   }
 }
 
@@ -512,7 +530,6 @@ void correlate_amx(const Correlation& r, const ConvShape& g, const FieldView<flo
                    const SourceSlabs<float>& slabs, const ReplicatedView<float>& w, bool transposed,
                    const ReplicatedView<float>& bias, const FieldView<float>& out, float* workspace,
                    bool band_copies, const PlaneFilter& keep, const void* packed_weights) {
-  const ConvTileShape shape = conv_tile_shape();
   const int chunk_pairs = amx_chunk_pairs(r);
   const int chunks = int((r.src_per_group + 1) / 2 / chunk_pairs);
   const Index kx = r.k[0], block_values = amx_block_values(r);
@@ -525,47 +542,34 @@ void correlate_amx(const Correlation& r, const ConvShape& g, const FieldView<flo
   for (Index b = 0; b < r.k[1]; ++b)
     for (Index c = 0; c < r.k[2]; ++c)
       yz_offsets.push_back(b * r.d[1] * layout.row_stride() + c * r.d[2]);
-  const std::ptrdiff_t out_channel_stride = out.stride(1), out_row_stride = out.stride(3);
-  const Index bands = (r.out[1] + band_rows - 1) / band_rows;
+  const std::ptrdiff_t out_channel_stride = out.stride(1);
   const int threads = host_threads();
   std::vector<PlaneSource<uint32_t>> sources;
   for (int t = 0; t < threads; ++t)
     sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
-  const Index batch = out.extent(0), per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
     const uint32_t* const weights =
         packed_weights ? static_cast<const uint32_t*>(packed_weights) : packed;
     if (!packed_weights) pack_amx_weights(r, g, w, transposed, group, packed);
-    split_over_threads(threads, batch * per_sample, [&](int t, Index first, Index last) {
-      PlaneSource<uint32_t>& source = sources[t];
-      std::vector<const uint32_t*> planes(kx);
-      std::vector<OutputVector> vectors;
-      for (Index item = first; item < last; ++item) {
-        const Index n = item / per_sample, x = (item % per_sample) / bands,
-                    y0 = (item % bands) * band_rows;
-        if (item == first || item % per_sample == 0) source.start(n, group);
-        const Index y1 = std::min(y0 + band_rows, r.out[1]);
-        if (!keep(x, y0, y1)) continue;
-        source.start_band(y0);
-        for (Index a = 0; a < kx; ++a) planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-        output_vectors(r, source.row_stride(), out_row_stride, y0, y1, source.first_row(), shape,
-                       vectors);
-        while (!vectors.empty() && vectors.back().mask == 0) vectors.pop_back();  // padding
-        float* const out_plane = &out(n, group * r.out_per_group, x, 0, 0);
-        for (Index o0 = 0; o0 < r.out_per_group; o0 += 32) {
-          const int rows = int(std::min<Index>(32, r.out_per_group - o0));
-          const int per_tile = rows > 16 ? 2 : amx_tile_vectors;
-          const float* block_bias =
-              bias.extent(0) > 0 ? &bias(group * r.out_per_group + o0) : nullptr;
-          for (std::size_t v = 0; v < vectors.size(); v += per_tile)
-            amx_correlate_tile(
-                planes.data(), int(kx), yz_offsets.data(), int(yz_offsets.size()),
-                source.channel_stride(), chunk_pairs, chunks, weights + o0 / 16 * block_values,
-                block_values, &vectors[v], int(std::min<std::size_t>(per_tile, vectors.size() - v)),
-                out_plane + o0 * out_channel_stride, out_channel_stride, rows, block_bias);
-        }
-      }
-    });
+    for_each_band<uint32_t>(
+        r, out, sources, group, keep,
+        [&](const PlaneSource<uint32_t>& source, const std::vector<const uint32_t*>& planes,
+            const std::vector<OutputVector>& vectors, float* out_plane) {
+          std::size_t count = vectors.size();  // without the padding vectors at the end
+          while (count > 0 && vectors[count - 1].mask == 0) --count;
+          for (Index o0 = 0; o0 < r.out_per_group; o0 += 32) {
+            const int rows = int(std::min<Index>(32, r.out_per_group - o0));
+            const int per_tile = rows > 16 ? 2 : amx_tile_vectors;
+            const float* block_bias =
+                bias.extent(0) > 0 ? &bias(group * r.out_per_group + o0) : nullptr;
+            for (std::size_t v = 0; v < count; v += per_tile)
+              amx_correlate_tile(
+                  planes.data(), int(kx), yz_offsets.data(), int(yz_offsets.size()),
+                  source.channel_stride(), chunk_pairs, chunks, weights + o0 / 16 * block_values,
+                  block_values, &vectors[v], int(std::min<std::size_t>(per_tile, count - v)),
+                  out_plane + o0 * out_channel_stride, out_channel_stride, rows, block_bias);
+          }
+        });
   }
 }
 
