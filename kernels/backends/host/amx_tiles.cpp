@@ -1,10 +1,9 @@
 #include "amx_tiles.hpp"
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 #include <tuple>
 
+#include "environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 
@@ -24,13 +23,7 @@ namespace {
 
 /// Whether AMX tiles may run: SHARDTENSOR_AMX=off forbids them on first use.
 std::atomic<bool>& amx_allowed() {
-  static std::atomic<bool> allowed = [] {
-    const char* env = std::getenv("SHARDTENSOR_AMX");
-    const std::string value = env ? env : "";
-    SHARDTENSOR_REQUIRE(value.empty() || value == "on" || value == "off", "SHARDTENSOR_AMX",
-                        "'" << value << "' is not on or off");
-    return value != "off";
-  }();
+  static std::atomic<bool> allowed{environment_switch("SHARDTENSOR_AMX")};
   return allowed;
 }
 

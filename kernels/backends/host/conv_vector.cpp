@@ -383,6 +383,19 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
     }
 }
 
+/// One source per host thread, each with its own ring of `ring_size` values from `rings`: made
+/// before the threads run, so that no View is copied inside them.
+template <class Value>
+std::vector<PlaneSource<Value>> thread_sources(const Correlation& r, const FieldView<float>& src,
+                                               Value* rings, bool band_copies,
+                                               const SourceSlabs<float>& slabs) {
+  const std::size_t ring_size = PlaneSource<Value>::ring_values(r, band_copies);
+  std::vector<PlaneSource<Value>> sources;
+  for (int t = 0; t < host_threads(); ++t)
+    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
+  return sources;
+}
+
 /// Runs body(source, planes, vectors, out_plane) for each band of output rows of group `group`
 /// that `keep` selects, every sample in order, each thread on whole bands (disjoint outputs)
 /// with its own source (sources[t], made by the caller: no View is copied inside the
@@ -432,15 +445,10 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
   const Index step = pairs ? 2 : 1, entries = (r.src_per_group + step - 1) / step;
   Value* const packed = reinterpret_cast<Value*>(workspace);  // the weights, then the rings
   Value* const rings = packed + blocks * kx * entries * yz_taps * rows_per_tile;
-  const std::size_t ring_size = PlaneSource<Value>::ring_values(r, band_copies);
   const std::vector<std::ptrdiff_t> offsets =
       tap_offsets(r, PlaneSource<Value>(r, src, rings, band_copies));
   const std::ptrdiff_t out_channel_stride = out.stride(1);
-  const int threads = host_threads();
-  // One source per thread, made here: no View is copied inside the threads.
-  std::vector<PlaneSource<Value>> sources;
-  for (int t = 0; t < threads; ++t)
-    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
+  std::vector<PlaneSource<Value>> sources = thread_sources(r, src, rings, band_copies, slabs);
   for (Index group = 0; group < r.groups; ++group) {
     // The kept packed weights (one group), else this group's packed into the workspace.
     const Value* const weights_of_group =
@@ -536,17 +544,12 @@ void correlate_amx(const Correlation& r, const ConvShape& g, const FieldView<flo
   const Index blocks = (r.out_per_group + 15) / 16;
   uint32_t* const packed = reinterpret_cast<uint32_t*>(workspace);  // the weights, the rings
   uint32_t* const rings = packed + blocks * block_values;
-  const std::size_t ring_size = PlaneSource<uint32_t>::ring_values(r, band_copies);
-  const PlaneSource<uint32_t> layout(r, src, rings, band_copies);
+  std::vector<PlaneSource<uint32_t>> sources = thread_sources(r, src, rings, band_copies, slabs);
   std::vector<std::ptrdiff_t> yz_offsets;
   for (Index b = 0; b < r.k[1]; ++b)
     for (Index c = 0; c < r.k[2]; ++c)
-      yz_offsets.push_back(b * r.d[1] * layout.row_stride() + c * r.d[2]);
+      yz_offsets.push_back(b * r.d[1] * sources[0].row_stride() + c * r.d[2]);
   const std::ptrdiff_t out_channel_stride = out.stride(1);
-  const int threads = host_threads();
-  std::vector<PlaneSource<uint32_t>> sources;
-  for (int t = 0; t < threads; ++t)
-    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
   for (Index group = 0; group < r.groups; ++group) {
     const uint32_t* const weights =
         packed_weights ? static_cast<const uint32_t*>(packed_weights) : packed;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "host/environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
 
 #ifdef SHARDTENSOR_HOST_VECTOR_KERNELS
@@ -865,13 +866,7 @@ bool cpu_has_bf16_dot() {
 
 /// Whether bf16 dot products may run: SHARDTENSOR_BF16_DOT=off forbids them on first use.
 std::atomic<bool>& bf16_dot_allowed() {
-  static std::atomic<bool> allowed = [] {
-    const char* env = std::getenv("SHARDTENSOR_BF16_DOT");
-    const std::string value = env ? env : "";
-    SHARDTENSOR_REQUIRE(value.empty() || value == "on" || value == "off", "SHARDTENSOR_BF16_DOT",
-                        "'" << value << "' is not on or off");
-    return value != "off";
-  }();
+  static std::atomic<bool> allowed{environment_switch("SHARDTENSOR_BF16_DOT")};
   return allowed;
 }
 
