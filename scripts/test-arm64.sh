@@ -2,7 +2,8 @@
 # The host vector kernels on Arm: cross-compiles kernels/backends/host/vector_kernels.cpp and
 # normalization_rows.cpp (the one source of the AVX2, AVX-512 and NEON paths) with their test
 # (tests/test_vector_kernels.cpp, no MPI, no Kokkos) for aarch64 and runs the test under qemu,
-# so that the NEON path cannot break unseen on x86 machines. Installs what it needs from Debian (the arm64 architecture
+# so that the NEON path (and its BF16 dot-product tiles: qemu's CPU has BFDOT) cannot break
+# unseen on x86 machines. Installs what it needs from Debian (the arm64 architecture
 # for libhwy-dev:arm64, crossbuild-essential-arm64, qemu-user-static); idempotent.
 #
 #   bash scripts/test-arm64.sh            (build dir: build-arm64, or $ARM64_BUILD_DIR)
@@ -49,4 +50,7 @@ QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu
   qemu-aarch64-static "$build/test_vector_kernels" | tee "$build/test_vector_kernels.log"
 grep -q "paths on this CPU: neon" "$build/test_vector_kernels.log" ||
   { echo "test-arm64: FAILED: the NEON path did not run"; exit 1; }
-echo "test-arm64: the NEON path passed"
+# qemu's default CPU has BF16: the BFDOT tiles must have run too.
+grep -q "bf16 dot products on the best path: yes" "$build/test_vector_kernels.log" ||
+  { echo "test-arm64: FAILED: the BFDOT tiles did not run"; exit 1; }
+echo "test-arm64: the NEON path passed, with its BFDOT tiles"

@@ -103,6 +103,58 @@ void expect_tile(const std::vector<host::OutputVector>& vectors, int rows,
       }
 }
 
+/// a + b rounded to odd (truncated, then the last bit set where inexact), as Arm's BFDOT
+/// rounds: s = a + b and its error e (exact, Knuth's two-sum) give the exact sum s + e.
+float round_to_odd_sum(float a, float b) {
+  const float s = a + b, bb = s - a, e = (a - (s - bb)) + (b - bb);
+  if (e == 0) return s;
+  const float truncated = (s > 0) == (e < 0) ? std::nextafter(s, 0.0f) : s;
+  std::uint32_t u;
+  std::memcpy(&u, &truncated, sizeof u);
+  u |= 1u;
+  float odd;
+  std::memcpy(&odd, &u, sizeof odd);
+  return odd;
+}
+
+/// acc + one bf16 pair's two products as the path's dot-product instruction adds them (the
+/// products are exact; no subnormal values here): vdpbf16ps adds the upper product, then the
+/// lower, each add rounded to nearest even; Arm's BFDOT adds the products' sum, both adds
+/// rounded to odd.
+float dot_pair_step(float acc, float a_upper, float b_upper, float a_lower, float b_lower) {
+  if (vector_isa() == "neon")
+    return round_to_odd_sum(acc, round_to_odd_sum(a_upper * b_upper, a_lower * b_lower));
+  acc = std::fma(a_upper, b_upper, acc);
+  return std::fma(a_lower, b_lower, acc);
+}
+
+std::uint32_t bf16_upper(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u & 0xFFFF0000u;  // truncated: a bf16 value
+}
+float value_of(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/// Runs body(channels, taps, tap offsets) for a whole weight-gradient tile and the narrow ones
+/// (one vector of channels or narrow_lanes of them, tap_padding taps); the taps' offsets within
+/// a 3-row window of rows `stride` apart.
+template <class Body>
+void for_each_gradient_tile(int stride, const Body& body) {
+  const host::ConvTileShape shape = host::conv_tile_shape();
+  const int whole = shape.gradient_vectors * shape.lanes;
+  for (const int channels : {whole, shape.lanes, shape.narrow_lanes}) {
+    const int T = channels == whole ? shape.gradient_taps : host::tap_padding;
+    CAPTURE(channels);
+    std::vector<std::ptrdiff_t> offsets;
+    for (int t = 0; t < T; ++t) offsets.push_back((t % 3) * stride + t / 3);
+    body(channels, T, offsets);
+  }
+}
+
 double gelu_exact(double x) {
   return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
 }
@@ -117,6 +169,9 @@ TEST_CASE("the paths on offer and their selection") {
   std::string names;
   for (const std::string& path : paths) names += (names.empty() ? "" : ", ") + path;
   std::printf("test_vector_kernels: paths on this CPU: %s\n", names.empty() ? "none" : names.c_str());
+  select_vector_isa("best");
+  std::printf("test_vector_kernels: bf16 dot products on the best path: %s\n",
+              shardtensor::kernels::bf16_dot_products() ? "yes" : "no");
   for (const std::string& path : paths) {
     select_vector_isa(path);
     CHECK(vector_isa() == path);
@@ -295,8 +350,8 @@ TEST_CASE("a correlate tile equals the scalar sums in the same order, bit for bi
 
 TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for bit") {
   // Pair planes of 2 x-taps (one outside the source), 3 pairs of 7 x 40 cells; 2 x 3 (y, z)
-  // taps per pair; bf16 values of both signs. Each output adds channel 2p's product, then
-  // 2p + 1's, per pair tap: what vdpbf16ps computes (bar subnormals, which these avoid).
+  // taps per pair; bf16 values of both signs. Each output adds channel 2p's and 2p + 1's
+  // products per pair tap as the path's instruction does (dot_pair_step).
   select_vector_isa("best");
   if (!shardtensor::kernels::bf16_dot_products()) {
     WARN("no bf16 dot products on this CPU and path: nothing to test");
@@ -304,16 +359,7 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
   }
   constexpr int x_taps = 2, pairs = 3, plane_rows = 7, stride = 40, row = 39, out_row = 50;
   const std::ptrdiff_t pair_stride = plane_rows * stride;
-  const auto bf16 = [](float x) {
-    std::uint32_t u;
-    std::memcpy(&u, &x, sizeof u);
-    return u & 0xFFFF0000u;  // truncated: a bf16 value
-  };
-  const auto value = [](std::uint32_t u) {
-    float x;
-    std::memcpy(&x, &u, sizeof x);
-    return x;
-  };
+  const auto bf16 = bf16_upper;
   const std::vector<float> upper = random_floats(x_taps * pairs * pair_stride, 51),
                            lower = random_floats(x_taps * pairs * pair_stride, 52);
   std::vector<std::uint32_t> source(upper.size());
@@ -353,14 +399,58 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
                       for (int t = 0; t < taps; ++t) {
                         const std::uint32_t x = planes[a][source + offsets[t]];
                         const std::uint32_t w = packed[(a * taps + t) * R + r];
-                        acc = std::fma(value(w & 0xFFFF0000u), value(x & 0xFFFF0000u), acc);
-                        acc = std::fma(value(w << 16), value(x << 16), acc);
+                        acc =
+                            dot_pair_step(acc, value_of(w & 0xFFFF0000u), value_of(x & 0xFFFF0000u),
+                                          value_of(w << 16), value_of(x << 16));
                       }
                     }
                     return acc;
                   });
       CHECK(same_bits(out, expected));
     }
+}
+
+TEST_CASE("a bf16 dot-product weight-gradient tile equals the scalar sums in pair order") {
+  // A source plane of 3 rows as pairs of its own cells (cell k: k's bf16 value upper, k + 1's
+  // lower), the output gradient as pairs of a row's cells (2q, 2q + 1) per channel; each sum
+  // adds cell 2q's and 2q + 1's products per pair as the path's instruction does.
+  select_vector_isa("best");
+  if (!shardtensor::kernels::bf16_dot_products()) {
+    WARN("no bf16 dot products on this CPU and path: nothing to test");
+    return;
+  }
+  constexpr int rows = 3, pairs = 6, stride = 20;
+  const std::vector<float> plane = random_floats((rows + 5) * stride + 1, 61);
+  std::vector<std::uint32_t> source(plane.size() - 1);
+  for (std::size_t k = 0; k < source.size(); ++k)
+    source[k] = bf16_upper(plane[k]) | bf16_upper(plane[k + 1]) >> 16;
+  for_each_gradient_tile(
+      stride, [&](int channels, int T, const std::vector<std::ptrdiff_t>& offsets) {
+        const int dy_channels = host::gradient_channels + 5;
+        const std::vector<float> dy_upper = random_floats(rows * pairs * dy_channels, 62),
+                                 dy_lower = random_floats(dy_upper.size(), 63);
+        std::vector<std::uint32_t> dy_pairs(dy_upper.size());
+        for (std::size_t i = 0; i < dy_pairs.size(); ++i)
+          dy_pairs[i] = bf16_upper(dy_upper[i]) | bf16_upper(dy_lower[i]) >> 16;
+        const std::ptrdiff_t gradient_stride = host::gradient_channels + 3;
+        std::vector<float> gradient = random_floats(T * gradient_stride, 64), expected = gradient;
+        host::weight_gradient_pairs_tile(source.data(), offsets.data(), stride, rows, pairs,
+                                         dy_pairs.data(), dy_channels, channels, gradient.data(),
+                                         gradient_stride);
+        for (int t = 0; t < T; ++t)
+          for (int o = 0; o < channels; ++o) {
+            float acc = 0;
+            for (int y = 0; y < rows; ++y)
+              for (int q = 0; q < pairs; ++q) {
+                const std::uint32_t x = source[y * stride + offsets[t] + 2 * q],
+                                    g = dy_pairs[(y * pairs + q) * dy_channels + o];
+                acc = dot_pair_step(acc, value_of(x & 0xFFFF0000u), value_of(g & 0xFFFF0000u),
+                                    value_of(x << 16), value_of(g << 16));
+              }
+            expected[t * gradient_stride + o] += acc;
+          }
+        CHECK(same_bits(gradient, expected));  // the lanes past the tile's too (untouched)
+      });
 }
 
 TEST_CASE("transposed rows: every channel's value at its cell, the rest untouched") {
@@ -389,18 +479,11 @@ TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit 
   constexpr int rows = 3, columns = 13, stride = 20;
   const std::vector<float> source = random_floats((rows + 5) * stride, 41);
   on_every_path([&] {
-    const host::ConvTileShape shape = host::conv_tile_shape();
     std::vector<float> common;
-    // A whole tile, and the narrow ones (one vector of channels or narrow_lanes of them,
-    // tap_padding taps); the transposed gradient's cells a dy_channels stride apart, more than
-    // a tile reads.
-    const int whole = shape.gradient_vectors * shape.lanes;
-    for (const int channels : {whole, shape.lanes, shape.narrow_lanes}) {
-      const int T = channels == whole ? shape.gradient_taps : host::tap_padding,
-                dy_channels = host::gradient_channels + 5;
-      CAPTURE(channels);
-      std::vector<std::ptrdiff_t> offsets;
-      for (int t = 0; t < T; ++t) offsets.push_back((t % 3) * stride + t / 3);
+    // The transposed gradient's cells a dy_channels stride apart, more than a tile reads.
+    for_each_gradient_tile(stride, [&](int channels, int T,
+                                       const std::vector<std::ptrdiff_t>& offsets) {
+      const int dy_channels = host::gradient_channels + 5;
       const std::vector<float> dy_t = random_floats(rows * columns * dy_channels, 42);
       const std::ptrdiff_t gradient_stride = host::gradient_channels + 3;
       std::vector<float> gradient = random_floats(T * gradient_stride, 43), expected = gradient;
@@ -420,7 +503,7 @@ TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit 
       // (what every path computes).
       for (int t = 0; t < 6; ++t)
         for (int o = 0; o < 4; ++o) common.push_back(gradient[t * gradient_stride + o]);
-    }
+    });
     return common;
   });
 }

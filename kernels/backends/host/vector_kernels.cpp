@@ -242,10 +242,37 @@ HWY_INLINE VU load_pair_lanes(unsigned bits, const uint32_t* p) {
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || (HWY_TARGET == HWY_NEON && HWY_ARCH_ARM_A64)
 #if HWY_TARGET == HWY_AVX3
 // Compiled for AVX512_BF16 besides the target's own instructions (Highway 1.0.3 has no op for
 // vdpbf16ps); run only where the CPU has it (bf16_dot_products()).
 #define SHARDTENSOR_BF16_DOT __attribute__((target("avx512bf16")))
+
+/// acc + the bf16 dot products of a and b's pairs (vdpbf16ps), at the vector's width.
+SHARDTENSOR_BF16_DOT HWY_INLINE V DotPairs(V acc, VU a, VU b) {
+  acc.raw = _mm512_dpbf16_ps(acc.raw, (__m512bh)a.raw, (__m512bh)b.raw);
+  return acc;
+}
+SHARDTENSOR_BF16_DOT HWY_INLINE hn::Vec<DN> DotPairs(hn::Vec<DN> acc,
+                                                     hn::Vec<hn::RebindToUnsigned<DN>> a,
+                                                     hn::Vec<hn::RebindToUnsigned<DN>> b) {
+  acc.raw = _mm256_dpbf16_ps(acc.raw, (__m256bh)a.raw, (__m256bh)b.raw);
+  return acc;
+}
+#else
+// Arm's BFDOT (FEAT_BF16: Neoverse V1 and later, Graviton 3 and later, Grace, Apple M2 and
+// later), compiled for it besides NEON; run only where the CPU has it (bf16_dot_products()).
+// It rounds otherwise than vdpbf16ps: acc + (a's pair's two products summed), each add rounded
+// to odd (FPCR.EBF is 0 under Linux), subnormals flushed to zero.
+// (Highway's NEON functions are compiled with +crypto: a caller must have it to inline them.)
+#define SHARDTENSOR_BF16_DOT __attribute__((target("arch=armv8.2-a+crypto+bf16")))
+
+/// acc + the bf16 dot products of a and b's pairs (BFDOT), four lanes (DN is D here).
+SHARDTENSOR_BF16_DOT HWY_INLINE V DotPairs(V acc, VU a, VU b) {
+  acc.raw = vbfdotq_f32(acc.raw, vreinterpretq_bf16_u32(a.raw), vreinterpretq_bf16_u32(b.raw));
+  return acc;
+}
+#endif
 
 /// The pair tile's sums on bf16 dot products over its first T vectors. Weights: per pair tap,
 /// the tile's R pairs.
@@ -275,10 +302,9 @@ SHARDTENSOR_BF16_DOT HWY_INLINE void pair_dot_sums(const uint32_t* const* planes
                      : load_pair_lanes(read[v], source[v] + offset);
       HWY_UNROLL(16)
       for (int r = 0; r < R; ++r) {
-        const __m512bh pair = (__m512bh)hn::Set(du, w[r]).raw;
+        const VU pair = hn::Set(du, w[r]);
         HWY_UNROLL(16)
-        for (int v = 0; v < T; ++v)
-          acc[r][v].raw = _mm512_dpbf16_ps(acc[r][v].raw, (__m512bh)x[v].raw, pair);
+        for (int v = 0; v < T; ++v) acc[r][v] = DotPairs(acc[r][v], x[v], pair);
       }
     }
   }
@@ -319,18 +345,6 @@ SHARDTENSOR_BF16_DOT void CorrelatePairsTileDot(const uint32_t* const* planes, i
       return correlate_pair_vectors<3>(planes, x_taps, tap_offsets, taps, weights, vectors, out,
                                        out_channel_stride, rows, bias, accumulate);
   }
-}
-
-/// acc + the bf16 dot products of a and b's pairs (vdpbf16ps), at the vector's width.
-SHARDTENSOR_BF16_DOT HWY_INLINE V DotPairs(V acc, VU a, VU b) {
-  acc.raw = _mm512_dpbf16_ps(acc.raw, (__m512bh)a.raw, (__m512bh)b.raw);
-  return acc;
-}
-SHARDTENSOR_BF16_DOT HWY_INLINE hn::Vec<DN> DotPairs(hn::Vec<DN> acc,
-                                                     hn::Vec<hn::RebindToUnsigned<DN>> a,
-                                                     hn::Vec<hn::RebindToUnsigned<DN>> b) {
-  acc.raw = _mm256_dpbf16_ps(acc.raw, (__m256bh)a.raw, (__m256bh)b.raw);
-  return acc;
 }
 
 /// WeightGradientTile on bf16 dot products, over pairs of a row's cells (z, z + 1): the
@@ -782,6 +796,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <atomic>
 #include <cstdlib>
+#if HWY_ARCH_ARM_A64 && defined(__linux__)
+#include <asm/hwcap.h>  // HWCAP2_BF16
+#include <sys/auxv.h>
+#endif
 
 namespace shardtensor::kernels::host {
 
@@ -854,15 +872,26 @@ std::atomic<int64_t>& selected() {
   return target;
 }
 
-/// Whether this CPU has bf16 dot products (AVX512_BF16).
-bool cpu_has_bf16_dot() {
+/// The path whose tiles have bf16 dot products, and whether this CPU has them (AVX512_BF16
+/// on x86, FEAT_BF16 on Arm).
 #if HWY_ARCH_X86 && defined(__GNUC__)
+constexpr int64_t bf16_dot_target = HWY_AVX3;
+bool cpu_has_bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
-#else
-  return false;
-#endif
 }
+#elif HWY_ARCH_ARM_A64 && defined(__linux__)
+constexpr int64_t bf16_dot_target = HWY_NEON;
+bool cpu_has_bf16_dot() {
+  static const bool has = (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+  return has;
+}
+#else
+constexpr int64_t bf16_dot_target = 0;
+bool cpu_has_bf16_dot() {
+  return false;
+}
+#endif
 
 /// Whether bf16 dot products may run: SHARDTENSOR_BF16_DOT=off forbids them on first use.
 std::atomic<bool>& bf16_dot_allowed() {
@@ -873,7 +902,8 @@ std::atomic<bool>& bf16_dot_allowed() {
 }  // namespace
 
 bool pair_tiles_use_dot() {
-  return selected().load() == HWY_AVX3 && cpu_has_bf16_dot() && bf16_dot_allowed().load();
+  return bf16_dot_target != 0 && selected().load() == bf16_dot_target && cpu_has_bf16_dot() &&
+         bf16_dot_allowed().load();
 }
 
 ConvTileShape conv_tile_shape() {

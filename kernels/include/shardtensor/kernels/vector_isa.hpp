@@ -28,9 +28,11 @@ void select_vector_isa(const std::string& isa);
 
 /// Whether bf16 convolutions run on the CPU's bf16 dot-product instructions now: on the avx512
 /// path of a CPU with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids
-/// and later), unless forbidden. Their forward and input gradient add products channel pair by
-/// pair (outputs within a bf16 step of the float tiles'); their weight gradient gives the float
-/// tiles' bits (except where a product is subnormal: the instruction flushes it to zero).
+/// and later) or the neon path of an Arm CPU with BF16 (BFDOT: Neoverse V1 and later, Graviton
+/// 3, Grace), unless forbidden. Their forward and input gradient add products channel pair by
+/// pair (outputs within a bf16 step of the float tiles'); on x86 their weight gradient gives the
+/// float tiles' bits (except where a product is subnormal: the instruction flushes it to zero),
+/// on Arm it sums each pair of cells first and rounds to odd (within float rounding).
 bool bf16_dot_products();
 /// Allows (the default; SHARDTENSOR_BF16_DOT=off in the environment forbids, read on first
 /// use) or forbids the bf16 dot products, for tests and measurements.
