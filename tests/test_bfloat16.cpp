@@ -10,6 +10,7 @@
 #include <random>
 
 #include "equivalence.hpp"
+#include "host/amx_tiles.hpp"  // kernels/backends: the AMX GEMM
 #include "model_options.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
@@ -127,6 +128,70 @@ TEST_CASE("bfloat16 rounds to nearest even, as a reference by distances does", "
   for (std::size_t i = 0; i < values.size(); ++i)
     wrong += bits_of(host(i)) != std::uint32_t(reference_bits(values[i])) << 16;
   CHECK(wrong == 0);
+}
+
+TEST_CASE("bf16 products on AMX tiles: a GEMM of rounded operands with float sums", "[bf16][amx]") {
+  // Every transposition, shapes off the tiles' edges, alpha and beta; operands not yet bf16
+  // values (the GEMM rounds them). Against double sums of the reference-rounded products:
+  // within the float sums' rounding, far below the 2^-9 that unrounded operands would miss by.
+  // C's columns past n (its stride is wider) keep their values; beta 0 never reads C.
+  if (!kernels::bf16_matrix_tiles()) {
+    WARN("no AMX tiles on this CPU: nothing to test");
+    return;
+  }
+  const auto rounded = [](float x) {
+    return float_of_bits(std::uint32_t(reference_bits(x)) << 16);
+  };
+  std::mt19937 engine(91);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const auto random_values = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = uniform(engine);
+    return v;
+  };
+  struct Shape {
+    int m, n, k;
+  };
+  for (const Shape shape : {Shape{1, 1, 1}, Shape{17, 33, 65}, Shape{256, 64, 512},
+                            Shape{40, 16, 100}, Shape{33, 47, 31}})
+    for (int transposes = 0; transposes < 4; ++transposes)
+      for (const float alpha : {1.0f, 0.125f})
+        for (const float beta : {0.0f, 1.0f}) {
+          const bool ta = transposes & 1, tb = transposes & 2;
+          const int m = shape.m, n = shape.n, k = shape.k;
+          CAPTURE(m, n, k, ta, tb, alpha, beta);
+          const std::ptrdiff_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+          const std::vector<float> a = random_values((ta ? k : m) * lda),
+                                   b = random_values((tb ? n : k) * ldb);
+          std::vector<float> c = random_values(m * ldc);
+          if (beta == 0.0f)  // never read
+            for (int i = 0; i < m; ++i)
+              for (int j = 0; j < n; ++j) c[i * ldc + j] = std::nanf("");
+          const std::vector<float> before = c;
+          kernels::host::amx_gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
+                                  c.data(), ldc);
+          bool within = true, kept = true;
+          for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < n; ++j) {
+              double sum = 0, magnitude = 0;
+              for (int l = 0; l < k; ++l) {
+                const double product = double(rounded(ta ? a[l * lda + i] : a[i * lda + l])) *
+                                       double(rounded(tb ? b[j * ldb + l] : b[l * ldb + j]));
+                sum += product;
+                magnitude += std::abs(product);
+              }
+              const double old = beta == 0.0f ? 0.0 : double(before[i * ldc + j]);
+              const double expected = alpha * sum + beta * old;
+              const double bound = (k / 32 + 40) * std::ldexp(alpha * magnitude, -24) +
+                                   std::ldexp(std::abs(beta * old) + std::abs(expected), -23);
+              within = within && std::abs(double(c[i * ldc + j]) - expected) <= bound;
+            }
+            for (std::ptrdiff_t j = n; j < ldc; ++j)
+              kept = kept && bits_of(c[i * ldc + j]) == bits_of(before[i * ldc + j]);
+          }
+          CHECK(within);
+          CHECK(kept);
+        }
 }
 
 TEST_CASE("SavedField packs an op's result into 16 bits where that loses nothing", "[bf16]") {
@@ -473,7 +538,9 @@ TEST_CASE(
     }
   }
   // The ops' numerics: bf16 attention is float attention on the rounded q, k and v, with its
-  // output rounded, bit for bit (one rank: the same block order).
+  // output rounded, bit for bit (one rank: the same block order); where ring attention's
+  // products run on AMX tiles (P and dS rounded too, the tiles' sums), within a bf16 step of
+  // it.
   const Communicator self(MPI_COMM_SELF);
   const Decomposition whole({7, 6}, {1, 1}, {false, false});
   std::vector<ShardTensor<float>> qkv, rounded;
@@ -494,7 +561,19 @@ TEST_CASE(
   };
   for (const bool ring : {true, false}) {
     INFO((ring ? "ring" : "neighbourhood") << " attention op");
-    CHECK(attend(qkv, ring, true) == attend(rounded, ring, false));
+    const std::vector<double> low = attend(qkv, ring, true),
+                              reference = attend(rounded, ring, false);
+    if (!ring || !kernels::bf16_matrix_tiles()) {
+      CHECK(low == reference);
+      continue;
+    }
+    double largest = 0, difference = 0;
+    for (std::size_t i = 0; i < low.size(); ++i) {
+      largest = std::max(largest, std::abs(reference[i]));
+      difference = std::max(difference, std::abs(low[i] - reference[i]));
+    }
+    CHECK(difference > 0);  // the tiles ran
+    CHECK(difference <= bf16_step * largest);
   }
   // A double layer refuses bf16, naming the problem.
   MultiHeadAttentionOptions o;

@@ -5,10 +5,12 @@
 #include <type_traits>
 #include "blas.hpp"  // kernels/backends: private to kernels
 
-#include "host/host_threads.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/amx_tiles.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/host_threads.hpp"
 #include "host/softmax_rows.hpp"
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
+#include "shardtensor/kernels/vector_isa.hpp"
 
 namespace shardtensor::kernels {
 
@@ -109,6 +111,24 @@ struct ScoreGradientRow {
   }
 };
 
+/// C = alpha op(A) op(B) + beta C on a slice's tiles: on AMX tiles where `bf16` (a bf16 op's
+/// products: each operand rounded to bf16, P and dS too, as they are packed; float sums) and
+/// the CPU has them, on the calling thread; else the BLAS (float products of the operands as
+/// they are: Q, K, V and dO hold bf16 values already, P and dS float ones).
+template <class T, class A, class B>
+void tile_product(const ExecutionSpace& space, bool bf16, const char* ta, const char* tb, T alpha,
+                  const A& a, const B& b, T beta, const Tile<T>& c) {
+  if constexpr (std::is_same<T, float>::value && kernels_run_on_host)
+    if (bf16 && bf16_matrix_tiles()) {
+      const bool trans_a = ta[0] == 'T', trans_b = tb[0] == 'T';
+      host::amx_gemm(trans_a, trans_b, int(c.extent(0)), int(c.extent(1)),
+                     int(trans_a ? a.extent(0) : a.extent(1)), alpha, a.data(), a.stride(0),
+                     b.data(), b.stride(0), beta, c.data(), c.stride(0));
+      return;
+    }
+  gemm(space, ta, tb, alpha, a, b, beta, c);
+}
+
 // ---------------------------------------------------------------------------------------
 // One (batch, head) slice, and the slices of a block
 
@@ -117,18 +137,19 @@ struct ScoreGradientRow {
 template <class T>
 void fold_slice(const ExecutionSpace& space, Index D, const T* q, Index queries, const T* k,
                 const T* v, Index keys, const Visibility& visible, T scale, T* max, T* sum, T* out,
-                T* scores, bool inline_rows, const Progress& progress) {
+                T* scores, bool inline_rows, bool bf16, const Progress& progress) {
   for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
     const Index rows = std::min(tile_queries, queries - i0);
     for (Index j0 = 0; j0 < keys; j0 += tile_keys) {
       const Index cols = std::min(tile_keys, keys - j0);
       if (visible.count(i0 + rows - 1, j0, cols) == 0) continue;  // all in the future
       const Tile<T> s = tile(scores, rows, cols);
-      gemm(space, "N", "T", scale, tile(q + i0 * D, rows, D), tile(k + j0 * D, cols, D), T(0), s);
+      tile_product(space, bf16, "N", "T", scale, tile(q + i0 * D, rows, D),
+                   tile(k + j0 * D, cols, D), T(0), s);
       online_softmax_rows(space, s, visible, i0, j0, max + i0, sum + i0, out + i0 * D, D,
                           inline_rows);
-      gemm(space, "N", "N", T(1), tile<const T>(scores, rows, cols), tile(v + j0 * D, cols, D),
-           T(1), tile(out + i0 * D, rows, D));
+      tile_product(space, bf16, "N", "N", T(1), tile<const T>(scores, rows, cols),
+                   tile(v + j0 * D, cols, D), T(1), tile(out + i0 * D, rows, D));
       progress();
     }
   }
@@ -141,7 +162,7 @@ template <class T>
 void backward_slice(const ExecutionSpace& space, Index D, const T* q, const T* dout, const T* lse,
                     const T* delta, Index queries, const T* k, const T* v, Index keys,
                     const Visibility& visible, T scale, T* dq, T* dk, T* dv, T* scores, T* dscores,
-                    bool inline_rows, const Progress& progress) {
+                    bool inline_rows, bool bf16, const Progress& progress) {
   for (Index i0 = 0; i0 < queries; i0 += tile_queries) {
     const Index rows = std::min(tile_queries, queries - i0);
     const auto q_tile = tile(q + i0 * D, rows, D), dout_tile = tile(dout + i0 * D, rows, D);
@@ -150,15 +171,18 @@ void backward_slice(const ExecutionSpace& space, Index D, const T* q, const T* d
       if (visible.count(i0 + rows - 1, j0, cols) == 0) continue;
       const auto k_tile = tile(k + j0 * D, cols, D), v_tile = tile(v + j0 * D, cols, D);
       const Tile<T> p = tile(scores, rows, cols), ds = tile(dscores, rows, cols);
-      gemm(space, "N", "T", scale, q_tile, k_tile, T(0), p);
+      tile_product(space, bf16, "N", "T", scale, q_tile, k_tile, T(0), p);
       softmax_probabilities(space, p, visible, i0, j0, lse + i0, inline_rows);
-      if (dv) gemm(space, "T", "N", T(1), p, dout_tile, T(1), tile(dv + j0 * D, cols, D));
+      if (dv)
+        tile_product(space, bf16, "T", "N", T(1), p, dout_tile, T(1), tile(dv + j0 * D, cols, D));
       if (dq || dk) {
-        gemm(space, "N", "T", T(1), dout_tile, v_tile, T(0), ds);
+        tile_product(space, bf16, "N", "T", T(1), dout_tile, v_tile, T(0), ds);
         for_each_row(space, "flash_attention::score_gradients", rows, inline_rows,
                      ScoreGradientRow<T>{ds, p, delta + i0});
-        if (dq) gemm(space, "N", "N", scale, ds, k_tile, T(1), tile(dq + i0 * D, rows, D));
-        if (dk) gemm(space, "T", "N", scale, ds, q_tile, T(1), tile(dk + j0 * D, cols, D));
+        if (dq)
+          tile_product(space, bf16, "N", "N", scale, ds, k_tile, T(1), tile(dq + i0 * D, rows, D));
+        if (dk)
+          tile_product(space, bf16, "T", "N", scale, ds, q_tile, T(1), tile(dk + j0 * D, cols, D));
       }
       progress();
     }
@@ -281,7 +305,7 @@ OnlineSoftmax<T>::OnlineSoftmax(const ExecutionSpace& space, Index rows, Index h
 template <class T>
 void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
                 Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
-                const Progress& progress, bool tf32) {
+                const Progress& progress, bool tf32, bool bf16) {
   if constexpr (attention_runs_batched) {
     fold_block_batched(space, a, q, queries, kv, keys, visible, scale, state, scores,
                        batched_tiles(a, queries, keys), tf32, progress);
@@ -289,13 +313,13 @@ void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index q
   }
   const Index D = a.head_dim;
   const T* v = kv + a.block(keys);
-  for_each_slice(a, scores, static_cast<T*>(nullptr), progress,
-                 [&](Index s, T* tile_scores, T*, bool inline_rows, const Progress& between) {
-                   fold_slice(space, D, q + s * queries * D, queries, kv + s * keys * D,
-                              v + s * keys * D, keys, visible, scale,
-                              state.max.data() + s * queries, state.sum() + s * queries,
-                              state.out() + s * queries * D, tile_scores, inline_rows, between);
-                 });
+  for_each_slice(
+      a, scores, static_cast<T*>(nullptr), progress,
+      [&](Index s, T* tile_scores, T*, bool inline_rows, const Progress& between) {
+        fold_slice(space, D, q + s * queries * D, queries, kv + s * keys * D, v + s * keys * D,
+                   keys, visible, scale, state.max.data() + s * queries, state.sum() + s * queries,
+                   state.out() + s * queries * D, tile_scores, inline_rows, bf16, between);
+      });
 }
 
 template <class T>
@@ -345,7 +369,7 @@ QueryGradients<T> query_gradients(const ExecutionSpace& space, AttentionBuffer<T
 template <class T>
 void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
-                    T* dscores, const Progress& progress, bool tf32) {
+                    T* dscores, const Progress& progress, bool tf32, bool bf16) {
   if constexpr (attention_runs_batched) {
     backward_block_batched(space, a, g, dq, kv, dkv, keys, visible, scale, scores, dscores,
                            batched_tiles(a, g.queries, keys), tf32, progress);
@@ -361,7 +385,7 @@ void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGrad
                        v + s * keys * D, keys, visible, scale, dq ? dq + s * Lq * D : nullptr,
                        dkv ? dkv + s * keys * D : nullptr,
                        dkv ? dkv + a.block(keys) + s * keys * D : nullptr, tile_scores,
-                       tile_dscores, inline_rows, between);
+                       tile_dscores, inline_rows, bf16, between);
       });
 }
 
@@ -410,7 +434,8 @@ void unpack_tokens(const ExecutionSpace& space, const T* in, const ReplicatedVie
   template AttentionBuffer<T> attention_buffer(const char*, Index, MemoryCategory, bool);          \
   template struct OnlineSoftmax<T>;                                                                \
   template void fold_block(const ExecutionSpace&, const Heads&, const T*, Index, const T*, Index,  \
-                           const Visibility&, T, OnlineSoftmax<T>&, T*, const Progress&, bool);    \
+                           const Visibility&, T, OnlineSoftmax<T>&, T*, const Progress&, bool,     \
+                           bool);                                                                  \
   template void finish(const ExecutionSpace&, OnlineSoftmax<T>&);                                  \
   template void rescale_to(const ExecutionSpace&, OnlineSoftmax<T>&, const AttentionBuffer<T>&);   \
   template QueryGradients<T> query_gradients(const ExecutionSpace&, AttentionBuffer<T>,            \
@@ -418,7 +443,7 @@ void unpack_tokens(const ExecutionSpace& space, const T* in, const ReplicatedVie
                                              AttentionBuffer<T>, Index, Index);                    \
   template void backward_block(const ExecutionSpace&, const Heads&, const QueryGradients<T>&, T*,  \
                                const T*, T*, Index, const Visibility&, T, T*, T*, const Progress&, \
-                               bool);                                                              \
+                               bool, bool);                                                        \
   template void add_into(const ExecutionSpace&, T*, const T*, Index);                              \
   template void pack_tokens(const ExecutionSpace&, const FieldView<T>&, const Box&, const Heads&,  \
                             T*);                                                                   \

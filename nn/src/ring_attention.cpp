@@ -329,7 +329,7 @@ class BlockRing {
 template <class T>
 OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const Heads& a,
                               const AttentionBuffer<T>& q, AttentionBuffer<T> kv, bool causal,
-                              T scale, bool tf32, bool bfloat16_wire) {
+                              T scale, bool tf32, bool bf16, bool bfloat16_wire) {
   const Index L = ring.tokens[ring.rank];
   OnlineSoftmax<T> state(ExecutionSpace(), a.slices() * L, a.head_dim);
   AttentionBuffer<T> scores =
@@ -341,7 +341,7 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
     const T* block = blocks.start(step);
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
     kernels::fold_block(ExecutionSpace(), a, q.data(), L, block, ring.tokens[src], visible, scale,
-                        state, scores.data(), progress, tf32);
+                        state, scores.data(), progress, tf32, bf16);
     blocks.finish();
   }
   kernels::finish(ExecutionSpace(), state);
@@ -358,7 +358,7 @@ OnlineSoftmax<T> ring_forward(const Communicator& comm, const Ring& ring, const 
 template <class T>
 AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, const Heads& a,
                                  const QueryGradients<T>& g, T* dq, AttentionBuffer<T> kv,
-                                 bool need_dkv, bool causal, T scale, bool tf32,
+                                 bool need_dkv, bool causal, T scale, bool tf32, bool bf16,
                                  bool bfloat16_wire) {
   const Index block_max = 2 * a.block(ring.max_tokens);
   const Index values = kernels::score_buffer_size(a, g.queries, ring.max_tokens);
@@ -392,7 +392,7 @@ AttentionBuffer<T> ring_backward(const Communicator& comm, const Ring& ring, con
     }
     const Visibility visible{causal, ring.first[ring.rank], ring.first[src]};
     kernels::backward_block(ExecutionSpace(), a, g, dq, block, mine, ring.tokens[src], visible,
-                            scale, scores.data(), dscores.data(), progress, tf32);
+                            scale, scores.data(), dscores.data(), progress, tf32, bf16);
     if (mine && ring.size > 1) {
       if (step > 0) {  // what the ranks before added to this block
         grad_ring[(step + 1) % 2].wait();
@@ -447,7 +447,7 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
   const bool bfloat16_wire = bf16 && bfloat16_on_the_wire(comm.options().bf16_wire, true);
   OnlineSoftmax<T> state = ring_forward(comm, ring, a, rounded_if(bf16, packed_copy(qf, a)),
                                         rounded_if(bf16, packed_kv(k.value(), v.value(), a)),
-                                        causal, scale, tf32, bfloat16_wire);
+                                        causal, scale, tf32, bf16, bfloat16_wire);
 
   auto node = make_result_node<T>(where, {q.node(), k.node(), v.node()});
   node->field = ShardTensor<T>::uninitialized(dec, qf.rank(), qf.batch(), qf.channels(), {}, where);
@@ -474,7 +474,7 @@ Variable<T> ring_attention(const Communicator& comm, const Variable<T>& q, const
     const AttentionBuffer<T> dq = gradient_buffer<T>(inputs[0]->requires_grad, E);
     const bool need_dkv = inputs[1]->requires_grad || inputs[2]->requires_grad;
     const AttentionBuffer<T> dkv = ring_backward(comm, ring, a, g, data_or_null(dq), kv, need_dkv,
-                                                 causal, scale, tf32, bfloat16_wire);
+                                                 causal, scale, tf32, bf16, bfloat16_wire);
     if (inputs[0]->requires_grad) unpack(dq.data(), inputs[0]->grad_field(), a, true);
     if (inputs[1]->requires_grad) unpack(dkv.data(), inputs[1]->grad_field(), a, true);
     if (inputs[2]->requires_grad) unpack(dkv.data() + E, inputs[2]->grad_field(), a, true);

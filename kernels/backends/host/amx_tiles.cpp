@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <tuple>
+#include <vector>
 
 #include "environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
@@ -41,7 +42,7 @@ void allow_amx_tiles(bool allow) {
 namespace {
 
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")
 
 inline int smaller(int a, int b) {
   return a < b ? a : b;
@@ -226,6 +227,135 @@ void weight_gradient(const uint16_t* source, std::ptrdiff_t channel_stride,
   _tile_release();
 }
 
+// ---- bf16 GEMM -------------------------------------------------------------------------
+// Operands packed into whole tiles (zeros past their edges), rounded to bf16 as they are packed
+// (vcvtne2ps2bf16: nearest even; a subnormal value becomes zero, as the tiles take it anyway).
+// A: per block of 16 rows and chunk of 32 k, 16 rows of 32 bf16 values; B: per block of 16
+// columns and chunk, 16 rows of k pairs, each 16 columns' pairs (VNNI). Blocks come in pairs
+// (2 x 2 sum tiles per product), the last one of an odd count all zeros.
+
+inline __mmask16 first_lanes(int count) {
+  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+}
+
+/// count (<= 32; 0 or fewer: none) floats from p and zeros after them as 32 bf16 values.
+inline __m512i bf16_row(const float* p, int count) {
+  const __m512 low = _mm512_maskz_loadu_ps(first_lanes(count), p);
+  const __m512 high = _mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16);
+  return __m512i(_mm512_cvtne2ps_pbh(high, low));
+}
+
+/// Two rows of count (<= 16) floats (the second null: zeros) as 16 pairs, bf16 values: pair j
+/// holds first[j] in its lower half, second[j] in its upper.
+inline __m512i bf16_pairs_of_rows(const float* first, const float* second, int count) {
+  alignas(64) static const uint16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512 low = _mm512_maskz_loadu_ps(first_lanes(count), first);
+  const __m512 high =
+      second ? _mm512_maskz_loadu_ps(first_lanes(count), second) : _mm512_setzero_ps();
+  return _mm512_permutexvar_epi16(_mm512_load_si512(interleave),
+                                  __m512i(_mm512_cvtne2ps_pbh(high, low)));
+}
+
+/// One tile of 16 x 16 32-bit values from row-major floats `from` (leading dimension ld; rows
+/// x cols of them, zeros past those), from row r0 and column c0 on: with pair_rows, tile row p
+/// pairs stored rows r0 + 2p and r0 + 2p + 1 over columns c0 ... c0 + 15; else tile row r is
+/// stored row r0 + r, columns c0 ... c0 + 31, as bf16 values. Transposed with `transpose`.
+void pack_tile(const float* from, std::ptrdiff_t ld, int rows, int cols, int r0, int c0,
+               bool pair_rows, bool transpose, uint32_t* tile) {
+  alignas(64) uint32_t values[16][16];  // transposed into the tile
+  for (int r = 0; r < 16; ++r) {
+    const int row = pair_rows ? r0 + 2 * r : r0 + r;
+    const float* at = from + row * ld + c0;
+    __m512i v = _mm512_setzero_si512();
+    if (row < rows)
+      v = pair_rows ? bf16_pairs_of_rows(at, row + 1 < rows ? at + ld : nullptr, cols - c0)
+                    : bf16_row(at, cols - c0);
+    if (transpose)
+      _mm512_store_si512(values[r], v);
+    else
+      _mm512_storeu_si512(tile + 16 * r, v);
+  }
+  if (transpose)
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 16; ++c) tile[r * 16 + c] = values[c][r];
+}
+
+/// Packs op(A) (m x k; A stored m x k, or k x m with `trans`) into A tiles, blocks x chunks:
+/// per block of 16 rows and chunk of 32 k, 16 rows of 32 bf16 values.
+void pack_a(bool trans, int m, int k, const float* a, std::ptrdiff_t lda, int blocks, int chunks,
+            uint32_t* packed) {
+  for (int mb = 0; mb < blocks; ++mb)
+    for (int kc = 0; kc < chunks; ++kc) {
+      uint32_t* tile = packed + (std::ptrdiff_t(mb) * chunks + kc) * 256;
+      if (trans)  // a row's pair p: stored rows 32 kc + 2p and + 1
+        pack_tile(a, lda, k, m, 32 * kc, 16 * mb, true, true, tile);
+      else
+        pack_tile(a, lda, m, k, 16 * mb, 32 * kc, false, false, tile);
+    }
+}
+
+/// Packs op(B) (k x n; B stored k x n, or n x k with `trans`) into B tiles, blocks x chunks:
+/// per block of 16 columns and chunk of 32 k, 16 rows of k pairs, each 16 columns' (VNNI).
+void pack_b(bool trans, int k, int n, const float* b, std::ptrdiff_t ldb, int blocks, int chunks,
+            uint32_t* packed) {
+  for (int nb = 0; nb < blocks; ++nb)
+    for (int kc = 0; kc < chunks; ++kc) {
+      uint32_t* tile = packed + (std::ptrdiff_t(nb) * chunks + kc) * 256;
+      if (trans)  // a column's 32 values: one stored row
+        pack_tile(b, ldb, n, k, 16 * nb, 32 * kc, false, true, tile);
+      else
+        pack_tile(b, ldb, k, n, 32 * kc, 16 * nb, true, false, tile);
+    }
+}
+
+void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+          std::ptrdiff_t lda, const float* b, std::ptrdiff_t ldb, float beta, float* c,
+          std::ptrdiff_t ldc) {
+  const int m_blocks = (m + 31) / 32 * 2, n_blocks = (n + 31) / 32 * 2, chunks = (k + 31) / 32;
+  // The packed operands: per host thread, grown to the largest product it ran.
+  thread_local std::vector<uint32_t> packed;
+  const std::size_t a_values = std::size_t(m_blocks) * chunks * 256,
+                    b_values = std::size_t(n_blocks) * chunks * 256;
+  if (packed.size() < a_values + b_values) packed.resize(a_values + b_values);
+  uint32_t* const a_tiles = packed.data();
+  uint32_t* const b_tiles = a_tiles + a_values;
+  pack_a(trans_a, m, k, a, lda, m_blocks, chunks, a_tiles);
+  pack_b(trans_b, k, n, b, ldb, n_blocks, chunks, b_tiles);
+  const auto full = [](int) { return 16; };
+  alignas(64) float sums[16][16];
+  start_product<2, 2>(full, full, 16);  // configured once: a configuration costs a block's work
+  for (int mb = 0; mb < m_blocks; mb += 2)
+    for (int nb = 0; nb < n_blocks; nb += 2) {
+      if (mb + nb > 0)
+        for (int t = 0; t < 4; ++t) zero_tile(t);
+      for (int kc = 0; kc < chunks; ++kc) {
+        const void* a_rows[2] = {a_tiles + (std::ptrdiff_t(mb) * chunks + kc) * 256,
+                                 a_tiles + (std::ptrdiff_t(mb + 1) * chunks + kc) * 256};
+        const void* b_rows[2] = {b_tiles + (std::ptrdiff_t(nb) * chunks + kc) * 256,
+                                 b_tiles + (std::ptrdiff_t(nb + 1) * chunks + kc) * 256};
+        multiply_add<2, 2>(a_rows, 64, b_rows, 64);
+      }
+      // C = alpha sums + beta C (C not read where beta is 0), within m x n.
+      for (int bm = 0; bm < 2; ++bm)
+        for (int bn = 0; bn < 2; ++bn) {
+          store_tile(sum_tile[bm][bn], &sums[0][0]);
+          const int i0 = 16 * (mb + bm), j0 = 16 * (nb + bn);
+          const __mmask16 columns = first_lanes(n - j0);
+          for (int r = 0; r < 16 && i0 + r < m; ++r) {
+            float* to = c + (i0 + r) * ldc + j0;
+            __m512 v = _mm512_mul_ps(_mm512_set1_ps(alpha), _mm512_load_ps(sums[r]));
+            if (beta != 0.0f)
+              v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(columns, to), v);
+            _mm512_mask_storeu_ps(to, columns, v);
+          }
+        }
+    }
+  memory_barrier();
+  _tile_release();
+}
+
 /// `rounds` rounds of four independent full tile products (16 x 16 sums, 16 pairs): the
 /// tiles' multiply-add ceiling. Returns the flops run.
 double full_tile_products(std::size_t rounds) {
@@ -318,6 +448,16 @@ double amx_peak_products(std::size_t rounds) {
   return amx_tiles_usable() ? full_tile_products(rounds) : 0.0;
 }
 
+void amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+              std::ptrdiff_t lda, const float* b, std::ptrdiff_t ldb, float beta, float* c,
+              std::ptrdiff_t ldc) {
+  SHARDTENSOR_REQUIRE(amx_tiles_usable(), "amx_gemm", "AMX tiles do not run here");
+  SHARDTENSOR_REQUIRE(m >= 0 && n >= 0 && k >= 0, "amx_gemm",
+                      "a product of " << m << " x " << k << " by " << k << " x " << n);
+  if (m == 0 || n == 0) return;
+  gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 #else  // not x86-64 with AMX in the compiler: never usable
 
 bool amx_tiles_usable() {
@@ -330,6 +470,10 @@ void amx_correlate_tile(const uint32_t* const*, int, const std::ptrdiff_t*, int,
 }
 double amx_peak_products(std::size_t) {
   return 0.0;
+}
+void amx_gemm(bool, bool, int, int, int, float, const float*, std::ptrdiff_t, const float*,
+              std::ptrdiff_t, float, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("amx_gemm", "this build has no AMX tiles");
 }
 void amx_weight_gradient_tile(const uint16_t*, std::ptrdiff_t, std::ptrdiff_t, int, const uint32_t*,
                               std::ptrdiff_t, int, int, int, int, int, float*, std::ptrdiff_t) {

@@ -62,4 +62,15 @@ void amx_weight_gradient_tile(const uint16_t* source, std::ptrdiff_t channel_str
                               int chunk_pairs, int chunks, float* gradient,
                               std::ptrdiff_t gradient_channel_stride);
 
+/// C = alpha op(A) op(B) + beta C on AMX tiles, row-major (leading dimensions lda, ldb, ldc;
+/// op(A) m x k: A stored m x k, or k x m with trans_a; op(B) k x n: B stored k x n, or n x k
+/// with trans_b), C not read where beta is 0. Each operand value is rounded to bf16 (nearest
+/// even; subnormal values become zero, as the tiles take them) and the products summed in
+/// float: per element of C, in the hardware's order within each chunk of 32 k, chunk after
+/// chunk, the same for every element. Packs the operands into a scratch of the calling thread
+/// (1 KiB per 16 x 32 values of A or B). Runs on the calling thread.
+void amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+              std::ptrdiff_t lda, const float* b, std::ptrdiff_t ldb, float beta, float* c,
+              std::ptrdiff_t ldc);
+
 }  // namespace shardtensor::kernels::host

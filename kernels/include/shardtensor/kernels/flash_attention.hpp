@@ -93,10 +93,12 @@ using Progress = std::function<void()>;
 
 /// Folds one K/V block (`keys` tokens, K then V) into the softmax state of `queries` packed
 /// queries: per slice and tile, S = scale Q K^T, the online update of each row, O += P V.
+/// `bf16`: a bf16 op's (Q, K and V hold bf16 values): on a host with AMX tiles the products
+/// run on them, P rounded to bf16 as well (host/amx_tiles.hpp); elsewhere it changes nothing.
 template <class T>
 void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
                 Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,
-                const Progress& progress, bool tf32 = false);
+                const Progress& progress, bool tf32 = false, bool bf16 = false);
 
 /// Normalises the outputs (out /= sum) and turns max into the log-sum-exp max + log(sum).
 template <class T>
@@ -125,10 +127,11 @@ QueryGradients<T> query_gradients(const ExecutionSpace& space, AttentionBuffer<T
 /// Backward of one K/V block `kv` against the local queries: per slice and tile, P = exp(S -
 /// lse) recomputed, dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q.
 /// Adds into dq and the block's dK/dV (`dkv`, dK then dV); either may be null (not needed).
+/// `bf16` as fold_block's (P and dS rounded as the tiles read them).
 template <class T>
 void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g, T* dq,
                     const T* kv, T* dkv, Index keys, const Visibility& visible, T scale, T* scores,
-                    T* dscores, const Progress& progress, bool tf32 = false);
+                    T* dscores, const Progress& progress, bool tf32 = false, bool bf16 = false);
 
 /// Tiles of the batched kernels, per slice: `queries` x `keys`.
 struct BatchedTiles {
