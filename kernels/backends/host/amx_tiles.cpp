@@ -258,28 +258,57 @@ inline __m512i bf16_pairs_of_rows(const float* first, const float* second, int c
                                   __m512i(_mm512_cvtne2ps_pbh(high, low)));
 }
 
+// GCC 12's unpack intrinsics pass a self-initialised "undefined" vector as their unused
+// merge source, which -Wmaybe-uninitialized reports once they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// v[r][c] becomes v[c][r]: 16 vectors of 16 32-bit values transposed in registers.
+inline void transpose_16x16(__m512i (&v)[16]) {
+  __m512i t[16];
+  // Pairs of rows interleaved, then pairs of pairs: s[4g + c] holds, in its 128-bit lane L,
+  // column 4L + c of rows 4g ... 4g + 3.
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  __m512i s[16];
+  for (int g = 0; g < 4; ++g) {
+    s[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    s[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    s[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    s[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // Column 4L + c: lane L of s[c], s[4 + c], s[8 + c], s[12 + c], gathered 128 bits at a time.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i low_a = _mm512_shuffle_i32x4(s[c], s[4 + c], 0x44),
+                  high_a = _mm512_shuffle_i32x4(s[c], s[4 + c], 0xEE),
+                  low_b = _mm512_shuffle_i32x4(s[8 + c], s[12 + c], 0x44),
+                  high_b = _mm512_shuffle_i32x4(s[8 + c], s[12 + c], 0xEE);
+    v[c] = _mm512_shuffle_i32x4(low_a, low_b, 0x88);
+    v[4 + c] = _mm512_shuffle_i32x4(low_a, low_b, 0xDD);
+    v[8 + c] = _mm512_shuffle_i32x4(high_a, high_b, 0x88);
+    v[12 + c] = _mm512_shuffle_i32x4(high_a, high_b, 0xDD);
+  }
+}
+#pragma GCC diagnostic pop
+
 /// One tile of 16 x 16 32-bit values from row-major floats `from` (leading dimension ld; rows
 /// x cols of them, zeros past those), from row r0 and column c0 on: with pair_rows, tile row p
 /// pairs stored rows r0 + 2p and r0 + 2p + 1 over columns c0 ... c0 + 15; else tile row r is
 /// stored row r0 + r, columns c0 ... c0 + 31, as bf16 values. Transposed with `transpose`.
 void pack_tile(const float* from, std::ptrdiff_t ld, int rows, int cols, int r0, int c0,
                bool pair_rows, bool transpose, uint32_t* tile) {
-  alignas(64) uint32_t values[16][16];  // transposed into the tile
+  __m512i v[16];
   for (int r = 0; r < 16; ++r) {
     const int row = pair_rows ? r0 + 2 * r : r0 + r;
     const float* at = from + row * ld + c0;
-    __m512i v = _mm512_setzero_si512();
+    v[r] = _mm512_setzero_si512();
     if (row < rows)
-      v = pair_rows ? bf16_pairs_of_rows(at, row + 1 < rows ? at + ld : nullptr, cols - c0)
-                    : bf16_row(at, cols - c0);
-    if (transpose)
-      _mm512_store_si512(values[r], v);
-    else
-      _mm512_storeu_si512(tile + 16 * r, v);
+      v[r] = pair_rows ? bf16_pairs_of_rows(at, row + 1 < rows ? at + ld : nullptr, cols - c0)
+                       : bf16_row(at, cols - c0);
   }
-  if (transpose)
-    for (int r = 0; r < 16; ++r)
-      for (int c = 0; c < 16; ++c) tile[r * 16 + c] = values[c][r];
+  if (transpose) transpose_16x16(v);
+  for (int r = 0; r < 16; ++r) _mm512_storeu_si512(tile + 16 * r, v[r]);
 }
 
 /// Packs op(A) (m x k; A stored m x k, or k x m with `trans`) into A tiles, blocks x chunks:
