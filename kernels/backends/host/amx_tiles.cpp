@@ -301,11 +301,11 @@ void pack_tile(const float* from, std::ptrdiff_t ld, int rows, int cols, int r0,
   __m512i v[16];
   for (int r = 0; r < 16; ++r) {
     const int row = pair_rows ? r0 + 2 * r : r0 + r;
-    const float* at = from + row * ld + c0;
     v[r] = _mm512_setzero_si512();
-    if (row < rows)
-      v[r] = pair_rows ? bf16_pairs_of_rows(at, row + 1 < rows ? at + ld : nullptr, cols - c0)
-                       : bf16_row(at, cols - c0);
+    if (row >= rows) continue;
+    const float* at = from + row * ld + c0;
+    v[r] = pair_rows ? bf16_pairs_of_rows(at, row + 1 < rows ? at + ld : nullptr, cols - c0)
+                     : bf16_row(at, cols - c0);
   }
   if (transpose) transpose_16x16(v);
   for (int r = 0; r < 16; ++r) _mm512_storeu_si512(tile + 16 * r, v[r]);
