@@ -19,7 +19,8 @@
 // counted. Time: slowest rank, best of `iters`. GFLOP/s per core = FLOPs / time / ranks (one
 // core per rank). CPU time (max over ranks) is printed too: less inflated than wall time
 // when other jobs share the cores. Ceiling: KokkosBlas::gemm (OpenBLAS sgemm) of 1024^3 on
-// every rank at once.
+// every rank at once; in bf16 where the products run on AMX tiles, the tiles' multiply-add
+// peak too (independent full tile products on every rank at once).
 // Ring bytes: what each rank hands the transport per step (K/V blocks and the dK/dV
 // accumulators, PendingExchange's CommKind::collective count), max over ranks.
 // Waiting: the time ranks spend blocked on the ring's transfers (the next K/V block, the
@@ -260,6 +261,7 @@ int main(int argc, char** argv) {
       const double forward_gflops = forward_flops / forward_best / 1e9 / cores_of(comm.size());
       const double step_gflops = step_flops / step_best / 1e9 / cores_of(comm.size());
       const double sgemm = sgemm_gflops(1024, 1024, 1024, 5);
+      const double tile_peak = bf16 && kernels::bf16_matrix_tiles() ? bf16_tile_peak_gflops() : 0.0;
       const double check_error =
           check_tokens > 0 ? error_against_dense(comm, check_tokens, causal, tf32, bf16) : 0;
       // TF32 rounds the products' inputs to 10 mantissa bits: errors near 1e-3 of the largest.
@@ -294,6 +296,11 @@ int main(int argc, char** argv) {
             "  sgemm 1024^3 per core      %10.1f GFLOP/s  -> ratio %.2f forward, %.2f "
             "forward + backward (OPENBLAS_CORETYPE=%s)\n",
             sgemm, forward_gflops / sgemm, step_gflops / sgemm, coretype);
+        if (tile_peak > 0)
+          std::printf(
+              "  AMX bf16 tile peak per core %9.1f GFLOP/s  -> ratio %.2f forward, %.2f "
+              "forward + backward\n",
+              tile_peak, forward_gflops / tile_peak, step_gflops / tile_peak);
         std::printf(
             "  peak resident memory/rank  %10.1f MiB (%.1f MiB before the inputs, step %.1f MiB)\n",
             peak, memory_before, peak - memory_before);
@@ -313,7 +320,8 @@ int main(int argc, char** argv) {
             "\"cpu_ms_forward\":%.6g,\"cpu_ms_forward_backward\":%.6g,"
             "\"gflops_per_core_forward\":%.4g,\"gflops_per_core\":%.4g,"
             "\"sgemm_gflops_per_core\":%.4g,\"ratio_to_sgemm_forward\":%.4g,"
-            "\"ratio_to_sgemm\":%.4g,\"peak_mib\":%.1f,\"resident_step_mib\":%.1f,"
+            "\"ratio_to_sgemm\":%.4g,\"amx_tile_peak_gflops_per_core\":%.4g,"
+            "\"peak_mib\":%.1f,\"resident_step_mib\":%.1f,"
             "\"tracked_step_mib\":%.1f,\"kib_per_local_token\":%.4g,"
             "\"unsharded_kib_per_token\":%.4g,\"budget_mib\":%.0f,"
             "\"tokens_fit_in_budget\":%.0f,\"tokens_fit_unsharded\":%.0f,"
@@ -323,7 +331,7 @@ int main(int argc, char** argv) {
             tf32 ? "true" : "false", bf16 ? "true" : "false", ring_mib, forward_best * 1e3,
             step_best * 1e3, step_wait * 1e3, step_wait / step_best, forward_cpu_best * 1e3,
             step_cpu_best * 1e3, forward_gflops, step_gflops, sgemm, forward_gflops / sgemm,
-            step_gflops / sgemm, peak, peak - memory_before, step_mib, kib_per_token,
+            step_gflops / sgemm, tile_peak, peak, peak - memory_before, step_mib, kib_per_token,
             unsharded_kib_per_token, budget_mib, fit_tokens, fit_unsharded, check_error,
             status == 0 ? "true" : "false", coretype, kernels::vector_isa().c_str(),
             kernels::vector_lanes());
