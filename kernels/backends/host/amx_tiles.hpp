@@ -11,6 +11,10 @@
 // A operand 16 output channels' weight pairs, its sums 16 output channels x 16 cells: per
 // output cell, the order of the sums is the hardware's within a chunk of pairs, and chunk by
 // chunk, tap by tap otherwise, the same for every cell (so sharded runs give one rank's bits).
+//
+// A thread's tiles stay configured from one call to the next (each call loads a configuration
+// only where it differs from the one in place): loading and releasing them per call cost 15-20 %
+// of a bf16 convolution's forward. amx_peak_products releases them.
 
 #include <cstddef>
 #include <cstdint>
