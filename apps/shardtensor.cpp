@@ -5,7 +5,6 @@
 //   shardtensor infer --config run.yaml --checkpoint ck.h5 --input in.h5 --output out.h5
 //   shardtensor info
 
-#include <dlfcn.h>
 #include <hdf5.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/closest_name.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/data/heat_equation.hpp"
 #include "shardtensor/io/atomic_output.hpp"
@@ -60,14 +60,6 @@ void print_info(const Communicator& world) {
 #else
   const bool parallel_hdf5 = false;
 #endif
-  // OpenBLAS, if that is the BLAS behind Kokkos Kernels, says which kernels it chose.
-  using text_function = char* (*)();
-  std::string blas = "BLAS (reference or unknown implementation)";
-  if (auto config = reinterpret_cast<text_function>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-    blas = std::string("OpenBLAS ") + config();
-    if (auto core = reinterpret_cast<text_function>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
-      blas += std::string(", kernels ") + core();
-  }
   std::printf("shardtensor %s\n", SHARDTENSOR_VERSION);
   std::printf("  Kokkos    %d.%d.%d, default execution space %s\n", KOKKOS_VERSION / 10000,
               KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
@@ -83,7 +75,11 @@ void print_info(const Communicator& world) {
                                       : "portable Kokkos kernels (no convolution library)");
   std::printf("  HDF5      %u.%u.%u, parallel: %s\n", major, minor, release,
               parallel_hdf5 ? "yes" : "no");
-  std::printf("  BLAS      %s\n", blas.c_str());
+  const int blas_threads = host_blas_threads();
+  const std::string threads = blas_threads > 0
+                                  ? std::to_string(blas_threads) + " thread(s) per call"
+                                  : "threads per call unknown";
+  std::printf("  BLAS      %s; %s\n", host_blas_description().c_str(), threads.c_str());
   const bool thread_multiple = mpi_thread_multiple();
   std::printf("  threads   MPI_THREAD_MULTIPLE %s (background data prefetch %s)\n",
               thread_multiple ? "yes" : "no", thread_multiple ? "on" : "off");
@@ -267,6 +263,7 @@ int main(int argc, char** argv) {
   MpiEnvironment mpi(argc, argv);
   const int rank = mpi.world_rank(), size = mpi.world_size();
   keep_freed_memory();
+  one_blas_thread_per_rank();  // unless OPENBLAS_NUM_THREADS says otherwise
 
   CLI::App app{
       "ShardTensor: domain-parallel machine learning for scientific fields.\n"

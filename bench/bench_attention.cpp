@@ -54,6 +54,7 @@
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/comm/gather_scatter.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/nn.hpp"
 #include "shardtensor/nn/ring_attention.hpp"
@@ -176,6 +177,7 @@ double error_against_dense(const Communicator& comm, Index tokens, bool causal, 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   keep_freed_memory();  // steady-state steps reuse the heap instead of faulting pages in again
+  one_blas_thread_per_rank();  // as the CLI does
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

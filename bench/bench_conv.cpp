@@ -50,6 +50,7 @@
 
 #include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/nn.hpp"
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const bool cache = std::string(argc > 1 ? argv[argc - 1] : "") != "--no-allocation-cache";
   if (cache) keep_freed_memory();
+  one_blas_thread_per_rank();  // as the CLI does
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

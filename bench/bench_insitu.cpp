@@ -51,6 +51,7 @@
 #include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/execution.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/embed.hpp"
 #include "shardtensor/models/builder.hpp"
@@ -131,6 +132,7 @@ Kokkos::View<S*, DefaultMemorySpace> in_default_memory(std::vector<S>& values) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   keep_freed_memory();
+  one_blas_thread_per_rank();  // as the CLI does
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -25,6 +25,7 @@
 
 #include "bench_support.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/nn.hpp"
 
@@ -66,6 +67,7 @@ std::vector<float> values_of(const Variable<float>& v) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   keep_freed_memory();  // as the CLI does: freed activations stay in the heap
+  one_blas_thread_per_rank();  // as the CLI does
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -25,6 +25,7 @@
 
 #include "bench_support.hpp"
 #include "shardtensor/core/execution.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/random.hpp"
 #include "shardtensor/nn.hpp"
 
@@ -75,6 +76,7 @@ std::vector<std::vector<float>> results(const Variable<float>& out,
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  shardtensor::one_blas_thread_per_rank();  // as the CLI does
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -52,6 +52,7 @@
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/execution.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/core/random.hpp"
@@ -263,6 +264,7 @@ double load_average() {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   keep_freed_memory();  // as the CLI does: freed activations stay in the heap
+  one_blas_thread_per_rank();  // as the CLI does
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -9,10 +9,12 @@
 #include <cstdio>
 
 #include "shardtensor/core/allocation_cache.hpp"
+#include "shardtensor/core/host_blas.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   shardtensor::keep_freed_memory();
+  shardtensor::one_blas_thread_per_rank();  // as the CLI does (test_host_blas checks it)
   int failed = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -37,6 +37,7 @@
 
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/embed.hpp"
 
 namespace {
@@ -263,6 +264,9 @@ std::array<double, 2> predict(HeatSolver& solver, shardtensor::Session& session,
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   shardtensor::keep_freed_memory();  // reuse the model's activation buffers between calls
+  // One OpenBLAS thread per rank (the ranks fill the cores); a solver that runs its own BLAS
+  // calls on several threads per rank would leave this out and set OPENBLAS_NUM_THREADS.
+  shardtensor::one_blas_thread_per_rank();
   int status = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);  // the session computes with Kokkos
