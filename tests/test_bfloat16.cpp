@@ -267,13 +267,14 @@ TEST_CASE(
     "bf16 convolutions on the vector kernels: every path alike, bf16 dot products near "
     "them",
     "[bf16]") {
-  // Without bf16 dot products every path runs the float tiles on bf16 values: the same bits.
-  // With them (AVX512_BF16), forward and input gradient add their products channel pair by
-  // pair (another order: outputs within a bf16 step, the input gradient within float
-  // rounding) and the weight gradient adds the float tiles' products in their order (the same
-  // bits). On AMX tiles (where the CPU has them) all three sum in the hardware's order: within
-  // a bf16 step, and float rounding. Odd channel counts (5 in, 7 out) pair the last channel
-  // with zeros; 40 channels take two chunks of pairs on the tiles.
+  // Without bf16 dot products every path runs the float tiles on bf16 values, rounded as they
+  // are copied: the same bits. With them (AVX512_BF16; switched on, as Intel CPUs run them
+  // only when asked), forward and input gradient add their products channel pair by pair
+  // (another order: outputs within a bf16 step, the input gradient within float rounding) and
+  // the weight gradient adds the float tiles' products in their order (the same bits). On AMX
+  // tiles (where the CPU has them) all three sum in the hardware's order: within a bf16 step,
+  // and float rounding. The default ("auto") is one of these. Odd channel counts (5 in, 7 out)
+  // pair the last channel with zeros; 40 channels take two chunks of pairs on the tiles.
   const std::string initial = kernels::vector_isa();
   if (initial == "off") return;  // the run turned the vector paths off: nothing to compare
   const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
@@ -289,9 +290,9 @@ TEST_CASE(
                                      options.padding_mode == PaddingMode::periodic);
     const Decomposition whole =
         test::unsharded(test::test_decompositions(one.first, 1, periodic, 3).front());
-    const auto run = [&](const std::string& isa, bool dot, bool tiles) {
+    const auto run = [&](const std::string& isa, const std::string& dot, bool tiles) {
       kernels::select_vector_isa(isa);
-      kernels::allow_bf16_dot_products(dot);
+      kernels::set_bf16_dot_products(dot);
       kernels::allow_bf16_matrix_tiles(tiles);
       return test::run_module<float>(bf16_factory<Conv<float>>(options, true), self, whole, 2,
                                      options.in_channels, test::weighted_sum<float>);
@@ -299,19 +300,24 @@ TEST_CASE(
     const auto weight_gradient = [](const auto& r) {
       return test::host_values(r.module->named_parameters()[0].second.data_grad());
     };
-    const auto reference = run(kernels::vector_isas().front(), false, false);
+    const auto reference = run(kernels::vector_isas().front(), "off", false);
     const auto reference_weight_gradient = weight_gradient(reference);
     for (const std::string& isa : kernels::vector_isas()) {
       INFO("path " << isa);
-      const auto plain = run(isa, false, false);
+      const auto plain = run(isa, "off", false);
       CHECK(test::host_values(plain.output.value().view()) ==
             test::host_values(reference.output.value().view()));
       CHECK(test::host_values(plain.input.grad().view()) ==
             test::host_values(reference.input.grad().view()));
       CHECK(weight_gradient(plain) == reference_weight_gradient);
+      // The default without AMX: the float tiles' bits where the dot products are not preferred.
+      const auto automatic = run(isa, "auto", false);
+      if (!kernels::bf16_dot_products())
+        CHECK(test::host_values(automatic.output.value().view()) ==
+              test::host_values(reference.output.value().view()));
       for (const bool tiles : {false, true}) {
         INFO("AMX tiles allowed " << tiles);
-        const auto dot = run(isa, true, tiles);
+        const auto dot = run(isa, "on", tiles);
         if (!kernels::bf16_dot_products() || (tiles && !kernels::bf16_matrix_tiles())) continue;
         CHECK(test::relative_error(dot.output.value().view(), reference.output.value().view()) <=
               bf16_step);
@@ -331,7 +337,7 @@ TEST_CASE(
         CHECK(dot_weight_gradient != reference_weight_gradient);  // the tiles did run
       }
     }
-    kernels::allow_bf16_dot_products(true);
+    kernels::set_bf16_dot_products("auto");
     kernels::allow_bf16_matrix_tiles(true);
     kernels::select_vector_isa(initial);
   }
@@ -341,59 +347,66 @@ TEST_CASE(
     "a bf16 conv on one rank reads its unrounded input unpadded, with a padded copy's "
     "bits",
     "[bf16][padding]") {
-  // Where bf16 dot products run, the pair planes round as they copy, so a bf16 convolution on
-  // one rank reads its input itself (zeros padding, or periodic); an input with ghost cells of
-  // its own goes through a padded, rounded copy. Random floats, not bf16 values: the rounding
-  // is the kernels'. Periodic: the padded copy's input gradient adds the wrapped windows' part
-  // in the halo adjoint, after the rest: close, not the same bits.
-  if (!kernels::bf16_dot_products()) return;  // elsewhere a bf16 conv always copies
+  // The vector kernels round a source as they copy it (pair planes, or the float tiles' rows),
+  // so a bf16 convolution on one rank reads its input itself (zeros padding, or periodic); an
+  // input with ghost cells of its own goes through a padded, rounded copy. Random floats, not
+  // bf16 values: the rounding is the kernels'. Periodic: the padded copy's input gradient adds
+  // the wrapped windows' part in the halo adjoint, after the rest: close, not the same bits.
+  // On the default path, and on the bf16 dot products where the CPU has them.
+  if (!kernels::vector_kernels_on()) return;  // the portable kernels read a rounded copy
   const Communicator self(MPI_COMM_SELF);
   const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
       {{9, 8, 20}, conv_options(5, 7, {3, 3, 3}, {1, 1, 1})},
       {{24, 40}, conv_options(9, 4, {3, 3}, {1, 1}, PaddingMode::periodic)},
   };
-  for (const auto& one : cases) {
-    const ConvOptions& options = one.second;
-    const bool periodic = options.padding_mode == PaddingMode::periodic;
-    INFO(options.kernel.size() << "-D, periodic " << periodic);
-    const Decomposition d = Decomposition::automatic(one.first, 1);
-    const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, options.in_channels, 4);
-    ShardTensor<float> ghosted(d, 0, 2, options.in_channels, GhostWidths::uniform(1, d.ndims()));
-    Kokkos::deep_copy(ghosted.interior(), x.view());
-    std::size_t input_gradient_from = 0;
-    const auto results = [&](const ShardTensor<float>& input_value) {
-      Conv<float> conv(self, options, "conv");
-      conv.compute_in_bf16(true);
-      const auto input = Variable<float>::field(input_value, true, "x");
-      const auto y = conv.forward(input);
-      backward(test::weighted_sum<float>(self, y));
-      std::vector<double> all = test::host_values(y.value().view());
-      for (const auto& named : conv.named_parameters()) {
-        const auto g = test::host_values(named.second.data_grad());
+  for (const std::string mode : {"auto", "on"})
+    for (const auto& one : cases) {
+      kernels::set_bf16_dot_products(mode);
+      if (mode == "on" && !kernels::bf16_dot_products()) break;  // the CPU has none
+      const ConvOptions& options = one.second;
+      const bool periodic = options.padding_mode == PaddingMode::periodic;
+      INFO(options.kernel.size() << "-D, periodic " << periodic << ", bf16 dot products " << mode
+                                 << " (" << (kernels::bf16_dot_products() ? "run" : "not run")
+                                 << ")");
+      const Decomposition d = Decomposition::automatic(one.first, 1);
+      const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, options.in_channels, 4);
+      ShardTensor<float> ghosted(d, 0, 2, options.in_channels, GhostWidths::uniform(1, d.ndims()));
+      Kokkos::deep_copy(ghosted.interior(), x.view());
+      std::size_t input_gradient_from = 0;
+      const auto results = [&](const ShardTensor<float>& input_value) {
+        Conv<float> conv(self, options, "conv");
+        conv.compute_in_bf16(true);
+        const auto input = Variable<float>::field(input_value, true, "x");
+        const auto y = conv.forward(input);
+        backward(test::weighted_sum<float>(self, y));
+        std::vector<double> all = test::host_values(y.value().view());
+        for (const auto& named : conv.named_parameters()) {
+          const auto g = test::host_values(named.second.data_grad());
+          all.insert(all.end(), g.begin(), g.end());
+        }
+        input_gradient_from = all.size();
+        ShardTensor<float> grad(d, 0, 2, options.in_channels);
+        Kokkos::deep_copy(grad.view(), input.grad().interior());
+        const auto g = test::host_values(grad.view());
         all.insert(all.end(), g.begin(), g.end());
+        return all;
+      };
+      const std::vector<double> unpadded = results(x), copied = results(ghosted);
+      REQUIRE(unpadded.size() == copied.size());
+      const std::vector<double> head(unpadded.begin(), unpadded.begin() + input_gradient_from),
+          copied_head(copied.begin(), copied.begin() + input_gradient_from);
+      CHECK(head == copied_head);
+      double diff = 0, scale = 0;
+      std::size_t differing = 0;
+      for (std::size_t i = input_gradient_from; i < unpadded.size(); ++i) {
+        diff = std::max(diff, std::abs(unpadded[i] - copied[i]));
+        scale = std::max(scale, std::abs(copied[i]));
+        differing += unpadded[i] != copied[i];
       }
-      input_gradient_from = all.size();
-      ShardTensor<float> grad(d, 0, 2, options.in_channels);
-      Kokkos::deep_copy(grad.view(), input.grad().interior());
-      const auto g = test::host_values(grad.view());
-      all.insert(all.end(), g.begin(), g.end());
-      return all;
-    };
-    const std::vector<double> unpadded = results(x), copied = results(ghosted);
-    REQUIRE(unpadded.size() == copied.size());
-    const std::vector<double> head(unpadded.begin(), unpadded.begin() + input_gradient_from),
-        copied_head(copied.begin(), copied.begin() + input_gradient_from);
-    CHECK(head == copied_head);
-    double diff = 0, scale = 0;
-    std::size_t differing = 0;
-    for (std::size_t i = input_gradient_from; i < unpadded.size(); ++i) {
-      diff = std::max(diff, std::abs(unpadded[i] - copied[i]));
-      scale = std::max(scale, std::abs(copied[i]));
-      differing += unpadded[i] != copied[i];
+      CHECK(diff <= 1e-6 * scale);
+      if (!periodic) CHECK(differing == 0);
     }
-    CHECK(diff <= 1e-6 * scale);
-    if (!periodic) CHECK(differing == 0);
-  }
+  kernels::set_bf16_dot_products("auto");
 }
 
 TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", "[bf16]") {

@@ -432,7 +432,7 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // (Beside a float peak whose fields are all the same in bf16, the layers' bf16 weight
   // copies: 1.5 KiB at one rank and 18 KiB at two since the upsampling writes into the
   // concatenation, stop 60.)
-  if (slabs && kernels::bf16_dot_products()) CHECK(bf16 <= with + 64 * 1024);
+  if (slabs && kernels::vector_kernels_on()) CHECK(bf16 <= with + 64 * 1024);
 }
 
 TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",
@@ -457,7 +457,7 @@ TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",
   const std::uint64_t bf16_peak = max_over(world, activation_peak(world, low, 2, extents));
   INFO("activation peak per rank: " << to_mib(float_peak) << " MiB float, " << to_mib(bf16_peak)
                                     << " MiB bf16");
-  const bool in_place = kernels::bf16_dot_products();  // bf16 convs read their input itself
+  const bool in_place = kernels::vector_kernels_on();  // bf16 convs read their input itself
   CHECK(double(bf16_peak) <=
         (in_place ? (world.size() <= 2 ? 0.85 : 0.99) : (world.size() <= 2 ? 0.94 : 1.04)) *
             double(float_peak));

@@ -170,8 +170,11 @@ TEST_CASE("the paths on offer and their selection") {
   for (const std::string& path : paths) names += (names.empty() ? "" : ", ") + path;
   std::printf("test_vector_kernels: paths on this CPU: %s\n", names.empty() ? "none" : names.c_str());
   select_vector_isa("best");
-  std::printf("test_vector_kernels: bf16 dot products on the best path: %s\n",
-              shardtensor::kernels::bf16_dot_products() ? "yes" : "no");
+  std::printf(
+      "test_vector_kernels: bf16 dot products on the best path: %s (convolutions use "
+      "them: %s)\n",
+      host::pair_tiles_use_dot() ? "yes" : "no",
+      shardtensor::kernels::bf16_dot_products() ? "yes" : "no");
   for (const std::string& path : paths) {
     select_vector_isa(path);
     CHECK(vector_isa() == path);
@@ -353,7 +356,7 @@ TEST_CASE("a bf16 dot-product tile equals the scalar sums in pair order, bit for
   // taps per pair; bf16 values of both signs. Each output adds channel 2p's and 2p + 1's
   // products per pair tap as the path's instruction does (dot_pair_step).
   select_vector_isa("best");
-  if (!shardtensor::kernels::bf16_dot_products()) {
+  if (!host::pair_tiles_use_dot()) {  // the CPU's, whether or not convolutions prefer them
     WARN("no bf16 dot products on this CPU and path: nothing to test");
     return;
   }
@@ -415,7 +418,7 @@ TEST_CASE("a bf16 dot-product weight-gradient tile equals the scalar sums in pai
   // lower), the output gradient as pairs of a row's cells (2q, 2q + 1) per channel; each sum
   // adds cell 2q's and 2q + 1's products per pair as the path's instruction does.
   select_vector_isa("best");
-  if (!shardtensor::kernels::bf16_dot_products()) {
+  if (!host::pair_tiles_use_dot()) {  // the CPU's, whether or not convolutions prefer them
     WARN("no bf16 dot products on this CPU and path: nothing to test");
     return;
   }

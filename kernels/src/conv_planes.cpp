@@ -242,12 +242,13 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
   const std::size_t budget = budget_bytes / value_size;
   if (vector_kernels) {
     // Whole padded planes in the ring when they fit, else the rows of one band at a time.
-    plan.bf16_pairs = bf16_operands && host::conv_vector_bf16_pairs();
-    plan.band_copies = host::conv_vector_values(f, d, false, plan.bf16_pairs) > budget;
-    plan.values = host::conv_vector_values(f, d, plan.band_copies, plan.bf16_pairs);
+    plan.bf16 = bf16_operands;
+    plan.band_copies = host::conv_vector_values(f, d, false, plan.bf16) > budget;
+    plan.values = host::conv_vector_values(f, d, plan.band_copies, plan.bf16);
     plan.vector_kernels = plan.values <= budget;
+    plan.rounds_source = plan.vector_kernels && host::conv_vector_rounds_source(f, plan.bf16);
     if (plan.vector_kernels) return plan;
-    plan.bf16_pairs = false;
+    plan.bf16 = false;
   }
   if (g.wrap[0] || g.wrap[1] || g.wrap[2] || g.slab_axis >= 0)
     return plan;  // im2col reads zeros only
@@ -270,7 +271,7 @@ namespace {
 /// A one-group correlation's weights packed for the vector kernels: the cache's where they
 /// were packed from the same weights, bit for bit, in the same layout; else packed into it now.
 const float* packed_weights(const Correlation& r, const ConvShape& g,
-                            const ReplicatedView<float>& w, bool transposed, bool pairs,
+                            const ReplicatedView<float>& w, bool transposed, bool bf16,
                             PackedWeights<float>& cache) {
   const std::array<Index, 9> layout{r.k[0],
                                     r.k[1],
@@ -279,7 +280,7 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
                                     r.out_per_group,
                                     Index(transposed),
                                     Index(w.extent(0)),
-                                    Index(pairs),
+                                    Index(bf16),
                                     Index(host::conv_vector_packing())};
   const std::size_t n = w.extent(0);  // in the layout: source holds n values where it matches
   if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
@@ -294,7 +295,7 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
     cache.packed = Values(Kokkos::view_alloc(no_init, "conv.packed_weights"), values);
   cache.layout = {};  // invalid until both are written
   std::memcpy(cache.source.data(), w.data(), n * sizeof(float));
-  host::conv_vector_pack_weights(r, g, w, transposed, pairs, cache.packed.data());
+  host::conv_vector_pack_weights(r, g, w, transposed, bf16, cache.packed.data());
   cache.layout = layout;
   return cache.packed.data();
 }
@@ -309,11 +310,10 @@ void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const 
                       PackedWeights<T>* cache, const SourceSlabs<T>& slabs) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels) {
-      const float* packed = cache && r.groups == 1
-                                ? packed_weights(r, g, w, transposed, plan.bf16_pairs, *cache)
-                                : nullptr;
+      const float* packed =
+          cache && r.groups == 1 ? packed_weights(r, g, w, transposed, plan.bf16, *cache) : nullptr;
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
-                                         plan.band_copies, plan.bf16_pairs, keep, packed, slabs);
+                                         plan.band_copies, plan.bf16, keep, packed, slabs);
     }
   plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }
@@ -326,7 +326,7 @@ void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, 
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace,
-                                               plan.band_copies, plan.bf16_pairs, slabs);
+                                               plan.band_copies, plan.bf16, slabs);
   plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 

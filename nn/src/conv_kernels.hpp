@@ -49,9 +49,9 @@ class ConvKernels {
   bool runs_planes() const { return planes_.applies() && !library_.applies(); }
   /// Whether the plane path runs on the host's vector kernels.
   bool runs_vector_kernels() const { return runs_planes() && planes_.vector_kernels; }
-  /// Whether they run bf16 operands on bf16 dot products, rounding the source and the output
-  /// gradient as they copy them into pair planes (so the source need not be rounded first).
-  bool rounds_bf16_as_it_reads() const { return runs_vector_kernels() && planes_.bf16_pairs; }
+  /// Whether they take bf16 operands rounding the source as they copy it (AMX tiles, bf16 dot
+  /// products or the float tiles), so that the source need not be rounded first.
+  bool rounds_bf16_as_it_reads() const { return runs_vector_kernels() && planes_.rounds_source; }
   /// Whether forward can run in chunks of outputs (those reading no exchanged ghost first,
   /// while the halo travels): not the library (one call) nor the direct loop.
   bool runs_in_chunks() const { return gemm_ && !library_.applies(); }

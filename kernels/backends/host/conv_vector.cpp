@@ -94,6 +94,9 @@ inline Index amx_row_pairs(Index cells) {
 /// the cell that output (0, first_row()) reads at y and z taps 0, channel 0 of the group. With
 /// `bands`, a copy holds only the rows that one band of output rows reads (start_band() before the
 /// band's planes): a 2-D field is one plane, too large to copy whole into the workspace.
+/// Value float with `round_bf16` (a bf16 convolution's source on the float tiles): the copies
+/// hold the cells rounded to bf16; a source read in place must hold bf16 values already (a
+/// rounded padded copy: conv_vector_rounds_source).
 /// Value uint32_t: the copies are pair planes (bf16 channel pairs, correlate_pairs_tile), always
 /// copied; a copy "channel" is a pair of the group's channels (an odd last one pairs with zeros).
 /// With cell_pairs, the pairs are of a row's cells instead (weight_gradient_pairs_tile): cell z
@@ -123,12 +126,13 @@ class PlaneSource {
 
  public:
   PlaneSource(const Correlation& r, const FieldView<float>& src, Value* ring, bool bands = false,
-              const SourceSlabs<float>& slabs = {})
+              const SourceSlabs<float>& slabs = {}, bool round_bf16 = false)
       : r_(r),
         src_(src),
         slabs_(slabs),
         ring_(ring),
         in_place_(reads_in_place(r)),
+        round_bf16_(round_bf16),
         rows_(copied_rows(r, bands)),
         slot_plane_(r.slots()),
         row_floats_(cell_pairs ? read_extent(r, 2) : 0) {
@@ -219,6 +223,14 @@ class PlaneSource {
           copy_row(row, width, z0, z1, extent, cell, [&](Index sz, Index count, Value* to) {
             bf16_pairs(upper + sz, lower ? lower + sz : nullptr, to, std::size_t(count));
           });
+        } else if (round_bf16_) {
+          const float* source_row = source(c0 + j, px, sy);
+          copy_row(
+              row, width, z0, z1, extent,
+              [&](Index sz) { return round_to_bfloat16(source_row[sz]); },
+              [&](Index sz, Index count, Value* to) {
+                bf16_round(source_row + sz, to, std::size_t(count));
+              });
         } else {
           const float* source_row = source(c0 + j, px, sy);
           copy_row(
@@ -272,6 +284,7 @@ class PlaneSource {
   SourceSlabs<float> slabs_;
   Value* ring_;
   bool in_place_;
+  bool round_bf16_;  // float copies round to bf16
   Index rows_;  // rows per copy
   std::ptrdiff_t channel_stride_, row_stride_;
   std::vector<Index> slot_plane_;  // source plane in each ring slot
@@ -388,11 +401,12 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
 template <class Value>
 std::vector<PlaneSource<Value>> thread_sources(const Correlation& r, const FieldView<float>& src,
                                                Value* rings, bool band_copies,
-                                               const SourceSlabs<float>& slabs) {
+                                               const SourceSlabs<float>& slabs,
+                                               bool round_bf16 = false) {
   const std::size_t ring_size = PlaneSource<Value>::ring_values(r, band_copies);
   std::vector<PlaneSource<Value>> sources;
   for (int t = 0; t < host_threads(); ++t)
-    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs);
+    sources.emplace_back(r, src, rings + t * ring_size, band_copies, slabs, round_bf16);
   return sources;
 }
 
@@ -430,12 +444,14 @@ void for_each_band(const Correlation& r, const FieldView<float>& out,
                      });
 }
 
-/// The correlation on float planes (correlate_tile) or on pair planes (correlate_pairs_tile).
+/// The correlation on float planes (correlate_tile; `round_bf16`: the copies round the source
+/// to bf16) or on pair planes (correlate_pairs_tile).
 template <class Value>
 void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                const SourceSlabs<float>& slabs, const ReplicatedView<float>& w, bool transposed,
                const ReplicatedView<float>& bias, const FieldView<float>& out, float* workspace,
-               bool band_copies, const PlaneFilter& keep, const void* packed_weights) {
+               bool band_copies, const PlaneFilter& keep, const void* packed_weights,
+               bool round_bf16 = false) {
   constexpr bool pairs = std::is_same<Value, uint32_t>::value;
   const ConvTileShape shape = conv_tile_shape();
   const Index rows_per_tile = shape.tile_rows, vectors_per_tile = shape.tile_vectors;
@@ -448,7 +464,8 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
   const std::vector<std::ptrdiff_t> offsets =
       tap_offsets(r, PlaneSource<Value>(r, src, rings, band_copies));
   const std::ptrdiff_t out_channel_stride = out.stride(1);
-  std::vector<PlaneSource<Value>> sources = thread_sources(r, src, rings, band_copies, slabs);
+  std::vector<PlaneSource<Value>> sources =
+      thread_sources(r, src, rings, band_copies, slabs, round_bf16);
   for (Index group = 0; group < r.groups; ++group) {
     // The kept packed weights (one group), else this group's packed into the workspace.
     const Value* const weights_of_group =
@@ -498,6 +515,16 @@ inline int amx_chunk_pairs(const Correlation& r) {
 /// Whether a bf16 correlation runs on AMX tiles now.
 inline bool amx_runs(const Correlation& r) {
   return bf16_matrix_tiles() && amx_chunk_pairs(r) > 0;
+}
+/// Whether a correlation (`bf16`: of bf16 operands) reads pair planes: on AMX tiles, or on
+/// bf16 dot products where they run (kernels::bf16_dot_products); else the float tiles, on
+/// copies rounded to bf16 for bf16 operands.
+inline bool correlation_pairs(const Correlation& r, bool bf16) {
+  return bf16 && (amx_runs(r) || bf16_dot_products());
+}
+/// Likewise the weight gradient, whose AMX tiles take every shape.
+inline bool gradient_pairs(bool bf16) {
+  return bf16 && (bf16_matrix_tiles() || bf16_dot_products());
 }
 /// Values of group `group`'s weights packed for amx_correlate_tile: per block of 16 outputs.
 inline Index amx_block_values(const Correlation& r) {
@@ -586,22 +613,27 @@ std::size_t conv_vector_packed_values(const Correlation& r) {
 }
 
 int conv_vector_packing() {
-  // AMX's layout (per correlation: where it runs) is told apart from the tile rows' by sign.
-  return bf16_matrix_tiles() ? -conv_tile_shape().tile_rows : conv_tile_shape().tile_rows;
+  // AMX's layout (per correlation: where it runs) is told apart from the tile rows' by sign,
+  // the pair tiles' (where bf16 dot products run) by 64 more.
+  const int rows = conv_tile_shape().tile_rows + (bf16_dot_products() ? 64 : 0);
+  return bf16_matrix_tiles() ? -rows : rows;
 }
 
-bool conv_vector_bf16_pairs() {
-  return pair_tiles_use_dot();
+bool conv_vector_rounds_source(const Correlation& forward, bool bf16) {
+  // A source that the windows reach past is copied by every path; one read in place by the
+  // float tiles must hold bf16 values already.
+  return bf16 &&
+         (!reads_inside(forward) || (correlation_pairs(forward, true) && gradient_pairs(true)));
 }
 
 void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
-                              const ReplicatedView<float>& w, bool transposed, bool pairs,
+                              const ReplicatedView<float>& w, bool transposed, bool bf16,
                               float* packed) {
   SHARDTENSOR_REQUIRE(r.groups == 1, "conv_vector_pack_weights",
                       "kept packed weights need one group, not " << r.groups);
-  if (pairs && amx_runs(r))
+  if (bf16 && amx_runs(r))
     return pack_amx_weights(r, g, w, transposed, 0, reinterpret_cast<uint32_t*>(packed));
-  pack_correlation_weights(r, g, w, transposed, 0, pairs, packed);
+  pack_correlation_weights(r, g, w, transposed, 0, correlation_pairs(r, bf16), packed);
 }
 
 /// out = the correlation of src (plus bias when given), like plane_correlate: per output plane
@@ -610,26 +642,27 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
+                           float* workspace, bool band_copies, bool bf16, const PlaneFilter& keep,
                            const float* packed_weights, const SourceSlabs<float>& slabs) {
-  if (pairs && amx_runs(r))
+  if (bf16 && amx_runs(r))
     return correlate_amx(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
                          packed_weights);
-  if (pairs)
+  if (correlation_pairs(r, bf16))
     correlate<uint32_t>(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
                         packed_weights);
   else
     correlate<float>(r, g, src, slabs, w, transposed, bias, out, workspace, band_copies, keep,
-                     packed_weights);
+                     packed_weights, /*round_bf16=*/bf16);
 }
 
 namespace {
 
 /// Workspace values of vector_correlate and vector_weight_gradient, for every instruction set's
 /// tiles (a plan made on one path runs on any other).
-inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies, bool pairs) {
-  const std::size_t ring = pairs ? PlaneSource<uint32_t>::ring_values(r, band_copies)
-                                 : PlaneSource<float>::ring_values(r, band_copies);
+inline std::size_t vector_correlate_values(const Correlation& r, bool band_copies, bool bf16) {
+  const std::size_t ring = correlation_pairs(r, bf16)
+                               ? PlaneSource<uint32_t>::ring_values(r, band_copies)
+                               : PlaneSource<float>::ring_values(r, band_copies);
   // AMX tiles read up to 15 cells past a vector: past the last ring, these.
   constexpr std::size_t tile_overrun = 16;
   return conv_vector_packed_values(r) + ring * host_threads() + tile_overrun;
@@ -654,19 +687,19 @@ using CellPairSource = PlaneSource<uint32_t, true>;
 
 /// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
 /// transposed, a plane's float sums, the double totals and the source's ring (of cell-pair
-/// planes with `pairs`; an even count: doubles stay aligned).
+/// planes where a bf16 gradient reads pairs; an even count: doubles stay aligned).
 inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies,
-                                                 bool pairs) {
+                                                 bool bf16) {
   const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
-  const std::size_t ring = pairs ? CellPairSource::ring_values(r, band_copies)
-                                 : PlaneSource<float>::ring_values(r, band_copies);
+  const std::size_t ring = gradient_pairs(bf16) ? CellPairSource::ring_values(r, band_copies)
+                                                : PlaneSource<float>::ring_values(r, band_copies);
   const std::size_t values =
       static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient + ring;
   return values + values % 2;
 }
 inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies,
-                                                 bool pairs) {
-  return weight_gradient_thread_values(r, band_copies, pairs) * host_threads();
+                                                 bool bf16) {
+  return weight_gradient_thread_values(r, band_copies, bf16) * host_threads();
 }
 
 /// The band's output gradient transposed as pairs of a row's cells (weight_gradient_pairs_tile):
@@ -720,10 +753,11 @@ void transpose_gradient_amx(const Correlation& r, const FieldView<float>& gy, In
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16_pairs,
-                                 const SourceSlabs<float>& slabs) {
-  // bf16 dot products over pairs of a row's cells: the float tiles' sums in the same order.
-  const bool pairs = bf16_pairs;
+                                 bool band_copies, bool bf16, const SourceSlabs<float>& slabs) {
+  // bf16 on AMX tiles, or on dot products over pairs of a row's cells (the float tiles' sums
+  // in the same order), else on the float tiles over copies rounded to bf16.
+  const bool amx = bf16 && bf16_matrix_tiles();
+  const bool pairs = gradient_pairs(bf16) && !amx;
   const ConvTileShape shape = conv_tile_shape();
   const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
@@ -751,19 +785,18 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
   }
   const Index gradient_size = kx * taps * outs;
   std::vector<std::ptrdiff_t> offsets =
-      pairs ? tap_offsets(r, CellPairSource(r, xp, nullptr, band_copies))
-            : tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
+      pairs || amx ? tap_offsets(r, CellPairSource(r, xp, nullptr, band_copies))
+                   : tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
-  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies, bf16_pairs);
+  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies, bf16);
   // Thread t's share: [transposed band | float sums | double totals | ring].
   const auto totals_of = [&](int t) {
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
                                      gradient_size);
   };
-  // bf16 on AMX tiles: plain bf16 planes (their rows padded to whole chunks of cell pairs).
-  const bool amx = pairs && bf16_matrix_tiles();
+  // On AMX tiles: plain bf16 planes (their rows padded to whole chunks of cell pairs).
   const Index amx_pairs = amx_chunk_pairs_of_row(r.out[2]), row_pairs = amx_row_pairs(r.out[2]);
   std::vector<PlaneSource<float>> sources;  // one of the three per thread
   std::vector<CellPairSource> pair_sources;
@@ -775,7 +808,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
     else if (pairs)
       pair_sources.emplace_back(r, xp, static_cast<uint32_t*>(ring), band_copies, slabs);
     else
-      sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies, slabs);
+      sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies, slabs, bf16);
   }
   const Index per_sample = r.out[0] * bands;
   for (Index group = 0; group < r.groups; ++group) {
@@ -901,10 +934,10 @@ bool conv_vector_available() {
 }
 
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
-                               bool band_copies, bool pairs) {
-  return std::max({vector_correlate_values(forward, band_copies, pairs),
-                   vector_correlate_values(data, band_copies, pairs),
-                   vector_weight_gradient_values(forward, band_copies, pairs)});
+                               bool band_copies, bool bf16) {
+  return std::max({vector_correlate_values(forward, band_copies, bf16),
+                   vector_correlate_values(data, band_copies, bf16),
+                   vector_weight_gradient_values(forward, band_copies, bf16)});
 }
 
 }  // namespace shardtensor::kernels::host

@@ -15,46 +15,49 @@ bool conv_vector_available();
 
 /// Workspace values (floats) the kernels need for a plan's forward and data correlations
 /// and the weight gradient (a source whose windows reach past it is copied, zero-padded, with
-/// band copies band by band, else plane by plane; `pairs`: the correlations copy every source
-/// into pair planes).
+/// band copies band by band, else plane by plane; `bf16`: bf16 operands, whose paths may copy
+/// every source into pair planes).
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
-                               bool band_copies, bool pairs);
+                               bool band_copies, bool bf16);
 
 /// Values of the packed weights of a one-group correlation (conv_vector_pack_weights), on
 /// every instruction set's tiles.
 std::size_t conv_vector_packed_values(const Correlation& r);
-/// What the packed layout depends on besides the correlation and `pairs`: the current path's
-/// tile rows.
+/// What the packed layout depends on besides the correlation and `bf16`: the current path's
+/// tile rows, and whether AMX tiles and bf16 dot products run.
 int conv_vector_packing();
-/// Whether bf16 operands run on the pair tiles (bf16 dot products) now; else on the float
-/// tiles, whose products of bf16 values are the same.
-bool conv_vector_bf16_pairs();
-/// Packs a one-group correlation's weights for conv_vector_correlate (with the same `pairs`).
+/// Whether the kernels of a convolution with bf16 operands (forward correlation `forward`)
+/// round its source as they read it, so that it may be the unrounded input: every path that
+/// copies it does (a source the windows reach past; pair planes always), the float tiles read
+/// a source in place as it is. False for float operands.
+bool conv_vector_rounds_source(const Correlation& forward, bool bf16);
+/// Packs a one-group correlation's weights for conv_vector_correlate (with the same `bf16`).
 void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
-                              const ReplicatedView<float>& w, bool transposed, bool pairs,
+                              const ReplicatedView<float>& w, bool transposed, bool bf16,
                               float* packed);
 
 /// out = the correlation of src (plus bias when given; `slabs`: src's, Correlation::slab_axis),
 /// every kept output cell written. The
 /// weights are packed into the start of the workspace, unless given packed (one group, by
-/// conv_vector_pack_weights for the same correlation and path). `pairs` (only where
-/// conv_vector_bf16_pairs()): src and w hold bf16 values (a bf16 convolution's operands), read
-/// as channel pairs on bf16 dot products; each output then adds its products pair by pair.
+/// conv_vector_pack_weights for the same correlation and path). `bf16`: a bf16 convolution's
+/// operands (w holds bf16 values; src is rounded as it is read, conv_vector_rounds_source):
+/// on AMX tiles where they run, else as channel pairs on bf16 dot products where those run
+/// (each output then adds its products pair by pair), else on the float tiles.
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, bool pairs, const PlaneFilter& keep,
+                           float* workspace, bool band_copies, bool bf16, const PlaneFilter& keep,
                            const float* packed_weights = nullptr,
                            const SourceSlabs<float>& slabs = {});
 
 /// gw += this rank's weight gradient of the forward correlation r over its source xp (read
 /// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
-/// `bf16_pairs` (only where conv_vector_bf16_pairs()): xp and gy hold bf16 values, summed on
-/// bf16 dot products over pairs of a row's cells (the same bits as the float tiles).
+/// `bf16`: gy holds bf16 values and xp is rounded as it is read (conv_vector_rounds_source):
+/// on AMX tiles where they run, else on bf16 dot products over pairs of a row's cells where
+/// those run (the same bits as the float tiles), else on the float tiles.
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16_pairs,
-                                 const SourceSlabs<float>& slabs = {});
+                                 bool band_copies, bool bf16, const SourceSlabs<float>& slabs = {});
 
 }  // namespace shardtensor::kernels::host

@@ -1,6 +1,6 @@
 #pragma once
 // An on/off switch from the environment, for the host kernels' paths that a run may forbid
-// (SHARDTENSOR_BF16_DOT, SHARDTENSOR_AMX).
+// (SHARDTENSOR_AMX).
 
 #include <cstdlib>
 #include <string>

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "host/environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
 
 #ifdef SHARDTENSOR_HOST_VECTOR_KERNELS
@@ -796,6 +795,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #if HWY_ARCH_ARM_A64 && defined(__linux__)
 #include <asm/hwcap.h>  // HWCAP2_BF16
 #include <sys/auxv.h>
@@ -893,17 +893,44 @@ bool cpu_has_bf16_dot() {
 }
 #endif
 
-/// Whether bf16 dot products may run: SHARDTENSOR_BF16_DOT=off forbids them on first use.
-std::atomic<bool>& bf16_dot_allowed() {
-  static std::atomic<bool> allowed{environment_switch("SHARDTENSOR_BF16_DOT")};
-  return allowed;
+/// When bf16 convolutions use the dot products (kernels::set_bf16_dot_products), as a number.
+enum DotMode : int { dot_off, dot_auto, dot_on };
+DotMode dot_mode_named(const std::string& mode, const char* where) {
+  if (mode.empty() || mode == "auto") return dot_auto;
+  if (mode == "on") return dot_on;
+  if (mode == "off") return dot_off;
+  SHARDTENSOR_FAIL(where, "'" << mode << "' is not auto, on or off");
+}
+
+/// The mode: SHARDTENSOR_BF16_DOT's on first use (auto where unset).
+std::atomic<int>& bf16_dot_mode() {
+  static std::atomic<int> mode{[] {
+    const char* env = std::getenv("SHARDTENSOR_BF16_DOT");
+    return int(dot_mode_named(env ? env : "", "SHARDTENSOR_BF16_DOT"));
+  }()};
+  return mode;
+}
+
+/// Whether this CPU's bf16 dot products outrun its float multiply-adds per product. AMD's
+/// (Zen 4 and later) do: there a bf16 step took 0.8x float's. Intel's vdpbf16ps (Cooper Lake,
+/// Sapphire Rapids) runs at half the rate of products of the two FMA ports (measured on a
+/// Sapphire Rapids core: 60 against 120 G products/s), so there the float tiles on bf16 values
+/// are faster where AMX does not run. Arm's BFDOT: taken as faster (two products per lane for
+/// one instruction), not measured (no Arm machine yet).
+bool dot_outruns_fma() {
+#if HWY_ARCH_X86 && defined(__GNUC__)
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+#else
+  return bf16_dot_target != 0;
+#endif
 }
 
 }  // namespace
 
 bool pair_tiles_use_dot() {
   return bf16_dot_target != 0 && selected().load() == bf16_dot_target && cpu_has_bf16_dot() &&
-         bf16_dot_allowed().load();
+         bf16_dot_mode().load() != dot_off;
 }
 
 ConvTileShape conv_tile_shape() {
@@ -1002,7 +1029,8 @@ void select_vector_isa(const std::string& isa) {
 }
 
 bool bf16_dot_products() {
-  return host::pair_tiles_use_dot();
+  return host::pair_tiles_use_dot() &&
+         (host::bf16_dot_mode().load() == host::dot_on || host::dot_outruns_fma());
 }
 
 double run_multiply_add_chains(std::size_t rounds) {
@@ -1010,8 +1038,8 @@ double run_multiply_add_chains(std::size_t rounds) {
   return HWY_DYNAMIC_DISPATCH(MultiplyAddChains)(rounds);
 }
 
-void allow_bf16_dot_products(bool allow) {
-  host::bf16_dot_allowed().store(allow);
+void set_bf16_dot_products(const std::string& mode) {
+  host::bf16_dot_mode().store(host::dot_mode_named(mode, "set_bf16_dot_products"));
 }
 
 }  // namespace shardtensor::kernels
@@ -1037,7 +1065,10 @@ std::vector<std::string> vector_isas() {
 bool bf16_dot_products() {
   return false;
 }
-void allow_bf16_dot_products(bool) {}
+void set_bf16_dot_products(const std::string& mode) {
+  SHARDTENSOR_REQUIRE(mode.empty() || mode == "auto" || mode == "on" || mode == "off",
+                      "set_bf16_dot_products", "'" << mode << "' is not auto, on or off");
+}
 double run_multiply_add_chains(std::size_t) {
   return 0.0;
 }

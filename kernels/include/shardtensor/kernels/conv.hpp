@@ -200,7 +200,8 @@ struct PlanePlan {
   Index forward_rows = 0, data_rows = 0;
   bool vector_kernels = false;  // the host backend's vector kernels instead of im2col + GEMM
   bool band_copies = false;     // vector kernels copy padded sources band by band
-  bool bf16_pairs = false;      // vector kernels run bf16 operands on bf16 dot products
+  bool bf16 = false;            // vector kernels take bf16 operands (ConvOptions::bf16)
+  bool rounds_source = false;   // bf16: they round the source as they read it (any input)
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
 };
@@ -213,8 +214,10 @@ bool conv_vector_kernels_available();
 /// The plane path's plan for a convolution whose source has extents `padded`, if it applies;
 /// `vector_kernels`: may use the host backend's vector kernels. The source is the padded input,
 /// or the input itself: the path reads zeros where a window reaches past its source.
-/// `bf16_operands`: the sources and weights hold bf16 values (ConvOptions::bf16): where the CPU
-/// has bf16 dot products, the vector kernels read them in pairs (bf16_pairs).
+/// `bf16_operands`: the weights hold bf16 values (ConvOptions::bf16), the sources are rounded
+/// to bf16: on the vector kernels (AMX tiles, bf16 dot products or the float tiles: bf16),
+/// which round a source as they read it where they copy it (rounds_source); on the others
+/// the caller rounds it.
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
                       std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false);
 

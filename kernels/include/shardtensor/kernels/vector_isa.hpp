@@ -26,23 +26,28 @@ std::vector<std::string> vector_isas();
 /// kernels run on other threads.
 void select_vector_isa(const std::string& isa);
 
-/// Whether bf16 convolutions run on the CPU's bf16 dot-product instructions now: on the avx512
-/// path of a CPU with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids
-/// and later) or the neon path of an Arm CPU with BF16 (BFDOT: Neoverse V1 and later, Graviton
-/// 3, Grace), unless forbidden. Their forward and input gradient add products channel pair by
-/// pair (outputs within a bf16 step of the float tiles'); on x86 their weight gradient gives the
-/// float tiles' bits (except where a product is subnormal: the instruction flushes it to zero),
-/// on Arm it sums each pair of cells first and rounds to odd (within float rounding).
+/// Whether bf16 convolutions run on the CPU's bf16 dot-product instructions now, where AMX
+/// tiles do not: on the avx512 path of a CPU with AVX512_BF16 or the neon path of an Arm CPU
+/// with BF16 (BFDOT: Neoverse V1 and later, Graviton 3, Grace), where they outrun the float
+/// tiles' multiply-adds (AMD Zen 4 and later; Arm taken as such) or are switched on. Elsewhere
+/// bf16 operands run on the float tiles, rounded as the kernels read them (Intel's
+/// vdpbf16ps, Cooper Lake and Sapphire Rapids, gives half the products of its two FMA ports).
+/// Their forward and input gradient add products channel pair by pair (outputs within a bf16
+/// step of the float tiles'); on x86 their weight gradient gives the float tiles' bits (except
+/// where a product is subnormal: the instruction flushes it to zero), on Arm it sums each pair
+/// of cells first and rounds to odd (within float rounding).
 bool bf16_dot_products();
-/// Allows (the default; SHARDTENSOR_BF16_DOT=off in the environment forbids, read on first
-/// use) or forbids the bf16 dot products, for tests and measurements.
-void allow_bf16_dot_products(bool allow);
+/// "auto" (the default: where they outrun the float tiles), "on" (wherever the CPU has them:
+/// for tests and measurements on Intel) or "off" (never; no AMX tiles either). Also
+/// SHARDTENSOR_BF16_DOT=auto|on|off in the environment, read on first use. Throws
+/// shardtensor::Error naming the value for anything else. Not while kernels run.
+void set_bf16_dot_products(const std::string& mode);
 
 /// Whether bf16 convolutions' forward and input gradient run on AMX matrix tiles now (Intel
-/// Sapphire Rapids and later Xeons; Linux 5.16 or later grants the tiles): where bf16 dot
-/// products run and the CPU has AMX-BF16, unless forbidden. Each tile sums 16 to 32 channels'
-/// products in an order of the hardware's: outputs within a bf16 step of the float tiles', the
-/// same for every cell, so sharded runs still give one rank's bits.
+/// Sapphire Rapids and later Xeons; Linux 5.16 or later grants the tiles): where the CPU has
+/// AMX-BF16 and bf16 dot products (not switched off), unless forbidden. Each tile sums 16 to 32
+/// channels' products in an order of the hardware's: outputs within a bf16 step of the float
+/// tiles', the same for every cell, so sharded runs still give one rank's bits.
 bool bf16_matrix_tiles();
 /// Allows (the default; SHARDTENSOR_AMX=off in the environment forbids, read on first use) or
 /// forbids the AMX tiles, for tests and measurements.
