@@ -420,11 +420,12 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
                          : slabs       ? (aligned ? 0.44 : 0.52)
                                        : 0.48) *
                             double(without));
-  // In bf16 it keeps no more where the bf16 convolutions read their input in place (a CPU with
-  // bf16 dot products; one rank, x splits): a recomputed unit's run inside backward packs none
-  // of its fields into 16 bits beside the float ones, since its backward comes next
-  // (bench_scaling: 57.5 -> 54.5 MiB, stop 50). Elsewhere every bf16 conv makes a float
-  // halo-padded copy (7.9 against 5.9 MiB on one AVX2 rank).
+  // In bf16 it keeps no more where the bf16 convolutions read their input in place (the vector
+  // kernels, which round as they copy; one rank, x splits): a recomputed unit's run inside
+  // backward packs none of its fields into 16 bits beside the float ones, since its backward
+  // comes next (bench_scaling: 57.5 -> 54.5 MiB, stop 50). With the portable kernels every bf16
+  // conv makes a float halo-padded copy (7.9 against 5.9 MiB on one rank; the vector paths
+  // without bf16 dot products did until stop 64).
   models::UNet<float> recomputed_bf16(world, o);
   recomputed_bf16.compute_in_bf16(true);
   const std::uint64_t bf16 = max_over(world, activation_peak(world, recomputed_bf16, 2, extents));
@@ -442,9 +443,10 @@ TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",
   // 13.2 -> 10.4 MiB per rank on one rank; at 8 ranks (16^3 cells each) the ghosts, shells
   // and padded copies, which stay float, weigh more: 1.84 -> 1.80 MiB. bench_scaling's 64^3
   // U-Net: 108.0 -> 85.4 MiB, and 69.0 MiB with recomputation (stop 47, bf16 dot products).
-  // Without bf16 dot products (AVX2) every bf16 conv reads a float halo-padded copy, while a
-  // float conv reads its input in place and writes the input gradient over it: 12.25 -> 10.45
-  // MiB on one rank (0.85), 6.13 -> 5.64 on two (0.92), 1.77 -> 1.81 at 8 ranks.
+  // With the portable kernels (SHARDTENSOR_SIMD=off) every bf16 conv reads a float halo-padded
+  // copy, while a float conv reads its input in place and writes the input gradient over it:
+  // 12.25 -> 10.45 MiB on one rank (0.85), 6.13 -> 5.64 on two (0.92), 1.77 -> 1.81 at 8 ranks
+  // (stop 55, on AVX2, whose float tiles read such copies until stop 64).
   const Tracking tracking;
   const Communicator world;
   models::UNetOptions o = two_level_unet();
