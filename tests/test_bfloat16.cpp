@@ -352,22 +352,24 @@ TEST_CASE(
   // input with ghost cells of its own goes through a padded, rounded copy. Random floats, not
   // bf16 values: the rounding is the kernels'. Periodic: the padded copy's input gradient adds
   // the wrapped windows' part in the halo adjoint, after the rest: close, not the same bits.
-  // On the default path, and on the bf16 dot products where the CPU has them.
+  // On the default path, the float tiles (bf16 dot products and AMX off), and the dot products
+  // where the CPU has them (AMX off).
   if (!kernels::vector_kernels_on()) return;  // the portable kernels read a rounded copy
   const Communicator self(MPI_COMM_SELF);
   const std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
       {{9, 8, 20}, conv_options(5, 7, {3, 3, 3}, {1, 1, 1})},
       {{24, 40}, conv_options(9, 4, {3, 3}, {1, 1}, PaddingMode::periodic)},
   };
-  for (const std::string mode : {"auto", "on"})
+  for (const std::string mode : {"auto", "off", "on"})
     for (const auto& one : cases) {
       kernels::set_bf16_dot_products(mode);
+      kernels::allow_bf16_matrix_tiles(mode == "auto");
       if (mode == "on" && !kernels::bf16_dot_products()) break;  // the CPU has none
       const ConvOptions& options = one.second;
       const bool periodic = options.padding_mode == PaddingMode::periodic;
       INFO(options.kernel.size() << "-D, periodic " << periodic << ", bf16 dot products " << mode
                                  << " (" << (kernels::bf16_dot_products() ? "run" : "not run")
-                                 << ")");
+                                 << "), AMX " << (kernels::bf16_matrix_tiles() ? "on" : "off"));
       const Decomposition d = Decomposition::automatic(one.first, 1);
       const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, options.in_channels, 4);
       ShardTensor<float> ghosted(d, 0, 2, options.in_channels, GhostWidths::uniform(1, d.ndims()));
@@ -407,6 +409,7 @@ TEST_CASE(
       if (!periodic) CHECK(differing == 0);
     }
   kernels::set_bf16_dot_products("auto");
+  kernels::allow_bf16_matrix_tiles(true);
 }
 
 TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", "[bf16]") {
