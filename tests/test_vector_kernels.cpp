@@ -192,6 +192,16 @@ TEST_CASE("the paths on offer and their selection") {
   CHECK(vector_isa() == (paths.empty() ? "off" : paths.front()));
   CHECK_THROWS_WITH(select_vector_isa("avx1024"),
                     Catch::Contains("instruction set 'avx1024'") && Catch::Contains("best, off"));
+  // The bf16 dot products' mode: a wrong one names itself and the choices, and changes nothing.
+  const bool dots = shardtensor::kernels::bf16_dot_products();
+  CHECK_THROWS_WITH(shardtensor::kernels::set_bf16_dot_products("sometimes"),
+                    Catch::Contains("set_bf16_dot_products") &&
+                        Catch::Contains("'sometimes' is not auto, on or off"));
+  CHECK(shardtensor::kernels::bf16_dot_products() == dots);
+  shardtensor::kernels::set_bf16_dot_products("off");
+  CHECK_FALSE(shardtensor::kernels::bf16_dot_products());
+  shardtensor::kernels::set_bf16_dot_products("auto");
+  CHECK(shardtensor::kernels::bf16_dot_products() == dots);
 }
 
 TEST_CASE("GELU and its derivative on every path: within 2e-6 of the exact values, same bits") {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "host/environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
 
 #ifdef SHARDTENSOR_HOST_VECTOR_KERNELS
@@ -893,21 +894,14 @@ bool cpu_has_bf16_dot() {
 }
 #endif
 
-/// When bf16 convolutions use the dot products (kernels::set_bf16_dot_products), as a number.
-enum DotMode : int { dot_off, dot_auto, dot_on };
-DotMode dot_mode_named(const std::string& mode, const char* where) {
-  if (mode.empty() || mode == "auto") return dot_auto;
-  if (mode == "on") return dot_on;
-  if (mode == "off") return dot_off;
-  SHARDTENSOR_FAIL(where, "'" << mode << "' is not auto, on or off");
-}
+/// When bf16 convolutions use the dot products (kernels::set_bf16_dot_products): the index
+/// of the mode's name in dot_modes.
+enum DotMode : int { dot_auto, dot_on, dot_off };
+constexpr std::initializer_list<const char*> dot_modes{"auto", "on", "off"};
 
 /// The mode: SHARDTENSOR_BF16_DOT's on first use (auto where unset).
 std::atomic<int>& bf16_dot_mode() {
-  static std::atomic<int> mode{[] {
-    const char* env = std::getenv("SHARDTENSOR_BF16_DOT");
-    return int(dot_mode_named(env ? env : "", "SHARDTENSOR_BF16_DOT"));
-  }()};
+  static std::atomic<int> mode{environment_choice("SHARDTENSOR_BF16_DOT", dot_modes)};
   return mode;
 }
 
@@ -1039,7 +1033,7 @@ double run_multiply_add_chains(std::size_t rounds) {
 }
 
 void set_bf16_dot_products(const std::string& mode) {
-  host::bf16_dot_mode().store(host::dot_mode_named(mode, "set_bf16_dot_products"));
+  host::bf16_dot_mode().store(host::setting_choice(mode, host::dot_modes, "set_bf16_dot_products"));
 }
 
 }  // namespace shardtensor::kernels
@@ -1066,8 +1060,7 @@ bool bf16_dot_products() {
   return false;
 }
 void set_bf16_dot_products(const std::string& mode) {
-  SHARDTENSOR_REQUIRE(mode.empty() || mode == "auto" || mode == "on" || mode == "off",
-                      "set_bf16_dot_products", "'" << mode << "' is not auto, on or off");
+  host::setting_choice(mode, {"auto", "on", "off"}, "set_bf16_dot_products");  // checks it only
 }
 double run_multiply_add_chains(std::size_t) {
   return 0.0;
