@@ -82,11 +82,14 @@ struct Run {
   double loss = 0;
 };
 
+/// One forward + backward of `module` (its parameters' gradients zeroed first).
 template <class T>
-Run<T> run_module(const ModuleFactory<T>& make, const Communicator& comm, const Decomposition& d,
-                  Index batch, Index channels, const LossFunction<T>& loss_function) {
+Run<T> run_module(const std::shared_ptr<Module<T>>& module, const Communicator& comm,
+                  const Decomposition& d, Index batch, Index channels,
+                  const LossFunction<T>& loss_function) {
   Run<T> run;
-  run.module = make(comm);
+  run.module = module;
+  for (const auto& parameter : module->named_parameters()) parameter.second.zero_grad();
   run.input =
       Variable<T>::field(random_shard<T>(d, comm.rank(), batch, channels, 11), true, "input");
   run.output = run.module->forward(run.input);
@@ -94,6 +97,12 @@ Run<T> run_module(const ModuleFactory<T>& make, const Communicator& comm, const 
   backward(loss);
   run.loss = loss.item();
   return run;
+}
+
+template <class T>
+Run<T> run_module(const ModuleFactory<T>& make, const Communicator& comm, const Decomposition& d,
+                  Index batch, Index channels, const LossFunction<T>& loss_function) {
+  return run_module(make(comm), comm, d, batch, channels, loss_function);
 }
 
 /// Two runs of one model on the same ranks (recomputed or not, run alone or interleaved,
@@ -110,6 +119,25 @@ void check_bit_identical(const Run<T>& a, const Run<T>& b) {
     CHECK(p[i].first == q[i].first);
     CHECK(host_values(p[i].second.data_grad()) == host_values(q[i].second.data_grad()));
   }
+}
+
+/// One module object run on each (decomposition, batch) of `shapes` in turn, twice over, so
+/// that what it keeps from call to call (plans, tables, scratch) is remade for a new shape and
+/// reused for a known one, against a fresh module per run: the same bits.
+template <class T>
+void check_module_reused_across_shapes(const ModuleFactory<T>& make,
+                                       const std::vector<std::pair<Decomposition, Index>>& shapes,
+                                       Index channels) {
+  const Communicator comm;
+  const std::shared_ptr<Module<T>> kept = make(comm);
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& [d, batch] : shapes) {
+      INFO("pass " << pass << ", batch " << batch << ", " << d.global_cells() << " cells");
+      const Run<T> reused =
+          run_module(kept, comm, d, batch, channels, LossFunction<T>(weighted_sum<T>));
+      check_bit_identical(
+          reused, run_module(make, comm, d, batch, channels, LossFunction<T>(weighted_sum<T>)));
+    }
 }
 
 /// The relative errors check_equivalence allows: the type's, or a test's own (bf16 layers).

@@ -137,17 +137,22 @@ constexpr std::int64_t fences(std::int64_t) {
 // on one rank and 320 on two on Serial, 54 fewer (two per parameter) than before. The
 // gradient norm in one kernel, not one per parameter (2026-12-02): 125-357 launches, 27 fewer.
 // Partial gradient sums in the zeroed gradients (2026-12-04): no add kernel per parameter,
-// 97 launches on one rank (Serial), 28 fewer.
-constexpr Budget main_job_training{395, fences(323), training_host_reads, 175};
-constexpr Budget main_job_inference{110, fences(109), 0, 80};
+// 97 launches on one rank (Serial), 28 fewer. Upsampling and pooling keep their tables per
+// shape (2026-12-05): 89 launches and 61 allocations on one rank (Serial), 8 and 16 fewer;
+// all: training 89-321 launches, 112-291 fences, 61-131 allocations; inference 21-97, 35-105,
+// 35-67.
+constexpr Budget main_job_training{353, fences(291), training_host_reads, 144};
+constexpr Budget main_job_inference{107, fences(105), 0, 74};
 // With group norm: training 289-571 launches, 192-409 fences, no deep copies, 91-159
 // allocations; inference 53-159, 79-169, 0, 49-81. Before the statistics stayed on the device
 // (b19ef63, OpenMP, one rank): 174 deep copies and 1015 fences per training step of the 3-D
 // bench U-Net, now none and 168.
 // Fused optimizer: 214 and 382 launches on Serial, one and two ranks. Fused gradient norm:
-// 177-459 launches (Serial and OpenMP, one and two ranks and threads).
-constexpr Budget group_norm_training{505, fences(409), training_host_reads, 175};
-constexpr Budget group_norm_inference{175, fences(169), 0, 90};
+// 177-459 launches (Serial and OpenMP, one and two ranks and threads). Tables kept per shape
+// and the normalizations' scratch reused (2026-12-05): training 131-413 launches, 148-367
+// fences, 53-123 allocations; inference 51-157, 65-155, 35-67.
+constexpr Budget group_norm_training{454, fences(367), training_host_reads, 135};
+constexpr Budget group_norm_inference{173, fences(155), 0, 74};
 
 }  // namespace
 

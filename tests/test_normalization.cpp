@@ -215,6 +215,41 @@ TEMPLATE_TEST_CASE("normalization layers: sharded equals one rank", "[normalizat
     }
 }
 
+TEMPLATE_TEST_CASE("a normalization reuses its scratch once no graph holds it, per shape",
+                   "[normalization][plan]", float, double) {
+  const auto a = decompositions_of({9, 7});
+  const auto b = decompositions_of({6, 10});
+  REQUIRE((!a.empty() && !b.empty()));
+  for (Kind kind : all_kinds) {
+    INFO(kind_name(kind));
+    test::check_module_reused_across_shapes<TestType>(
+        factory<TestType>(kind), {{a.front(), batch}, {b.back(), 1}, {a.back(), batch}}, channels);
+  }
+}
+
+TEMPLATE_TEST_CASE("a normalization applied twice in one graph keeps each call's scratch",
+                   "[normalization][plan]", float, double) {
+  // The first call's statistics are still held by the graph when the second runs: the second
+  // must not reuse (overwrite) them. Against two layers with the same parameters.
+  const Communicator comm;
+  const Decomposition d = decompositions_of({9, 7}).back();
+  for (Kind kind : all_kinds) {
+    INFO(kind_name(kind));
+    const auto run = [&](const std::shared_ptr<Module<TestType>>& first,
+                         const std::shared_ptr<Module<TestType>>& second) {
+      const auto x = Variable<TestType>::field(
+          test::random_shard<TestType>(d, comm.rank(), batch, channels, 11), true, "input");
+      const Variable<TestType> y = second->forward(first->forward(x));
+      backward(test::weighted_sum(comm, y));
+      return std::make_pair(test::host_values(y.value().view()),
+                            test::host_values(x.grad().view()));
+    };
+    const auto shared = make_norm<TestType>(kind, comm);
+    CHECK(run(shared, shared) ==
+          run(make_norm<TestType>(kind, comm), make_norm<TestType>(kind, comm)));
+  }
+}
+
 TEMPLATE_TEST_CASE("BatchNorm running statistics: sharded equals one rank",
                    "[normalization][batchnorm]", float, double) {
   const double tolerance = std::is_same<TestType, float>::value ? 1e-5 : 1e-12;

@@ -2,6 +2,7 @@
 
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/kernels/window_index.hpp"
 
 namespace shardtensor::kernels {
@@ -29,11 +30,55 @@ KOKKOS_INLINE_FUNCTION T window_max(const T* window, const PoolShape& g, const I
   return best;
 }
 
+// The padded_flat offset of each tap from its window's first cell (no division per cell).
+void fill_tap_offsets(const ExecutionSpace& space, const PoolShape& g,
+                      const Kokkos::View<Index*, DefaultMemorySpace>& tap_offset) {
+  Kokkos::parallel_for(
+      "Pool::tap_offsets", kernel_range(space, tap_offset.extent(0)),
+      KOKKOS_LAMBDA(const Index tap) {
+        const Index e = tap % g.k[2], b = tap / g.k[2] % g.k[1], a = tap / (g.k[2] * g.k[1]);
+        tap_offset(tap) = g.padded_flat(a * g.d[0], b * g.d[1], e * g.d[2]);
+      });
+}
+
+// Per axis, entry first[a] + i: the output whose window holds padded index i, or -1.
+void fill_windows(const ExecutionSpace& space, const PoolShape& g,
+                  const Kokkos::View<Index*, DefaultMemorySpace>& window) {
+  const Index first[3] = {0, g.padded[0], g.padded[0] + g.padded[1]};
+  Kokkos::parallel_for(
+      "Pool::windows", kernel_range(space, window.extent(0)), KOKKOS_LAMBDA(const Index e) {
+        const int a = e < first[1] ? 0 : e < first[2] ? 1 : 2;
+        const Index t = e - first[a] - g.base[a];
+        const Index o = t >= 0 ? t / g.s[a] : -1, tap = t - o * g.s[a];
+        const bool inside = t >= 0 && o < g.out[a] && tap % g.d[a] == 0 && tap / g.d[a] < g.k[a];
+        window(e) = inside ? o : -1;
+      });
+}
+
 }  // namespace
 
+PoolPlan::PoolPlan(const ExecutionSpace& space, const PoolShape& g, PoolKind kind)
+    : shape_(g), kind_(kind) {
+  for (int d = 0; d < 3; ++d) disjoint_ = disjoint_ && g.s[d] >= (g.k[d] - 1) * g.d[d] + 1;
+  if (!disjoint_) return;
+  const MemoryCategoryScope scope(MemoryCategory::workspaces);  // kept with the layer
+  const auto no_init = Kokkos::WithoutInitializing;
+  if (kind == PoolKind::max) {
+    table_ = decltype(table_)(Kokkos::view_alloc(no_init, "Pool::tap_offsets"),
+                              g.k[0] * g.k[1] * g.k[2]);
+    fill_tap_offsets(space, g, table_);
+  } else {
+    table_ = decltype(table_)(Kokkos::view_alloc(no_init, "Pool::windows"),
+                              g.padded[0] + g.padded[1] + g.padded[2]);
+    fill_windows(space, g, table_);
+  }
+}
+
 template <class T>
-void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
-                  const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax) {
+void pool_forward(const ExecutionSpace& space, const PoolPlan& plan, const FieldView<T>& xp,
+                  const FieldView<T>& y, const PoolArgmax& argmax) {
+  const PoolShape g = plan.shape();
+  const PoolKind kind = plan.kind();
   const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
   const bool record = argmax.extent(0) > 0;
   // Line by line: a window's taps are fixed offsets from its first cell, which moves by the
@@ -108,23 +153,15 @@ void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind
 }
 
 template <class T>
-void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
-                   const FieldView<T>& gy, const PoolArgmax& argmax, const FieldView<T>& gxp) {
-  bool disjoint = true;  // every padded cell lies in at most one window
-  for (int d = 0; d < 3; ++d) disjoint = disjoint && g.s[d] >= (g.k[d] - 1) * g.d[d] + 1;
+void pool_backward(const ExecutionSpace& space, const PoolPlan& plan, const FieldView<T>& gy,
+                   const PoolArgmax& argmax, const FieldView<T>& gxp) {
+  const PoolShape g = plan.shape();
+  const PoolKind kind = plan.kind();
+  const bool disjoint = plan.disjoint();  // every padded cell lies in at most one window
   if (kind == PoolKind::max && disjoint) {
     // Scatter each output's gradient to its window's maximum (gxp is zero on entry): the
     // gather below gives the same values, but tests every (cell, tap) pair with divisions.
-    // The padded_flat offset of each tap from its window's first cell (no division per cell).
-    const Kokkos::View<Index*, DefaultMemorySpace> tap_offset(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Pool::tap_offsets"),
-        g.k[0] * g.k[1] * g.k[2]);
-    Kokkos::parallel_for(
-        "Pool::tap_offsets", kernel_range(space, tap_offset.extent(0)),
-        KOKKOS_LAMBDA(const Index tap) {
-          const Index e = tap % g.k[2], b = tap / g.k[2] % g.k[1], a = tap / (g.k[2] * g.k[1]);
-          tap_offset(tap) = g.padded_flat(a * g.d[0], b * g.d[1], e * g.d[2]);
-        });
+    const auto tap_offset = plan.table();
     if constexpr (!kernels_run_on_host) {
       // On a GPU one output per work item (the windows are disjoint: no two add to one cell).
       const Index outputs[3] = {g.out[0], g.out[1], g.out[2]};
@@ -154,21 +191,11 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
   }
   const Index extents[3] = {g.padded[0], g.padded[1], g.padded[2]};
   if (kind == PoolKind::average && disjoint) {
-    // Each padded cell lies in at most one window: a table per axis names it (the output, or
-    // -1), and the cell takes that output's share (the same single term the gather below would
-    // add to 0).
+    // Each padded cell lies in at most one window: the plan's table per axis names it (the
+    // output, or -1), and the cell takes that output's share (the same single term the gather
+    // below would add to 0).
     const Index first[3] = {0, g.padded[0], g.padded[0] + g.padded[1]};
-    const Kokkos::View<Index*, DefaultMemorySpace> window(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Pool::windows"),
-        g.padded[0] + g.padded[1] + g.padded[2]);
-    Kokkos::parallel_for(
-        "Pool::windows", kernel_range(space, window.extent(0)), KOKKOS_LAMBDA(const Index e) {
-          const int a = e < first[1] ? 0 : e < first[2] ? 1 : 2;
-          const Index t = e - first[a] - g.base[a];
-          const Index o = t >= 0 ? t / g.s[a] : -1, tap = t - o * g.s[a];
-          const bool inside = t >= 0 && o < g.out[a] && tap % g.d[a] == 0 && tap / g.d[a] < g.k[a];
-          window(e) = inside ? o : -1;
-        });
+    const auto window = plan.table();
     for_each_cell_by_lines(
         space, "Pool::backward_average", gxp.extent(0), g.channels, extents,
         KOKKOS_LAMBDA(const Index n, const Index c, const Index ix, const Index iy,
@@ -208,10 +235,10 @@ void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kin
 }
 
 #define SHARDTENSOR_INSTANTIATE(T)                                                         \
-  template void pool_forward(const ExecutionSpace&, const PoolShape&, PoolKind,            \
-                             const FieldView<T>&, const FieldView<T>&, const PoolArgmax&); \
-  template void pool_backward(const ExecutionSpace&, const PoolShape&, PoolKind,           \
-                              const FieldView<T>&, const PoolArgmax&, const FieldView<T>&);
+  template void pool_forward(const ExecutionSpace&, const PoolPlan&, const FieldView<T>&,  \
+                             const FieldView<T>&, const PoolArgmax&);                      \
+  template void pool_backward(const ExecutionSpace&, const PoolPlan&, const FieldView<T>&, \
+                              const PoolArgmax&, const FieldView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

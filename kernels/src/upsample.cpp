@@ -3,20 +3,22 @@
 #include <algorithm>
 
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 
 namespace shardtensor::kernels {
 
 namespace {
 
-/// Linear interpolation per axis, computed once per call instead of once per cell (and per
+/// Linear interpolation per axis, computed once per plan instead of once per cell (and per
 /// candidate output in the backward): entry first[a] + o holds output o's lower source along
 /// axis a (buffer index) and its weight. The same values linear_source gives, so the same sums.
 template <class T>
 struct LinearTable {
   Kokkos::View<Index*, DefaultMemorySpace> lower;
   Kokkos::View<T*, DefaultMemorySpace> weight;
-  Index first[3];
+  Index first[3] = {0, 0, 0};
 
+  LinearTable() = default;  // empty: a nearest plan's
   LinearTable(const ExecutionSpace& space, const UpsampleShape& g)
       : lower(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.lower"),
               g.out[0] + g.out[1] + g.out[2]),
@@ -57,12 +59,13 @@ KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
 }  // namespace
 
 /// Nearest mode's source cell per output index, per axis (entry first[a] + o: the input buffer
-/// index output o reads along axis a): computed once per call, so the copy does no integer
+/// index output o reads along axis a): computed once per plan, so the copy does no integer
 /// division per cell.
 struct NearestTable {
   Kokkos::View<Index*, DefaultMemorySpace> source;
-  Index first[3];
+  Index first[3] = {0, 0, 0};
 
+  NearestTable() = default;  // empty: a linear plan's
   NearestTable(const ExecutionSpace& space, const UpsampleShape& g)
       : source(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::nearest_table"),
                g.out[0] + g.out[1] + g.out[2]),
@@ -113,13 +116,92 @@ KOKKOS_INLINE_FUNCTION void planar_linear_pairs(const T* low, const T* high, T* 
         planar_linear<along_y>(w, w_even, le[half], le[half + 1], he[half], he[half + 1]);
 }
 
+/// Input-buffer gradient's ranges: per axis and input index (entry in_first[a] + i, in_first
+/// = {0, in[0], in[0] + in[1]}), the outputs with a nonzero weight in its cell (begin, end: a
+/// contiguous range, a few of the 3 x scale candidates) and their weights, `room` apart.
 template <class T>
-void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+struct InputRanges {
+  Kokkos::View<Index*, DefaultMemorySpace> begin, end;
+  Kokkos::View<T*, DefaultMemorySpace> weights;
+  Index room = 0;
+
+  InputRanges() = default;
+  InputRanges(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+              const LinearTable<T>& table)
+      : begin(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.begin"),
+              g.in[0] + g.in[1] + g.in[2]),
+        end(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.end"),
+            g.in[0] + g.in[1] + g.in[2]),
+        // A range holds at most 2 x scale outputs (linear), scale (nearest).
+        room(2 * std::max({g.scale[0], g.scale[1], g.scale[2]}) + 1) {
+    weights = decltype(weights)(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.weights"),
+        begin.extent(0) * room);
+    fill(space, g, mode, table);
+  }
+
+  void fill(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+            const LinearTable<T>& table) const {
+    const auto lower_of = table.lower;
+    const auto weight_of = table.weight;
+    const Index first_entry[3] = {table.first[0], table.first[1], table.first[2]};
+    const Index in_first[3] = {0, g.in[0], g.in[0] + g.in[1]};
+    const auto b_of = begin;
+    const auto e_of = end;
+    const auto w_of = weights;
+    const Index r = room;
+    Kokkos::parallel_for(
+        "Upsample::ranges", kernel_range(space, b_of.extent(0)), KOKKOS_LAMBDA(const Index e) {
+          const int a = e < in_first[1] ? 0 : e < in_first[2] ? 1 : 2;
+          const Index i = e - in_first[a];
+          const Index global = i - g.ghost[a] + g.in_offset[a];
+          const Index first = math::max<Index>((global - 1) * g.scale[a] - g.out_offset[a], 0);
+          const Index last =
+              math::min<Index>((global + 2) * g.scale[a] - g.out_offset[a], g.out[a]);
+          Index b = last, f = last;
+          for (Index o = first; o < last; ++o)
+            if (axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i) != T(0)) {
+              if (b == last) b = o;
+              f = o + 1;
+            }
+          b_of(e) = b;
+          e_of(e) = b == last ? b : f;
+          for (Index o = b; o < e_of(e); ++o)
+            w_of(e * r + o - b) =
+                axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i);
+        });
+  }
+};
+
+template <class T>
+struct UpsamplePlan<T>::Tables {
+  LinearTable<T> linear;  // linear mode
+  NearestTable nearest;   // nearest mode
+  InputRanges<T> ranges;
+};
+
+template <class T>
+UpsamplePlan<T>::UpsamplePlan(const ExecutionSpace& space, const UpsampleShape& g,
+                              UpsampleMode mode)
+    : shape_(g), mode_(mode) {
+  const MemoryCategoryScope scope(MemoryCategory::workspaces);  // kept with the layer
+  auto tables = std::make_shared<Tables>();
+  if (mode == UpsampleMode::linear)
+    tables->linear = LinearTable<T>(space, g);
+  else
+    tables->nearest = NearestTable(space, g);
+  tables->ranges = InputRanges<T>(space, g, mode, tables->linear);
+  tables_ = std::move(tables);
+}
+
+template <class T>
+void upsample_forward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
                       const FieldView<T>& x, const FieldView<T>& y) {
+  const UpsampleShape g = plan.shape();
   const Index extents[3] = {g.out[0], g.out[1], g.out[2]};
-  if (mode == UpsampleMode::nearest) {
+  if (plan.mode() == UpsampleMode::nearest) {
     // A copy along lines: per line its source line's start, then one table entry per cell.
-    const NearestTable table(space, g);
+    const NearestTable& table = plan.tables().nearest;
     const auto source = table.source;
     const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
     const Lines lines(y.extent(0), g.channels, extents);
@@ -136,7 +218,7 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
         });
     return;
   }
-  const LinearTable<T> table(space, g);
+  const LinearTable<T>& table = plan.tables().linear;
   const auto lower = table.lower;
   const auto weight = table.weight;
   const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
@@ -223,46 +305,19 @@ void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, Upsam
       });
 }
 
-/// Input-buffer gradient: each input cell gathers from the outputs that read it. Per axis and
-/// input index, a table holds the outputs with a nonzero weight (a contiguous range: a few
-/// of the 3 x scale candidates) and their weights, so a cell visits only those.
+/// Input-buffer gradient: each input cell gathers from the outputs that read it, visiting
+/// only those of nonzero weight (the plan's ranges).
 template <class T>
-void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+void upsample_backward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
                        const FieldView<T>& gy, const FieldView<T>& gx) {
-  const LinearTable<T> table(space, g);
-  const auto lower_of = table.lower;
-  const auto weight_of = table.weight;
-  const Index first_entry[3] = {table.first[0], table.first[1], table.first[2]};
-  // begin/end of the outputs input index i feeds along axis a: entry in_first[a] + i.
+  const UpsampleShape g = plan.shape();
+  const UpsampleMode mode = plan.mode();
+  const InputRanges<T>& ranges = plan.tables().ranges;
+  const auto begin = ranges.begin;
+  const auto end = ranges.end;
+  const auto weights = ranges.weights;
+  const Index room = ranges.room;
   const Index in_first[3] = {0, g.in[0], g.in[0] + g.in[1]};
-  const Index entries = g.in[0] + g.in[1] + g.in[2];
-  const Kokkos::View<Index*, DefaultMemorySpace> begin(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.begin"), entries);
-  const Kokkos::View<Index*, DefaultMemorySpace> end(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.end"), entries);
-  // Room per entry: a range holds at most 2 x scale outputs (linear), scale (nearest).
-  const Index room = 2 * std::max({g.scale[0], g.scale[1], g.scale[2]}) + 1;
-  const Kokkos::View<T*, DefaultMemorySpace> weights(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::range.weights"), entries * room);
-  Kokkos::parallel_for(
-      "Upsample::ranges", kernel_range(space, entries), KOKKOS_LAMBDA(const Index e) {
-        const int a = e < in_first[1] ? 0 : e < in_first[2] ? 1 : 2;
-        const Index i = e - in_first[a];
-        const Index global = i - g.ghost[a] + g.in_offset[a];
-        const Index first = math::max<Index>((global - 1) * g.scale[a] - g.out_offset[a], 0);
-        const Index last = math::min<Index>((global + 2) * g.scale[a] - g.out_offset[a], g.out[a]);
-        Index b = last, f = last;
-        for (Index o = first; o < last; ++o)
-          if (axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i) != T(0)) {
-            if (b == last) b = o;
-            f = o + 1;
-          }
-        begin(e) = b;
-        end(e) = b == last ? b : f;
-        for (Index o = b; o < end(e); ++o)
-          weights(e * room + o - b) =
-              axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i);
-      });
   const Index extents[3] = {g.in[0], g.in[1], g.in[2]};
   if (g.in[2] == 1 && g.out[2] == 1) {
     // 1-D and 2-D fields: z is unused (one output, weight 1), so its loop and its factor go
@@ -384,10 +439,11 @@ void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, Upsa
       });
 }
 
-#define SHARDTENSOR_INSTANTIATE(T)                                                           \
-  template void upsample_forward(const ExecutionSpace&, const UpsampleShape&, UpsampleMode,  \
-                                 const FieldView<T>&, const FieldView<T>&);                  \
-  template void upsample_backward(const ExecutionSpace&, const UpsampleShape&, UpsampleMode, \
+#define SHARDTENSOR_INSTANTIATE(T)                                               \
+  template class UpsamplePlan<T>;                                                \
+  template void upsample_forward(const ExecutionSpace&, const UpsamplePlan<T>&,  \
+                                 const FieldView<T>&, const FieldView<T>&);      \
+  template void upsample_backward(const ExecutionSpace&, const UpsamplePlan<T>&, \
                                   const FieldView<T>&, const FieldView<T>&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/kernels/normalization.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
@@ -16,16 +17,26 @@ using kernels::BlockDoubles;
 using kernels::StatLayout;
 
 /// The doubles of one normalization (its sums, statistics, coefficients and its backward's) in
-/// one device allocation, handed out in pieces; each piece keeps the allocation alive. One
-/// allocation per layer and step: on a GPU each is a cudaMalloc, a fence and a cudaFree.
+/// one device allocation, handed out in pieces; each piece keeps the allocation alive. The
+/// layer keeps the allocation and hands it out again once nothing else holds it (no graph of
+/// an earlier call, no piece: its use count is 1), so a step allocates none: on a GPU each
+/// allocation is a cudaMalloc, a fence and a cudaFree.
 class DoublesArena {
  public:
-  /// Room for a normalization of `layout`, with its batch statistics or without (fixed ones).
-  DoublesArena(const StatLayout& layout, bool batch_statistics)
-      : all_(Kokkos::view_alloc(Kokkos::WithoutInitializing, "normalization_doubles"),
-             (batch_statistics ? 4 * layout.blocks() + 2 * layout.stats() : 0) +
-                 2 * layout.blocks() + 2 * layout.channels  // coefficients
-                 + 5 * layout.blocks()) {}                  // the backward's sums and c1-c3
+  /// Room for a normalization of `layout`, with its batch statistics or without (fixed ones),
+  /// in `kept` where nothing else holds it and it has that size, else in a new allocation
+  /// that `kept` keeps.
+  DoublesArena(const StatLayout& layout, bool batch_statistics, BlockDoubles& kept) {
+    const Index size = (batch_statistics ? 4 * layout.blocks() + 2 * layout.stats() : 0) +
+                       2 * layout.blocks() + 2 * layout.channels  // coefficients
+                       + 5 * layout.blocks();                     // the backward's sums and c1-c3
+    if (kept.use_count() != 1 || Index(kept.extent(0)) != size) {
+      const MemoryCategoryScope scope(MemoryCategory::workspaces);  // kept with the layer
+      kept = BlockDoubles(Kokkos::view_alloc(Kokkos::WithoutInitializing, "normalization_doubles"),
+                          size);
+    }
+    all_ = kept;
+  }
   BlockDoubles take(Index count) {
     SHARDTENSOR_REQUIRE(used_ + count <= Index(all_.extent(0)), "normalization",
                         "internal: " << count << " more doubles than the layer sized");
@@ -270,7 +281,7 @@ Variable<T> GroupNorm<T>::normalized(const Variable<T>& input, bool value_needed
   layout.batch = input.value().batch();
   layout.channels = channels_;
   layout.groups = num_groups_;
-  DoublesArena arena(layout, true);
+  DoublesArena arena(layout, true, doubles_);
   const Statistics stats = batch_statistics(comm_, input.value(), layout, arena);
   return normalize(comm_, input, layout,
                    coefficients<double>(layout, stats.mean, stats.var, eps_, weight_, bias_, arena),
@@ -321,7 +332,7 @@ Variable<T> BatchNorm<T>::normalized(const Variable<T>& input, bool value_needed
   layout.per_channel = true;
   if (!this->is_training()) {
     const double count = double(x.batch()) * double(x.decomposition().global_cells());
-    DoublesArena arena(layout, false);
+    DoublesArena arena(layout, false, doubles_);
     return normalize(
         comm_, input, layout,
         coefficients<T>(layout, running_mean_, running_var_, eps_, weight_, bias_, arena), count,
@@ -332,7 +343,7 @@ Variable<T> BatchNorm<T>::normalized(const Variable<T>& input, bool value_needed
   SHARDTENSOR_REQUIRE(x.batch() * global_cells > 1, where_,
                       "training needs more than one value per channel, got batch "
                           << x.batch() << " of " << global_cells << " cell(s)");
-  DoublesArena arena(layout, true);
+  DoublesArena arena(layout, true, doubles_);
   const Statistics stats = batch_statistics(comm_, x, layout, arena);
   // Running estimates: PyTorch's update, with the unbiased variance. A recomputed forward
   // (nn/recompute.hpp) normalizes alike but updates nothing: the step's first forward did.

@@ -82,12 +82,13 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     shape.first_global[d] = y.global_box().lower[d] * geometry_.stride[d] - geometry_.padding[d];
     shape.global[d] = x.decomposition().global_extent(d);
   }
-  kernels::pool_forward(ExecutionSpace(), shape, options_.kind, padded.view(), y.view(), argmax);
+  if (!plan_ || !(plan_->shape() == shape)) plan_.emplace(ExecutionSpace(), shape, options_.kind);
+  const kernels::PoolPlan plan = *plan_;  // the graph may outlive the layer
+  kernels::pool_forward(ExecutionSpace(), plan, padded.view(), y.view(), argmax);
 
   node->field = y;
   if (node->requires_grad) {
     auto x_node = input.node();
-    const PoolKind kind = options_.kind;
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const std::string label = name_ + ".padded_grad";
     // Backward needs the padded buffer's layout, not its values (max pooling kept the argmax):
@@ -98,7 +99,7 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     const Index batch = padded.batch(), channels = padded.channels();
     node->backward = [=](impl::Node<T>& self) {
       ShardTensor<T> grad_padded(padded_layout, rank, batch, channels, padded_ghosts, label);
-      kernels::pool_backward(ExecutionSpace(), shape, kind, self.grad_field().view(), argmax,
+      kernels::pool_backward(ExecutionSpace(), plan, self.grad_field().view(), argmax,
                              grad_padded.view());
       const bool first = x_node->take_unfilled_grad_field();  // written, not added to
       halo->backward(grad_padded, x_node->grad_field(), first);

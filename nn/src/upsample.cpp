@@ -56,7 +56,9 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     shape.in[d] = source.allocated_extent(d);
     shape.ghost[d] = source.ghosts().lower[d];
   }
-  kernels::upsample_forward(ExecutionSpace(), shape, mode_, source.view(), y.view());
+  if (!plan_ || !(plan_->shape() == shape)) plan_.emplace(ExecutionSpace(), shape, mode_);
+  const kernels::UpsamplePlan<T> plan = *plan_;  // the graph may outlive the layer
+  kernels::upsample_forward(ExecutionSpace(), plan, source.view(), y.view());
 
   auto node = make_result_node<T>(name_, {input.node()});
   node->field = y;
@@ -67,13 +69,13 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     const std::string label = name_ + ".source_grad";
     node->backward = [=](impl::Node<T>& self) {
       if (mode == UpsampleMode::nearest) {
-        kernels::upsample_backward(ExecutionSpace(), shape, mode, self.grad_field().view(),
+        kernels::upsample_backward(ExecutionSpace(), plan, self.grad_field().view(),
                                    x_node->grad_field().view());
         return;
       }
       ShardTensor<T> grad_source(source.decomposition(), source.rank(), source.batch(),
                                  source.channels(), source.ghosts(), label);
-      kernels::upsample_backward(ExecutionSpace(), shape, mode, self.grad_field().view(),
+      kernels::upsample_backward(ExecutionSpace(), plan, self.grad_field().view(),
                                  grad_source.view());
       const bool first = x_node->take_unfilled_grad_field();  // written, not added to
       halo->backward(grad_source, x_node->grad_field(), first);

@@ -60,16 +60,48 @@ struct PoolShape {
   }
 };
 
-/// y = pooling of the padded input xp over the windows of g; argmax (max pooling), unless
+inline bool operator==(const PoolShape& a, const PoolShape& b) {
+  bool same = a.channels == b.channels && a.count_include_pad == b.count_include_pad;
+  for (int d = 0; d < 3; ++d)
+    same = same && a.k[d] == b.k[d] && a.s[d] == b.s[d] && a.d[d] == b.d[d] &&
+           a.base[d] == b.base[d] && a.out[d] == b.out[d] && a.padded[d] == b.padded[d] &&
+           a.first_global[d] == b.first_global[d] && a.global[d] == b.global[d];
+  return same;
+}
+
+/// One shape and kind of pooling, with the table its backward reads where windows are
+/// disjoint (max: each tap's offset from its window's first cell; average: per axis and
+/// padded index, the output whose window holds it), made once: a layer keeps its plan from
+/// call to call, so a step makes no table (on a GPU a cudaMalloc, a kernel and a cudaFree per
+/// call). Copies share the table. Charged to workspaces.
+class PoolPlan {
+ public:
+  PoolPlan(const ExecutionSpace& space, const PoolShape& g, PoolKind kind);
+
+  const PoolShape& shape() const { return shape_; }
+  PoolKind kind() const { return kind_; }
+  /// Every padded cell lies in at most one window.
+  bool disjoint() const { return disjoint_; }
+  /// The backward's table (empty where windows overlap).
+  const Kokkos::View<Index*, DefaultMemorySpace>& table() const { return table_; }
+
+ private:
+  PoolShape shape_;
+  PoolKind kind_;
+  bool disjoint_ = true;
+  Kokkos::View<Index*, DefaultMemorySpace> table_;
+};
+
+/// y = pooling of the padded input xp over the plan's windows; argmax (max pooling), unless
 /// empty (no backward to come), records where each maximum was (the first one, as in PyTorch).
 template <class T>
-void pool_forward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
-                  const FieldView<T>& xp, const FieldView<T>& y, const PoolArgmax& argmax);
+void pool_forward(const ExecutionSpace& space, const PoolPlan& plan, const FieldView<T>& xp,
+                  const FieldView<T>& y, const PoolArgmax& argmax);
 
 /// Gradient of the padded input gxp (zero on entry) from the output gradient gy.
 template <class T>
-void pool_backward(const ExecutionSpace& space, const PoolShape& g, PoolKind kind,
-                   const FieldView<T>& gy, const PoolArgmax& argmax, const FieldView<T>& gxp);
+void pool_backward(const ExecutionSpace& space, const PoolPlan& plan, const FieldView<T>& gy,
+                   const PoolArgmax& argmax, const FieldView<T>& gxp);
 
 }  // namespace kernels
 }  // namespace shardtensor

@@ -5,6 +5,7 @@
 // outputs that read it (no scatter).
 
 #include <Kokkos_Core.hpp>
+#include <memory>
 
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
@@ -38,14 +39,45 @@ struct UpsampleShape {
   }
 };
 
-/// y = x upsampled by g (x: the input buffer, owned cells plus ghosts).
+inline bool operator==(const UpsampleShape& a, const UpsampleShape& b) {
+  bool same = a.channels == b.channels;
+  for (int d = 0; d < 3; ++d)
+    same = same && a.scale[d] == b.scale[d] && a.out_offset[d] == b.out_offset[d] &&
+           a.in_offset[d] == b.in_offset[d] && a.out[d] == b.out[d] && a.in[d] == b.in[d] &&
+           a.ghost[d] == b.ghost[d];
+  return same;
+}
+
+/// The tables of one shape and mode, made once (three to five small Views and two kernels)
+/// and read by every forward and backward of that shape: per axis and output index its
+/// sources and weights, per input index the outputs it feeds. A layer keeps its plan from call
+/// to call, so a step makes no tables (on a GPU each table was a cudaMalloc, a kernel and a
+/// cudaFree per call). Copies share the tables. Charged to workspaces.
 template <class T>
-void upsample_forward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+class UpsamplePlan {
+ public:
+  UpsamplePlan(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode);
+
+  const UpsampleShape& shape() const { return shape_; }
+  UpsampleMode mode() const { return mode_; }
+
+  struct Tables;  // the kernels'
+  const Tables& tables() const { return *tables_; }
+
+ private:
+  UpsampleShape shape_;
+  UpsampleMode mode_;
+  std::shared_ptr<const Tables> tables_;
+};
+
+/// y = x upsampled as the plan says (x: the input buffer, owned cells plus ghosts).
+template <class T>
+void upsample_forward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
                       const FieldView<T>& x, const FieldView<T>& y);
 
 /// gx += the input-buffer gradient of output gradient gy.
 template <class T>
-void upsample_backward(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
+void upsample_backward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
                        const FieldView<T>& gy, const FieldView<T>& gx);
 
 }  // namespace kernels

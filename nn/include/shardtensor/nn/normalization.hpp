@@ -92,6 +92,7 @@ class GroupNorm : public Module<T> {
   bool bf16_inputs_ = false;
   std::optional<kernels::ActivationFunction<T>> activation_;
   OutputGhosts<T> output_ghosts_;
+  Kokkos::View<double*, DefaultMemorySpace> doubles_;  // statistics scratch, reused when free
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }
@@ -172,6 +173,7 @@ class BatchNorm : public Module<T> {
   bool bf16_inputs_ = false;
   std::optional<kernels::ActivationFunction<T>> activation_;
   OutputGhosts<T> output_ghosts_;
+  Kokkos::View<double*, DefaultMemorySpace> doubles_;  // statistics scratch, reused when free
   SavedPacking input_packing() const {
     return bf16_inputs_ ? SavedPacking::if_exact : SavedPacking::none;
   }

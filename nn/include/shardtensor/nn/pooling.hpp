@@ -3,6 +3,7 @@
 // (max) dilation; windows that cross a shard's edge read ghost cells.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ class Pool : public Module<T> {
   WindowGeometry geometry_;
   std::string name_;
   std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures
+  std::optional<kernels::PoolPlan> plan_;  // the last input's shape's
 };
 
 extern template class Pool<float>;

@@ -2,6 +2,7 @@
 // Upsample<T>: nearest or (bi/tri)linear upsampling of a sharded field by integer factors.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ class Upsample : public Module<T> {
   UpsampleMode mode_;
   std::string name_, where_;
   std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures  // linear mode
+  std::optional<kernels::UpsamplePlan<T>> plan_;  // the last input's shape's tables
 };
 
 extern template class Upsample<float>;
