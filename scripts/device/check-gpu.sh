@@ -3,7 +3,9 @@
 # an H100 or H200, after scripts/device/bundle.sh here), in the order of what it settles first:
 #   1. the conv-family, model, ring attention and ViT tests at 1 and 2 ranks on the default
 #      cuDNN path (float: the graph API's engines timed beside the legacy algorithms, NCDHW)
-#      (the GPU against the CPU within the tests' tolerances), and the conv-family tests at 1
+#      (the GPU against the CPU within the tests' tolerances), the resampling, pooling and
+#      normalization layers (their per-shape plans and reused scratch on the device) and the
+#      launch and allocation budgets of a step, and the conv-family tests at 1
 #      rank on the graph API with channels-last copies;
 #   2. bench.sh conv: the default path and channels-last copies, TF32 off and on, beside
 #      PyTorch (fp32, deterministic, TF32, channels-last, bf16 autocast);
@@ -25,7 +27,7 @@ out="${OUT:-$root/device-out}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 OUT="$out/tests" DEADLINE="${TEST_DEADLINE:-60}" JOBS=4 bash "$root/scripts/device/run.sh" \
-  "${TESTS:-^test_(conv|conv_transpose|backend_layers|models|ring_attention|vit)_np[12]$}" \
+  "${TESTS:-^test_(conv|conv_transpose|backend_layers|models|ring_attention|vit|resample|pooling|normalization|kernel_counts)_np[12]$}" \
   "${TEST_LIMIT_S:-90}" > /dev/null
 grep -E 'FAIL|TIMEOUT|SKIPPED|passed' "$out/tests/summary.txt"
 cl_tests="${CL_TESTS-^test_(conv|conv_transpose|backend_layers)_np1$}"
