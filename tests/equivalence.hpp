@@ -284,4 +284,17 @@ inline std::vector<Decomposition> test_decompositions(const std::vector<Index>& 
   return out;
 }
 
+/// Shapes for check_module_reused_across_shapes: the first test decomposition of open field
+/// `a` with batch `batch`, the last of `b` with batch 1, the last of `a` with `batch` again.
+inline std::vector<std::pair<Decomposition, Index>> reuse_shapes(const std::vector<Index>& a,
+                                                                 const std::vector<Index>& b,
+                                                                 Index min_cells, Index batch) {
+  const auto in_a =
+      test_decompositions(a, world_size(), std::vector<bool>(a.size(), false), min_cells);
+  const auto in_b =
+      test_decompositions(b, world_size(), std::vector<bool>(b.size(), false), min_cells);
+  REQUIRE((!in_a.empty() && !in_b.empty()));
+  return {{in_a.front(), batch}, {in_b.back(), 1}, {in_a.back(), batch}};
+}
+
 }  // namespace shardtensor::test

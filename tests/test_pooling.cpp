@@ -80,17 +80,13 @@ TEMPLATE_TEST_CASE("Pool sharded equals Pool on one rank", "[pool][equivalence]"
 
 TEMPLATE_TEST_CASE("a Pool layer keeps its backward's table per shape: a new shape remakes it",
                    "[pool][plan]", float, double) {
-  const std::vector<bool> open(2, false);
-  const auto a = test::test_decompositions({24, 20}, test::world_size(), open, 2);
-  const auto b = test::test_decompositions({16, 26}, test::world_size(), open, 2);
-  REQUIRE((!a.empty() && !b.empty()));
   // Disjoint windows (a table of tap offsets, or of windows) and overlapping ones (none).
   for (const PoolOptions& o :
        {pool(PoolKind::max, {2, 2}, {}, {}), pool(PoolKind::average, {2, 2}, {}, {}),
         pool(PoolKind::max, {3, 3}, {2, 2}, {1, 1})}) {
     INFO("kind " << int(o.kind) << ", window " << o.window[0]);
     test::check_module_reused_across_shapes<TestType>(
-        pool_factory<TestType>(o), {{a.front(), 2}, {b.back(), 1}, {a.back(), 2}}, 2);
+        pool_factory<TestType>(o), test::reuse_shapes({24, 20}, {16, 26}, 2, 2), 2);
   }
 }
 

@@ -87,15 +87,10 @@ TEMPLATE_TEST_CASE("Upsample sharded equals Upsample on one rank", "[upsample][e
 
 TEMPLATE_TEST_CASE("an Upsample layer keeps its tables per shape: a new shape remakes them",
                    "[upsample][plan]", float, double) {
-  const std::vector<bool> open(2, false);
-  const auto a = test::test_decompositions({14, 11}, test::world_size(), open, 1);
-  const auto b = test::test_decompositions({9, 12}, test::world_size(), open, 1);
-  REQUIRE((!a.empty() && !b.empty()));
   for (UpsampleMode mode : {UpsampleMode::nearest, UpsampleMode::linear}) {
     INFO("mode " << int(mode));
     test::check_module_reused_across_shapes<TestType>(
-        upsample_factory<TestType>({2, 3}, mode), {{a.front(), 2}, {b.back(), 1}, {a.back(), 2}},
-        2);
+        upsample_factory<TestType>({2, 3}, mode), test::reuse_shapes({14, 11}, {9, 12}, 1, 2), 2);
   }
 }
 

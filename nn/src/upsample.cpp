@@ -64,11 +64,10 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
   node->field = y;
   if (node->requires_grad) {
     auto x_node = input.node();
-    const UpsampleMode mode = mode_;
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const std::string label = name_ + ".source_grad";
     node->backward = [=](impl::Node<T>& self) {
-      if (mode == UpsampleMode::nearest) {
+      if (plan.mode() == UpsampleMode::nearest) {
         kernels::upsample_backward(ExecutionSpace(), plan, self.grad_field().view(),
                                    x_node->grad_field().view());
         return;
