@@ -1,5 +1,7 @@
 #include "shardtensor/nn/halo_padding.hpp"
 
+#include "shardtensor/nn/owned_cells.hpp"
+
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/box_copy.hpp"
 #include "shardtensor/core/cell_index.hpp"
@@ -9,39 +11,6 @@
 namespace shardtensor {
 
 namespace {
-
-/// Calls op(source cell, target cell) for every owned cell of two fields with the same owned
-/// cells (any ghost widths), line by line along the innermost axis longer than one cell: z in
-/// 3-D, y in 2-D (whose z lines are single cells, where a per-cell index space costs more than
-/// the copy itself); on a GPU cell by cell (for_each_cell_by_lines).
-template <class T, class CellOp>
-void for_each_interior_pair(const char* label, const ShardTensor<T>& source,
-                            const ShardTensor<T>& target, CellOp op) {
-  const auto s = source.interior();
-  const auto t = target.interior();
-  const Index e[3] = {Index(s.extent(2)), Index(s.extent(3)), Index(s.extent(4))};
-  if constexpr (!kernels_run_on_host) {
-    for_each_cell_by_lines(
-        ExecutionSpace(), label, s.extent(0), s.extent(1), e,
-        KOKKOS_LAMBDA(Index n, Index c, Index x, Index y, Index z) {
-          op(s(n, c, x, y, z), t(n, c, x, y, z));
-        });
-    return;
-  }
-  const Lines lines(s.extent(0), s.extent(1), e);
-  const Index length = lines.length, s_step = s.stride(2 + lines.axis),
-              t_step = t.stride(2 + lines.axis);
-  for_each_line(
-      ExecutionSpace(), label, lines, KOKKOS_LAMBDA(const CellIndex& c) {
-        const T* from = &s(c.n, c.c, c.x, c.y, c.z);
-        T* to = &t(c.n, c.c, c.x, c.y, c.z);
-        if (s_step == 1 && t_step == 1) {  // a loop the compiler vectorises
-          for (Index i = 0; i < length; ++i) op(from[i], to[i]);
-          return;
-        }
-        for (Index i = 0; i < length; ++i) op(from[i * s_step], to[i * t_step]);
-      });
-}
 
 /// p[i * step] = 0 for i in [0, count). One or two cells (the padding of a 3- or 5-wide
 /// window) are stored directly: as a loop they became a memset call per line, most of a
@@ -128,19 +97,6 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
         }
         for (Index i = 0; i < owned; ++i) to[i * step] = value(from[i * from_step]);
       });
-}
-
-/// target.interior() += source.interior() (same owned cells, any ghost widths).
-template <class T>
-void add_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
-  for_each_interior_pair(
-      "add_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to += from; });
-}
-/// target.interior() = source.interior().
-template <class T>
-void copy_interior(const ShardTensor<T>& source, const ShardTensor<T>& target) {
-  for_each_interior_pair(
-      "copy_interior", source, target, KOKKOS_LAMBDA(const T& from, T& to) { to = from; });
 }
 
 /// Zeros / periodic / replicate / reflect padding of a window's width on both sides.
@@ -324,9 +280,9 @@ void HaloPadding<T>::backward(const ShardTensor<T>& padded_grad, const ShardTens
     return;
   }
   if (overwrite)
-    copy_interior(padded_grad, input_grad);
+    copy_owned_cells(padded_grad, input_grad);
   else
-    add_interior(padded_grad, input_grad);
+    add_owned_cells(padded_grad, input_grad);
 }
 
 template <class T>

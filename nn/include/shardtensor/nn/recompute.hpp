@@ -16,6 +16,7 @@
 #include "shardtensor/autograd/grad_mode.hpp"
 #include "shardtensor/autograd/variable.hpp"
 #include "shardtensor/nn/module.hpp"
+#include "shardtensor/nn/owned_cells.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
@@ -82,6 +83,15 @@ Variable<T> recompute(std::vector<Variable<T>> inputs,
   node->scratch_ghosts = output.node()->scratch_ghosts;
   if (node->requires_grad) {
     node->backward = [body, inputs = std::move(inputs)](impl::Node<T>& self) mutable {
+      // The output's gradient first (allocated, zero, if nothing reached it). It may carry
+      // its consumer's ghost cells (a conv's padded buffer that became its input's gradient,
+      // Conv's backward); the unit runs again beside it and reads only its owned cells, so
+      // where nothing else holds it, it is kept without them: a halo's worth less at a
+      // recomputed U-Net level's peak.
+      ShardTensor<T> gradient = self.grad_field();
+      self.field_grad = ShardTensor<T>();
+      if (!gradient.ghosts().none() && gradient.view().use_count() == 1)
+        gradient = without_ghosts(gradient, self.op + ".grad");
       // The unit again, with a graph, on leaves that share the inputs' values. Then neither
       // the inputs nor the leaves are held here any more: a value lives in what the unit's
       // ops saved of it (unless a caller holds the input), so it goes when the last op that
@@ -104,8 +114,6 @@ Variable<T> recompute(std::vector<Variable<T>> inputs,
       // Parameters' gradients accumulate as usual. The output's value (no op of the unit
       // reads it in backward) and gradient are handed over: they go as the sweep passes them
       // (so, like any node's inside the graph, this output's gradient is not kept after).
-      ShardTensor<T> gradient = self.grad_field();  // allocated (zero) if nothing reached it
-      self.field_grad = ShardTensor<T>();
       backward(std::move(again), std::move(gradient));
       for (std::size_t i = 0; i < input_nodes.size(); ++i)
         if (input_nodes[i]->requires_grad)
