@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "equivalence.hpp"
+#include "shardtensor/core/kernel_counter.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;
@@ -350,5 +351,45 @@ TEST_CASE("ConvTranspose written into a concatenation's channels equals the copi
         CHECK(written.gb == copied.gb);
       }
     }
+  }
+}
+
+TEST_CASE("ConvTranspose on its GEMM path allocates no chunk buffer once warm",
+          "[conv_transpose][launches]") {
+  // The kernel = stride case tiles its output as GEMMs in chunks of input rows (three on one
+  // rank here). Its chunks of the taps and of the input rows come from the convolutions'
+  // process-wide scratch (shared_conv_scratch), and a shell with no exchanged ghost cell is
+  // no View, so a warm call allocates only its output in forward and, in backward, the input
+  // gradient it adds to the input's (the first call made the scratch, the second the
+  // parameters' partial sums beside gradients that were not zeroed). On a GPU every
+  // allocation is a cudaMalloc and a cudaFree that waits for the device.
+  const Communicator world;
+  const ConvTransposeOptions o = opts(4, 4, {2, 2, 2}, {2, 2, 2}, {}, {}, {}, 1, true);
+  const Decomposition dx = Decomposition::automatic({23, 15, 16}, world.size());
+  ConvTranspose<float> convt(world, o, "convt");
+  const Decomposition dy = convt.output_decomposition(dx);
+  const auto x = Variable<float>::field(
+      test::random_shard<float>(dx, world.rank(), 1, o.in_channels, 5), true, "x");
+  const ShardTensor<float> grad = test::random_shard<float>(dy, world.rank(), 1, o.out_channels, 6);
+  std::vector<double> first_grad;
+  for (int call = 0; call < 3; ++call) {
+    KernelCounter counter;
+    const Variable<float> y = convt.forward(x);
+    const std::int64_t forward_allocations = counter.counts().allocations;
+    counter.reset();
+    backward(y, grad);
+    const std::int64_t backward_allocations = counter.counts().allocations;
+    if (call == 0) first_grad = test::host_values(x.grad().view());
+    if (call < 2) continue;  // warm from the third call
+    INFO("warm call: " << forward_allocations << " allocations in forward, " << backward_allocations
+                       << " in backward");
+    CHECK(forward_allocations == 1);
+    CHECK(backward_allocations == 1);
+    // Each call's input gradient is added to the ones before: three times the first, up to
+    // the rounding of the two additions.
+    const std::vector<double> thrice = test::host_values(x.grad().view());
+    REQUIRE(thrice.size() == first_grad.size());
+    for (std::size_t i = 0; i < thrice.size(); ++i)
+      CHECK(thrice[i] == Approx(3 * first_grad[i]).epsilon(1e-6).margin(1e-6));
   }
 }

@@ -11,7 +11,6 @@
 #include "blas.hpp"  // kernels/backends: private to kernels
 
 #include <algorithm>
-#include <string>
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/kernels/conv.hpp"
 
@@ -111,11 +110,20 @@ void move_chunk(const ExecutionSpace& space, Index channels, Index sample_cells,
       });
 }
 
+/// A call's chunk of G and, where a chunk is not the whole sample, of input rows: from the
+/// process's convolution scratch (shared_conv_scratch), like the convolutions' own transients,
+/// not two allocations per call (on a GPU each a cudaMalloc, and a cudaFree that waits).
 template <class T>
-Kokkos::View<T*, DefaultMemorySpace> buffer(const char* label, Index values) {
-  return Kokkos::View<T*, DefaultMemorySpace>(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), values);
-}
+struct ChunkBuffers {
+  T* taps;
+  T* inputs;
+  ChunkBuffers(const ConvTransposeShape& g, const TapChunks& chunks, Index columns) {
+    const Index tap_values = columns * chunks.cells(),
+                input_values = chunks.whole() ? 0 : g.in_channels * chunks.cells();
+    taps = shared_conv_scratch<T>(static_cast<std::size_t>(tap_values + input_values));
+    inputs = taps + tap_values;
+  }
+};
 
 }  // namespace
 
@@ -127,21 +135,19 @@ void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTranspos
   const Index cells = g.padded[0] * g.padded[1] * g.padded[2];
   const Index columns = g.out_channels * g.k[0] * g.k[1] * g.k[2];
   const TapChunks chunks(g, columns);
-  const auto taps = buffer<T>("ConvTranspose::taps", columns * chunks.cells());
-  const auto inputs = buffer<T>("ConvTranspose::input_rows",
-                                chunks.whole() ? 0 : g.in_channels * chunks.cells());
+  const ChunkBuffers<T> buffers(g, chunks, columns);
   const UnmanagedMatrix<T> weights(w.data(), g.in_channels, columns);
   for (Index n = 0; n < g.batch; ++n)
     for (Index row0 = 0; row0 < chunks.total; row0 += chunks.per_chunk) {
       const Index rows = std::min(chunks.per_chunk, chunks.total - row0), part = rows * chunks.nz;
       T* x = xp.data() + n * xp.stride(0);
       if (!chunks.whole()) {
-        move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, inputs.data(), true);
-        x = inputs.data();
+        move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, buffers.inputs, true);
+        x = buffers.inputs;
       }
       gemm(space, "T", "N", T(1), weights, UnmanagedMatrix<T>(x, g.in_channels, part), T(0),
-           UnmanagedMatrix<T>(taps.data(), columns, part));
-      move_taps(space, g, n, row0, rows, taps.data(), y, bias, true, at);
+           UnmanagedMatrix<T>(buffers.taps, columns, part));
+      move_taps(space, g, n, row0, rows, buffers.taps, y, bias, true, at);
     }
 }
 
@@ -153,31 +159,27 @@ void conv_transpose_gemm_backward(const ExecutionSpace& space, const ConvTranspo
   const Index cells = g.padded[0] * g.padded[1] * g.padded[2];
   const Index columns = g.out_channels * g.k[0] * g.k[1] * g.k[2];
   const TapChunks chunks(g, columns);
-  const auto taps = buffer<T>("ConvTranspose::taps", columns * chunks.cells());
-  // Chunks of the input (for the weight gradient) and of its gradient.
-  const auto inputs = buffer<T>("ConvTranspose::input_rows",
-                                chunks.whole() ? 0 : g.in_channels * chunks.cells());
+  const ChunkBuffers<T> buffers(g, chunks, columns);  // inputs: of the input and its gradient
   for (Index n = 0; n < g.batch; ++n)
     for (Index row0 = 0; row0 < chunks.total; row0 += chunks.per_chunk) {
       const Index rows = std::min(chunks.per_chunk, chunks.total - row0), part = rows * chunks.nz;
-      const UnmanagedMatrix<T> tap_rows(taps.data(), columns, part);
-      move_taps(space, g, n, row0, rows, taps.data(), gy, ReplicatedView<T>(), false);
+      const UnmanagedMatrix<T> tap_rows(buffers.taps, columns, part);
+      move_taps(space, g, n, row0, rows, buffers.taps, gy, ReplicatedView<T>(), false);
       if (gw.extent(0) > 0) {
         T* x = xp.data() + n * xp.stride(0);
         if (!chunks.whole()) {
-          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, inputs.data(), true);
-          x = inputs.data();
+          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, buffers.inputs, true);
+          x = buffers.inputs;
         }
         gemm(space, "N", "T", T(1), UnmanagedMatrix<T>(x, g.in_channels, part), tap_rows, T(1),
              UnmanagedMatrix<T>(gw.data(), g.in_channels, columns));
       }
       if (gxp.extent(0) > 0) {
         T* const gx = gxp.data() + n * gxp.stride(0);
-        gemm(space, "N", "N", T(1), UnmanagedMatrix<T>(w.data(), g.in_channels, columns),
-             tap_rows, T(0),
-             UnmanagedMatrix<T>(chunks.whole() ? gx : inputs.data(), g.in_channels, part));
+        gemm(space, "N", "N", T(1), UnmanagedMatrix<T>(w.data(), g.in_channels, columns), tap_rows,
+             T(0), UnmanagedMatrix<T>(chunks.whole() ? gx : buffers.inputs, g.in_channels, part));
         if (!chunks.whole())
-          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, gx, inputs.data(), false);
+          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, gx, buffers.inputs, false);
       }
     }
 }

@@ -294,6 +294,7 @@ PaddedShell<T> HaloPadding<T>::shell(const ShardTensor<T>& padded, const ShardTe
   const Index per_cell = padded.batch() * padded.channels();
   Index cells = 0;
   for (const Box& b : shell.boxes) cells += b.size();
+  if (cells * per_cell == 0) return shell;  // nothing exchanged: no View (Kokkos allocates one)
   const auto no_init = Kokkos::view_alloc(Kokkos::WithoutInitializing, where_ + " padding shell");
   std::size_t offset = 0;
   if constexpr (std::is_same<T, float>::value) {
