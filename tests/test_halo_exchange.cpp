@@ -10,6 +10,7 @@
 
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/core/bfloat16.hpp"
+#include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "test_support.hpp"
 
@@ -432,4 +433,30 @@ TEST_CASE("a slab exchange on the bfloat16 wire brings the planes rounded, in ha
   const ShardTensor<double> wide(d, comm.rank(), 1, 1);
   CHECK_THROWS_WITH(SlabExchange<double>(comm, wide, 1, 1, false, HaloWire::bfloat16),
                     Catch::Contains("the bfloat16 wire moves float fields, this one has 8-byte"));
+}
+
+TEST_CASE("a slab exchange allocates only the slabs it brings", "[halo][slabs][launches]") {
+  // Its send buffer and the bfloat16 wire's bits are leased from the communication buffers'
+  // pool until wait(), and the slab past an open end is no View: once the pool holds buffers
+  // of these sizes, an exchange allocates one View per neighbour's slab, on either wire. (On
+  // a GPU each allocation is a cudaMalloc, and its cudaFree waits for the device.)
+  const Communicator comm;
+  const int p = comm.size();
+  if (p == 1) return;  // no slabs on one rank (covers() is false)
+  for (const bool periodic : {false, true})
+    for (const HaloWire wire : {HaloWire::native, HaloWire::bfloat16}) {
+      const Decomposition d(extents_for({p, 1, 1}, 2), {p, 1, 1}, {periodic, false, false});
+      INFO(describe(d, {}) << (wire == HaloWire::bfloat16 ? ", bfloat16 wire" : ""));
+      ShardTensor<float> field(d, comm.rank(), 2, 3);
+      const auto exchange = [&] {
+        SlabExchange<float> slabs(comm, field, 2, 1, periodic, wire);
+        slabs.wait();
+        return Index(slabs.lower().extent(2) > 0) + Index(slabs.upper().extent(2) > 0);
+      };
+      exchange();  // the pool's buffers
+      KernelCounter counter;
+      const Index slabs = exchange();
+      CHECK(counter.counts().allocations == slabs);
+      CHECK(slabs == (periodic || (comm.rank() > 0 && comm.rank() + 1 < p) ? 2 : 1));
+    }
 }

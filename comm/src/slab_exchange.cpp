@@ -1,5 +1,6 @@
 #include "shardtensor/comm/slab_exchange.hpp"
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -57,15 +58,14 @@ void pack_planes(const FieldView<T>& f, Index down, Index up, const Sent& sent, 
   space.fence();
 }
 
-/// to's values = the bfloat16 values of `bits` (a slab's, its span long).
-void widen_bfloat16(const ExecutionSpace& space,
-                    const Kokkos::View<std::uint16_t*, DefaultMemorySpace>& bits,
+/// to's values = the bfloat16 values of the first to.span() of `bits` (a leased buffer's).
+void widen_bfloat16(const ExecutionSpace& space, const std::uint16_t* bits,
                     const FieldView<float>& to) {
-  if (bits.extent(0) == 0) return;
+  if (to.span() == 0) return;
   float* out = to.data();
   Kokkos::parallel_for(
-      "SlabExchange::widen", kernel_range(space, Index(bits.extent(0))),
-      KOKKOS_LAMBDA(const Index i) { out[i] = bfloat16_value(bits(i)); });
+      "SlabExchange::widen", kernel_range(space, Index(to.span())),
+      KOKKOS_LAMBDA(const Index i) { out[i] = bfloat16_value(bits[i]); });
 }
 
 }  // namespace
@@ -101,33 +101,37 @@ SlabExchange<T>::SlabExchange(const Communicator& comm, const ShardTensor<T>& fi
   const Index n = f.extent(0), c = f.extent(1), ny = f.extent(3), nz = f.extent(4);
   const Index down = below == no_neighbor ? 0 : upper;  // planes sent to the shard below
   const Index up = above == no_neighbor ? 0 : lower;    // and above
-  const MemoryCategoryScope memory(MemoryCategory::comm_buffers);
-  const auto no_init = Kokkos::WithoutInitializing;
-  lower_ = FieldView<T>(Kokkos::view_alloc(no_init, "slab_exchange.lower"), n, c,
-                        below == no_neighbor ? 0 : lower, ny, nz);
-  upper_ = FieldView<T>(Kokkos::view_alloc(no_init, "slab_exchange.upper"), n, c,
-                        above == no_neighbor ? 0 : upper, ny, nz);
+  // A missing neighbour's slab is an empty field: no View (Kokkos allocates one even empty).
+  const auto slab = [&](int neighbor, Index planes, const char* label) {
+    const MemoryCategoryScope memory(MemoryCategory::comm_buffers);
+    return neighbor == no_neighbor
+               ? FieldView<T>(static_cast<T*>(nullptr), n, c, 0, ny, nz)
+               : FieldView<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                              n, c, planes, ny, nz);
+  };
+  lower_ = slab(below, lower, "slab_exchange.lower");
+  upper_ = slab(above, upper, "slab_exchange.upper");
   const Index plane = ny * nz;
-  const bool bfloat16 = wire == HaloWire::bfloat16;
-  if (bfloat16) {
+  const std::size_t sent_values = std::size_t(n * c * (down + up) * plane);
+  bfloat16_ = wire == HaloWire::bfloat16;
+  if (bfloat16_) {
     if constexpr (std::is_same<T, float>::value) {
-      sent_bits_ =
-          Bits(Kokkos::view_alloc(no_init, "slab_exchange.sent"), n * c * (down + up) * plane);
-      lower_bits_ = Bits(Kokkos::view_alloc(no_init, "slab_exchange.lower"), lower_.span());
-      upper_bits_ = Bits(Kokkos::view_alloc(no_init, "slab_exchange.upper"), upper_.span());
-      pack_planes(f, down, up, sent_bits_, AsBfloat16Bits{});
+      // A bfloat16 value takes half of a leased float.
+      sent_ = impl::BufferLease<T>((sent_values + 1) / 2);
+      lower_bits_ = impl::BufferLease<T>((lower_.span() + 1) / 2);
+      upper_bits_ = impl::BufferLease<T>((upper_.span() + 1) / 2);
+      pack_planes(f, down, up, bits_of(sent_), AsBfloat16Bits{});
     }
   } else {
-    sent_ = Kokkos::View<T*, DefaultMemorySpace>(Kokkos::view_alloc(no_init, "slab_exchange.sent"),
-                                                 n * c * (down + up) * plane);
-    pack_planes(f, down, up, sent_, AsIs<T>{});
+    sent_ = impl::BufferLease<T>(sent_values);
+    pack_planes(f, down, up, sent_.view(), AsIs<T>{});
   }
   // Where the values travel: the float buffers, or the bfloat16 bits.
+  const bool bfloat16 = bfloat16_;
   const std::size_t value_bytes = bfloat16 ? sizeof(std::uint16_t) : sizeof(T);
-  const char* sent = bfloat16 ? reinterpret_cast<const char*>(sent_bits_.data())
-                              : reinterpret_cast<const char*>(sent_.data());
-  void* into_upper = bfloat16 ? static_cast<void*>(upper_bits_.data()) : upper_.data();
-  void* into_lower = bfloat16 ? static_cast<void*>(lower_bits_.data()) : lower_.data();
+  const char* sent = reinterpret_cast<const char*>(sent_.view().data());
+  void* into_upper = bfloat16 ? static_cast<void*>(upper_bits_.view().data()) : upper_.data();
+  void* into_lower = bfloat16 ? static_cast<void*>(lower_bits_.view().data()) : lower_.data();
   std::vector<impl::Send> sends;
   std::vector<impl::Receive> receives;
   const int tag = comm.operation_tags("slab_exchange", 2);  // +0: travelling down, +1: up
@@ -148,17 +152,25 @@ SlabExchange<T>::SlabExchange(const Communicator& comm, const ShardTensor<T>& fi
 }
 
 template <class T>
+typename SlabExchange<T>::Bits SlabExchange<T>::bits_of(const impl::BufferLease<T>& lease) {
+  return Bits(reinterpret_cast<std::uint16_t*>(lease.view().data()),
+              lease.view().extent(0) * sizeof(T) / sizeof(std::uint16_t));
+}
+
+template <class T>
 void SlabExchange<T>::wait() {
   pending_.wait();
   if constexpr (std::is_same<T, float>::value) {
-    if (sent_bits_.extent(0) == 0 && lower_bits_.extent(0) == 0 && upper_bits_.extent(0) == 0)
-      return;
-    // Widen the bfloat16 slabs; the bit buffers go.
-    const ExecutionSpace space;
-    widen_bfloat16(space, lower_bits_, lower_);
-    widen_bfloat16(space, upper_bits_, upper_);
-    sent_bits_ = lower_bits_ = upper_bits_ = Bits();
+    if (bfloat16_) {  // widen the bfloat16 slabs
+      const ExecutionSpace space;
+      widen_bfloat16(space, bits_of(lower_bits_).data(), lower_);
+      widen_bfloat16(space, bits_of(upper_bits_).data(), upper_);
+      space.fence();  // before the bit buffers go back to the pool
+    }
   }
+  sent_ = impl::BufferLease<T>();
+  lower_bits_ = impl::BufferLease<T>();
+  upper_bits_ = impl::BufferLease<T>();
 }
 
 template class SlabExchange<float>;

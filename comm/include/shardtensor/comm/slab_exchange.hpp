@@ -13,6 +13,7 @@
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/comm/halo_exchange.hpp"
+#include "shardtensor/comm/impl/buffer_pool.hpp"
 #include "shardtensor/comm/point_to_point.hpp"
 #include "shardtensor/core/shard_tensor.hpp"
 
@@ -60,10 +61,14 @@ class SlabExchange {
   static bool covers(const Decomposition& decomposition, Index lower, Index upper);
 
  private:
-  using Bits = Kokkos::View<std::uint16_t*, DefaultMemorySpace>;
+  using Bits = Kokkos::View<std::uint16_t*, DefaultMemorySpace, Kokkos::MemoryUnmanaged>;
+  /// A leased buffer as the bfloat16 wire fills it: twice as many 16-bit values.
+  static Bits bits_of(const impl::BufferLease<T>& lease);
   FieldView<T> lower_, upper_;
-  Kokkos::View<T*, DefaultMemorySpace> sent_;  // the planes sent, until they have left
-  Bits sent_bits_, lower_bits_, upper_bits_;   // the bfloat16 wire's, until wait()
+  // Leased from the communication buffers' pool until wait() (no allocation per exchange):
+  // the planes sent, and the bfloat16 wire's received bits.
+  impl::BufferLease<T> sent_, lower_bits_, upper_bits_;
+  bool bfloat16_ = false;
   PendingExchange pending_;
 };
 
