@@ -89,6 +89,59 @@ TEMPLATE_TEST_CASE("activations, skips and shared layers: sharded equals one ran
   }
 }
 
+TEST_CASE("an activation handed over without a graph writes over its input, and only then",
+          "[pointwise][inference]") {
+  // A Sequential hands each child its running value (Module::forward_handed_over). Without a
+  // graph an ActivationLayer then writes over the input's field where nothing else holds it:
+  // forward's values, no new field. Held elsewhere (another Variable, a copy of its View, a
+  // caller's array wrapped without a copy) or in a graph, the input stays as it was.
+  const Communicator world;
+  const Decomposition d = Decomposition::automatic({12, 10}, world.size());
+  const ShardTensor<float> values = test::random_shard<float>(d, world.rank(), 2, 3, 11);
+  const std::vector<double> original = test::host_values(values.view());
+  const auto copy_of_values = [&] {
+    const ShardTensor<float> x(d, world.rank(), 2, 3);
+    Kokkos::deep_copy(x.view(), values.view());
+    return x;
+  };
+  for (const Activation kind : all_activations) {
+    INFO("activation " << int(kind));
+    ActivationLayer<float> layer(kind);
+    const std::vector<double> expected =
+        test::host_values(layer.forward(Variable<float>::field(values)).value().view());
+    {
+      const NoGradGuard no_graph;
+      Variable<float> sole = Variable<float>::field(copy_of_values());
+      const float* data = sole.value().view().data();
+      const Variable<float> y = layer.forward_handed_over(std::move(sole));
+      CHECK(y.value().view().data() == data);
+      CHECK(test::host_values(y.value().view()) == expected);
+
+      Variable<float> shared = Variable<float>::field(copy_of_values());
+      const Variable<float> other = shared;
+      const Variable<float> y_shared = layer.forward_handed_over(std::move(shared));
+      CHECK(test::host_values(other.value().view()) == original);
+      CHECK(test::host_values(y_shared.value().view()) == expected);
+
+      const ShardTensor<float> held = copy_of_values();
+      const Variable<float> y_held = layer.forward_handed_over(Variable<float>::field(held));
+      CHECK(test::host_values(held.view()) == original);
+      CHECK(test::host_values(y_held.value().view()) == expected);
+
+      const ShardTensor<float> owner = copy_of_values();
+      const Variable<float> y_wrapped = layer.forward_handed_over(Variable<float>::field(
+          ShardTensor<float>::wrap(owner.view().data(), d, world.rank(), 2, 3)));
+      CHECK(test::host_values(owner.view()) == original);
+      CHECK(test::host_values(y_wrapped.value().view()) == expected);
+    }
+    Variable<float> in_graph = Variable<float>::field(copy_of_values(), true);
+    const float* data = in_graph.value().view().data();
+    const Variable<float> y_graph = layer.forward_handed_over(std::move(in_graph));
+    CHECK(y_graph.value().view().data() != data);
+    CHECK(test::host_values(y_graph.value().view()) == expected);
+  }
+}
+
 TEMPLATE_TEST_CASE("losses and reductions: sharded equals one rank", "[loss][equivalence]", float,
                    double) {
   for (int which = 0; which < 4; ++which) {

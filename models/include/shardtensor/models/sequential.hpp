@@ -76,7 +76,7 @@ class Sequential : public Module<T> {
       const auto unit = units_.find(i);
       if (unit == units_.end()) {
         x = graph_only && i + 1 == last ? layers_[i]->forward_graph_only(x)
-                                        : layers_[i]->forward(x);
+                                        : layers_[i]->forward_handed_over(std::move(x));
         ++i;
       } else {
         SHARDTENSOR_REQUIRE(unit->second.first <= last, "Sequential::forward_layers",

@@ -27,6 +27,11 @@ class Module {
   /// output may leave that value uncomputed (an empty field of the right layout), saving one
   /// field at the peak of the block's backward. Everything else is forward's, bit for bit.
   virtual Variable<T> forward_graph_only(const Variable<T>& input) { return forward(input); }
+  /// Forward on an input handed over: the caller keeps no Variable of it (a Sequential's
+  /// running value). Without a graph, a layer may then write its output over the input's
+  /// field where nothing else holds that field (an activation in inference: no new field).
+  /// Everything else is forward's, bit for bit.
+  virtual Variable<T> forward_handed_over(Variable<T>&& input) { return forward(input); }
 
   /// True if forward reads only the owned cells of its input, so the input may carry ghost
   /// cells of any width (a solver's array wrapped without a copy). The default is the safe

@@ -91,6 +91,24 @@ Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0
   return Variable<T>(node);
 }
 
+/// The same for an input handed over: without a graph, and where nothing else holds the
+/// input's field (no other Variable of it, no copy of its View, not a caller's array wrapped
+/// without a copy), the activation is written over that field, no new one (an inference's
+/// activations in a Sequential: Module::forward_handed_over).
+template <class T>
+Variable<T> activate(Variable<T>&& input, Activation kind, double slope = 0.01) {
+  impl::require_field(input, "activate");
+  const bool graph = grad_enabled() && input.requires_grad();
+  if (graph || input.node().use_count() != 1 || input.value().view().use_count() != 1)
+    return activate(static_cast<const Variable<T>&>(input), kind, slope);
+  const ShardTensor<T> x = input.value();
+  input = Variable<T>();  // the field is x's alone now
+  impl::apply_activation(impl::ActivationFunction<T>{kind, static_cast<T>(slope)}, x, x);
+  auto node = make_result_node<T>("activation", {});
+  node->field = x;
+  return Variable<T>(node);
+}
+
 /// a + b (same layout).
 template <class T>
 Variable<T> add(const Variable<T>& a, const Variable<T>& b) {
@@ -156,6 +174,9 @@ class ActivationLayer : public Module<T> {
  public:
   explicit ActivationLayer(Activation kind, double slope = 0.01) : kind_(kind), slope_(slope) {}
   Variable<T> forward(const Variable<T>& input) override { return activate(input, kind_, slope_); }
+  Variable<T> forward_handed_over(Variable<T>&& input) override {
+    return activate(std::move(input), kind_, slope_);
+  }
 
  private:
   Activation kind_;
