@@ -417,13 +417,14 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   bool aligned = true;  // every split point a multiple of 2^depth: no redistribution
   for (const Index point : split.split_points(0)) aligned = aligned && point % 4 == 0;
   INFO("decomposition " << split.describe());
+  // Since the transposed convolution's taps chunk lies in the shared conv scratch (a
+  // workspace), three ranks give 0.44 too (2026-12-05).
   const bool padded_copies = kernels::conv_library_available();
-  CHECK(double(with) <= (padded_copies ? 0.70
-                         : slabs       ? (aligned ? 0.44 : 0.52)
-                                       : 0.45) *
-                            double(without));
+  CHECK(double(with) <= (padded_copies ? 0.70 : slabs && aligned ? 0.44 : 0.45) * double(without));
   // In bf16 it keeps no more where the bf16 convolutions read their input in place (the vector
-  // kernels, which round as they copy; one rank, x splits): a recomputed unit's run inside
+  // kernels, which round as they copy; one rank, x splits on multiples of 2^depth; on three
+  // ranks the transposed conv's rounded input copy, which its GEMMs read, sits at the peak of
+  // the unit that redistributes the upsampled field: 98 KiB more): a recomputed unit's run inside
   // backward packs none of its fields into 16 bits beside the float ones, since its backward
   // comes next (bench_scaling: 57.5 -> 54.5 MiB, stop 50). With the portable kernels every bf16
   // conv makes a float halo-padded copy (7.9 against 5.9 MiB on one rank; the vector paths
@@ -435,7 +436,7 @@ TEST_CASE("recomputed U-Net blocks keep less: the activation peak of a step fall
   // (Beside a float peak whose fields are all the same in bf16, the layers' bf16 weight
   // copies: 1.5 KiB at one rank and 18 KiB at two since the upsampling writes into the
   // concatenation, stop 60.)
-  if (slabs && kernels::vector_kernels_on()) CHECK(bf16 <= with + 64 * 1024);
+  if (slabs && aligned && kernels::vector_kernels_on()) CHECK(bf16 <= with + 64 * 1024);
 }
 
 TEST_CASE("a bf16 U-Net keeps its saved activations in 16 bits: the peak falls",
