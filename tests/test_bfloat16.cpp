@@ -13,6 +13,7 @@
 #include "host/amx_tiles.hpp"  // kernels/backends: the AMX GEMM
 #include "model_options.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
+#include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 #include "shardtensor/nn/saved_field.hpp"
@@ -430,6 +431,64 @@ TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", 
   const auto low = test::run_module<float>(bf16, self, test::unsharded(decompositions.front()), 2,
                                            o.in_channels, test::weighted_sum<float>);
   CHECK(holds_bfloat16_values(low.output.value()));
+}
+
+TEST_CASE("bf16 transposed convolution on its GEMM path rounds its input as it reads it",
+          "[bf16][conv_transpose]") {
+  // The U-Net's upsampling (kernel = stride): in bf16 the GEMMs round the input as they copy
+  // its rows (ConvTransposeShape::round_source), with no rounded copy of it beside the input.
+  // The same bits as the float layer on rounded operands, its output rounded: forward, input
+  // gradient and weight gradient; and the input itself is left as it was. 3-D, in one chunk
+  // and in several (kernels/src/conv_transpose_gemm.cpp), on every rank count.
+  const Communicator world;
+  for (const std::vector<Index>& extents : {std::vector<Index>{8, 6, 10}, {23, 15, 16}}) {
+    ConvTransposeOptions o;
+    o.in_channels = 4;
+    o.out_channels = 3;
+    o.kernel = {2, 2, 2};
+    o.stride = {2, 2, 2};
+    o.seed = 17;
+    const Decomposition d = Decomposition::automatic(extents, world.size());
+    INFO(d.describe());
+    const ShardTensor<float> x = test::random_shard<float>(d, world.rank(), 2, o.in_channels, 5);
+    const std::vector<double> x_before = test::host_values(x.view());
+    const auto rounded_copy = [](const auto& view) {  // a copy even of a host View
+      auto host = Kokkos::create_mirror(view);
+      Kokkos::deep_copy(host, view);
+      for (std::size_t i = 0; i < host.span(); ++i)
+        host.data()[i] = round_to_bfloat16(host.data()[i]);
+      return host;
+    };
+    ConvTranspose<float> bf16(world, o, "up");
+    bf16.compute_in_bf16(true);
+    ConvTranspose<float> reference(world, o, "up");  // the same seed: the same weights
+    Kokkos::deep_copy(reference.weight().data(), rounded_copy(reference.weight().data()));
+    ShardTensor<float> x_rounded(d, world.rank(), 2, o.in_channels);
+    Kokkos::deep_copy(x_rounded.view(), rounded_copy(x.view()));
+    const auto input = Variable<float>::field(x, true, "x");
+    const auto input_rounded = Variable<float>::field(x_rounded, true, "x");
+    bf16.forward(input);  // warm: the shared conv scratch
+    KernelCounter counter;
+    const Variable<float> y = bf16.forward(input);
+    // The output and the rounded weights; no rounded copy of the input.
+    CHECK(counter.counts().allocations == 2);
+    const Variable<float> y_reference = reference.forward(input_rounded);
+    CHECK(test::host_values(x.view()) == x_before);
+    std::vector<double> expected = test::host_values(y_reference.value().view());
+    for (double& v : expected) v = double(round_to_bfloat16(float(v)));
+    CHECK(test::host_values(y.value().view()) == expected);
+    // A gradient of bf16 values: what the bf16 layer rounds it to anyway.
+    ShardTensor<float> g =
+        test::random_shard<float>(y.value().decomposition(), world.rank(), 2, o.out_channels, 6);
+    Kokkos::deep_copy(g.view(), rounded_copy(g.view()));
+    ShardTensor<float> g_copy(y.value().decomposition(), world.rank(), 2, o.out_channels);
+    Kokkos::deep_copy(g_copy.view(), g.view());
+    backward(y, g);
+    backward(y_reference, g_copy);
+    CHECK(test::host_values(input.grad().view()) == test::host_values(input_rounded.grad().view()));
+    CHECK(test::host_values(bf16.weight().data_grad()) ==
+          test::host_values(reference.weight().data_grad()));
+  }
 }
 
 TEST_CASE("a bf16 U-Net: sharded equals one rank within bf16 rounding", "[bf16][unet]") {

@@ -4,9 +4,14 @@
 
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/cell_index.hpp"
+#include "shardtensor/core/error.hpp"
 #include "shardtensor/kernels/channel_sums.hpp"
 
 namespace shardtensor::kernels {
+
+bool conv_transpose_rounds_on_read(const ConvTransposeShape& g) {
+  return conv_transpose_gemm_applies(g);
+}
 
 template <class T>
 void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShape& g,
@@ -15,6 +20,8 @@ void conv_transpose_forward(const ExecutionSpace& space, const ConvTransposeShap
                             const ConvTransposeOutput& at) {
   if (conv_transpose_gemm_applies(g))
     return conv_transpose_gemm_forward(space, g, xp, w, bias, y, at);
+  SHARDTENSOR_REQUIRE(!g.round_source, "conv_transpose_forward",
+                      "an input rounded as it is read needs the GEMM path (kernel = stride)");
   const bool has_bias = bias.extent(0) > 0;
   const Index rows = g.batch * g.out_channels * g.out[0] * g.out[1];
   Kokkos::parallel_for(
@@ -138,6 +145,8 @@ void conv_transpose_backward(const ExecutionSpace& space, const ConvTransposeSha
     conv_transpose_backward_parameters(space, g, gy, xp, ReplicatedView<T>(), gb);  // bias
     return;
   }
+  SHARDTENSOR_REQUIRE(!g.round_source, "conv_transpose_backward",
+                      "an input rounded as it is read needs the GEMM path (kernel = stride)");
   conv_transpose_backward_parameters(space, g, gy, xp, gw, gb);
   if (gxp.extent(0) > 0) conv_transpose_backward_data(space, g, gy, w, gxp);
 }

@@ -91,11 +91,12 @@ void move_taps(const ExecutionSpace& space, const ConvTransposeShape& g, Index n
 }
 
 /// Between a sample's input (or input gradient) rows and a chunk's contiguous copy:
-/// to_chunk copies rows [row0, row0 + rows) of every channel into `chunk`, else back. Over
-/// (channel, cell): a flat index split by a division per value was 2 % of a bf16 U-Net step.
+/// to_chunk copies rows [row0, row0 + rows) of every channel into `chunk` (rounded to
+/// bfloat16 with `round`), else back. Over (channel, cell): a flat index split by a division
+/// per value was 2 % of a bf16 U-Net step.
 template <class T>
 void move_chunk(const ExecutionSpace& space, Index channels, Index sample_cells, Index row0,
-                Index rows, Index nz, T* field, T* chunk, bool to_chunk) {
+                Index rows, Index nz, T* field, T* chunk, bool to_chunk, bool round = false) {
   const Index cells = rows * nz;
   Kokkos::parallel_for(
       "ConvTranspose::gemm_chunk",
@@ -104,22 +105,24 @@ void move_chunk(const ExecutionSpace& space, Index channels, Index sample_cells,
       KOKKOS_LAMBDA(const Index c, const Index i) {
         T* const at = field + c * sample_cells + row0 * nz + i;
         if (to_chunk)
-          chunk[c * cells + i] = *at;
+          chunk[c * cells + i] = round ? T(round_to_bfloat16(float(*at))) : *at;
         else
           *at = chunk[c * cells + i];
       });
 }
 
-/// A call's chunk of G and, where a chunk is not the whole sample, of input rows: from the
-/// process's convolution scratch (shared_conv_scratch), like the convolutions' own transients,
-/// not two allocations per call (on a GPU each a cudaMalloc, and a cudaFree that waits).
+/// A call's chunk of G and, where a chunk is not the whole sample or the input is rounded
+/// as it is read, of input rows: from the process's convolution scratch (shared_conv_scratch),
+/// like the convolutions' own transients, not two allocations per call (on a GPU each a
+/// cudaMalloc, and a cudaFree that waits).
 template <class T>
 struct ChunkBuffers {
   T* taps;
   T* inputs;
   ChunkBuffers(const ConvTransposeShape& g, const TapChunks& chunks, Index columns) {
     const Index tap_values = columns * chunks.cells(),
-                input_values = chunks.whole() ? 0 : g.in_channels * chunks.cells();
+                input_values =
+                    chunks.whole() && !g.round_source ? 0 : g.in_channels * chunks.cells();
     taps = shared_conv_scratch<T>(static_cast<std::size_t>(tap_values + input_values));
     inputs = taps + tap_values;
   }
@@ -141,8 +144,9 @@ void conv_transpose_gemm_forward(const ExecutionSpace& space, const ConvTranspos
     for (Index row0 = 0; row0 < chunks.total; row0 += chunks.per_chunk) {
       const Index rows = std::min(chunks.per_chunk, chunks.total - row0), part = rows * chunks.nz;
       T* x = xp.data() + n * xp.stride(0);
-      if (!chunks.whole()) {
-        move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, buffers.inputs, true);
+      if (!chunks.whole() || g.round_source) {
+        move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, buffers.inputs, true,
+                   g.round_source);
         x = buffers.inputs;
       }
       gemm(space, "T", "N", T(1), weights, UnmanagedMatrix<T>(x, g.in_channels, part), T(0),
@@ -167,8 +171,9 @@ void conv_transpose_gemm_backward(const ExecutionSpace& space, const ConvTranspo
       move_taps(space, g, n, row0, rows, buffers.taps, gy, ReplicatedView<T>(), false);
       if (gw.extent(0) > 0) {
         T* x = xp.data() + n * xp.stride(0);
-        if (!chunks.whole()) {
-          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, buffers.inputs, true);
+        if (!chunks.whole() || g.round_source) {
+          move_chunk(space, g.in_channels, cells, row0, rows, chunks.nz, x, buffers.inputs, true,
+                     g.round_source);
           x = buffers.inputs;
         }
         gemm(space, "N", "T", T(1), UnmanagedMatrix<T>(x, g.in_channels, part), tap_rows, T(1),

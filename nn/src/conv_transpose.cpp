@@ -210,35 +210,48 @@ std::shared_ptr<impl::Node<T>> ConvTranspose<T>::write_output(const Variable<T>&
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const std::shared_ptr<HaloPadding<T>> halo = halo_for(input_ghosts(x.decomposition()));
 
-  const ShardTensor<T> padded = halo->forward(x);
-
-  kernels::ConvTransposeShape shape{x.batch(),
-                                    options_.in_channels,
-                                    options_.out_channels,
-                                    options_.in_channels / options_.groups,
-                                    options_.out_channels / options_.groups,
-                                    {},
-                                    {},
-                                    {},
-                                    {},
-                                    {},
-                                    {},
-                                    {},
-                                    {},
-                                    {}};
-  for (int d = 0; d < max_spatial_dims; ++d) {
-    shape.k[d] = kernel_[d];
-    shape.s[d] = stride_[d];
-    shape.d[d] = dilation_[d];
-    shape.p[d] = padding_[d];
-    shape.out_first[d] = y.global_box().lower[d];
-    shape.out[d] = y.local_extent(d);
-    shape.in_first[d] = x.global_box().lower[d] - padded.ghosts().lower[d];
-    shape.in_global[d] = x.decomposition().global_extent(d);
-    shape.padded[d] = padded.allocated_extent(d);
-  }
+  // The kernel's shape for an input buffer `padded` (the input itself where no ghost is read).
+  const auto shape_for = [&](const ShardTensor<T>& padded) {
+    kernels::ConvTransposeShape shape{x.batch(),
+                                      options_.in_channels,
+                                      options_.out_channels,
+                                      options_.in_channels / options_.groups,
+                                      options_.out_channels / options_.groups,
+                                      {},
+                                      {},
+                                      {},
+                                      {},
+                                      {},
+                                      {},
+                                      {},
+                                      {},
+                                      {}};
+    for (int d = 0; d < max_spatial_dims; ++d) {
+      shape.k[d] = kernel_[d];
+      shape.s[d] = stride_[d];
+      shape.d[d] = dilation_[d];
+      shape.p[d] = padding_[d];
+      shape.out_first[d] = y.global_box().lower[d];
+      shape.out[d] = y.local_extent(d);
+      shape.in_first[d] = x.global_box().lower[d] - padded.ghosts().lower[d];
+      shape.in_global[d] = x.decomposition().global_extent(d);
+      shape.padded[d] = padded.allocated_extent(d);
+    }
+    return shape;
+  };
+  // bf16 on the GEMM path (the U-Net's upsampling) with no ghost cell to read: the GEMMs round
+  // the input as they copy its rows, so the input itself is read, in forward and backward, and
+  // no rounded copy of it is made beside it.
+  kernels::ConvTransposeShape shape = shape_for(x);
+  const bool rounds_on_read = options_.bf16 && halo->ghosts() == GhostWidths{} &&
+                              x.ghosts() == GhostWidths{} &&
+                              kernels::conv_transpose_rounds_on_read(shape);
+  shape.round_source = rounds_on_read;
+  const ShardTensor<T> padded = rounds_on_read ? x : halo->forward(x);
+  if (!rounds_on_read) shape = shape_for(padded);
   const ReplicatedView<T> no_bias;
-  // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
+  // bf16: the input is rounded as HaloPadding copies it in (or by the GEMMs as they read it);
+  // the weight here.
   const ReplicatedView<T> w = options_.bf16
                                   ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16")
                                   : weight_.data();
@@ -259,13 +272,16 @@ std::shared_ptr<impl::Node<T>> ConvTranspose<T>::write_output(const Variable<T>&
     const Communicator comm = comm_;
     const std::string name = name_;
     // As Conv: keep the padded input's shell, not a second copy of the input (conv.cpp).
-    PaddedShell<T> shell = halo->shell(padded, x);
+    PaddedShell<T> shell = rounds_on_read ? PaddedShell<T>() : halo->shell(padded, x);
     // The graph keeps no values: capture the input (bf16: rounded into 16 bits, as in Conv).
     SavedField<T> saved_input(input, options_.bf16 ? SavedPacking::rounded : SavedPacking::none,
                               name_ + ".saved_input");
     const bool bf16 = options_.bf16;
     node->backward = [=](impl::Node<T>& self) mutable {
-      const ShardTensor<T> padded = halo->rebuild(saved_input.value(), shell);
+      // (Where the GEMMs round on read, the saved input itself: its bf16 values round to
+      // themselves.)
+      const ShardTensor<T> padded =
+          rounds_on_read ? saved_input.value() : halo->rebuild(saved_input.value(), shell);
       // Backward runs once: free what it kept before the gradients are allocated.
       shell = {};
       saved_input = {};

@@ -41,6 +41,9 @@ struct ConvTransposeShape {
   Index in_first[3];   // global index of padded cell 0 (first owned input minus the ghosts)
   Index in_global[3];  // global input extents
   Index padded[3];     // padded input buffer extents
+  /// The input's values rounded to bfloat16 as they are read (float only; the GEMM path,
+  /// conv_transpose_gemm_applies): a bf16 layer's operand without a rounded copy of it.
+  bool round_source = false;
 
   KOKKOS_INLINE_FUNCTION Index weight_index(Index ci, Index cog, Index a, Index b, Index c) const {
     return (((ci * out_per_group + cog) * k[0] + a) * k[1] + b) * k[2] + c;
@@ -78,6 +81,10 @@ struct ConvTransposeOutput {
   Index lower[3] = {0, 0, 0};
   bool bf16 = false;
 };
+
+/// Whether the kernels can round the input to bfloat16 as they read it (round_source): the
+/// GEMM path, where the kernel is the stride, with no dilation, padding or groups.
+bool conv_transpose_rounds_on_read(const ConvTransposeShape& g);
 
 /// y = bias + sum over taps (a, b, c) and input channels of w * x, by output z row: a tap c
 /// adds an input row to every s-th output of the row. `at`: where in y (default: all of it).
