@@ -127,11 +127,10 @@ SlabExchange<T>::SlabExchange(const Communicator& comm, const ShardTensor<T>& fi
     pack_planes(f, down, up, sent_.view(), AsIs<T>{});
   }
   // Where the values travel: the float buffers, or the bfloat16 bits.
-  const bool bfloat16 = bfloat16_;
-  const std::size_t value_bytes = bfloat16 ? sizeof(std::uint16_t) : sizeof(T);
+  const std::size_t value_bytes = bfloat16_ ? sizeof(std::uint16_t) : sizeof(T);
   const char* sent = reinterpret_cast<const char*>(sent_.view().data());
-  void* into_upper = bfloat16 ? static_cast<void*>(upper_bits_.view().data()) : upper_.data();
-  void* into_lower = bfloat16 ? static_cast<void*>(lower_bits_.view().data()) : lower_.data();
+  void* into_upper = bfloat16_ ? static_cast<void*>(upper_bits_.view().data()) : upper_.data();
+  void* into_lower = bfloat16_ ? static_cast<void*>(lower_bits_.view().data()) : lower_.data();
   std::vector<impl::Send> sends;
   std::vector<impl::Receive> receives;
   const int tag = comm.operation_tags("slab_exchange", 2);  // +0: travelling down, +1: up
@@ -148,7 +147,7 @@ SlabExchange<T>::SlabExchange(const Communicator& comm, const ShardTensor<T>& fi
   for (const impl::Send& s : sends)
     if (s.peer != rank) impl::count_bytes_sent(CommKind::halo, s.count * value_bytes);
   pending_ = PendingExchange(impl::transport_for<DefaultMemorySpace>(comm).exchange(
-      sends, receives, bfloat16 ? impl::WireType::bfloat16 : impl::wire_type<T>()));
+      sends, receives, bfloat16_ ? impl::WireType::bfloat16 : impl::wire_type<T>()));
 }
 
 template <class T>
