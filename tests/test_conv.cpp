@@ -788,9 +788,9 @@ TEST_CASE("the halo overlap is a layer's option and changes no bit", "[conv]") {
 }
 
 TEST_CASE("a layer's kept packed weights follow its weights and the vector path", "[conv]") {
-  // The host vector kernels keep a layer's forward weights packed between calls
-  // (kernels::PackedWeights): weights changed in place (an optimizer step) or another
-  // instruction set must pack again. Each output is compared with a fresh layer's, bit for bit.
+  // In eval mode the host vector kernels keep a layer's forward weights packed between calls
+  // (kernels::PackedWeights): weights changed in place or another instruction set must pack
+  // again. Each output is compared with a fresh layer's, bit for bit.
   const Communicator world;
   ConvOptions o;
   o.in_channels = 3;
@@ -802,6 +802,7 @@ TEST_CASE("a layer's kept packed weights follow its weights and the vector path"
   const auto x =
       Variable<float>::field(test::random_shard<float>(d, world.rank(), 2, 3, 7), false, "x");
   Conv<float> kept(world, o, "conv");
+  kept.eval();
   const auto output_of = [&](Conv<float>& layer) {
     return test::host_values(layer.forward(x).value().view());
   };
@@ -828,6 +829,45 @@ TEST_CASE("a layer's kept packed weights follow its weights and the vector path"
     CHECK(output_of(kept) == fresh_output());
   }
   kernels::select_vector_isa(initial);
+}
+
+TEST_CASE("a layer keeps its packed weights in eval mode only", "[conv][memory]") {
+  // In training the weights change every step: the vector kernels pack them per call into
+  // the shared scratch, and the layer holds no packed copy (nor the weights it came from,
+  // together 2x its weights) between calls. In eval mode it keeps them; back in training they go.
+  const Communicator world;
+  ConvOptions o;
+  o.in_channels = 16;
+  o.out_channels = 24;
+  o.kernel = {3, 3, 3};
+  o.padding = {1, 1, 1};
+  o.library_kernels = false;
+  const Decomposition d = Decomposition::automatic({10, 9, 12}, world.size());
+  const auto x = Variable<float>::field(
+      test::random_shard<float>(d, world.rank(), 1, o.in_channels, 17), true, "x");
+  Conv<float> layer(world, o, "conv");
+  disable_memory_tracking();
+  enable_memory_tracking();
+  const auto workspaces_after_forward = [&] {
+    const std::vector<double> y = test::host_values(layer.forward(x).value().view());
+    return std::make_pair(memory_snapshot()[MemoryCategory::workspaces].current, y);
+  };
+  const auto [training, y_training] = workspaces_after_forward();  // the scratch, grown
+  layer.eval();
+  const auto [eval, y_eval] = workspaces_after_forward();
+  layer.train();
+  const auto [training_again, y_again] = workspaces_after_forward();
+  disable_memory_tracking();
+  CHECK(y_eval == y_training);
+  CHECK(y_again == y_training);
+  CHECK(training_again == training);
+  if (kernels::conv_vector_kernels_available<float>() && kernels::vector_isa() != "off") {
+    // The packed weights (padded to whole tiles) and the copy they are checked against.
+    const std::uint64_t weights = sizeof(float) * o.out_channels * o.in_channels * 27;
+    CHECK(eval >= training + 2 * weights);
+  } else {
+    CHECK(eval == training);
+  }
 }
 
 TEMPLATE_TEST_CASE("channels-last packs of a box are the transpose, and unpack inverts them",

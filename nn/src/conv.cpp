@@ -188,6 +188,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       x.channels() == options_.in_channels, where,
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
+  // The host vector kernels keep this layer's packed weights between calls in eval mode only.
+  workspace_->keeps_forward_weights = !this->is_training();
 
   // Where nothing is exchanged (zeros padding, or periodic on one rank), the plane path may
   // read the input itself: no padded copy (a pass over the field, and its memory); where only

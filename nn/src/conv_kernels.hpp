@@ -74,7 +74,7 @@ class ConvKernels {
     };
     kernels::correlate_planes<T>(space, planes_, planes_.forward, planes_.forward_rows, shape_, xp,
                                  w, false, bias, y, workspace_->reserve(planes_.values), keep,
-                                 &workspace_->forward_weights, slabs);
+                                 workspace_->kept_forward_weights(), slabs);
   }
 
   /// The gradients from gy: of the weight (gw), the bias (gb) and the padded input (gxp);

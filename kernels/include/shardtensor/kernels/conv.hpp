@@ -58,9 +58,11 @@ void release_conv_scratch();
 
 /// A layer's forward weights as the host vector kernels read them (packed into register-tile
 /// order), kept from call to call with the weights they were packed from: a call whose
-/// weights are the same bit for bit reuses them (inference, the chunks of one forward, a
-/// recomputed forward), any other packs again. Repacking every call was 5-6 % of the main
-/// job's inference; the check is one contiguous comparison. Charged to workspaces.
+/// weights are the same bit for bit reuses them (inference, the chunks of one forward), any
+/// other packs again. Repacking every call was 5-6 % of the main job's inference; the check
+/// is one contiguous comparison. Charged to workspaces. Kept in inference only
+/// (ConvWorkspace::keeps_forward_weights): in training the weights change every step, and
+/// packing into the scratch per call cost no measurable time against 2x the weights held.
 template <class T>
 struct PackedWeights {
   Kokkos::View<T*, DefaultMemorySpace> source;  // the weights `packed` was made from
@@ -79,6 +81,14 @@ struct ConvWorkspace {
   std::size_t budget_bytes = std::size_t(16) << 20;
   T* reserve(std::size_t count) { return shared_conv_scratch<T>(count); }
   PackedWeights<T> forward_weights;  // this layer's (host vector kernels only)
+  /// Whether forward keeps forward_weights (its layer is in eval mode), else the kernels pack
+  /// per call into the scratch and forward_weights stays empty.
+  bool keeps_forward_weights = false;
+  /// The packed forward weights to keep, or none (and any kept ones go): for correlate_planes.
+  PackedWeights<T>* kept_forward_weights() {
+    if (!keeps_forward_weights) forward_weights = {};
+    return keeps_forward_weights ? &forward_weights : nullptr;
+  }
 };
 
 template <class T>
