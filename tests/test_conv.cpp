@@ -315,6 +315,85 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEST_CASE("the vector weight gradient's passes over x taps change no bit", "[conv]") {
+  // A wide layer on a small field (a U-Net's bottom) would need 3x its weights per thread for
+  // the weight gradient's sums alone, more than its correlations: it sums one x tap per pass
+  // over the bands instead (conv_vector_gradient_x_taps), each weight in the same order.
+  using kernels::ConvShape;
+  if (!kernels::conv_vector_kernels_available<float>()) return;
+  const ExecutionSpace space;
+  struct Case {
+    const char* name;
+    ConvShape g;
+    Index padded[3];
+    bool wide;  // the weight gradient would set the layer's workspace: passes of one x tap
+  };
+  // ConvShape: batch, in, out, in / groups, out / groups, kernel, stride, dilation, base, out.
+  const Case cases[] = {
+      {"32 -> 32, k3, 6x8x9 outputs (in place)",
+       {2, 32, 32, 32, 32, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {6, 8, 9}},
+       {8, 10, 11},
+       true},
+      {"24 -> 40, k3x3x2, windows past the source (copied planes)",
+       {1, 24, 40, 24, 40, {3, 3, 2}, {1, 1, 1}, {1, 1, 1}, {-1, -1, 0}, {5, 9, 8}},
+       {5, 9, 9},
+       true},
+      {"4 -> 4, k3, 12^3 outputs",
+       {1, 4, 4, 4, 4, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {12, 12, 12}},
+       {14, 14, 14},
+       false},
+  };
+  const std::string initial = kernels::vector_isa();
+  for (const Case& c : cases)
+    for (const std::string& isa : kernels::vector_isas())
+      for (const bool bf16 : {false, true}) {
+        INFO(c.name << ", vector path " << isa << (bf16 ? ", bf16" : ""));
+        kernels::select_vector_isa(isa);
+        const ConvShape& g = c.g;
+        const kernels::PlanePlan plan =
+            kernels::plan_planes(g, c.padded, sizeof(float), std::size_t(16) << 20, true, bf16);
+        REQUIRE(plan.vector_kernels);
+        CHECK(plan.gradient_x_taps == (c.wide ? 1 : g.k[0]));
+        const FieldView<float> xp("xp", g.batch, g.in_channels, c.padded[0], c.padded[1],
+                                  c.padded[2]);
+        const FieldView<float> gy("gy", g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]);
+        fill_random(xp, 11), fill_random(gy, 12);
+        if (bf16) {  // a bf16 layer's output gradient holds bf16 values
+          const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gy);
+          for (std::size_t i = 0; i < h.span(); ++i) h.data()[i] = round_to_bfloat16(h.data()[i]);
+          Kokkos::deep_copy(gy, h);
+        }
+        // Summing all x taps at once needs at most k[0] times a pass of one tap's workspace.
+        const Kokkos::View<float*, DefaultMemorySpace> workspace("workspace", plan.values * g.k[0]);
+        std::vector<std::vector<double>> results;
+        for (const Index x_taps : {g.k[0], Index(2), Index(1)}) {
+          kernels::PlanePlan passes = plan;
+          passes.gradient_x_taps = x_taps;
+          const ReplicatedView<float> gw(
+              "gw", g.out_channels * g.in_per_group * g.k[0] * g.k[1] * g.k[2]);
+          fill_random(gw, 13);  // the weight gradient adds to what is there
+          kernels::weight_gradient_planes(space, passes, g, xp, gy, gw, workspace.data());
+          results.push_back(test::host_values(gw));
+        }
+        CHECK(results[1] == results[0]);
+        CHECK(results[2] == results[0]);
+        // And close to the direct loop's sums where its windows lie inside the source (float:
+        // a bf16 layer's rounded source differs).
+        bool inside = true;
+        for (int a = 0; a < 3; ++a)
+          inside = inside && g.base[a] >= 0 && g.base[a] + g.out[a] + g.k[a] - 1 <= c.padded[a];
+        if (!bf16 && inside) {
+          const ReplicatedView<float> direct("direct", results[0].size());
+          fill_random(direct, 13);
+          kernels::conv_backward_parameters(space, g, gy, xp, direct, ReplicatedView<float>());
+          const auto expected = test::host_values(direct);
+          for (std::size_t i = 0; i < expected.size(); ++i)
+            CHECK(results[0][i] == Approx(expected[i]).epsilon(1e-5).margin(1e-4));
+        }
+      }
+  kernels::select_vector_isa(initial);
+}
+
 /// body(case, decomposition, its layer's HaloPadding) for every case on every process grid
 /// of `world` (periodic ones for periodic padding).
 template <class Body>

@@ -245,6 +245,7 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     plan.bf16 = bf16_operands;
     plan.band_copies = host::conv_vector_values(f, d, false, plan.bf16) > budget;
     plan.values = host::conv_vector_values(f, d, plan.band_copies, plan.bf16);
+    plan.gradient_x_taps = host::conv_vector_gradient_x_taps(f, d, plan.band_copies, plan.bf16);
     plan.vector_kernels = plan.values <= budget;
     plan.rounds_source = plan.vector_kernels && host::conv_vector_rounds_source(f, plan.bf16);
     if (plan.vector_kernels) return plan;
@@ -326,7 +327,8 @@ void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, 
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace,
-                                               plan.band_copies, plan.bf16, slabs);
+                                               plan.band_copies, plan.bf16, plan.gradient_x_taps,
+                                               slabs);
   plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 

@@ -671,8 +671,11 @@ inline std::size_t vector_correlate_values(const Correlation& r, bool band_copie
 inline Index padded_taps(const Correlation& r) {
   return (r.column_rows() + tap_padding - 1) / tap_padding * tap_padding;
 }
+/// A bound over every path of a group's outputs in the weight gradient's blocks (block_channels:
+/// at most gradient_channels at a time, fewer rounded up to the narrowest tile's channels).
 inline Index padded_outputs(const Correlation& r) {
-  return (r.out_per_group + gradient_channels - 1) / gradient_channels * gradient_channels;
+  const Index block = r.out_per_group > gradient_channels ? gradient_channels : max_narrow_lanes;
+  return (r.out_per_group + block - 1) / block * block;
 }
 /// Output channels per cell of the transposed output gradient (a block of a group's outputs):
 /// the group's, rounded up to the narrowest tile's channels, at most gradient_channels. A
@@ -685,21 +688,22 @@ inline Index block_channels(const Correlation& r, const ConvTileShape& shape) {
 /// for the kx output planes that read it.
 using CellPairSource = PlaneSource<uint32_t, true>;
 
-/// Workspace values of one thread of vector_weight_gradient: the output gradient of a band
-/// transposed, a plane's float sums, the double totals and the source's ring (of cell-pair
-/// planes where a bf16 gradient reads pairs; an even count: doubles stay aligned).
-inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies,
-                                                 bool bf16) {
-  const std::size_t gradient = r.k[0] * padded_taps(r) * padded_outputs(r);
+/// Workspace values of one thread of vector_weight_gradient, summing `x_taps` x taps at a
+/// time: the output gradient of a band transposed, a plane's float sums and the double totals
+/// (of x_taps x taps), and the source's ring (of cell-pair planes where a bf16 gradient reads
+/// pairs; an even count: doubles stay aligned).
+inline std::size_t weight_gradient_thread_values(const Correlation& r, bool band_copies, bool bf16,
+                                                 Index x_taps) {
+  const std::size_t gradient = x_taps * padded_taps(r) * padded_outputs(r);
   const std::size_t ring = gradient_pairs(bf16) ? CellPairSource::ring_values(r, band_copies)
                                                 : PlaneSource<float>::ring_values(r, band_copies);
   const std::size_t values =
       static_cast<std::size_t>(padded_outputs(r) * band_rows * r.out[2]) + 3 * gradient + ring;
   return values + values % 2;
 }
-inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies,
-                                                 bool bf16) {
-  return weight_gradient_thread_values(r, band_copies, bf16) * host_threads();
+inline std::size_t vector_weight_gradient_values(const Correlation& r, bool band_copies, bool bf16,
+                                                 Index x_taps) {
+  return weight_gradient_thread_values(r, band_copies, bf16, x_taps) * host_threads();
 }
 
 /// The band's output gradient transposed as pairs of a row's cells (weight_gradient_pairs_tile):
@@ -753,7 +757,8 @@ void transpose_gradient_amx(const Correlation& r, const FieldView<float>& gy, In
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16, const SourceSlabs<float>& slabs) {
+                                 bool band_copies, bool bf16, Index x_taps_per_pass,
+                                 const SourceSlabs<float>& slabs) {
   // bf16 on AMX tiles, or on dot products over pairs of a row's cells (the float tiles' sums
   // in the same order), else on the float tiles over copies rounded to bf16.
   const bool amx = bf16 && bf16_matrix_tiles();
@@ -783,14 +788,16 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
          channels == tile_channels ? Index(shape.gradient_taps) : Index(tap_padding)});
     c0 += channels;
   }
-  const Index gradient_size = kx * taps * outs;
+  // x taps [a0, a0 + pass_taps) per pass over the bands, their sums at (a - a0).
+  const Index pass_taps = std::clamp<Index>(x_taps_per_pass, 1, kx);
+  const Index gradient_size = pass_taps * taps * outs;
   std::vector<std::ptrdiff_t> offsets =
       pairs || amx ? tap_offsets(r, CellPairSource(r, xp, nullptr, band_copies))
                    : tap_offsets(r, PlaneSource<float>(r, xp, nullptr, band_copies));
   offsets.resize(taps, 0);  // padding taps read tap 0; their sums are not used
   const Index bands = (r.out[1] + band_rows - 1) / band_rows;
   const int threads = host_threads();
-  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies, bf16);
+  const std::size_t per_thread = weight_gradient_thread_values(r, band_copies, bf16, pass_taps);
   // Thread t's share: [transposed band | float sums | double totals | ring].
   const auto totals_of = [&](int t) {
     return reinterpret_cast<double*>(workspace + t * per_thread + outs * cells_per_band +
@@ -811,10 +818,13 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
       sources.emplace_back(r, xp, static_cast<float*>(ring), band_copies, slabs, bf16);
   }
   const Index per_sample = r.out[0] * bands;
-  for (Index group = 0; group < r.groups; ++group) {
+  const Index passes_per_group = (kx + pass_taps - 1) / pass_taps;
+  for (Index pass = 0; pass < r.groups * passes_per_group; ++pass) {
+    const Index group = pass / passes_per_group, a0 = pass % passes_per_group * pass_taps,
+                a1 = std::min(a0 + pass_taps, kx);
     // Each thread sums over its own bands of rows of every sample (in order): float sums
     // per plane, added into its double totals when the plane changes; the totals add up in
-    // thread order.
+    // thread order. A pass over fewer x taps sums each of its weights in the same order.
     split_over_threads(threads, g.batch * per_sample, [&](int t, Index first, Index last) {
       float* const transposed = workspace + t * per_thread;  // [32-channel block][cell][32]
       float* const sums = transposed + outs * cells_per_band;
@@ -835,7 +845,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
           transpose_gradient_amx(r, gy, n, group * outs_of_group, x, y0, rows, row_pairs, dy_pairs);
           source.start_band(y0);
           const std::ptrdiff_t cs = source.channel_stride(), rs = source.row_stride();
-          for (Index a = 0; a < kx; ++a) {
+          for (Index a = a0; a < a1; ++a) {
             const uint16_t* plane = source.plane(r.offset[0] + x + a * r.d[0]);
             if (!plane) continue;  // outside the source: reads zero
             const uint16_t* band = plane + (y0 - source.first_row()) * rs;
@@ -850,7 +860,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                         dy_pairs + o0, row_pairs * outs_of_group, int(outs_of_group),
                         int(std::min(per_tile, outs_of_group - o0)), int(rows), int(amx_pairs),
                         int(row_pairs / amx_pairs),
-                        sums + (a * taps + (j0 * ky + b) * kz + c) * outs + o0, ky * kz * outs);
+                        sums + ((a - a0) * taps + (j0 * ky + b) * kz + c) * outs + o0,
+                        ky * kz * outs);
             }
           }
         } else if (pairs) {
@@ -861,7 +872,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
           transpose_gradient_pairs(r, gy, n, group * r.out_per_group, x, y0, rows, outs, B,
                                    dy_pairs);
           source.start_band(y0);
-          for (Index a = 0; a < kx; ++a) {
+          for (Index a = a0; a < a1; ++a) {
             const uint32_t* plane = source.plane(r.offset[0] + x + a * r.d[0]);
             if (!plane) continue;  // outside the source: reads zero
             const uint32_t* band = plane + (y0 - source.first_row()) * source.row_stride();
@@ -871,8 +882,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                   weight_gradient_pairs_tile(
                       band, offsets.data() + tap, source.row_stride(), int(rows),
                       int(pairs_per_row), dy_pairs + block * rows * pairs_per_row * B + tile.c0,
-                      int(B), tile.channels, sums + (a * taps + tap) * outs + block * B + tile.c0,
-                      outs);
+                      int(B), tile.channels,
+                      sums + ((a - a0) * taps + tap) * outs + block * B + tile.c0, outs);
           }
         } else {
           PlaneSource<float>& source = sources[t];
@@ -896,7 +907,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
             }
           }
           source.start_band(y0);
-          for (Index a = 0; a < kx; ++a) {
+          for (Index a = a0; a < a1; ++a) {
             const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);
             if (!plane) continue;  // outside the source: reads zero
             const float* band = plane + (y0 - source.first_row()) * source.row_stride();
@@ -906,7 +917,7 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                   weight_gradient_tile(
                       band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
                       transposed + block * cells * B + tile.c0, int(B), tile.channels,
-                      sums + (a * taps + tap) * outs + block * B + tile.c0, outs);
+                      sums + ((a - a0) * taps + tap) * outs + block * B + tile.c0, outs);
           }
         }
         if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band
@@ -917,10 +928,10 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
     });
     for (Index o = 0; o < r.out_per_group; ++o)
       for (Index j = 0; j < r.src_per_group; ++j)
-        for (Index a = 0; a < kx; ++a)
+        for (Index a = a0; a < a1; ++a)
           for (Index b = 0; b < ky; ++b)
             for (Index c = 0; c < kz; ++c) {
-              const Index i = (a * taps + (j * ky + b) * kz + c) * outs + o;
+              const Index i = ((a - a0) * taps + (j * ky + b) * kz + c) * outs + o;
               double total = 0;
               for (int t = 0; t < threads; ++t) total += totals_of(t)[i];
               gw(g.weight_index(group * r.out_per_group + o, j, a, b, c)) +=
@@ -933,11 +944,25 @@ bool conv_vector_available() {
   return vector_kernels_on();
 }
 
+Index conv_vector_gradient_x_taps(const Correlation& forward, const Correlation& data,
+                                  bool band_copies, bool bf16) {
+  const std::size_t correlations = std::max(vector_correlate_values(forward, band_copies, bf16),
+                                            vector_correlate_values(data, band_copies, bf16));
+  // Where the sums of all x taps are most of the weight gradient's need and it is the layer's
+  // largest: the passes then cost a transposition of the output gradient per x tap.
+  const Index kx = forward.k[0];
+  const std::size_t all = vector_weight_gradient_values(forward, band_copies, bf16, kx),
+                    sums = 3 * static_cast<std::size_t>(kx * padded_taps(forward) *
+                                                        padded_outputs(forward) * host_threads());
+  return all > correlations && 2 * sums > all ? 1 : kx;
+}
+
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
                                bool band_copies, bool bf16) {
+  const Index x_taps = conv_vector_gradient_x_taps(forward, data, band_copies, bf16);
   return std::max({vector_correlate_values(forward, band_copies, bf16),
                    vector_correlate_values(data, band_copies, bf16),
-                   vector_weight_gradient_values(forward, band_copies, bf16)});
+                   vector_weight_gradient_values(forward, band_copies, bf16, x_taps)});
 }
 
 }  // namespace shardtensor::kernels::host

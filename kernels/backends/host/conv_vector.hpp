@@ -19,6 +19,11 @@ bool conv_vector_available();
 /// every source into pair planes).
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
                                bool band_copies, bool bf16);
+/// The x taps the weight gradient sums per pass over the bands (conv_vector_weight_gradient):
+/// all of them, or one where summing all would make the weight gradient this layer's largest
+/// workspace (a wide layer's per-thread sums, 3x its weights per thread: a U-Net's bottom).
+Index conv_vector_gradient_x_taps(const Correlation& forward, const Correlation& data,
+                                  bool band_copies, bool bf16);
 
 /// Values of the packed weights of a one-group correlation (conv_vector_pack_weights), on
 /// every instruction set's tiles.
@@ -54,10 +59,13 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
 /// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
 /// `bf16`: gy holds bf16 values and xp is rounded as it is read (conv_vector_rounds_source):
 /// on AMX tiles where they run, else on bf16 dot products over pairs of a row's cells where
-/// those run (the same bits as the float tiles), else on the float tiles.
+/// those run (the same bits as the float tiles), else on the float tiles. `x_taps_per_pass`
+/// (conv_vector_gradient_x_taps): the x taps summed per pass over the bands; each weight's
+/// sum is the same whatever the passes.
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16, const SourceSlabs<float>& slabs = {});
+                                 bool band_copies, bool bf16, Index x_taps_per_pass,
+                                 const SourceSlabs<float>& slabs = {});
 
 }  // namespace shardtensor::kernels::host

@@ -51,8 +51,9 @@ constexpr int gradient_vectors = 2;
 // in two halves (Zen 4), half the time where half the lanes would be padding.
 using DN = hn::CappedTag<float, 8>;
 constexpr int narrow_lanes = static_cast<int>(hn::MaxLanes(DN()));
-static_assert(tap_padding % gradient_taps == 0 && tile_rows <= max_tile_rows &&
-              gradient_vectors == 2 && gradient_vectors * lanes <= gradient_channels &&
+static_assert(tap_padding % gradient_taps == 0 && max_narrow_lanes % narrow_lanes == 0 &&
+              tile_rows <= max_tile_rows && gradient_vectors == 2 &&
+              gradient_vectors * lanes <= gradient_channels &&
               tap_padding <= gradient_taps * gradient_vectors);
 
 // Masked loads and stores that never touch the other lanes: native on AVX-512 and (float)

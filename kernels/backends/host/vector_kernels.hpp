@@ -36,6 +36,7 @@ ConvTileShape conv_tile_shape();
 constexpr int max_tile_rows = 8;
 constexpr int tap_padding = 12;        // every path's gradient_taps divides it
 constexpr int gradient_channels = 32;  // the most output channels per transposed cell
+constexpr int max_narrow_lanes = 8;    // every path's narrow_lanes divides it
 
 /// One output vector of `lanes` cells: `source` is the offset (from the source plane's
 /// origin) that tap 0 of lane 0 reads. Lanes in `mask` are output cells at `output` + lane;

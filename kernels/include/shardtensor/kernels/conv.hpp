@@ -212,6 +212,7 @@ struct PlanePlan {
   bool band_copies = false;     // vector kernels copy padded sources band by band
   bool bf16 = false;            // vector kernels take bf16 operands (ConvOptions::bf16)
   bool rounds_source = false;   // bf16: they round the source as they read it (any input)
+  Index gradient_x_taps = 0;    // vector kernels: x taps per weight-gradient pass
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
 };
