@@ -916,12 +916,13 @@ TEST_CASE("a layer keeps its packed weights in eval mode only", "[conv][memory]"
   // together 2x its weights) between calls. In eval mode it keeps them; back in training they go.
   const Communicator world;
   ConvOptions o;
-  o.in_channels = 16;
-  o.out_channels = 24;
+  o.in_channels = 8;
+  o.out_channels = 12;
   o.kernel = {3, 3, 3};
   o.padding = {1, 1, 1};
   o.library_kernels = false;
-  const Decomposition d = Decomposition::automatic({10, 9, 12}, world.size());
+  // Planes of at least 64 cells on every rank count (the plane path's, for the vector kernels).
+  const Decomposition d = Decomposition::automatic({16, 16, 16}, world.size());
   const auto x = Variable<float>::field(
       test::random_shard<float>(d, world.rank(), 1, o.in_channels, 17), true, "x");
   Conv<float> layer(world, o, "conv");
