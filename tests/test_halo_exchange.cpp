@@ -159,23 +159,50 @@ TEMPLATE_TEST_CASE("halo plans lease their buffers from one pool, each exchange 
   const ShardTensor<TestType> b = field_to_exchange<TestType>(comm, d, ghosts, 5);
   HaloExchange<TestType> plan_a(comm, a), plan_b(comm, b);
   using Lease = impl::BufferLease<TestType>;
-  const auto round = [&] {
-    plan_a.start(a);
-    plan_b.start(b);
+  const auto round = [&](OwnedCells owned) {
+    plan_a.start(a, HaloWire::native, owned);
+    plan_b.start(b, HaloWire::native, owned);
     plan_b.finish(b);
     plan_a.finish(a);
   };
-  round();
+  const auto reverse_round = [&] {
+    plan_a.reverse_start(a);
+    plan_b.reverse_start(b);
+    plan_b.reverse_finish(b);
+    plan_a.reverse_finish(a);
+  };
+  // MPI in host memory receives forward messages into the ghost cells and, where the caller
+  // leaves the owned cells unchanged, sends them out of the owned cells: then a forward
+  // exchange leases no buffer. Else (or elsewhere) both plans' send buffers at least.
+  const bool boxes = impl::transport_for<DefaultMemorySpace>(comm).moves_boxes();
+  const std::size_t before = Lease::free_values();
+  round(OwnedCells::unchanged);
   CHECK(wrong_cells(a) == 0);
   CHECK(wrong_cells(b) == 0);
+  if (boxes) CHECK(Lease::free_values() == before);
+  round(OwnedCells::may_change);
+  CHECK(wrong_cells(a) == 0);
+  CHECK(wrong_cells(b) == 0);
+  CHECK(Lease::free_values() * sizeof(TestType) >= plan_a.bytes_sent() + plan_b.bytes_sent());
+  // The adjoint adds what comes back: each plan in flight holds a buffer of its send boxes'
+  // size for it (and, where the transport packs, one for its ghost values).
+  reverse_round();
   const std::size_t pooled = Lease::free_values();
-  // Both plans' send buffers at least (in host memory MPI receives forward messages into the
-  // ghost cells, with no receive buffer).
   CHECK(pooled * sizeof(TestType) >= plan_a.bytes_sent() + plan_b.bytes_sent());
+  if (boxes && comm.size() > 1)
+    CHECK(pooled * sizeof(TestType) < 2 * (plan_a.bytes_sent() + plan_b.bytes_sent()));
+  const auto refill = [&] {  // the adjoint added into the owned cells and zeroed the ghosts
+    Kokkos::deep_copy(a.view(), field_to_exchange<TestType>(comm, d, ghosts, 3).view());
+    Kokkos::deep_copy(b.view(), field_to_exchange<TestType>(comm, d, ghosts, 5).view());
+  };
+  refill();
   disable_memory_tracking();
   enable_memory_tracking();  // from zero
-  round();
-  round();
+  round(OwnedCells::may_change);
+  round(OwnedCells::unchanged);
+  reverse_round();
+  refill();
+  round(OwnedCells::may_change);
   const std::uint64_t allocated = memory_snapshot()[MemoryCategory::comm_buffers].peak;
   disable_memory_tracking();
   CHECK(wrong_cells(a) == 0);

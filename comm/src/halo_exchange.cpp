@@ -150,9 +150,12 @@ HaloExchange<T>::HaloExchange(const Communicator& comm, const ShardTensor<T>& li
   send_total_ = send_total;
   recv_total_ = recv_total;
   receive_message_.reserve(messages_.size());
-  // Where the transport can, forward messages land straight in the ghost cells (no unpack).
-  if (impl::transport_for<DefaultMemorySpace>(comm_).receives_into_boxes())
-    for (const Message& m : messages_) ghost_layouts_.push_back(layout_of(like.view(), m.recv_box));
+  // Where the transport can, messages go straight out of and into the field's boxes.
+  if (impl::transport_for<DefaultMemorySpace>(comm_).moves_boxes())
+    for (const Message& m : messages_) {
+      ghost_layouts_.push_back(layout_of(like.view(), m.recv_box));
+      owned_layouts_.push_back(layout_of(like.view(), m.send_box));
+    }
 }
 
 template <class T>
@@ -196,17 +199,21 @@ void HaloExchange<T>::check_field(const ShardTensor<T>& field, Phase expected,
 }
 
 template <class T>
-void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field, HaloWire wire) {
+void HaloExchange<T>::begin_phase(Phase phase, const ShardTensor<T>& field, HaloWire wire,
+                                  OwnedCells owned) {
   ExecutionSpace().fence();  // the kernels that wrote the field, before the plan's own instance
   wire_ = wire;
+  sends_in_place_ = in_place() && (phase == Phase::reverse || owned == OwnedCells::unchanged);
   // A bfloat16 value takes half of a leased float.
   const auto values = [&](std::size_t count) {
     return wire == HaloWire::bfloat16 ? (count + 1) / 2 : count;
   };
-  // Forward, MPI in host memory receives into the ghost cells: no receive buffer.
-  send_lease_ = impl::BufferLease<T>(values(send_total_));
-  recv_lease_ = impl::BufferLease<T>(
-      phase == Phase::forward && receives_in_place() ? 0 : values(recv_total_));
+  // MPI in host memory receives forward messages into the ghost cells and sends the adjoint's
+  // out of them, and sends forward ones out of unchanged owned cells: then only the adjoint's
+  // contributions, which are added, need a buffer (the send buffer's).
+  const bool forward = phase == Phase::forward;
+  send_lease_ = impl::BufferLease<T>(forward && sends_in_place_ ? 0 : values(send_total_));
+  recv_lease_ = impl::BufferLease<T>(in_place() ? 0 : values(recv_total_));
   in_flight_ = field.view().data();
   receive_message_.clear();
   phase_ = phase;
@@ -240,11 +247,16 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
   };
   std::vector<impl::Send> sends;
   std::vector<impl::Receive> receives;
-  for (const Message& m : messages_) {
+  for (std::size_t i = 0; i < messages_.size(); ++i) {
+    const Message& m = messages_[i];
     const std::size_t count = reverse ? m.recv_count : m.send_count;
     if (count == 0 || m.self_partner >= 0) continue;
     const int tag = reverse ? reverse_tag(m.direction) : forward_tag(m.direction);
-    sends.push_back({m.neighbor, out(reverse ? m.recv_offset : m.send_offset), count, tag});
+    if (sends_in_place_)  // forward the owned cells, in reverse the ghost cells
+      sends.push_back({m.neighbor, field.view().data(), count, tag,
+                       reverse ? &ghost_layouts_[i] : &owned_layouts_[i]});
+    else
+      sends.push_back({m.neighbor, out(reverse ? m.recv_offset : m.send_offset), count, tag});
   }
   for (std::size_t i = messages_.size(); i-- > 0;) {
     const Message& m = messages_[i];
@@ -252,7 +264,7 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
     if (count == 0 || m.self_partner >= 0) continue;
     const Direction from = opposite(m.direction);
     const int tag = reverse ? reverse_tag(from) : forward_tag(from);
-    if (!reverse && receives_in_place())
+    if (!reverse && in_place())
       receives.push_back({m.neighbor, field.view().data(), count, tag, &ghost_layouts_[i]});
     else
       receives.push_back({m.neighbor, in(reverse ? m.send_offset : m.recv_offset), count, tag});
@@ -266,13 +278,13 @@ void HaloExchange<T>::post_transfers(const ShardTensor<T>& field, bool reverse) 
 }
 
 template <class T>
-void HaloExchange<T>::start(const ShardTensor<T>& field, HaloWire wire) {
+void HaloExchange<T>::start(const ShardTensor<T>& field, HaloWire wire, OwnedCells owned) {
   CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::start");
   SHARDTENSOR_REQUIRE(
       wire == HaloWire::native || (std::is_same_v<T, float>), "HaloExchange::start",
       "the bfloat16 wire moves float fields, this one has " << sizeof(T) << "-byte values");
-  begin_phase(Phase::forward, field, wire);
+  begin_phase(Phase::forward, field, wire, owned);
   for (const Message& m : messages_) {
     if (m.send_count == 0) continue;
     const Box own_ghosts = m.self_partner >= 0 ? messages_[m.self_partner].recv_box : Box{};
@@ -288,7 +300,7 @@ void HaloExchange<T>::start(const ShardTensor<T>& field, HaloWire wire) {
     }
     if (m.self_partner >= 0)  // to itself (periodic on one rank): owned cells to ghosts
       copy_box(space_, field.view(), m.send_box, own_ghosts);
-    else
+    else if (!sends_in_place_)
       pack_box(space_, field.view(), m.send_box, send_lease_.view(), m.send_offset);
   }
   post_transfers(field, /*reverse=*/false);
@@ -305,7 +317,7 @@ template <class T>
 void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
   CommTimerScope timer(CommKind::halo);
   check_field(field, Phase::idle, "HaloExchange::reverse_start");
-  begin_phase(Phase::reverse, field, HaloWire::native);
+  begin_phase(Phase::reverse, field, HaloWire::native, OwnedCells::unchanged);
   // Roles swap: ghosts go out of the receive buffer, owned cells' contributions come back
   // into the send buffer.
   for (const Message& m : messages_) {
@@ -313,12 +325,12 @@ void HaloExchange<T>::reverse_start(const ShardTensor<T>& field) {
     if (m.self_partner >= 0)  // to itself: its ghosts added into the owned cells they copy
       copy_box(space_, field.view(), m.recv_box, messages_[m.self_partner].send_box,
                UnpackMode::add);
-    else
+    else if (!in_place())
       pack_box(space_, field.view(), m.recv_box, recv_lease_.view(), m.recv_offset);
   }
   post_transfers(field, /*reverse=*/true);
-  // The ghost values now live in the buffer; in the adjoint they are consumed.
-  for (const Message& m : messages_) fill_box(space_, field.view(), m.recv_box, T(0));
+  // The ghost values are consumed: set to zero once sent (reverse_finish; sent from the
+  // field itself, they must stay until then).
 }
 
 template <class T>
@@ -359,10 +371,12 @@ void HaloExchange<T>::wait_and_unpack(const ShardTensor<T>& field, bool reverse)
     // Forward messages fill disjoint ghost boxes: each is unpacked as it arrives (or is in
     // place already).
     for (int i = transfers_.next_received(); i >= 0; i = transfers_.next_received())
-      if (!receives_in_place()) unpack(receive_message_[i]);
+      if (!in_place()) unpack(receive_message_[i]);
   }
-  space_.fence();     // the unpacked ghosts, before the kernels of the default instance read them
-  transfers_.wait();  // the sends, before the buffers are packed again
+  transfers_.wait();  // the sends, before the buffers are packed again (or the field written)
+  if (reverse)        // the adjoint's ghost values, sent and added where they came from
+    for (const Message& m : messages_) fill_box(space_, field.view(), m.recv_box, T(0));
+  space_.fence();  // the unpacked ghosts, before the kernels of the default instance read them
   send_lease_.release();  // idle: another plan's exchange may take them
   recv_lease_.release();
   receive_message_.clear();

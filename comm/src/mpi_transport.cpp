@@ -207,7 +207,7 @@ class MpiTransport final : public Transport {
            : memory_ == MpiMemory::device ? "mpi (device-aware)"
                                           : "mpi (staged)";
   }
-  bool receives_into_boxes() const override { return memory_ == MpiMemory::host; }
+  bool moves_boxes() const override { return memory_ == MpiMemory::host; }
 
   void allreduce(void* data, std::size_t count, WireType type, ReduceOp op) override {
     require_reducible(type, "allreduce");
@@ -289,7 +289,7 @@ class MpiTransport final : public Transport {
     for (std::size_t i = 0; i < receives.size(); ++i) {
       const Receive& r = receives[i];
       if (r.box) {
-        SHARDTENSOR_REQUIRE(receives_into_boxes(), "MPI transport",
+        SHARDTENSOR_REQUIRE(moves_boxes(), "MPI transport",
                             "a receive into a box needs host memory (" << name() << ")");
         received.emplace_back();
         MPI_Irecv(r.data, 1, box_type(*r.box, type), r.peer, r.tag, comm_, &receive_requests[i]);
@@ -303,6 +303,13 @@ class MpiTransport final : public Transport {
     std::vector<Staged> sent;
     for (std::size_t i = 0; i < sends.size(); ++i) {
       const Send& s = sends[i];
+      if (s.box) {
+        SHARDTENSOR_REQUIRE(moves_boxes(), "MPI transport",
+                            "a send from a box needs host memory (" << name() << ")");
+        sent.emplace_back();
+        MPI_Isend(s.data, 1, box_type(*s.box, type), s.peer, s.tag, comm_, &send_requests[i]);
+        continue;
+      }
       sent.push_back(stage(s.data, s.count, type, true));
       MPI_Isend(sent.back().data(), to_int(s.count), t, s.peer, s.tag, comm_, &send_requests[i]);
     }

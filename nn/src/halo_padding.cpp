@@ -157,7 +157,9 @@ HaloExchange<T>& HaloPadding<T>::plan_for(const ShardTensor<T>& padded) {
 template <class T>
 void HaloPadding<T>::start_exchange(const ShardTensor<T>& padded) {
   HaloExchange<T>& plan = plan_for(padded);
-  plan.start(padded, bfloat16_ ? plan.wire_for_bfloat16_values() : HaloWire::native);
+  // The layers read the buffer between start() and finish() (the halo overlap), never write it.
+  plan.start(padded, bfloat16_ ? plan.wire_for_bfloat16_values() : HaloWire::native,
+             OwnedCells::unchanged);
 }
 
 template <class T>

@@ -411,7 +411,8 @@ Variable<T> neighborhood_attention(const Communicator& comm, const Variable<T>& 
   unpack_rows(ExecutionSpace(), saved->kv, g->padded, none, 0, 2 * C, padded.view(),
               padded_interior, 0, false);
   const std::shared_ptr<HaloExchange<T>> plan = HaloPlanCache<T>::shared(comm).plan(padded, where);
-  plan->start(padded, options.bf16 ? plan->wire_for_bfloat16_values() : HaloWire::native);
+  plan->start(padded, options.bf16 ? plan->wire_for_bfloat16_values() : HaloWire::native,
+              OwnedCells::unchanged);  // only the packed rows are read meanwhile
 
   // While the messages travel: pack Q, compute the early queries.
   pack_rows(ExecutionSpace(), qf.view(), qf.interior_box(), 0, C, saved->q, g->local,

@@ -19,11 +19,18 @@ namespace shardtensor {
 /// adjoint moves gradients, which stay float, as they are.
 enum class HaloWire { native, bfloat16 };
 
+/// What a caller of HaloExchange::start() does to the field's owned cells until finish():
+/// `may_change` (the default: start() packs what it sends, so they may be written meanwhile),
+/// or `unchanged` (they are only read, so a transport that moves boxes sends them straight
+/// from the field: no send buffer, no packing).
+enum class OwnedCells { may_change, unchanged };
+
 /// Built once per (communicator, decomposition, ghost widths, batch, channels). One message
 /// per neighbouring rank and direction (up to 26 in 3-D), so corner ghosts arrive in the same
-/// single round as faces. An exchange leases its send and receive buffers from the pool that
-/// every plan shares (impl::BufferLease) for start()..finish(): a model's many plans hold the
-/// buffers of the exchanges in flight, not one pair each, and a steady step allocates none.
+/// single round as faces. An exchange leases the send and receive buffers it needs from the
+/// pool that every plan shares (impl::BufferLease) for start()..finish(): a model's many plans
+/// hold the buffers of the exchanges in flight, not one pair each, and a steady step allocates
+/// none.
 ///
 /// Forward (`start`/`finish`, or `exchange`): ghost cells that lie inside the global field,
 /// or across a periodic boundary, receive copies of the owning rank's cells. Ghost cells past
@@ -36,15 +43,20 @@ enum class HaloWire { native, bfloat16 };
 ///
 /// start() packs and posts non-blocking sends and receives and returns, so interior
 /// computation can overlap the communication; finish() waits and unpacks. finish() takes the
-/// same field as start(); between the two, owned cells may be read but ghost cells neither
-/// read nor written.
+/// same field as start(); between the two, owned cells may be read (and written, unless
+/// start() was told OwnedCells::unchanged), ghost cells neither read nor written; between
+/// reverse_start() and reverse_finish() neither owned nor ghost cells are written.
 ///
 /// How data moves: outgoing boxes are packed by Kokkos kernels into one send buffer, all
 /// messages of a phase go to the communicator's transport as one exchange (transport.hpp:
 /// MPI, staged or not, or NCCL, as the communicator's options say), and received messages are
-/// unpacked by kernels, forward as they arrive; MPI in host memory receives forward messages
-/// straight into the ghost cells (no unpack). Interior kernels run while they travel. A
-/// message to the rank itself (a periodic axis with one process) is a local copy.
+/// unpacked by kernels, forward as they arrive. MPI in host memory (Transport::moves_boxes)
+/// receives forward messages straight into the ghost cells and sends the adjoint's straight
+/// from them, and sends forward messages straight from the owned cells where the caller
+/// leaves them unchanged (OwnedCells): then an exchange packs nothing and leases no buffer
+/// but the adjoint's receive buffer (its values are added, not written). Interior kernels
+/// run while they travel. A message to the rank itself (a periodic axis with one process) is
+/// a local copy.
 template <class T>
 class HaloExchange {
  public:
@@ -69,11 +81,13 @@ class HaloExchange {
   HaloExchange(const HaloExchange&) = delete;
   HaloExchange& operator=(const HaloExchange&) = delete;
 
-  /// `wire` bfloat16: float fields only.
-  void start(const ShardTensor<T>& field, HaloWire wire = HaloWire::native);
+  /// `wire` bfloat16: float fields only. `owned`: whether the caller writes the owned cells
+  /// before finish().
+  void start(const ShardTensor<T>& field, HaloWire wire = HaloWire::native,
+             OwnedCells owned = OwnedCells::may_change);
   void finish(const ShardTensor<T>& field);
   void exchange(const ShardTensor<T>& field, HaloWire wire = HaloWire::native) {
-    start(field, wire);
+    start(field, wire, OwnedCells::unchanged);
     finish(field);
   }
 
@@ -106,15 +120,17 @@ class HaloExchange {
     return wire == HaloWire::bfloat16 ? sizeof(std::uint16_t) : sizeof(T);
   }
   void check_field(const ShardTensor<T>& field, Phase expected, const char* where) const;
-  void begin_phase(Phase phase, const ShardTensor<T>& field, HaloWire wire);
+  void begin_phase(Phase phase, const ShardTensor<T>& field, HaloWire wire, OwnedCells owned);
   /// A leased buffer as the bfloat16 wire fills it: twice as many 16-bit values.
   static Kokkos::View<std::uint16_t*, DefaultMemorySpace, Kokkos::MemoryUnmanaged> bfloat16_view(
       const impl::BufferLease<T>& lease);
   /// Every message of a phase (packed) to the transport as one exchange.
   void post_transfers(const ShardTensor<T>& field, bool reverse);
-  /// Forward messages land in the field's ghost cells (ghost_layouts_), not the buffer: where
-  /// the transport can and the wire carries the field's own values.
-  bool receives_in_place() const { return !ghost_layouts_.empty() && wire_ == HaloWire::native; }
+  /// Forward messages land in, and the adjoint's go out of, the field's ghost cells
+  /// (ghost_layouts_), not the buffers: where the transport can and the wire carries the
+  /// field's own values. Forward messages go out of its owned cells (owned_layouts_) where,
+  /// besides, the caller leaves them unchanged (sends_in_place_).
+  bool in_place() const { return !ghost_layouts_.empty() && wire_ == HaloWire::native; }
   void wait_and_unpack(const ShardTensor<T>& field, bool reverse);
   int forward_tag(const Direction& d) const;
   int reverse_tag(const Direction& d) const;
@@ -131,9 +147,11 @@ class HaloExchange {
   // Leased for one exchange (begin_phase to the end of wait_and_unpack).
   impl::BufferLease<T> send_lease_, recv_lease_;
   std::vector<int> receive_message_;            // message index of each receive of the exchange
-  std::vector<impl::BoxLayout> ghost_layouts_;  // per message, where the transport takes boxes
+  // Per message, where the transport takes boxes: its ghost box and its send box.
+  std::vector<impl::BoxLayout> ghost_layouts_, owned_layouts_;
   Phase phase_ = Phase::idle;
   HaloWire wire_ = HaloWire::native;  // of the exchange in progress
+  bool sends_in_place_ = false;       // the exchange in progress sends out of the field
   const T* in_flight_ = nullptr;      // the field of the exchange in progress
   // Last, so destroyed first: a plan destroyed mid-exchange (while an exception unwinds)
   // cancels its transfers before its buffers go.

@@ -61,17 +61,21 @@ inline std::size_t sum(const std::vector<std::size_t>& counts) {
 /// operation's messages from others' (MPI); transfers between the same two ranks also match in
 /// the order they are listed (NCCL): a rank's sends to a peer in the order of that peer's
 /// receives from it.
-struct Send {
-  int peer;
-  const void* data;
-  std::size_t count;
-  int tag;
-};
 /// The box `lower`/`extent` of a C-order array of `shape` (a field's ghost region).
 struct BoxLayout {
   int shape[5];
   int lower[5];
   int extent[5];
+};
+struct Send {
+  int peer;
+  const void* data;
+  std::size_t count;
+  int tag;
+  /// Where the values come from when they are not contiguous: the box of a C-order array of
+  /// `shape` that starts at `data` (count = the box's size). Only for a transport that
+  /// moves_boxes(); its values must not change until the send completes.
+  const BoxLayout* box = nullptr;
 };
 struct Receive {
   int peer;
@@ -80,7 +84,7 @@ struct Receive {
   int tag;
   /// Where the values land when they are not contiguous: the box `lower`/`extent` of a
   /// C-order array of `shape` that starts at `data` (count = the box's size). Only for a
-  /// transport that receives_into_boxes().
+  /// transport that moves_boxes().
   const BoxLayout* box = nullptr;
 };
 
@@ -120,9 +124,9 @@ class Transport {
   virtual ~Transport() = default;
   /// "mpi", "mpi (staged)", "mpi (device-aware)" or "nccl".
   virtual const char* name() const = 0;
-  /// Whether a Receive may name a box (BoxLayout): MPI in host memory, which then needs no
-  /// unpacking pass.
-  virtual bool receives_into_boxes() const { return false; }
+  /// Whether a Send or a Receive may name a box (BoxLayout): MPI in host memory, which then
+  /// needs no packing or unpacking pass and no buffer of ours.
+  virtual bool moves_boxes() const { return false; }
 
   virtual void allreduce(void* data, std::size_t count, WireType type, ReduceOp op) = 0;
   /// recv = every rank's `send` (counts[r] elements from rank r), in rank order.
