@@ -188,8 +188,10 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
       x.channels() == options_.in_channels, where,
       "input has " << x.channels() << " channels, the layer expects " << options_.in_channels);
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
-  // The host vector kernels keep this layer's packed weights between calls in eval mode only.
+  // The host vector kernels keep this layer's packed weights between calls in eval mode only:
+  // in training the weights change every step (a kept pair goes when the layer trains again).
   workspace_->keeps_forward_weights = !this->is_training();
+  if (!workspace_->keeps_forward_weights) workspace_->forward_weights = {};
 
   // Where nothing is exchanged (zeros padding, or periodic on one rank), the plane path may
   // read the input itself: no padded copy (a pass over the field, and its memory); where only

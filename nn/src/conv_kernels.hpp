@@ -72,9 +72,10 @@ class ConvKernels {
     const auto keep = [&](Index ox, Index y0, Index y1) {
       return filter(kernels::plane_reads(shape_, ox, y0, y1));
     };
-    kernels::correlate_planes<T>(space, planes_, planes_.forward, planes_.forward_rows, shape_, xp,
-                                 w, false, bias, y, workspace_->reserve(planes_.values), keep,
-                                 workspace_->kept_forward_weights(), slabs);
+    kernels::correlate_planes<T>(
+        space, planes_, planes_.forward, planes_.forward_rows, shape_, xp, w, false, bias, y,
+        workspace_->reserve(planes_.values), keep,
+        workspace_->keeps_forward_weights ? &workspace_->forward_weights : nullptr, slabs);
   }
 
   /// The gradients from gy: of the weight (gw), the bias (gb) and the padded input (gxp);

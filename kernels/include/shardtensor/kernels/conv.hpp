@@ -84,11 +84,6 @@ struct ConvWorkspace {
   /// Whether forward keeps forward_weights (its layer is in eval mode), else the kernels pack
   /// per call into the scratch and forward_weights stays empty.
   bool keeps_forward_weights = false;
-  /// The packed forward weights to keep, or none (and any kept ones go): for correlate_planes.
-  PackedWeights<T>* kept_forward_weights() {
-    if (!keeps_forward_weights) forward_weights = {};
-    return keeps_forward_weights ? &forward_weights : nullptr;
-  }
 };
 
 template <class T>
