@@ -433,6 +433,74 @@ TEST_CASE("bf16 transposed convolution: sharded equals one rank, bf16 outputs", 
   CHECK(holds_bfloat16_values(low.output.value()));
 }
 
+TEST_CASE("a bf16 conv on the vector kernels rounds its weights as it packs them", "[bf16]") {
+  // The vector kernels round a bf16 layer's weights as they pack them (the float tiles'
+  // weights, the pair planes' weight pairs, the AMX tiles' blocks), so the layer hands them its
+  // float weights and allocates no rounded copy: the same bits as a layer whose float weights
+  // are bf16 values already (rounding is idempotent), on every vector path and bf16 mode, and
+  // the same allocations as a float layer. 3-D, and 2-D in two groups (packed per group).
+  const Communicator self(MPI_COMM_SELF);
+  std::vector<std::pair<std::vector<Index>, ConvOptions>> cases = {
+      {{9, 8, 20}, conv_options(5, 7, {3, 3, 3}, {1, 1, 1})},
+      {{24, 40}, conv_options(6, 4, {3, 3}, {1, 1}, PaddingMode::periodic)},
+  };
+  cases[1].second.groups = 2;
+  const std::string initial = kernels::vector_isa();
+  const auto rounded_copy = [](const auto& view) {
+    auto host = Kokkos::create_mirror(view);
+    Kokkos::deep_copy(host, view);
+    for (std::size_t i = 0; i < host.span(); ++i)
+      host.data()[i] = round_to_bfloat16(host.data()[i]);
+    return host;
+  };
+  // A run with the vector paths off keeps them off (its layers round copies of their weights).
+  const std::vector<std::string> isas =
+      initial == "off" ? std::vector<std::string>{"off"} : kernels::vector_isas();
+  for (const auto& one : cases)
+    for (const std::string& isa : isas)
+      for (const std::string mode : {"off", "on", "auto"}) {
+        kernels::select_vector_isa(isa);
+        kernels::set_bf16_dot_products(mode);
+        kernels::allow_bf16_matrix_tiles(mode == "auto");
+        ConvOptions options = one.second;
+        options.seed = 23;
+        INFO(options.kernel.size()
+             << "-D, groups " << options.groups << ", path " << isa << ", bf16 dot products "
+             << mode << ", AMX " << (kernels::bf16_matrix_tiles() ? "on" : "off"));
+        const Decomposition d = Decomposition::automatic(one.first, 1);
+        const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, options.in_channels, 8);
+        const auto results = [&](bool bf16, bool rounded_weights, KernelCounts& forward) {
+          Conv<float> conv(self, options, "conv");  // the same seed: the same weights
+          conv.compute_in_bf16(bf16);
+          if (rounded_weights)
+            Kokkos::deep_copy(conv.weight().data(), rounded_copy(conv.weight().data()));
+          const auto input = Variable<float>::field(x, true, "x");
+          conv.forward(input);  // warm: the shared conv scratch
+          KernelCounter counter;
+          const auto y = conv.forward(input);
+          forward = counter.counts();
+          backward(test::weighted_sum<float>(self, y));
+          std::vector<double> all = test::host_values(y.value().view());
+          for (const auto& named : conv.named_parameters()) {
+            const auto g = test::host_values(named.second.data_grad());
+            all.insert(all.end(), g.begin(), g.end());
+          }
+          const auto g = test::host_values(input.grad().view());
+          all.insert(all.end(), g.begin(), g.end());
+          return all;
+        };
+        KernelCounts unrounded_counts, rounded_counts, float_counts;
+        const auto unrounded = results(true, false, unrounded_counts);
+        CHECK(unrounded == results(true, true, rounded_counts));
+        results(false, false, float_counts);
+        if (kernels::vector_kernels_on())  // else the portable kernels read a rounded copy
+          CHECK(unrounded_counts.allocations == float_counts.allocations);
+      }
+  kernels::set_bf16_dot_products("auto");
+  kernels::allow_bf16_matrix_tiles(true);
+  kernels::select_vector_isa(initial);
+}
+
 TEST_CASE("bf16 transposed convolution on its GEMM path rounds its input as it reads it",
           "[bf16][conv_transpose]") {
   // The U-Net's upsampling (kernel = stride): in bf16 the GEMMs round the input as they copy

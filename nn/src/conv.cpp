@@ -296,8 +296,9 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
   shape = rotated(shape, rotation);
   const FieldView<T> xp = rotation.apply(padded.view()), yv = rotation.apply(y.view());
   const ReplicatedView<T> bias = bias_.defined() ? bias_.data() : ReplicatedView<T>();
-  // bf16: the padded input is rounded as HaloPadding copies it in; the weight here.
-  const ReplicatedView<T> w = options_.bf16
+  // bf16: the padded input is rounded as HaloPadding copies it in (or by the vector kernels as
+  // they read it); the weight here, unless the vector kernels round it as they pack it.
+  const ReplicatedView<T> w = options_.bf16 && !kernels.rounds_bf16_weights()
                                   ? kernels::bfloat16_copy(weight_.data(), name_ + ".weight_bf16")
                                   : weight_.data();
   // With `split`, the outputs whose windows read none of the `travelling` boxes of xp first,

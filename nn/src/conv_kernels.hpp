@@ -52,6 +52,9 @@ class ConvKernels {
   /// Whether they take bf16 operands rounding the source as they copy it (AMX tiles, bf16 dot
   /// products or the float tiles), so that the source need not be rounded first.
   bool rounds_bf16_as_it_reads() const { return runs_vector_kernels() && planes_.rounds_source; }
+  /// Whether they round a bf16 layer's weights as they pack them, so that the layer hands them
+  /// its float weights rather than a rounded copy (the other kernels read the copy).
+  bool rounds_bf16_weights() const { return runs_vector_kernels() && planes_.bf16; }
   /// Whether forward can run in chunks of outputs (those reading no exchanged ghost first,
   /// while the halo travels): not the library (one call) nor the direct loop.
   bool runs_in_chunks() const { return gemm_ && !library_.applies(); }

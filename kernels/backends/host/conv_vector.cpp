@@ -346,10 +346,12 @@ inline void output_vectors(const Correlation& r, Index source_row_stride, Index 
 /// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`)
 /// for the current path's tiles: [block of R outputs][pass][a][(j, b, c) of the pass][R]
 /// (R = the tile's rows; outputs past out_per_group zero). With `pairs` (for pair planes),
-/// (j, b, c) runs over channel pairs j, each entry the tile's R weight pairs.
+/// (j, b, c) runs over channel pairs j, each entry the tile's R weight pairs (rounded to bf16
+/// as they are paired); else, with `round_bf16`, the weights rounded to bf16. So a bf16 layer
+/// hands these kernels its float weights, not a rounded copy.
 void pack_correlation_weights(const Correlation& r, const ConvShape& g,
                               const ReplicatedView<float>& w, bool transposed, Index group,
-                              bool pairs, void* packed) {
+                              bool pairs, bool round_bf16, void* packed) {
   const Index rows_per_tile = conv_tile_shape().tile_rows;
   const Index kx = r.k[0], yz_taps = r.k[1] * r.k[2];
   const Index blocks = (r.out_per_group + rows_per_tile - 1) / rows_per_tile;
@@ -390,7 +392,7 @@ void pack_correlation_weights(const Correlation& r, const ConvShape& g,
                 if (pairs)
                   q[i] = bf16_pair(u, l);
                 else
-                  p[i] = u;
+                  p[i] = round_bf16 ? round_to_bfloat16(u) : u;
               }
             }
     }
@@ -470,7 +472,8 @@ void correlate(const Correlation& r, const ConvShape& g, const FieldView<float>&
     // The kept packed weights (one group), else this group's packed into the workspace.
     const Value* const weights_of_group =
         packed_weights ? static_cast<const Value*>(packed_weights) : packed;
-    if (!packed_weights) pack_correlation_weights(r, g, w, transposed, group, pairs, packed);
+    if (!packed_weights)
+      pack_correlation_weights(r, g, w, transposed, group, pairs, round_bf16, packed);
     for_each_band<Value>(
         r, out, sources, group, keep,
         [&](const PlaneSource<Value>& source, const std::vector<const Value*>& planes,
@@ -633,7 +636,7 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
                       "kept packed weights need one group, not " << r.groups);
   if (bf16 && amx_runs(r))
     return pack_amx_weights(r, g, w, transposed, 0, reinterpret_cast<uint32_t*>(packed));
-  pack_correlation_weights(r, g, w, transposed, 0, correlation_pairs(r, bf16), packed);
+  pack_correlation_weights(r, g, w, transposed, 0, correlation_pairs(r, bf16), bf16, packed);
 }
 
 /// out = the correlation of src (plus bias when given), like plane_correlate: per output plane

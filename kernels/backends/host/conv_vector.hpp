@@ -45,7 +45,7 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
 /// every kept output cell written. The
 /// weights are packed into the start of the workspace, unless given packed (one group, by
 /// conv_vector_pack_weights for the same correlation and path). `bf16`: a bf16 convolution's
-/// operands (w holds bf16 values; src is rounded as it is read, conv_vector_rounds_source):
+/// operands (w is rounded to bf16 as it is packed, src as it is read, conv_vector_rounds_source):
 /// on AMX tiles where they run, else as channel pairs on bf16 dot products where those run
 /// (each output then adds its products pair by pair), else on the float tiles.
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,

@@ -220,10 +220,10 @@ bool conv_vector_kernels_available();
 /// The plane path's plan for a convolution whose source has extents `padded`, if it applies;
 /// `vector_kernels`: may use the host backend's vector kernels. The source is the padded input,
 /// or the input itself: the path reads zeros where a window reaches past its source.
-/// `bf16_operands`: the weights hold bf16 values (ConvOptions::bf16), the sources are rounded
-/// to bf16: on the vector kernels (AMX tiles, bf16 dot products or the float tiles: bf16),
-/// which round a source as they read it where they copy it (rounds_source); on the others
-/// the caller rounds it.
+/// `bf16_operands`: the weights and sources are rounded to bf16 (ConvOptions::bf16): on the
+/// vector kernels (AMX tiles, bf16 dot products or the float tiles: bf16), which round the
+/// weights as they pack them and a source as they read it where they copy it (rounds_source);
+/// on the others the caller rounds both.
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
                       std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false);
 
