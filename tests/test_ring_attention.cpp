@@ -488,7 +488,7 @@ TEMPLATE_TEST_CASE(
           const kernels::Visibility v{causal, visible.query_offset, visible.key_offset + first};
           if (batched)
             kernels::fold_block_batched(space, a, qb.data(), queries, bb.data(), count, v, scale,
-                                        state, scores.data(), tiles, false, [] {});
+                                        state, scores.data(), tiles, false, false, [] {});
           else
             kernels::fold_block(space, a, qb.data(), queries, bb.data(), count, v, scale, state,
                                 scores.data(), [] {});
@@ -509,7 +509,7 @@ TEMPLATE_TEST_CASE(
         if (batched)
           kernels::backward_block_batched(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys,
                                           visible, scale, scores.data(), dscores.data(), tiles,
-                                          false, [] {});
+                                          false, false, [] {});
         else
           kernels::backward_block(space, a, g, dqb.data(), kvb.data(), dkvb.data(), keys, visible,
                                   scale, scores.data(), dscores.data(), [] {});

@@ -338,7 +338,7 @@ void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index q
                 const Progress& progress, bool tf32, bool bf16) {
   if constexpr (attention_runs_batched) {
     fold_block_batched(space, a, q, queries, kv, keys, visible, scale, state, scores,
-                       batched_tiles(a, queries, keys), tf32, progress);
+                       batched_tiles(a, queries, keys), tf32, bf16, progress);
     return;
   }
   const Index D = a.head_dim;
@@ -402,7 +402,7 @@ void backward_block(const ExecutionSpace& space, const Heads& a, const QueryGrad
                     T* dscores, const Progress& progress, bool tf32, bool bf16) {
   if constexpr (attention_runs_batched) {
     backward_block_batched(space, a, g, dq, kv, dkv, keys, visible, scale, scores, dscores,
-                           batched_tiles(a, g.queries, keys), tf32, progress);
+                           batched_tiles(a, g.queries, keys), tf32, bf16, progress);
     return;
   }
   const Index D = a.head_dim, Lq = g.queries;

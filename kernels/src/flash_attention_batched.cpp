@@ -125,20 +125,20 @@ template <class T>
 void fold_block_batched(const ExecutionSpace& space, const Heads& a, const T* q, Index queries,
                         const T* kv, Index keys, const Visibility& visible, T scale,
                         OnlineSoftmax<T>& state, T* scores, const BatchedTiles& tiles, bool tf32,
-                        const Progress& progress) {
+                        bool bf16, const Progress& progress) {
   const Index D = a.head_dim, S = a.slices();
   const T *k = kv, *v = kv + a.block(keys);
   T *max = state.max.data(), *sum = state.sum(), *out = state.out();
   for_each_tile(tiles, queries, keys, visible, [&](Index i0, Index rows, Index j0, Index cols) {
     const Index tile = rows * cols;
     batched_gemm(space, false, true, rows, cols, D, scale, q + i0 * D, queries * D, k + j0 * D,
-                 keys * D, T(0), scores, tile, S, tf32);
+                 keys * D, T(0), scores, tile, S, tf32, bf16);
     Kokkos::parallel_for(
         "flash_attention::online_softmax_batched",
         TeamPolicy(space, static_cast<int>(S * rows), Kokkos::AUTO),
         OnlineSoftmaxTeamRow<T>{scores, {rows, cols, queries, i0, j0, visible}, max, sum, out, D});
     batched_gemm(space, false, false, rows, D, cols, T(1), scores, tile, v + j0 * D, keys * D, T(1),
-                 out + i0 * D, queries * D, S, tf32);
+                 out + i0 * D, queries * D, S, tf32, bf16);
     progress();
   });
 }
@@ -147,7 +147,7 @@ template <class T>
 void backward_block_batched(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g,
                             T* dq, const T* kv, T* dkv, Index keys, const Visibility& visible,
                             T scale, T* scores, T* dscores, const BatchedTiles& tiles, bool tf32,
-                            const Progress& progress) {
+                            bool bf16, const Progress& progress) {
   const Index D = a.head_dim, S = a.slices(), Lq = g.queries;
   const T *k = kv, *v = kv + a.block(keys), *q = g.q.data(), *dout = g.dout.data();
   T* dk = dkv;
@@ -156,24 +156,24 @@ void backward_block_batched(const ExecutionSpace& space, const Heads& a, const Q
     const Index tile = rows * cols;
     const TileRows at{rows, cols, Lq, i0, j0, visible};
     batched_gemm(space, false, true, rows, cols, D, scale, q + i0 * D, Lq * D, k + j0 * D, keys * D,
-                 T(0), scores, tile, S, tf32);
+                 T(0), scores, tile, S, tf32, bf16);
     Kokkos::parallel_for("flash_attention::probabilities_batched", kernel_range(space, S * tile),
                          ProbabilityScore<T>{scores, at, g.lse.data()});
     if (dv)  // dV += P^T dO
       batched_gemm(space, true, false, cols, D, rows, T(1), scores, tile, dout + i0 * D, Lq * D,
-                   T(1), dv + j0 * D, keys * D, S, tf32);
+                   T(1), dv + j0 * D, keys * D, S, tf32, bf16);
     if (dq || dk) {  // dS = P (dO V^T - delta)
       batched_gemm(space, false, true, rows, cols, D, T(1), dout + i0 * D, Lq * D, v + j0 * D,
-                   keys * D, T(0), dscores, tile, S, tf32);
+                   keys * D, T(0), dscores, tile, S, tf32, bf16);
       Kokkos::parallel_for("flash_attention::score_gradients_batched",
                            kernel_range(space, S * tile),
                            ScoreGradient<T>{dscores, scores, at, g.delta.data()});
       if (dq)  // dQ += scale dS K
         batched_gemm(space, false, false, rows, D, cols, scale, dscores, tile, k + j0 * D, keys * D,
-                     T(1), dq + i0 * D, Lq * D, S, tf32);
+                     T(1), dq + i0 * D, Lq * D, S, tf32, bf16);
       if (dk)  // dK += scale dS^T Q
         batched_gemm(space, true, false, cols, D, rows, scale, dscores, tile, q + i0 * D, Lq * D,
-                     T(1), dk + j0 * D, keys * D, S, tf32);
+                     T(1), dk + j0 * D, keys * D, S, tf32, bf16);
     }
     progress();
   });
@@ -182,10 +182,10 @@ void backward_block_batched(const ExecutionSpace& space, const Heads& a, const Q
 #define SHARDTENSOR_INSTANTIATE(T)                                                                 \
   template void fold_block_batched(const ExecutionSpace&, const Heads&, const T*, Index, const T*, \
                                    Index, const Visibility&, T, OnlineSoftmax<T>&, T*,             \
-                                   const BatchedTiles&, bool, const Progress&);                    \
+                                   const BatchedTiles&, bool, bool, const Progress&);              \
   template void backward_block_batched(                                                            \
       const ExecutionSpace&, const Heads&, const QueryGradients<T>&, T*, const T*, T*, Index,      \
-      const Visibility&, T, T*, T*, const BatchedTiles&, bool, const Progress&);
+      const Visibility&, T, T*, T*, const BatchedTiles&, bool, bool, const Progress&);
 SHARDTENSOR_INSTANTIATE(float)
 SHARDTENSOR_INSTANTIATE(double)
 #undef SHARDTENSOR_INSTANTIATE

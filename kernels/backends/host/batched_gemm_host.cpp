@@ -24,7 +24,8 @@ Matrix<T> matrix(T* data, Index rows, Index cols) {
 template <class T>
 void batched_gemm(const ExecutionSpace& space, bool trans_a, bool trans_b, Index m, Index n,
                   Index k, T alpha, const T* a, Index stride_a, const T* b, Index stride_b, T beta,
-                  T* c, Index stride_c, Index batch, bool /*tf32: no tensor cores here*/) {
+                  T* c, Index stride_c, Index batch, bool /*tf32*/, bool /*bf16*/) {
+  // No tensor cores here: float products of the operands as they are.
   for (Index i = 0; i < batch; ++i) {
     const auto a_i = trans_a ? matrix(a + i * stride_a, k, m) : matrix(a + i * stride_a, m, k);
     const auto b_i = trans_b ? matrix(b + i * stride_b, n, k) : matrix(b + i * stride_b, k, n);
@@ -35,9 +36,9 @@ void batched_gemm(const ExecutionSpace& space, bool trans_a, bool trans_b, Index
 
 template void batched_gemm(const ExecutionSpace&, bool, bool, Index, Index, Index, float,
                            const float*, Index, const float*, Index, float, float*, Index, Index,
-                           bool);
+                           bool, bool);
 template void batched_gemm(const ExecutionSpace&, bool, bool, Index, Index, Index, double,
                            const double*, Index, const double*, Index, double, double*, Index,
-                           Index, bool);
+                           Index, bool, bool);
 
 }  // namespace shardtensor::kernels

@@ -156,17 +156,19 @@ BatchedTiles batched_tiles(const Heads& a, Index queries, Index keys);
 /// tiles (one team per 32 queries, scalar products in shared memory): 3115 ms at 16k tokens on
 /// an H100, against 100 ms for these on an H200. `scores` (and
 /// `dscores`) hold slices x tiles.queries x tiles.keys values. `tf32`: float GEMMs may run on
-/// TF32 tensor cores.
+/// TF32 tensor cores; `bf16` (a bf16 op's): on bf16 tensor cores, every operand rounded to bf16
+/// (Q, K, V and dO hold bf16 values already; P and dS round), float sums, as the per-slice
+/// tiles take them on the host's AMX tiles.
 template <class T>
 void fold_block_batched(const ExecutionSpace& space, const Heads& a, const T* q, Index queries,
                         const T* kv, Index keys, const Visibility& visible, T scale,
                         OnlineSoftmax<T>& state, T* scores, const BatchedTiles& tiles, bool tf32,
-                        const Progress& progress);
+                        bool bf16, const Progress& progress);
 template <class T>
 void backward_block_batched(const ExecutionSpace& space, const Heads& a, const QueryGradients<T>& g,
                             T* dq, const T* kv, T* dkv, Index keys, const Visibility& visible,
                             T scale, T* scores, T* dscores, const BatchedTiles& tiles, bool tf32,
-                            const Progress& progress);
+                            bool bf16, const Progress& progress);
 
 /// Whether fold_block and backward_block run the batched kernels: where kernels run on a GPU.
 constexpr bool attention_runs_batched = !kernels_run_on_host;
