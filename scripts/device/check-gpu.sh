@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the convolution and attention work in one device call (about 6 minutes on
 # an H100 or H200, after scripts/device/bundle.sh here), in the order of what it settles first:
-#   1. the conv-family, model, ring attention and ViT tests at 1 and 2 ranks on the default
+#   1. the conv-family, model, ring attention, ViT and bf16 tests at 1 and 2 ranks on the default
 #      cuDNN path (float: the graph API's engines timed beside the legacy algorithms, NCDHW)
 #      (the GPU against the CPU within the tests' tolerances), the resampling, pooling and
 #      normalization layers (their per-shape plans and reused scratch on the device) and the
@@ -27,7 +27,7 @@ out="${OUT:-$root/device-out}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 OUT="$out/tests" DEADLINE="${TEST_DEADLINE:-60}" JOBS=4 bash "$root/scripts/device/run.sh" \
-  "${TESTS:-^test_(conv|conv_transpose|backend_layers|models|ring_attention|vit|resample|pooling|normalization|kernel_counts)_np[12]$}" \
+  "${TESTS:-^test_(conv|conv_transpose|backend_layers|models|ring_attention|vit|bfloat16|resample|pooling|normalization|kernel_counts)_np[12]$}" \
   "${TEST_LIMIT_S:-90}" > /dev/null
 grep -E 'FAIL|TIMEOUT|SKIPPED|passed' "$out/tests/summary.txt"
 cl_tests="${CL_TESTS-^test_(conv|conv_transpose|backend_layers)_np1$}"
