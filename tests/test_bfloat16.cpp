@@ -487,6 +487,11 @@ TEST_CASE("a bf16 conv on the vector kernels rounds its weights as it packs them
           }
           const auto g = test::host_values(input.grad().view());
           all.insert(all.end(), g.begin(), g.end());
+          // In eval mode the layer keeps its packed weights (conv_vector_pack_weights).
+          conv.eval();
+          const auto kept =
+              test::host_values(conv.forward(Variable<float>::field(x, false, "x")).value().view());
+          all.insert(all.end(), kept.begin(), kept.end());
           return all;
         };
         KernelCounts unrounded_counts, rounded_counts, float_counts;
