@@ -181,6 +181,51 @@ TEST_CASE("nearest upsampling's gradient sums each input's outputs, in order", "
           for (Index iz = 0; iz < 37; ++iz) REQUIRE(gx(n, c, ix, iy, iz) == expected(n, c, ix, iy, iz));
 }
 
+TEST_CASE("linear 2-D upsampling's gradient sums each input's outputs, x-major, in order",
+          "[upsample]") {
+  // The kernel against a loop over the outputs with the plan's weights (linear_source): a
+  // y line's inner cells run side by side in chunks of 32 (scale 2 along y), the cells at its
+  // ends one by one; 37 owned cells cross a chunk. Float, so a change of summation order or
+  // of operations would show. Ghost cells on both sides of both axes, as the layer's buffer.
+  const kernels::UpsampleShape g{3,          {2, 2, 1},  {0, 0, 0}, {0, 0, 0},
+                                 {6, 74, 1}, {5, 39, 1}, {1, 1, 0}};
+  const kernels::UpsamplePlan<float> plan(ExecutionSpace(), g, UpsampleMode::linear);
+  FieldView<float> gy("gy", 2, 3, 6, 74, 1), gx("gx", 2, 3, 5, 39, 1);
+  const auto gy_host = Kokkos::create_mirror_view(gy);
+  const auto gx_host = Kokkos::create_mirror(gx);  // a copy: the kernel adds to gx
+  for (std::size_t i = 0; i < gy.span(); ++i)
+    gy_host.data()[i] = float(hashed_uniform(7, i)) - 0.5f;
+  for (std::size_t i = 0; i < gx.span(); ++i)
+    gx_host.data()[i] = float(hashed_uniform(8, i)) - 0.5f;  // the kernel adds to it
+  Kokkos::deep_copy(gy, gy_host);
+  Kokkos::deep_copy(gx, gx_host);
+  kernels::upsample_backward(ExecutionSpace(), plan, gy, gx);
+  const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gx);
+  // Output o's weight on input buffer index i along axis a.
+  const auto weight = [&](int a, Index o, Index i) {
+    Index lower = 0;
+    float w = 0;
+    g.linear_source(a, o, lower, w);
+    return i == lower ? w : i == lower + 1 ? 1 - w : 0.0f;
+  };
+  for (Index n = 0; n < 2; ++n)
+    for (Index c = 0; c < 3; ++c)
+      for (Index ix = 0; ix < 5; ++ix)
+        for (Index iy = 0; iy < 39; ++iy) {
+          float sum = 0;
+          for (Index ox = 0; ox < 6; ++ox) {
+            const float weight_x = 1.0f * weight(0, ox, ix);
+            if (weight_x == 0) continue;
+            for (Index oy = 0; oy < 74; ++oy) {
+              const float weight_y = weight(1, oy, iy);
+              if (weight_y != 0) sum += weight_x * weight_y * gy_host(n, c, ox, oy, 0);
+            }
+          }
+          INFO("sample " << n << ", channel " << c << ", cell " << ix << ", " << iy);
+          REQUIRE(result(n, c, ix, iy, 0) == gx_host(n, c, ix, iy, 0) + sum);
+        }
+}
+
 TEST_CASE("dropout keeps about 1 - p of the values, scaled, and is the identity in eval",
           "[dropout]") {
   const Communicator comm;

@@ -330,6 +330,32 @@ void upsample_backward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
     const Index steps[2] = {Index(gy.stride(2)), Index(gy.stride(3))};
     const Index along_step = steps[axis], across_step = steps[1 - axis];
     const Index in_step = gx.stride(2 + axis);
+    // Scale 2 along contiguous y lines (the 2-D U-Net's linear upsampling), on the host: the
+    // input cells [regular_begin, regular_end) of a line each read the 4 outputs from two on
+    // from the last cell's, with the same 4 weights (all but the cells next to a line's ends).
+    // Their sums run side by side, a chunk of cells at a time (a loop the compiler
+    // vectorises), each cell's terms in the same order and operations: the same sums.
+    constexpr Index regular_reads = 4;
+    Index regular_begin = 0, regular_end = 0;
+    T regular_weights[regular_reads] = {};
+    if constexpr (kernels_run_on_host) {
+      const auto reads = [&](Index i) { return end(along_first + i) - begin(along_first + i); };
+      if (axis == 1 && along_step == 1 && in_step == 1) {
+        while (regular_begin < length && reads(regular_begin) != regular_reads) ++regular_begin;
+        const Index e0 = along_first + regular_begin;
+        regular_end = regular_begin;
+        const auto regular = [&](Index i) {
+          const Index e = along_first + i;
+          bool same = reads(i) == regular_reads && begin(e) == begin(e0) + 2 * (i - regular_begin);
+          for (Index k = 0; same && k < regular_reads; ++k)
+            same = weights(e * room + k) == weights(e0 * room + k);
+          return same;
+        };
+        while (regular_end < length && regular(regular_end)) ++regular_end;
+        for (Index k = 0; regular_end > regular_begin && k < regular_reads; ++k)
+          regular_weights[k] = weights(e0 * room + k);
+      }
+    }
     for_each_line(
         space, "Upsample::backward_planar", lines, KOKKOS_LAMBDA(const CellIndex& c) {
           const Index e_across = across_first + (axis == 1 ? c.x : c.y);
@@ -338,6 +364,26 @@ void upsample_backward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
           const T* const g_line = &gy(c.n, c.c, 0, 0, 0) + b_across * across_step;
           T* const out = &gx(c.n, c.c, c.x, c.y, 0);
           for (Index i = 0; i < length; ++i) {
+            if (i == regular_begin && regular_begin < regular_end) {  // along y: steps of 1
+              constexpr Index chunk = 32;
+              for (Index i0 = regular_begin; i0 < regular_end; i0 += chunk) {
+                const Index cells = math::min(chunk, regular_end - i0);
+                T sums[chunk];
+                for (Index q = 0; q < cells; ++q) sums[q] = T(0);
+                const T* const g0 = g_line + begin(along_first + i0);
+                for (Index p = 0; p < n_across; ++p) {
+                  const T weight_x = T(1) * w_across[p];
+                  const T* const row = g0 + p * across_step;
+                  for (Index k = 0; k < regular_reads; ++k) {
+                    const T weight = weight_x * regular_weights[k];
+                    for (Index q = 0; q < cells; ++q) sums[q] += weight * row[2 * q + k];
+                  }
+                }
+                for (Index q = 0; q < cells; ++q) out[i0 + q] += sums[q];
+              }
+              i = regular_end - 1;
+              continue;
+            }
             const Index e = along_first + i;
             const Index b = begin(e), count = end(e) - b;
             const T* w = weights.data() + e * room;
