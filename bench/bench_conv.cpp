@@ -20,7 +20,8 @@
 // gradient, weight gradient). Time: slowest rank, best (and median) of `iters` steps. Per-core
 // GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
 // conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
-// host the multiply-add peak (independent multiply-add chains on the vector path). Peak
+// host the multiply-add peak (independent multiply-add chains on the vector path), each the
+// best of two timings after every timed step (so in the same minutes as the steps). Peak
 // memory: the process's maximum resident set (getrusage), per rank, max over ranks; the step's
 // share is that peak less the resident set before the input and layer were created. Step
 // peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos allocations
@@ -167,7 +168,9 @@ int main(int argc, char** argv) {
       Kokkos::parallel_for(
           "init", xv.span(),
           KOKKOS_LAMBDA(const std::size_t i) { xv.data()[i] = float(hashed_uniform(1, i)); });
+      const int taps = dims == 3 ? 27 : 9;
       double best = 1e30, forward_best = 1e30, cpu_best = 1e30;
+      double sgemm = 0.0, peak_flops = 0.0;  // the ceilings, measured between the steps
       std::vector<double> step_times;
       MemorySnapshot step_memory;  // peaks of the measured steps (this rank)
       for (int step = 0; step < warmup + iters; ++step) {
@@ -193,6 +196,11 @@ int main(int argc, char** argv) {
           step_times.push_back(max_over_ranks(t2 - t0));
           best = std::min(best, step_times.back());
           forward_best = std::min(forward_best, max_over_ranks(t1 - t0));
+          // The ceilings right after each step, so that the step and its ceilings sample the
+          // same minutes of a machine whose speed drifts (a shared VM's moved by a third within
+          // minutes): their ratios compare like with like. Outside the step's memory peak.
+          sgemm = std::max(sgemm, sgemm_gflops(channels, channels * taps, 4096, 2));
+          peak_flops = std::max(peak_flops, multiply_add_peak_gflops(2));  // 0 on a GPU
         }
       }
       const double peak = max_over_ranks(peak_resident_mib());
@@ -205,12 +213,9 @@ int main(int argc, char** argv) {
       const double step_comm_buffers = step_peak_mib(step_memory[MemoryCategory::comm_buffers]);
       const double step_inputs = step_peak_mib(step_memory[MemoryCategory::other]);
       const double cells = batch * std::pow(double(size), dims);
-      const int taps = dims == 3 ? 27 : 9;
       const double flops_per_pass = 2.0 * channels * channels * taps * cells;
       const double gflops_per_core = 3 * flops_per_pass / best / 1e9 / cores_of(comm.size());
       const double gflops_per_cpu_s = 3 * flops_per_pass / cpu_best / 1e9 / comm.size();
-      const double sgemm = sgemm_gflops(channels, channels * taps, 4096, 5);
-      const double peak_flops = multiply_add_peak_gflops();  // 0 on a GPU
       const double tile_peak = bf16 && kernels::bf16_matrix_tiles() ? bf16_tile_peak_gflops() : 0.0;
       const double check_error =  // rows of 16 + 4 cells (3-D), 32 + 4 (2-D)
           error_against_direct(comm, o, dims == 3 ? 20 : 36, bf16);

@@ -64,12 +64,12 @@ inline double sgemm_gflops(int m, int k, int n, int reps) {
   return 2.0 * m * k * double(n) / best / 1e9;
 }
 
-/// The best of 5 rates (GFLOP/s) of run(), which returns the flops it ran, on every rank at
-/// once after a barrier (the slowest rank's time).
+/// The best of `reps` rates (GFLOP/s) of run(), which returns the flops it ran, on every rank
+/// at once after a barrier (the slowest rank's time).
 template <class Run>
-double best_gflops(const Run& run) {
+double best_gflops(const Run& run, int reps = 5) {
   double best = 0.0;
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < reps; ++r) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
     const double flops = run();
@@ -80,10 +80,10 @@ double best_gflops(const Run& run) {
 
 /// The multiply-add ceiling, GFLOP/s per core: the vector kernels' path running independent
 /// multiply-add chains (kernels::run_multiply_add_chains) on one thread of every rank at once,
-/// best of 5. 0 where the kernels do not run on the host or the build has no vector kernels.
-inline double multiply_add_peak_gflops() {
+/// best of `reps`. 0 where the kernels do not run on the host or the build has no vector kernels.
+inline double multiply_add_peak_gflops(int reps = 5) {
   if (!kernels_run_on_host) return 0.0;
-  return best_gflops([] { return kernels::run_multiply_add_chains(std::size_t(1) << 22); });
+  return best_gflops([] { return kernels::run_multiply_add_chains(std::size_t(1) << 22); }, reps);
 }
 
 /// The AMX tiles' bf16 multiply-add ceiling per core (GFLOP/s), the best of 5 timings of

@@ -29,7 +29,9 @@ process with P threads (torch.set_num_threads(P), one inter-op thread): the same
   allocations, memory_tracker.hpp) is shown next to it.
 
 Every measurement runs --repeats times (3), each in a fresh process (PyTorch: this script
-with --worker), so each peak belongs to that measurement alone; the tables show the run with
+with --worker), so each peak belongs to that measurement alone, ShardTensor's runs and
+PyTorch's in turn (so that both sample the same minutes of a machine whose speed drifts);
+the tables show the run with
 the median step time and the range over the runs. Writes --out/results.jsonl and --out/comparison.md, and
 exits 1 if a run failed or a record is malformed (missing or non-positive times, different
 parameter counts), 77 without PyTorch, so it doubles as a smoke test
@@ -208,43 +210,51 @@ class Runner:
                 "--dims", str(self.a.dims), "--batch", str(self.a.batch), "--precision",
                 self.a.precision]
 
-    def repeated(self, command: List[str], marker: str, key: str) -> Optional[dict]:
-        """Runs `command` --repeats times, each in a fresh process; the record whose `key`
-        is the median, with every run's `key` in `<key>_runs`, or None if a run failed."""
-        records = [self.json_line(command, marker) for _ in range(self.a.repeats)]
-        if not all(records):
+    def median_record(self, records: List[Optional[dict]], key: str) -> Optional[dict]:
+        """The record whose `key` is the median, with every run's `key` in `<key>_runs`, or
+        None if a run failed."""
+        if not records or not all(records):
             return None
-        records.sort(key=lambda r: r[key])
+        records = sorted(records, key=lambda r: r[key])
         median = dict(records[(len(records) - 1) // 2])  # the lower median of an even count
         median[key + "_runs"] = [r[key] for r in records]
         return median
 
+    def alternated(self, ours: List[str], our_marker: str, theirs: List[str],
+                   their_marker: str, key: str) -> Dict[str, Optional[dict]]:
+        """Runs ShardTensor's command and PyTorch's in turn, --repeats times each, each run in
+        a fresh process: ours, theirs, ours, theirs, ... so that both sides sample the same
+        minutes of a machine whose speed drifts (a shared VM's moved by a third within
+        minutes); the median record of each side (median_record)."""
+        our_runs, their_runs = [], []
+        for _ in range(self.a.repeats):
+            our_runs.append(self.json_line(ours, our_marker))
+            their_runs.append(self.json_line(theirs, their_marker))
+        return {"shardtensor": self.median_record(our_runs, key),
+                "pytorch": self.median_record(their_runs, key)}
+
     def conv(self, p: int) -> Dict[str, Optional[dict]]:
         a = self.a
-        ours = self.repeated(self.mpirun(p, [os.path.join(a.build, "bench", "bench_conv"),
-                                             "--dims", str(a.dims), "--size", str(a.conv_size),
-                                             "--channels", str(a.channels), "--iters",
-                                             str(a.iters), "--warmup", "1", "--precision",
-                                             a.precision]),
-                             '"bench":"conv%dd"' % a.dims, "step_s")
+        pair = self.alternated(
+            self.mpirun(p, [os.path.join(a.build, "bench", "bench_conv"), "--dims", str(a.dims),
+                            "--size", str(a.conv_size), "--channels", str(a.channels),
+                            "--iters", str(a.iters), "--warmup", "1", "--precision",
+                            a.precision]), '"bench":"conv%dd"' % a.dims,
+            self.worker("conv", p, a.conv_size), '"bench": "conv%dd"' % a.dims, "step_s")
+        ours = pair["shardtensor"]
         if ours:  # bench_conv's names for the peak resident set and the step's share of it
             ours["peak_rss_mib"] = ours["peak_mib_per_rank"]
             ours["base_rss_mib"] = ours["peak_mib_per_rank"] - ours["step_mib_per_rank"]
-        theirs = self.repeated(self.worker("conv", p, a.conv_size),
-                               '"bench": "conv%dd"' % a.dims, "step_s")
-        return {"shardtensor": ours, "pytorch": theirs}
+        return pair
 
     def unet(self, p: int) -> Dict[str, Optional[dict]]:
         a = self.a
-        ours = self.repeated(self.mpirun(p, [os.path.join(a.build, "bench", "bench_scaling"),
-                                             "--config", a.config, "--size", str(a.unet_size),
-                                             "--dims", str(a.dims), "--batch", str(a.batch),
-                                             "--iters", str(a.iters), "--warmup", "1",
-                                             "--precision", a.precision]),
-                             '"bench":"scaling"', "train_step_s")
-        theirs = self.repeated(self.worker("unet", p, a.unet_size), '"bench": "unet"',
-                               "train_step_s")
-        return {"shardtensor": ours, "pytorch": theirs}
+        return self.alternated(
+            self.mpirun(p, [os.path.join(a.build, "bench", "bench_scaling"), "--config",
+                            a.config, "--size", str(a.unet_size), "--dims", str(a.dims),
+                            "--batch", str(a.batch), "--iters", str(a.iters), "--warmup", "1",
+                            "--precision", a.precision]), '"bench":"scaling"',
+            self.worker("unet", p, a.unet_size), '"bench": "unet"', "train_step_s")
 
 
 def check(kind: str, p: int, pair: Dict[str, Optional[dict]]) -> List[str]:
