@@ -21,7 +21,8 @@
 // GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
 // conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
 // host the multiply-add peak (independent multiply-add chains on the vector path), each the
-// best of two timings after every timed step (so in the same minutes as the steps). Peak
+// best of two timings after every timed step, or every iters / 5th (so in the same minutes as
+// the steps). Peak
 // memory: the process's maximum resident set (getrusage), per rank, max over ranks; the step's
 // share is that peak less the resident set before the input and layer were created. Step
 // peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos allocations
@@ -196,11 +197,14 @@ int main(int argc, char** argv) {
           step_times.push_back(max_over_ranks(t2 - t0));
           best = std::min(best, step_times.back());
           forward_best = std::min(forward_best, max_over_ranks(t1 - t0));
-          // The ceilings right after each step, so that the step and its ceilings sample the
-          // same minutes of a machine whose speed drifts (a shared VM's moved by a third within
-          // minutes): their ratios compare like with like. Outside the step's memory peak.
-          sgemm = std::max(sgemm, sgemm_gflops(channels, channels * taps, 4096, 2));
-          peak_flops = std::max(peak_flops, multiply_add_peak_gflops(2));  // 0 on a GPU
+          // The ceilings between the steps (after every step, or after every iters / 5th of
+          // many short ones), so that the steps and their ceilings sample the same minutes of a
+          // machine whose speed drifts (a shared VM's moved by a third within minutes): their
+          // ratios compare like with like. Outside the step's memory peak.
+          if ((step - warmup) % std::max(1, iters / 5) == 0) {
+            sgemm = std::max(sgemm, sgemm_gflops(channels, channels * taps, 4096, 2));
+            peak_flops = std::max(peak_flops, multiply_add_peak_gflops(2));  // 0 on a GPU
+          }
         }
       }
       const double peak = max_over_ranks(peak_resident_mib());
