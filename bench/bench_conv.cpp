@@ -22,12 +22,12 @@
 // conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
 // host the multiply-add peak (independent multiply-add chains on the vector path), each the
 // best of two timings after every timed step, or every iters / 5th (so in the same minutes as
-// the steps). Peak
-// memory: the process's maximum resident set (getrusage), per rank, max over ranks; the step's
-// share is that peak less the resident set before the input and layer were created. Step
-// peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos allocations
-// during a measured forward + backward step (peak reset before it), input, parameters,
-// workspace and halo buffers included, per rank, max over ranks and steps; split by category.
+// the steps). Peak memory: the process's maximum resident set (getrusage), per rank, max over
+// ranks; the step's share is that peak less the resident set before the input and layer were
+// created. Step peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos
+// allocations during a measured forward + backward step (peak reset before it), input,
+// parameters, workspace and halo buffers included, per rank, max over ranks and steps; split
+// by category.
 // OPENBLAS_CORETYPE (e.g. SkylakeX for AVX-512 kernels) is printed: it changes sgemm ~2x.
 // Check: afterwards, on a 20^3 field (rows of 16 + 4 cells; 2-D: 36^2) with the same channels, the
 // output and both gradients must match the direct loops (relative error <= 1e-5; 5e-3 with TF32;

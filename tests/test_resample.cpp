@@ -196,7 +196,7 @@ TEST_CASE("linear 2-D upsampling's gradient sums each input's outputs, x-major, 
   for (std::size_t i = 0; i < gy.span(); ++i)
     gy_host.data()[i] = float(hashed_uniform(7, i)) - 0.5f;
   for (std::size_t i = 0; i < gx.span(); ++i)
-    gx_host.data()[i] = float(hashed_uniform(8, i)) - 0.5f;  // the kernel adds to it
+    gx_host.data()[i] = float(hashed_uniform(8, i)) - 0.5f;
   Kokkos::deep_copy(gy, gy_host);
   Kokkos::deep_copy(gx, gx_host);
   kernels::upsample_backward(ExecutionSpace(), plan, gy, gx);

@@ -31,8 +31,8 @@ process with P threads (torch.set_num_threads(P), one inter-op thread): the same
 Every measurement runs --repeats times (3), each in a fresh process (PyTorch: this script
 with --worker), so each peak belongs to that measurement alone, ShardTensor's runs and
 PyTorch's in turn (so that both sample the same minutes of a machine whose speed drifts);
-the tables show the run with
-the median step time and the range over the runs. Writes --out/results.jsonl and --out/comparison.md, and
+the tables show the run with the median step time and the range over the runs. Writes
+--out/results.jsonl and --out/comparison.md, and
 exits 1 if a run failed or a record is malformed (missing or non-positive times, different
 parameter counts), 77 without PyTorch, so it doubles as a smoke test
 (`ctest -R pytorch_compare`).
