@@ -120,6 +120,39 @@ TEST_CASE("Pool values on a small known field", "[pool]") {
   CHECK((a(0, 0, 0, 0, 0) == 1 && a(0, 0, 1, 0, 0) == 4));
 }
 
+TEST_CASE("2x2 average pooling sums each window's taps in order, bit for bit", "[pool]") {
+  // The host's pair path (windows of two contiguous cells along the lines) against a loop over
+  // the windows: lines longer than its blocks of 16 outputs and shorter, 1-D to 3-D, and a
+  // periodic field (read in place: its flags are not the padding's).
+  const Communicator self(MPI_COMM_SELF);
+  for (const std::vector<Index>& extents :
+       std::vector<std::vector<Index>>{{40}, {6, 38}, {4, 6, 42}, {4, 6, 10}}) {
+    const int dims = int(extents.size());
+    INFO(dims << "-D, last extent " << extents.back());
+    const Decomposition d(extents, std::vector<int>(dims, 1), std::vector<bool>(dims, true));
+    const ShardTensor<float> x = test::random_shard<float>(d, 0, 2, 3, 17);
+    Pool<float> avg(self, pool(PoolKind::average, std::vector<int>(dims, 2), {}, {}), "avg");
+    const ShardTensor<float> y = avg.forward(Variable<float>::field(x)).value();
+    const auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x.view());
+    const auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.view());
+    const Index k[3] = {dims > 0 ? 2 : 1, dims > 1 ? 2 : 1, dims > 2 ? 2 : 1};
+    Index mismatches = 0;
+    for (Index n = 0; n < 2; ++n)
+      for (Index c = 0; c < 3; ++c)
+        for (Index ox = 0; ox < Index(yh.extent(2)); ++ox)
+          for (Index oy = 0; oy < Index(yh.extent(3)); ++oy)
+            for (Index oz = 0; oz < Index(yh.extent(4)); ++oz) {
+              float sum = 0;
+              for (Index a = 0; a < k[0]; ++a)
+                for (Index b = 0; b < k[1]; ++b)
+                  for (Index e = 0; e < k[2]; ++e)
+                    sum += xh(n, c, k[0] * ox + a, k[1] * oy + b, k[2] * oz + e);
+              mismatches += yh(n, c, ox, oy, oz) != sum / float(k[0] * k[1] * k[2]);
+            }
+    CHECK(mismatches == 0);
+  }
+}
+
 TEST_CASE("Pool rejects bad options naming layer and values", "[pool][errors]") {
   const Communicator comm;
   CHECK_THROWS_WITH(Pool<float>(comm, pool(PoolKind::max, {2}, {}, {2}), "p"),

@@ -59,7 +59,11 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
   SHARDTENSOR_REQUIRE(input.is_field(), where, "input '" << input.name() << "' is not a field");
   const ShardTensor<T>& x = input.value();
   const Decomposition out_decomposition = geometry_.output_decomposition(x.decomposition(), where);
-  const ShardTensor<T> padded = halo_->forward(x);
+  // Windows inside every shard (2x2 pooling on even splits) read the input itself: a copy
+  // with ghost cells nobody reads was 2 % of a U-Net's inference.
+  const ShardTensor<T> padded =
+      x.ghosts().none() && geometry_.reads_owned_cells_only(x.decomposition()) ? x
+                                                                               : halo_->forward(x);
   ShardTensor<T> y = ShardTensor<T>::uninitialized(out_decomposition, x.rank(), x.batch(),
                                                    x.channels(), {}, name_ + ".output");
   auto node = make_result_node<T>(name_, {input.node()});
@@ -97,11 +101,20 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     const GhostWidths padded_ghosts = padded.ghosts();
     const int rank = padded.rank();
     const Index batch = padded.batch(), channels = padded.channels();
+    const bool scatter = options_.kind == PoolKind::max && plan.disjoint();  // adds into zeros
     node->backward = [=](impl::Node<T>& self) {
+      const bool first = x_node->take_unfilled_grad_field();  // written, not added to
+      if (first && padded_ghosts.none()) {
+        // The input read in place: its gradient, new, is the kernel's buffer (no second one
+        // copied into it).
+        const auto gx = x_node->grad_field().view();
+        if (scatter) Kokkos::deep_copy(ExecutionSpace(), gx, T(0));
+        kernels::pool_backward(ExecutionSpace(), plan, self.grad_field().view(), argmax, gx);
+        return;
+      }
       ShardTensor<T> grad_padded(padded_layout, rank, batch, channels, padded_ghosts, label);
       kernels::pool_backward(ExecutionSpace(), plan, self.grad_field().view(), argmax,
                              grad_padded.view());
-      const bool first = x_node->take_unfilled_grad_field();  // written, not added to
       halo->backward(grad_padded, x_node->grad_field(), first);
     };
   }

@@ -34,4 +34,18 @@ Decomposition WindowGeometry::output_decomposition(const Decomposition& input,
   return Decomposition::from_split_points(points, periodic);
 }
 
+bool WindowGeometry::reads_owned_cells_only(const Decomposition& input) const {
+  for (int d = 0; d < ndims; ++d) {
+    if (padding[d] != 0) return false;
+    const std::vector<Index>& in = input.split_points(d);
+    const Index outputs = output_extent(d, input.global_extent(d));
+    for (int i = 0; i < input.process_grid(d); ++i) {
+      // The shard's last output: the last whose anchor o * stride lies before its end.
+      const Index last = std::min(outputs, (in[i + 1] + stride[d] - 1) / stride[d]) - 1;
+      if (last * stride[d] + dilation[d] * (kernel[d] - 1) >= in[i + 1]) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace shardtensor

@@ -36,6 +36,11 @@ struct WindowGeometry {
     return g;
   }
 
+  /// Whether every rank's windows read only its own cells of `input`: no padding, and each
+  /// shard's last output window ends inside it (2x2 pooling on even splits). Then no ghost
+  /// cell is read and the input is the padded buffer; the same answer on every rank.
+  bool reads_owned_cells_only(const Decomposition& input) const;
+
   /// Output o belongs to the rank owning input cell o * stride (its window's anchor), so a
   /// stride-1 "same" convolution keeps the input's decomposition. Throws if a rank would own
   /// no output.
