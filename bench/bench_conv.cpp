@@ -20,14 +20,15 @@
 // gradient, weight gradient). Time: slowest rank, best (and median) of `iters` steps. Per-core
 // GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
 // conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
-// host the multiply-add peak (independent multiply-add chains on the vector path), each the
-// best of two timings after every timed step, or every iters / 5th (so in the same minutes as
-// the steps). Peak memory: the process's maximum resident set (getrusage), per rank, max over
-// ranks; the step's share is that peak less the resident set before the input and layer were
-// created. Step peak: the memory tracker's (memory_tracker.hpp) highest total of live Kokkos
-// allocations during a measured forward + backward step (peak reset before it), input,
-// parameters, workspace and halo buffers included, per rank, max over ranks and steps; split
-// by category.
+// host the multiply-add peak (independent multiply-add chains on the vector path) and, for
+// float on the vector path, its correlation tile on cached data (the layer's own kernel with
+// nothing else in the way), each the best of two timings after every timed step, or every
+// iters / 5th (so in the same minutes as the steps). Peak memory: the process's maximum
+// resident set (getrusage), per rank, max over ranks; the step's share is that peak less the
+// resident set before the input and layer were created. Step peak: the memory tracker's
+// (memory_tracker.hpp) highest total of live Kokkos allocations during a measured forward +
+// backward step (peak reset before it), input, parameters, workspace and halo buffers
+// included, per rank, max over ranks and steps; split by category.
 // OPENBLAS_CORETYPE (e.g. SkylakeX for AVX-512 kernels) is printed: it changes sgemm ~2x.
 // Check: afterwards, on a 20^3 field (rows of 16 + 4 cells; 2-D: 36^2) with the same channels, the
 // output and both gradients must match the direct loops (relative error <= 1e-5; 5e-3 with TF32;
@@ -172,6 +173,10 @@ int main(int argc, char** argv) {
       const int taps = dims == 3 ? 27 : 9;
       double best = 1e30, forward_best = 1e30, cpu_best = 1e30;
       double sgemm = 0.0, peak_flops = 0.0;  // the ceilings, measured between the steps
+      // The float tiles' own ceiling where they run the layer (not bf16's pair or AMX tiles).
+      const bool float_tiles =
+          !bf16 && kernels::vector_kernels_on() && vector_kernels == "on" && algorithm == "gemm";
+      double tile_flops = 0.0;
       std::vector<double> step_times;
       MemorySnapshot step_memory;  // peaks of the measured steps (this rank)
       for (int step = 0; step < warmup + iters; ++step) {
@@ -204,6 +209,7 @@ int main(int argc, char** argv) {
           if ((step - warmup) % std::max(1, iters / 5) == 0) {
             sgemm = std::max(sgemm, sgemm_gflops(channels, channels * taps, 4096, 2));
             peak_flops = std::max(peak_flops, multiply_add_peak_gflops(2));  // 0 on a GPU
+            if (float_tiles) tile_flops = std::max(tile_flops, correlate_tile_peak_gflops(2));
           }
         }
       }
@@ -245,6 +251,9 @@ int main(int argc, char** argv) {
           std::printf("  multiply-add peak per core %10.1f GFLOP/s  -> ratio %.2f (%s path)\n",
                       peak_flops, gflops_per_core / peak_flops,
                       kernels::vector_kernels_on() ? "this" : "the best");
+        if (tile_flops > 0)
+          std::printf("  correlate tile, cached data %7.1f GFLOP/s  -> ratio %.2f (its ceiling)\n",
+                      tile_flops, gflops_per_core / tile_flops);
         if (tile_peak > 0)
           std::printf("  AMX bf16 tile peak per core %9.1f GFLOP/s  -> ratio %.2f\n", tile_peak,
                       gflops_per_core / tile_peak);
@@ -269,7 +278,8 @@ int main(int argc, char** argv) {
             "\"gflops_per_cpu_s\":%.4g,\"sgemm_gflops_per_core\":"
             "%.4g,"
             "\"ratio_to_sgemm\":%.4g,\"multiply_add_peak_gflops_per_core\":%.4g,"
-            "\"ratio_to_multiply_add_peak\":%.4g,"
+            "\"ratio_to_multiply_add_peak\":%.4g,\"correlate_tile_gflops_per_core\":%.4g,"
+            "\"ratio_to_correlate_tile\":%.4g,"
             "\"peak_mib_per_rank\":%.1f,\"step_mib_per_rank\":%.1f,"
             "\"step_peak_mib\":%.2f,\"step_activations_peak_mib\":%.2f,"
             "\"step_workspaces_peak_mib\":%.2f,\"step_comm_buffers_peak_mib\":%.2f,"
@@ -281,7 +291,8 @@ int main(int argc, char** argv) {
             dims, comm.size(), d.describe().c_str(), long(size), batch, channels, algorithm.c_str(),
             best, median, forward_best, gflops_per_core, cpu_best, gflops_per_cpu_s, sgemm,
             gflops_per_core / sgemm, peak_flops,
-            peak_flops > 0 ? gflops_per_core / peak_flops : 0.0, peak, peak - memory_before,
+            peak_flops > 0 ? gflops_per_core / peak_flops : 0.0, tile_flops,
+            tile_flops > 0 ? gflops_per_core / tile_flops : 0.0, peak, peak - memory_before,
             step_peak, step_activations, step_workspaces, step_comm_buffers,
             memory_tracking.c_str(), workspace_mib, vector_kernels.c_str(), library.c_str(),
             tf32.c_str(), precision.c_str(), tile_peak, check_error, coretype,

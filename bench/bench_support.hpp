@@ -86,6 +86,14 @@ inline double multiply_add_peak_gflops(int reps = 5) {
   return best_gflops([] { return kernels::run_multiply_add_chains(std::size_t(1) << 22); }, reps);
 }
 
+/// The float correlation tile's ceiling, GFLOP/s per core: the vector path's tile on a cached
+/// workload (kernels::run_correlate_tiles) on one thread of every rank at once, best of `reps`;
+/// 0 where the vector kernels are off or do not run on the host.
+inline double correlate_tile_peak_gflops(int reps = 5) {
+  if (!kernels_run_on_host) return 0.0;
+  return best_gflops([] { return kernels::run_correlate_tiles(std::size_t(1) << 14); }, reps);
+}
+
 /// The AMX tiles' bf16 multiply-add ceiling per core (GFLOP/s), the best of 5 timings of
 /// independent full tile products on every rank at once; 0 where the CPU has no AMX tiles.
 inline double bf16_tile_peak_gflops() {

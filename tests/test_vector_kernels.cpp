@@ -183,11 +183,17 @@ TEST_CASE("the paths on offer and their selection") {
     // The multiply-add ceiling's loop runs on the path's own vectors: 12 chains of `lanes`.
     CHECK(shardtensor::kernels::run_multiply_add_chains(1000) ==
           2.0 * 1000 * 12 * shardtensor::kernels::vector_lanes());
+    // The correlate tile's ceiling runs the path's own tile: rows x vectors x lanes outputs,
+    // 32 channels x 9 taps each.
+    const host::ConvTileShape shape = host::conv_tile_shape();
+    CHECK(shardtensor::kernels::run_correlate_tiles(10) ==
+          2.0 * 10 * shape.tile_rows * shape.tile_vectors * shape.lanes * 288);
   }
   select_vector_isa("off");
   CHECK(vector_isa() == "off");
   CHECK_FALSE(shardtensor::kernels::vector_kernels_on());
   CHECK(shardtensor::kernels::vector_lanes() == 0);
+  CHECK(shardtensor::kernels::run_correlate_tiles(10) == 0.0);
   select_vector_isa("best");
   CHECK(vector_isa() == (paths.empty() ? "off" : paths.front()));
   CHECK_THROWS_WITH(select_vector_isa("avx1024"),

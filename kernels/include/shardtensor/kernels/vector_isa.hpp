@@ -62,4 +62,11 @@ double run_bf16_tile_products(std::size_t rounds);
 /// kernels: benchmarks time it for the machine's multiply-add ceiling (bench_support.hpp).
 double run_multiply_add_chains(std::size_t rounds);
 
+/// Runs `rounds` calls of the selected path's float correlation tile (the convolution's
+/// forward and input gradient) on one cached workload, a 3x3 window over 32 channels (its
+/// source and weights, 22 KiB, stay in L1), and returns the flops run, 0 where the vector
+/// kernels are off: benchmarks time it for the tile's own ceiling, what a convolution would
+/// reach with nothing but its tiles in the way (bench_support.hpp).
+double run_correlate_tiles(std::size_t rounds);
+
 }  // namespace shardtensor::kernels
