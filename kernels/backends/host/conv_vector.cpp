@@ -11,7 +11,6 @@
 #include "host_threads.hpp"
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
-#include "shardtensor/kernels/vector_isa.hpp"
 #include "vector_kernels.hpp"
 
 // The plane path's vector kernels (float on the host; the register tiles of vector_kernels.hpp
@@ -970,34 +969,3 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
 }
 
 }  // namespace shardtensor::kernels::host
-
-namespace shardtensor::kernels {
-
-double run_correlate_tiles(std::size_t rounds) {
-  if (!vector_kernels_on()) return 0.0;
-  const host::ConvTileShape shape = host::conv_tile_shape();
-  // A 2-D correlation's tile: three rows of 34 cells per channel, whole vectors of outputs.
-  constexpr Index channels = 32, width = 34, rows = 3;
-  const Index lanes = shape.lanes, rows_per_tile = shape.tile_rows;
-  std::vector<std::ptrdiff_t> offsets;
-  for (Index j = 0; j < channels; ++j)
-    for (Index b = 0; b < 3; ++b)
-      for (Index c = 0; c < 3; ++c) offsets.push_back((j * rows + b) * width + c);
-  const int taps = int(offsets.size());
-  // The vectors run on past a row: room for the last tap's reads.
-  std::vector<float> source(std::size_t(channels * rows * width + shape.tile_vectors * lanes),
-                            0.5f);
-  std::vector<float> weights(std::size_t(taps * rows_per_tile), 1e-3f);
-  std::vector<float> out(std::size_t(rows_per_tile * shape.tile_vectors * lanes));
-  std::vector<host::OutputVector> vectors;
-  for (Index v = 0; v < shape.tile_vectors; ++v)
-    vectors.push_back({v * lanes, v * lanes, 0, unsigned((std::uint64_t(1) << lanes) - 1), 0});
-  const float* planes[1] = {source.data()};
-  for (std::size_t k = 0; k < rounds; ++k)
-    host::correlate_tile(planes, 1, offsets.data(), taps, weights.data(), vectors.data(),
-                         out.data(), shape.tile_vectors * lanes, int(rows_per_tile), nullptr,
-                         /*accumulate=*/false);
-  return 2.0 * double(rounds) * double(rows_per_tile * shape.tile_vectors * lanes) * taps;
-}
-
-}  // namespace shardtensor::kernels

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "host/environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
@@ -1033,6 +1034,33 @@ double run_multiply_add_chains(std::size_t rounds) {
   return HWY_DYNAMIC_DISPATCH(MultiplyAddChains)(rounds);
 }
 
+double run_correlate_tiles(std::size_t rounds) {
+  if (!vector_kernels_on()) return 0.0;
+  const host::ConvTileShape shape = host::conv_tile_shape();
+  // A 2-D correlation's tile: three rows of 34 cells per channel, whole vectors of outputs.
+  constexpr std::ptrdiff_t channels = 32, width = 34, rows = 3;
+  const int lanes = shape.lanes, vectors_per_tile = shape.tile_vectors;
+  std::vector<std::ptrdiff_t> offsets;
+  for (std::ptrdiff_t j = 0; j < channels; ++j)
+    for (std::ptrdiff_t b = 0; b < 3; ++b)
+      for (std::ptrdiff_t c = 0; c < 3; ++c) offsets.push_back((j * rows + b) * width + c);
+  const int taps = int(offsets.size());
+  // The vectors run on past a row: room for the last tap's reads.
+  std::vector<float> source(std::size_t(channels * rows * width + vectors_per_tile * lanes), 0.5f);
+  std::vector<float> weights(std::size_t(taps * shape.tile_rows), 1e-3f);
+  std::vector<float> out(std::size_t(shape.tile_rows * vectors_per_tile * lanes));
+  std::vector<host::OutputVector> vectors;
+  for (int v = 0; v < vectors_per_tile; ++v)
+    vectors.push_back({std::ptrdiff_t(v) * lanes, std::ptrdiff_t(v) * lanes, 0,
+                       unsigned((std::uint64_t(1) << lanes) - 1), 0});
+  const float* planes[1] = {source.data()};
+  for (std::size_t k = 0; k < rounds; ++k)
+    host::correlate_tile(planes, 1, offsets.data(), taps, weights.data(), vectors.data(),
+                         out.data(), vectors_per_tile * lanes, shape.tile_rows, nullptr,
+                         /*accumulate=*/false);
+  return 2.0 * double(rounds) * shape.tile_rows * vectors_per_tile * lanes * taps;
+}
+
 void set_bf16_dot_products(const std::string& mode) {
   host::bf16_dot_mode().store(host::setting_choice(mode, host::dot_modes, "set_bf16_dot_products"));
 }
@@ -1064,6 +1092,9 @@ void set_bf16_dot_products(const std::string& mode) {
   host::setting_choice(mode, {"auto", "on", "off"}, "set_bf16_dot_products");  // checks it only
 }
 double run_multiply_add_chains(std::size_t) {
+  return 0.0;
+}
+double run_correlate_tiles(std::size_t) {
   return 0.0;
 }
 void select_vector_isa(const std::string& isa) {
