@@ -42,6 +42,7 @@ std::vector<PoolCase> pool_cases() {
       {"2-D max 3x2 stride 3x1 periodic pad",
        {27, 16},
        pool(PoolKind::max, {3, 2}, {3, 1}, {1, 1}, {}, PaddingMode::periodic)},
+      {"2-D avg 2x2, lines past 16 outputs", {12, 40}, pool(PoolKind::average, {2, 2}, {}, {})},
       {"3-D avg 2", {12, 10, 8}, pool(PoolKind::average, {2, 2, 2}, {}, {})},
       {"3-D max 3 stride 2 pad 1",
        {13, 11, 9},

@@ -32,8 +32,9 @@ KOKKOS_INLINE_FUNCTION T window_max(const T* window, const PoolShape& g, const I
 
 /// sum[i] += row[2 i], then row[2 i + 1], for i < n: the pairs split by shuffles (restrict:
 /// with the arrays possibly overlapping, the compiler loaded each cell alone).
-template <class T, Index n>
-KOKKOS_INLINE_FUNCTION void add_pairs(const T* KOKKOS_RESTRICT row, T* KOKKOS_RESTRICT sum) {
+template <class T>
+KOKKOS_INLINE_FUNCTION void add_pairs(const T* KOKKOS_RESTRICT row, T* KOKKOS_RESTRICT sum,
+                                      Index n) {
   for (Index i = 0; i < n; ++i) {
     sum[i] += row[2 * i];
     sum[i] += row[2 * i + 1];
@@ -127,13 +128,8 @@ void pool_forward(const ExecutionSpace& space, const PoolPlan& plan, const Field
                 for (Index a = 0; a < k0; ++a)
                   for (Index b = 0; b < k1; ++b) {
                     const T* taps = window + a * tap_step[0] + b * tap_step[1] + 2 * i0;
-                    if (count == block)
-                      add_pairs<T, block>(taps, sum);
-                    else
-                      for (Index i = 0; i < count; ++i) {
-                        sum[i] += taps[2 * i];
-                        sum[i] += taps[2 * i + 1];
-                      }
+                    // A whole block's constant count: the loop the compiler unrolls.
+                    add_pairs(taps, sum, count == block ? block : count);
                   }
                 for (Index i = 0; i < count; ++i) out[i0 + i] = sum[i] / divisor;
               }

@@ -172,8 +172,8 @@ ShardTensor<T> HaloPadding<T>::forward(const ShardTensor<T>& input, bool ghosts_
 template <class T>
 bool HaloPadding<T>::reads_in_place(const ShardTensor<T>& input) const {
   // Without ghost cells the padded layout differs from the input's at most in its periodic
-  // flags, which no read then sees: a periodic field into 2x2 pooling (zeros padding) was
-  // copied whole for them.
+  // flags, which no read then sees: a periodic field into a kernel-2 stride-2 transposed
+  // convolution (zeros padding) was copied whole for them.
   return !bfloat16_ && ghosts_ == GhostWidths{} && input.ghosts() == GhostWidths{};
 }
 
