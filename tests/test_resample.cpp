@@ -2,6 +2,7 @@
 // differences, known values; and a small U-Net-shaped block that chains them with conv and
 // pooling across resolutions.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "equivalence.hpp"
@@ -203,10 +204,10 @@ TEST_CASE("linear 2-D upsampling's gradient sums each input's outputs, x-major, 
   const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gx);
   // Output o's weight on input buffer index i along axis a.
   const auto weight = [&](int a, Index o, Index i) {
-    Index lower = 0;
+    Index lower = 0, upper = 0;
     float w = 0;
-    g.linear_source(a, o, lower, w);
-    return i == lower ? w : i == lower + 1 ? 1 - w : 0.0f;
+    g.linear_source(a, o, lower, upper, w);
+    return i == lower ? w : i == upper ? 1 - w : 0.0f;
   };
   for (Index n = 0; n < 2; ++n)
     for (Index c = 0; c < 3; ++c)
@@ -224,6 +225,100 @@ TEST_CASE("linear 2-D upsampling's gradient sums each input's outputs, x-major, 
           INFO("sample " << n << ", channel " << c << ", cell " << ix << ", " << iy);
           REQUIRE(result(n, c, ix, iy, 0) == gx_host(n, c, ix, iy, 0) + sum);
         }
+}
+
+TEST_CASE("clamped linear upsampling reads the input itself: a padded copy's values, bit for bit",
+          "[upsample]") {
+  // The plan that reads a whole field and clamps its sources (one rank) against the plan that
+  // reads a replicate-padded copy (what the halo padding makes): the same outputs, bit for
+  // bit; input gradients within rounding of the padded plan's with its ghosts' gradients
+  // folded onto the end cells they copy. 2-D lines cross the separable path's chunk of 64.
+  struct Case {
+    std::array<Index, 3> in;
+    std::array<Index, 3> scale;
+    int ndims;
+  };
+  for (const Case& k : {Case{{37, 1, 1}, {2, 1, 1}, 1}, Case{{5, 37, 1}, {2, 2, 1}, 2},
+                        Case{{4, 9, 1}, {3, 2, 1}, 2}, Case{{3, 1, 1}, {2, 2, 1}, 2},
+                        Case{{4, 3, 5}, {2, 3, 2}, 3}}) {
+    INFO(k.ndims << "-D, " << k.in[0] << "x" << k.in[1] << "x" << k.in[2]);
+    kernels::UpsampleShape clamped{2, {}, {0, 0, 0}, {0, 0, 0}, {}, {}, {0, 0, 0}, true};
+    kernels::UpsampleShape padded = clamped;
+    padded.clamped = false;
+    for (int d = 0; d < 3; ++d) {
+      clamped.scale[d] = padded.scale[d] = k.scale[d];
+      clamped.out[d] = padded.out[d] = k.in[d] * k.scale[d];
+      clamped.in[d] = k.in[d];
+      padded.ghost[d] = d < k.ndims ? 1 : 0;
+      padded.in[d] = k.in[d] + 2 * padded.ghost[d];
+    }
+    const auto field = [](const char* label, const kernels::UpsampleShape& g, const Index* e) {
+      return FieldView<float>(std::string(label), 3, g.channels, e[0], e[1], e[2]);
+    };
+    const FieldView<float> x = field("x", clamped, clamped.in), xp = field("xp", padded, padded.in);
+    const FieldView<float> y = field("y", clamped, clamped.out),
+                           yp = field("yp", padded, padded.out);
+    const FieldView<float> gy = field("gy", clamped, clamped.out);
+    const FieldView<float> gx = field("gx", clamped, clamped.in),
+                           gp = field("gp", padded, padded.in);
+    const auto xh = Kokkos::create_mirror_view(x), xph = Kokkos::create_mirror_view(xp);
+    const auto gyh = Kokkos::create_mirror_view(gy);
+    for (std::size_t i = 0; i < xh.span(); ++i) xh.data()[i] = float(hashed_uniform(31, i)) - 0.5f;
+    for (std::size_t i = 0; i < gyh.span(); ++i)
+      gyh.data()[i] = float(hashed_uniform(32, i)) - 0.5f;
+    // The padded copy's cell (i, j, l) holds the input's cell its indices clamp to.
+    const auto source = [&](int d, Index i) {
+      return std::clamp<Index>(i - padded.ghost[d], 0, k.in[d] - 1);
+    };
+    for (Index n = 0; n < 3; ++n)
+      for (Index c = 0; c < 2; ++c)
+        for (Index i = 0; i < padded.in[0]; ++i)
+          for (Index j = 0; j < padded.in[1]; ++j)
+            for (Index l = 0; l < padded.in[2]; ++l)
+              xph(n, c, i, j, l) = xh(n, c, source(0, i), source(1, j), source(2, l));
+    Kokkos::deep_copy(x, xh);
+    Kokkos::deep_copy(xp, xph);
+    Kokkos::deep_copy(gy, gyh);
+    const kernels::UpsamplePlan<float> reads_input(ExecutionSpace(), clamped, UpsampleMode::linear);
+    const kernels::UpsamplePlan<float> reads_copy(ExecutionSpace(), padded, UpsampleMode::linear);
+    kernels::upsample_forward(ExecutionSpace(), reads_input, x, y);
+    kernels::upsample_forward(ExecutionSpace(), reads_copy, xp, yp);
+    kernels::upsample_backward(ExecutionSpace(), reads_input, gy, gx);
+    kernels::upsample_backward(ExecutionSpace(), reads_copy, gy, gp);
+    CHECK(test::host_values(y) == test::host_values(yp));
+    if (k.ndims == 2) {
+      // And the 2-D form's own sums, bit for bit: x's weight outside, y's inside.
+      const auto yh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+      bool same = true;
+      for (Index n = 0; n < 3; ++n)
+        for (Index c = 0; c < 2; ++c)
+          for (Index ox = 0; ox < clamped.out[0]; ++ox)
+            for (Index oy = 0; oy < clamped.out[1]; ++oy) {
+              Index lx = 0, hx = 0, ly = 0, hy = 0;
+              float w = 0, v = 0;
+              clamped.linear_source(0, ox, lx, hx, w);
+              clamped.linear_source(1, oy, ly, hy, v);
+              const float expected =
+                  w * (v * xh(n, c, lx, ly, 0) + (1 - v) * xh(n, c, lx, hy, 0)) +
+                  (1 - w) * (v * xh(n, c, hx, ly, 0) + (1 - v) * xh(n, c, hx, hy, 0));
+              same = same && yh(n, c, ox, oy, 0) == expected;
+            }
+      CHECK(same);
+    }
+    const auto gxh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gx);
+    const auto gph = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gp);
+    Kokkos::View<double*****, Kokkos::HostSpace> folded("folded", 3, 2, k.in[0], k.in[1], k.in[2]);
+    for (Index n = 0; n < 3; ++n)
+      for (Index c = 0; c < 2; ++c)
+        for (Index i = 0; i < padded.in[0]; ++i)
+          for (Index j = 0; j < padded.in[1]; ++j)
+            for (Index l = 0; l < padded.in[2]; ++l)
+              folded(n, c, source(0, i), source(1, j), source(2, l)) += gph(n, c, i, j, l);
+    double worst = 0;
+    for (std::size_t i = 0; i < folded.span(); ++i)
+      worst = std::max(worst, std::abs(gxh.data()[i] - folded.data()[i]));
+    CHECK(worst < 1e-5);
+  }
 }
 
 TEST_CASE("dropout keeps about 1 - p of the values, scaled, and is the identity in eval",

@@ -10,17 +10,20 @@ namespace shardtensor::kernels {
 namespace {
 
 /// Linear interpolation per axis, computed once per plan instead of once per cell (and per
-/// candidate output in the backward): entry first[a] + o holds output o's lower source along
-/// axis a (buffer index) and its weight. The same values linear_source gives, so the same sums.
+/// candidate output in the backward): entry first[a] + o holds output o's lower and upper
+/// sources along axis a (buffer indices) and the lower's weight. The same values
+/// linear_source gives, so the same sums.
 template <class T>
 struct LinearTable {
-  Kokkos::View<Index*, DefaultMemorySpace> lower;
+  Kokkos::View<Index*, DefaultMemorySpace> lower, upper;
   Kokkos::View<T*, DefaultMemorySpace> weight;
   Index first[3] = {0, 0, 0};
 
   LinearTable() = default;  // empty: a nearest plan's
   LinearTable(const ExecutionSpace& space, const UpsampleShape& g)
       : lower(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.lower"),
+              g.out[0] + g.out[1] + g.out[2]),
+        upper(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.upper"),
               g.out[0] + g.out[1] + g.out[2]),
         weight(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Upsample::table.weight"),
                g.out[0] + g.out[1] + g.out[2]),
@@ -31,29 +34,31 @@ struct LinearTable {
   // Apart from the constructor: CUDA's device lambdas cannot live in one.
   void fill(const ExecutionSpace& space, const UpsampleShape& g) const {
     const auto l = lower;
+    const auto u = upper;
     const auto w = weight;
     const Index second = first[1], third = first[2];
     Kokkos::parallel_for(
         "Upsample::table", kernel_range(space, l.extent(0)), KOKKOS_LAMBDA(const Index i) {
           const int axis = i < second ? 0 : i < third ? 1 : 2;
-          g.linear_source(axis, i - (axis == 0 ? 0 : axis == 1 ? second : third), l(i), w(i));
+          g.linear_source(axis, i - (axis == 0 ? 0 : axis == 1 ? second : third), l(i), u(i), w(i));
         });
   }
 };
 
 /// Weight of input buffer index i in output o along axis a (0 for the outputs that do not
-/// read it; 1 along unused axes).
+/// read it; 1 along unused axes). A clamped source read twice (its lower and upper at a
+/// field's end) adds both weights.
 template <class T>
 KOKKOS_INLINE_FUNCTION T axis_weight(const UpsampleShape& g, UpsampleMode mode,
-                                     const Kokkos::View<Index*, DefaultMemorySpace>& lower_of,
-                                     const Kokkos::View<T*, DefaultMemorySpace>& weight_of,
-                                     Index entry, int a, Index o, Index i) {
+                                     const LinearTable<T>& table, int a, Index o, Index i) {
   if (mode == UpsampleMode::nearest)
     return (g.out_offset[a] + o) / g.scale[a] - g.in_offset[a] + g.ghost[a] == i ? T(1) : T(0);
   if (g.in[a] == 1) return T(1);  // unused axis
-  const Index lower = lower_of(entry + o);
-  const T w = weight_of(entry + o);
-  return lower == i ? w : (lower + 1 == i ? 1 - w : T(0));
+  const Index entry = table.first[a] + o;
+  const Index lower = table.lower(entry), upper = table.upper(entry);
+  const T w = table.weight(entry);
+  if (lower == upper) return lower == i ? w + (1 - w) : T(0);
+  return lower == i ? w : (upper == i ? 1 - w : T(0));
 }
 
 }  // namespace
@@ -116,6 +121,88 @@ KOKKOS_INLINE_FUNCTION void planar_linear_pairs(const T* low, const T* high, T* 
         planar_linear<along_y>(w, w_even, le[half], le[half + 1], he[half], he[half + 1]);
 }
 
+/// a[i] = w * s[first + j] + (1 - w) * s[first + j + 1] at i = 2j, and likewise at odd i with
+/// `second` and v: `count` outputs of scale-2 linear interpolation along a contiguous row,
+/// the first of them at `first`'s parity. Restricted, no table lookups: it vectorises.
+template <class T>
+KOKKOS_INLINE_FUNCTION void along_pairs(const T* KOKKOS_RESTRICT s, T* KOKKOS_RESTRICT a,
+                                        Index count, Index first, T w, Index second, T v) {
+  const Index half = count / 2;
+  for (Index j = 0; j < half; ++j) {
+    a[2 * j] = w * s[first + j] + (1 - w) * s[first + j + 1];
+    a[2 * j + 1] = v * s[second + j] + (1 - v) * s[second + j + 1];
+  }
+  if (count % 2 != 0) a[count - 1] = w * s[first + half] + (1 - w) * s[first + half + 1];
+}
+
+/// The 2-D linear forward on the host, y lines contiguous: separable. A work item is a
+/// chunk of columns of one plane. Each source row it reads is interpolated along y once
+/// (wa * s[la] + (1 - wa) * s[ha]: by pairs between pairs_begin and pairs_end, the rest from
+/// the table) for the two to four output rows that read it; an output row then combines its
+/// two source rows across x (w * low + (1 - w) * high). planar_linear's operations in its
+/// order, so the same values, with half its multiplications and no per-line set-up.
+template <class T>
+void forward_planar_separable(const ExecutionSpace& space, const UpsampleShape& g,
+                              const LinearTable<T>& table, Index pairs_begin, Index pairs_end,
+                              const FieldView<T>& x, const FieldView<T>& y) {
+  constexpr Index chunk = 64;  // outputs along y per work item: two rows of them on its stack
+  const Index rows = g.out[0], length = g.out[1], channels = g.channels;
+  const Index chunks = (length + chunk - 1) / chunk;
+  const auto lower = table.lower;
+  const auto upper = table.upper;
+  const auto weight = table.weight;
+  const Index across = table.first[0], along = table.first[1];
+  const Index in_row = x.stride(2), out_row = y.stride(2);
+  Kokkos::parallel_for(
+      "Upsample::forward_separable", kernel_range(space, Index(y.extent(0)) * channels * chunks),
+      KOKKOS_LAMBDA(const Index item) {
+        const Index plane = item / chunks, o0 = item % chunks * chunk;
+        const Index cells = math::min(chunk, length - o0);
+        const T* const source = &x(plane / channels, plane % channels, 0, 0, 0);
+        T* const out = &y(plane / channels, plane % channels, 0, o0, 0);
+        T along_rows[2][chunk];
+        Index row_of[2] = {-1, -1};  // the source row each holds
+        const auto interpolate = [&](Index r, T* a) {
+          const T* const s = source + r * in_row;
+          for (Index i = 0; i < cells; ++i) {
+            const Index o = o0 + i;
+            if (o == math::max(o0, pairs_begin) && o < pairs_end) {
+              const Index count = math::min(o0 + cells, pairs_end) - o, k = o - pairs_begin;
+              const Index at = along + pairs_begin;
+              if (k % 2 == 0)
+                along_pairs(s, a + i, count, lower(at) + k / 2, weight(at), lower(at + 1) + k / 2,
+                            weight(at + 1));
+              else
+                along_pairs(s, a + i, count, lower(at + 1) + k / 2, weight(at + 1),
+                            lower(at) + k / 2 + 1, weight(at));
+              i += count - 1;
+              continue;
+            }
+            const T wa = weight(along + o);
+            a[i] = wa * s[lower(along + o)] + (1 - wa) * s[upper(along + o)];
+          }
+        };
+        // The interpolated source row r, made now if neither slot holds it (into the slot
+        // not holding `keep`, the other row the output row reads).
+        const auto row = [&](Index r, Index keep) -> const T* {
+          for (int k = 0; k < 2; ++k)
+            if (row_of[k] == r) return along_rows[k];
+          const int k = row_of[0] == keep ? 1 : 0;
+          interpolate(r, along_rows[k]);
+          row_of[k] = r;
+          return along_rows[k];
+        };
+        for (Index ox = 0; ox < rows; ++ox) {
+          const Index l = lower(across + ox), h = upper(across + ox);
+          const T w = weight(across + ox);
+          const T* KOKKOS_RESTRICT const low = row(l, h);
+          const T* KOKKOS_RESTRICT const high = row(h, l);
+          T* KOKKOS_RESTRICT const to = out + ox * out_row;
+          for (Index i = 0; i < cells; ++i) to[i] = w * low[i] + (1 - w) * high[i];
+        }
+      });
+}
+
 /// Input-buffer gradient's ranges: per axis and input index (entry in_first[a] + i, in_first
 /// = {0, in[0], in[0] + in[1]}), the outputs with a nonzero weight in its cell (begin, end: a
 /// contiguous range, a few of the 3 x scale candidates) and their weights, `room` apart.
@@ -142,9 +229,6 @@ struct InputRanges {
 
   void fill(const ExecutionSpace& space, const UpsampleShape& g, UpsampleMode mode,
             const LinearTable<T>& table) const {
-    const auto lower_of = table.lower;
-    const auto weight_of = table.weight;
-    const Index first_entry[3] = {table.first[0], table.first[1], table.first[2]};
     const Index in_first[3] = {0, g.in[0], g.in[0] + g.in[1]};
     const auto b_of = begin;
     const auto e_of = end;
@@ -160,15 +244,14 @@ struct InputRanges {
               math::min<Index>((global + 2) * g.scale[a] - g.out_offset[a], g.out[a]);
           Index b = last, f = last;
           for (Index o = first; o < last; ++o)
-            if (axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i) != T(0)) {
+            if (axis_weight(g, mode, table, a, o, i) != T(0)) {
               if (b == last) b = o;
               f = o + 1;
             }
           b_of(e) = b;
           e_of(e) = b == last ? b : f;
           for (Index o = b; o < e_of(e); ++o)
-            w_of(e * r + o - b) =
-                axis_weight(g, mode, lower_of, weight_of, first_entry[a], a, o, i);
+            w_of(e * r + o - b) = axis_weight(g, mode, table, a, o, i);
         });
   }
 };
@@ -220,6 +303,7 @@ void upsample_forward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
   }
   const LinearTable<T>& table = plan.tables().linear;
   const auto lower = table.lower;
+  const auto upper = table.upper;
   const auto weight = table.weight;
   const Index f0 = table.first[0], f1 = table.first[1], f2 = table.first[2];
   if (g.in[2] == 1 && g.out[2] == 1) {
@@ -234,45 +318,56 @@ void upsample_forward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
     const Index in_steps[2] = {Index(x.stride(2)), Index(x.stride(3))},
                 out_step = y.stride(2 + axis);
     const Index step = in_steps[axis], across_step = in_steps[1 - axis];
-    const bool has_upper[2] = {g.in[0] > 1, g.in[1] > 1};
-    const bool upper_along = has_upper[axis], upper_across = has_upper[1 - axis];
     // Scale 2 along contiguous lines (the U-Net's upsampling): even outputs all have one
     // weight and odd ones another, and each pair's sources are one cell on from the last
-    // pair's. Then a line is pairs of outputs with no table lookups, a loop the compiler
+    // pair's. Then the outputs [pairs_begin, pairs_end) of a line (all of them, but the
+    // clamped ones at a field's ends) are pairs with no table lookups, a loop the compiler
     // vectorises: the same values and operations, so the same sums.
-    bool pairs = false;
+    Index pairs_begin = 0, pairs_end = 0;
     Index lower_even = 0, lower_odd = 0;
     T weight_even = 0, weight_odd = 0;
     if constexpr (kernels_run_on_host) {
-      pairs = step == 1 && out_step == 1 && upper_along && length >= 2;
-      for (Index i = 2; pairs && i < length; ++i)
-        pairs = lower(along + i) == lower(along + i - 2) + 1 &&
-                weight(along + i) == weight(along + i - 2);
-      if (pairs) {
-        lower_even = lower(along), lower_odd = lower(along + 1);
-        weight_even = weight(along), weight_odd = weight(along + 1);
+      if (step == 1 && out_step == 1) {
+        const auto next_cell = [&](Index i) { return upper(along + i) == lower(along + i) + 1; };
+        while (pairs_begin < length && !next_cell(pairs_begin)) ++pairs_begin;
+        const auto regular = [&](Index i) {
+          return next_cell(i) &&
+                 (i < pairs_begin + 2 || (lower(along + i) == lower(along + i - 2) + 1 &&
+                                          weight(along + i) == weight(along + i - 2)));
+        };
+        pairs_end = pairs_begin;
+        while (pairs_end < length && regular(pairs_end)) ++pairs_end;
+        if (pairs_end - pairs_begin < 2) pairs_end = pairs_begin;  // no pair: cell by cell
+      }
+      if (pairs_end > pairs_begin) {
+        lower_even = lower(along + pairs_begin), lower_odd = lower(along + pairs_begin + 1);
+        weight_even = weight(along + pairs_begin), weight_odd = weight(along + pairs_begin + 1);
       }
     }
+    if constexpr (kernels_run_on_host)
+      if (axis == 1 && step == 1 && out_step == 1)
+        return forward_planar_separable(space, g, table, pairs_begin, pairs_end, x, y);
     for_each_line(
         space, "Upsample::forward_planar", lines, KOKKOS_LAMBDA(const CellIndex& c) {
           const Index o_across = axis == 1 ? c.x : c.y;
-          const Index l = lower(across + o_across), h = upper_across ? l + 1 : l;
+          const Index l = lower(across + o_across), h = upper(across + o_across);
           const T w = weight(across + o_across);
           const T* const p = &x(c.n, c.c, 0, 0, 0);
           const T* const low = p + l * across_step;  // the lines of the two sources across
           const T* const high = p + h * across_step;
           T* const out = &y(c.n, c.c, c.x, c.y, 0);
-          if (pairs) {
-            if (axis == 1)
-              planar_linear_pairs<true>(low, high, out, length, w, lower_even, weight_even,
-                                        lower_odd, weight_odd);
-            else
-              planar_linear_pairs<false>(low, high, out, length, w, lower_even, weight_even,
-                                         lower_odd, weight_odd);
-            return;
-          }
           for (Index i = 0; i < length; ++i) {
-            const Index la = lower(along + i), ha = upper_along ? la + 1 : la;
+            if (i == pairs_begin && pairs_end > pairs_begin) {
+              if (axis == 1)
+                planar_linear_pairs<true>(low, high, out + i, pairs_end - i, w, lower_even,
+                                          weight_even, lower_odd, weight_odd);
+              else
+                planar_linear_pairs<false>(low, high, out + i, pairs_end - i, w, lower_even,
+                                           weight_even, lower_odd, weight_odd);
+              i = pairs_end - 1;
+              continue;
+            }
+            const Index la = lower(along + i), ha = upper(along + i);
             const T wa = weight(along + i);
             const T ll = low[la * step], lh = low[ha * step];
             const T hl = high[la * step], hh = high[ha * step];
@@ -287,9 +382,9 @@ void upsample_forward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
       KOKKOS_LAMBDA(const Index n, const Index c, const Index ox, const Index oy, const Index oz) {
         const Index lx = lower(f0 + ox), ly = lower(f1 + oy), lz = lower(f2 + oz);
         const T wx = weight(f0 + ox), wy = weight(f1 + oy), wz = weight(f2 + oz);
-        // Unused axes have scale 1: source = o exactly, weight 1 on the lower cell.
-        const Index hx = g.in[0] > 1 ? lx + 1 : lx, hy = g.in[1] > 1 ? ly + 1 : ly,
-                    hz = g.in[2] > 1 ? lz + 1 : lz;
+        // Unused axes have scale 1: source = o exactly, weight 1 on the lower cell (the upper
+        // is the same cell).
+        const Index hx = upper(f0 + ox), hy = upper(f1 + oy), hz = upper(f2 + oz);
         // The eight sources through one base pointer (5-D indexing per load cost more than the
         // interpolation).
         const T* p = &x(n, c, 0, 0, 0);

@@ -45,8 +45,14 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
   ShardTensor<T> y =
       ShardTensor<T>::uninitialized(Decomposition::from_split_points(points, periodic), x.rank(),
                                     x.batch(), x.channels(), {}, name_ + ".output");
-  const ShardTensor<T> source = mode_ == UpsampleMode::linear ? halo_->forward(x) : x;
+  // Linear interpolation reads replicate padding past the field's ends. Where the shard is the
+  // whole field (one part along every axis: nothing to exchange), the kernels clamp their
+  // sources to it instead: the same values, without a padded copy of the input.
+  const bool clamped = mode_ == UpsampleMode::linear && x.ghosts() == GhostWidths{} &&
+                       halo_->exchanges_nothing(x.decomposition());
+  const ShardTensor<T> source = mode_ == UpsampleMode::linear && !clamped ? halo_->forward(x) : x;
   kernels::UpsampleShape shape{};
+  shape.clamped = clamped;
   shape.channels = x.channels();
   for (int d = 0; d < max_spatial_dims; ++d) {
     shape.scale[d] = scale_[d];
@@ -67,7 +73,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     const std::shared_ptr<HaloPadding<T>> halo = halo_;  // the graph may outlive the layer
     const std::string label = name_ + ".source_grad";
     node->backward = [=](impl::Node<T>& self) {
-      if (plan.mode() == UpsampleMode::nearest) {
+      if (plan.mode() == UpsampleMode::nearest || plan.shape().clamped) {
         kernels::upsample_backward(ExecutionSpace(), plan, self.grad_field().view(),
                                    x_node->grad_field().view());
         return;

@@ -1,8 +1,9 @@
 #pragma once
 // The upsampling kernels (nn/upsample.hpp) on the execution space of their Views: nearest and
 // (multi)linear interpolation (align_corners=False, as in PyTorch) from an input buffer whose
-// ghosts the halo padding filled, and the backward, where each input cell gathers from the
-// outputs that read it (no scatter).
+// ghosts the halo padding filled (or, for linear interpolation of a field held whole, the
+// input itself, its end cells read past its ends), and the backward, where each input cell
+// gathers from the outputs that read it (no scatter).
 
 #include <Kokkos_Core.hpp>
 #include <memory>
@@ -27,14 +28,25 @@ struct UpsampleShape {
   Index out[3];         // local output extents
   Index in[3];          // extents of the input buffer (owned cells plus ghosts)
   Index ghost[3];       // ghost cells below the owned ones in the input buffer
+  /// Linear mode: the buffer is the whole field along every axis, without ghost cells, and
+  /// sources past its ends read its end cells: replicate padding with no padded copy (one
+  /// rank: nothing to exchange). Else the buffer's ghosts hold the padding.
+  bool clamped = false;
 
-  /// Linear interpolation along an axis: buffer index of the lower source and its weight
-  /// (the upper source, index + 1, gets 1 - weight).
+  /// Linear interpolation along an axis: buffer indices of the lower source, which gets
+  /// `weight`, and of the upper, which gets 1 - weight (the next cell; the same one along an
+  /// unused axis, and clamped to the buffer where `clamped`).
   template <class T>
-  KOKKOS_INLINE_FUNCTION void linear_source(int axis, Index o, Index& lower, T& weight) const {
+  KOKKOS_INLINE_FUNCTION void linear_source(int axis, Index o, Index& lower, Index& upper,
+                                            T& weight) const {
     const double source = (double(out_offset[axis] + o) + 0.5) / double(scale[axis]) - 0.5;
     const double floor_source = math::floor(source);
     lower = static_cast<Index>(floor_source) - in_offset[axis] + ghost[axis];
+    upper = in[axis] > 1 ? lower + 1 : lower;
+    if (clamped) {
+      lower = math::min<Index>(math::max<Index>(lower, 0), in[axis] - 1);
+      upper = math::min<Index>(math::max<Index>(upper, 0), in[axis] - 1);
+    }
     weight = static_cast<T>(1.0 - (source - floor_source));
   }
 };
@@ -45,7 +57,7 @@ inline bool operator==(const UpsampleShape& a, const UpsampleShape& b) {
     same = same && a.scale[d] == b.scale[d] && a.out_offset[d] == b.out_offset[d] &&
            a.in_offset[d] == b.in_offset[d] && a.out[d] == b.out[d] && a.in[d] == b.in[d] &&
            a.ghost[d] == b.ghost[d];
-  return same;
+  return same && a.clamped == b.clamped;
 }
 
 /// The tables of one shape and mode, made once (three to five small Views and two kernels)
@@ -70,7 +82,8 @@ class UpsamplePlan {
   std::shared_ptr<const Tables> tables_;
 };
 
-/// y = x upsampled as the plan says (x: the input buffer, owned cells plus ghosts).
+/// y = x upsampled as the plan says (x: the input buffer, owned cells plus ghosts; the input
+/// itself for a clamped plan).
 template <class T>
 void upsample_forward(const ExecutionSpace& space, const UpsamplePlan<T>& plan,
                       const FieldView<T>& x, const FieldView<T>& y);

@@ -15,7 +15,8 @@ namespace shardtensor {
 /// Output cell o along an axis scaled by s is owned by the rank owning input cell o / s, so
 /// the output split is the input split times s. Nearest needs no communication; linear
 /// (PyTorch's align_corners=False, edges clamped) reads one ghost cell per side, filled by
-/// the halo exchange inside the field and by replicate padding at its edges.
+/// the halo exchange inside the field and by replicate padding at its edges; where one shard
+/// holds the whole field, the kernels read the input itself, clamped to its ends.
 template <class T>
 class Upsample : public Module<T> {
  public:
