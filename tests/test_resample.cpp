@@ -239,7 +239,8 @@ TEST_CASE("clamped linear upsampling reads the input itself: a padded copy's val
     int ndims;
   };
   for (const Case& k : {Case{{37, 1, 1}, {2, 1, 1}, 1}, Case{{5, 37, 1}, {2, 2, 1}, 2},
-                        Case{{4, 9, 1}, {3, 2, 1}, 2}, Case{{3, 1, 1}, {2, 2, 1}, 2},
+                        Case{{4, 9, 1}, {3, 2, 1}, 2}, Case{{6, 5, 1}, {2, 3, 1}, 2},
+                        Case{{3, 1, 1}, {2, 2, 1}, 2},
                         Case{{4, 3, 5}, {2, 3, 2}, 3}}) {
     INFO(k.ndims << "-D, " << k.in[0] << "x" << k.in[1] << "x" << k.in[2]);
     kernels::UpsampleShape clamped{2, {}, {0, 0, 0}, {0, 0, 0}, {}, {}, {0, 0, 0}, true};
