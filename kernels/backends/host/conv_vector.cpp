@@ -429,19 +429,28 @@ void for_each_band(const Correlation& r, const FieldView<float>& out,
                      [&](int t, Index first, Index last) {
                        PlaneSource<Value>& source = sources[t];
                        std::vector<const Value*> planes(kx);
-                       std::vector<OutputVector> vectors;
+                       // Each band's output vectors, kept from item to item where the bands
+                       // are few (a small field's planes: one or two bands, made once, not
+                       // once per sample and plane); else made per item.
+                       const Index kept = bands <= 8 ? bands : 1;
+                       std::vector<std::vector<OutputVector>> vectors(kept);
+                       std::vector<Index> made_for(kept, std::numeric_limits<Index>::min());
                        for (Index item = first; item < last; ++item) {
                          const Index n = item / per_sample, x = (item % per_sample) / bands,
-                                     y0 = (item % bands) * band_rows;
+                                     band = item % bands, y0 = band * band_rows;
                          if (item == first || item % per_sample == 0) source.start(n, group);
                          const Index y1 = std::min(y0 + band_rows, r.out[1]);
                          if (!keep(x, y0, y1)) continue;
                          source.start_band(y0);
                          for (Index a = 0; a < kx; ++a)
                            planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-                         output_vectors(r, source.row_stride(), out_row_stride, y0, y1,
-                                        source.first_row(), shape, vectors);
-                         body(source, planes, vectors, &out(n, group * r.out_per_group, x, 0, 0));
+                         const Index slot = kept == bands ? band : 0;
+                         if (kept != bands || made_for[slot] != source.first_row())
+                           output_vectors(r, source.row_stride(), out_row_stride, y0, y1,
+                                          source.first_row(), shape, vectors[slot]);
+                         made_for[slot] = source.first_row();
+                         body(source, planes, vectors[slot],
+                              &out(n, group * r.out_per_group, x, 0, 0));
                        }
                      });
 }
