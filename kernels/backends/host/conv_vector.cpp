@@ -429,12 +429,11 @@ void for_each_band(const Correlation& r, const FieldView<float>& out,
                      [&](int t, Index first, Index last) {
                        PlaneSource<Value>& source = sources[t];
                        std::vector<const Value*> planes(kx);
-                       // Each band's output vectors, kept from item to item where the bands
-                       // are few (a small field's planes: one or two bands, made once, not
-                       // once per sample and plane); else made per item.
-                       const Index kept = bands <= 8 ? bands : 1;
-                       std::vector<std::vector<OutputVector>> vectors(kept);
-                       std::vector<Index> made_for(kept, std::numeric_limits<Index>::min());
+                       // Each band's output vectors, made once per correlation where the
+                       // bands are few (a small field's one or two), not once per sample and
+                       // plane; else made per item.
+                       const bool keep_vectors = bands <= 8;
+                       std::vector<std::vector<OutputVector>> vectors(keep_vectors ? bands : 1);
                        for (Index item = first; item < last; ++item) {
                          const Index n = item / per_sample, x = (item % per_sample) / bands,
                                      band = item % bands, y0 = band * band_rows;
@@ -444,12 +443,12 @@ void for_each_band(const Correlation& r, const FieldView<float>& out,
                          source.start_band(y0);
                          for (Index a = 0; a < kx; ++a)
                            planes[a] = source.plane(r.offset[0] + x + a * r.d[0]);
-                         const Index slot = kept == bands ? band : 0;
-                         if (kept != bands || made_for[slot] != source.first_row())
+                         // Never empty once made: a band has at least one output vector.
+                         std::vector<OutputVector>& band_vectors = vectors[keep_vectors ? band : 0];
+                         if (!keep_vectors || band_vectors.empty())
                            output_vectors(r, source.row_stride(), out_row_stride, y0, y1,
-                                          source.first_row(), shape, vectors[slot]);
-                         made_for[slot] = source.first_row();
-                         body(source, planes, vectors[slot],
+                                          source.first_row(), shape, band_vectors);
+                         body(source, planes, band_vectors,
                               &out(n, group * r.out_per_group, x, 0, 0));
                        }
                      });
