@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
       const std::string algorithm = option(argc, argv, "--algorithm", "gemm");
       const double workspace_mib = std::stod(option(argc, argv, "--workspace-mib", "16"));
       const std::string vector_kernels = option(argc, argv, "--vector-kernels", "on");
+      const std::string winograd = option(argc, argv, "--winograd", "on");
       const std::string memory_tracking = option(argc, argv, "--memory-tracking", "on");
       const std::string library = option(argc, argv, "--library", "on");
       const std::string tf32 = option(argc, argv, "--tf32", "off");
@@ -141,15 +142,16 @@ int main(int argc, char** argv) {
           (dims == 2 || dims == 3) && batch >= 1 && size >= 4 && channels >= 1 && iters >= 1 &&
               warmup >= 0 && (algorithm == "gemm" || algorithm == "direct") &&
               (vector_kernels == "on" || vector_kernels == "off") &&
+              (winograd == "on" || winograd == "off") &&
               (memory_tracking == "on" || memory_tracking == "off") &&
               (library == "on" || library == "off") && (tf32 == "on" || tf32 == "off") &&
               (precision == "float" || precision == "bf16"),
           "bench_conv",
           "bad options: dims " << dims << ", batch " << batch << ", size " << size << ", channels "
                                << channels << ", iters " << iters << ", algorithm " << algorithm
-                               << ", vector kernels " << vector_kernels << ", memory tracking "
-                               << memory_tracking << ", library " << library << ", tf32 " << tf32
-                               << ", precision " << precision);
+                               << ", vector kernels " << vector_kernels << ", winograd " << winograd
+                               << ", memory tracking " << memory_tracking << ", library " << library
+                               << ", tf32 " << tf32 << ", precision " << precision);
       const double memory_before = max_over_ranks(peak_resident_mib());
       if (memory_tracking == "on") enable_memory_tracking();
       const Decomposition d = Decomposition::automatic(std::vector<Index>(dims, size), comm.size());
@@ -160,6 +162,7 @@ int main(int argc, char** argv) {
       o.algorithm = algorithm == "gemm" ? ConvAlgorithm::gemm : ConvAlgorithm::direct;
       o.workspace_bytes = static_cast<std::size_t>(workspace_mib * 1024 * 1024);
       o.vector_kernels = vector_kernels == "on";
+      o.winograd = winograd == "on";
       o.library_kernels = library == "on";
       o.tf32 = tf32 == "on";
       Conv<float> conv(comm, o, "bench");

@@ -394,6 +394,99 @@ TEST_CASE("the vector weight gradient's passes over x taps change no bit", "[con
   kernels::select_vector_isa(initial);
 }
 
+TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bits on every path",
+          "[conv]") {
+  // The forward and the input gradient of 3x3 windows (in y and z) on Winograd's F(2x2, 3x3)
+  // tiles against the direct register tiles: odd extents (a last tile half outside), windows
+  // past the source (zeros), x taps with a dilation, groups, output blocks left partly empty,
+  // wrap-around (read through band copies), and a filter that keeps some bands only.
+  using kernels::ConvShape;
+  if (!kernels::conv_vector_kernels_available<float>()) return;
+  const ExecutionSpace space;
+  struct Case {
+    const char* name;
+    ConvShape g;
+    Index padded[3];
+  };
+  // ConvShape: batch, in, out, in / groups, out / groups, kernel, stride, dilation, base, out.
+  std::vector<Case> cases = {
+      {"2-D 16 -> 12, 23x37 outputs, windows past the source",
+       {2, 16, 12, 16, 12, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, -1, -1}, {1, 23, 37}},
+       {1, 23, 37}},
+      {"3-D 9 -> 35, x dilation 2, 6x7x19 outputs",
+       {1, 9, 35, 9, 35, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {-2, -1, -1}, {6, 7, 19}},
+       {6, 7, 19}},
+      {"2-D 32 -> 16 in 2 groups, a padded source read in place",
+       {1, 32, 16, 16, 8, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {1, 40, 18}},
+       {1, 42, 20}},
+      {"3-D 8 -> 8 wrapping around in y and z",
+       {1, 8, 8, 8, 8, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {-1, -1, -1}, {4, 9, 10}},
+       {4, 9, 10}},
+  };
+  cases[3].g.wrap[1] = cases[3].g.wrap[2] = true;
+  const std::string initial = kernels::vector_isa();
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const ConvShape& g = c.g;
+    const auto plan = [&](bool winograd) {
+      return kernels::plan_planes(g, c.padded, sizeof(float), std::size_t(16) << 20, true, false,
+                                  winograd);
+    };
+    REQUIRE(plan(true).winograd);
+    REQUIRE(!plan(false).winograd);
+    const FieldView<float> xp("xp", g.batch, g.in_channels, c.padded[0], c.padded[1], c.padded[2]);
+    const FieldView<float> gy("gy", g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]);
+    const ReplicatedView<float> w("w", g.out_channels * g.in_per_group * 27),
+        b("b", g.out_channels);
+    fill_random(xp, 21), fill_random(gy, 22), fill_random(w, 23), fill_random(b, 24);
+    // Forward (with a bias) and input gradient, each run with winograd on and off; `keep`
+    // filters output bands; cells not kept stay as filled.
+    const auto run = [&](bool winograd, bool data, const kernels::PlaneFilter& keep) {
+      const kernels::PlanePlan p = plan(winograd);
+      const Kokkos::View<float*, DefaultMemorySpace> workspace("workspace", p.values);
+      const FieldView<float> out =
+          data ? FieldView<float>("gxp", g.batch, g.in_channels, c.padded[0], c.padded[1],
+                                  c.padded[2])
+               : FieldView<float>("y", g.batch, g.out_channels, g.out[0], g.out[1], g.out[2]);
+      fill_random(out, 25);
+      kernels::correlate_planes<float>(space, p, data ? p.data : p.forward, 0, g, data ? gy : xp, w,
+                                       data, data ? ReplicatedView<float>() : b, out,
+                                       workspace.data(), keep);
+      return out;
+    };
+    const auto all = [](Index, Index, Index) { return true; };
+    const auto upper_half = [&](Index x, Index y0, Index) { return x % 2 == 1 || y0 >= 8; };
+    for (const bool data : {false, true}) {
+      INFO((data ? "input gradient" : "forward"));
+      const auto direct = run(false, data, all);
+      std::vector<double> first, first_filtered;
+      for (const std::string& isa : kernels::vector_isas()) {
+        INFO("vector path " << isa);
+        kernels::select_vector_isa(isa);
+        const auto winograd = run(true, data, all);
+        CHECK(test::relative_error(winograd, direct) <= 2e-6);
+        CHECK(test::relative_error(winograd, direct) > 0);  // not the direct tiles' sums
+        const std::vector<double> bits = test::host_values(winograd);
+        if (first.empty()) first = bits;
+        CHECK(bits == first);
+        // A filtered run writes the kept bands' cells with the same bits, and no other cell.
+        const std::vector<double> filtered = test::host_values(run(true, data, upper_half));
+        const std::vector<double> untouched =
+            test::host_values(run(false, data, [](Index, Index, Index) { return false; }));
+        std::size_t kept = 0, wrong = 0;
+        for (std::size_t i = 0; i < bits.size(); ++i) {
+          kept += filtered[i] == bits[i] && filtered[i] != untouched[i];
+          wrong += filtered[i] != bits[i] && filtered[i] != untouched[i];
+        }
+        CHECK(kept > 0);
+        CHECK(kept < bits.size());
+        CHECK(wrong == 0);
+      }
+      kernels::select_vector_isa(initial);
+    }
+  }
+}
+
 /// body(case, decomposition, its layer's HaloPadding) for every case on every process grid
 /// of `world` (periodic ones for periodic padding).
 template <class Body>
@@ -636,9 +729,11 @@ TEMPLATE_TEST_CASE(
   // Zeros padding, or periodic on one rank: the plane path reads the input itself (nothing is
   // exchanged). An input with ghost cells of its own is copied into a padded buffer first, so
   // the same layer on the same values runs both ways. The vector kernels sum in the same
-  // order either way: the outputs and all gradients are the same bit for bit. The plane
-  // path's GEMMs order their terms by ring slot, which shifts with the buffer: close. The
-  // input is left as it was.
+  // order either way: the outputs and all gradients are the same bit for bit. Winograd's tiles
+  // (ConvOptions::winograd, where a case has 8 channels or more) start at the first output
+  // cell: the same for the outputs (bit for bit), but the input gradient's, a padded buffer's
+  // cells, shift with it (close). The plane path's GEMMs order their terms by ring slot, which
+  // shifts with the buffer: close. The input is left as it was.
   const Communicator self(MPI_COMM_SELF);
   int unpadded_cases = 0;
   for (const ConvCase& c : all_conv_cases()) {
@@ -656,10 +751,13 @@ TEMPLATE_TEST_CASE(
         wraps));
     if (!unpadded) continue;
     ++unpadded_cases;
-    ConvOptions gemm_planes = c.options;
+    ConvOptions gemm_planes = c.options, direct_tiles = c.options;
     gemm_planes.vector_kernels = false;  // the plane path's GEMMs (zeros padding only)
-    for (const ConvOptions& options : {c.options, gemm_planes}) {
-      INFO((options.vector_kernels ? "vector kernels" : "plane GEMMs"));
+    direct_tiles.winograd = false;
+    for (const ConvOptions& options : {direct_tiles, c.options, gemm_planes}) {
+      INFO((!options.vector_kernels ? "plane GEMMs"
+            : options.winograd      ? "vector kernels, Winograd's where they apply"
+                                    : "vector kernels"));
       const ShardTensor<TestType> x =
           test::random_shard<TestType>(d, 0, 2, c.options.in_channels, 4);
       ShardTensor<TestType> before(d, 0, 2, c.options.in_channels);
@@ -697,7 +795,7 @@ TEMPLATE_TEST_CASE(
       std::size_t differing = 0, first_difference = 0;
       double diff = 0, scale = 0;
       for (std::size_t i = read_unpadded.size(); i-- > 0;) {
-        if (!same_order || (periodic && i >= input_gradient_from)) {
+        if (!same_order || ((periodic || options.winograd) && i >= input_gradient_from)) {
           diff = std::max(diff, std::abs(read_unpadded[i] - copied[i]));
           scale = std::max(scale, std::abs(copied[i]));
         } else if (read_unpadded[i] != copied[i]) {

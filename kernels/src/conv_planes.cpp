@@ -219,7 +219,8 @@ Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1) {
 }
 
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
-                      std::size_t budget_bytes, bool vector_kernels, bool bf16_operands) {
+                      std::size_t budget_bytes, bool vector_kernels, bool bf16_operands,
+                      bool winograd) {
   PlanePlan plan;
   const Index groups = g.out_channels / g.out_per_group;
   Correlation& f = plan.forward;
@@ -247,6 +248,12 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     plan.values = host::conv_vector_values(f, d, plan.band_copies, plan.bf16);
     plan.gradient_x_taps = host::conv_vector_gradient_x_taps(f, d, plan.band_copies, plan.bf16);
     plan.vector_kernels = plan.values <= budget;
+    const std::size_t winograd_values =
+        host::conv_vector_values(f, d, plan.band_copies, plan.bf16, winograd);
+    plan.winograd =
+        winograd && !plan.bf16 && winograd_values <= budget &&
+        (host::conv_vector_winograd(f, false, true) || host::conv_vector_winograd(d, false, true));
+    if (plan.winograd) plan.values = std::max(plan.values, winograd_values);
     plan.rounds_source = plan.vector_kernels && host::conv_vector_rounds_source(f, plan.bf16);
     if (plan.vector_kernels) return plan;
     plan.bf16 = false;
@@ -273,16 +280,17 @@ namespace {
 /// were packed from the same weights, bit for bit, in the same layout; else packed into it now.
 const float* packed_weights(const Correlation& r, const ConvShape& g,
                             const ReplicatedView<float>& w, bool transposed, bool bf16,
-                            PackedWeights<float>& cache) {
-  const std::array<Index, 9> layout{r.k[0],
-                                    r.k[1],
-                                    r.k[2],
-                                    r.src_per_group,
-                                    r.out_per_group,
-                                    Index(transposed),
-                                    Index(w.extent(0)),
-                                    Index(bf16),
-                                    Index(host::conv_vector_packing())};
+                            bool winograd, PackedWeights<float>& cache) {
+  const std::array<Index, 10> layout{r.k[0],
+                                     r.k[1],
+                                     r.k[2],
+                                     r.src_per_group,
+                                     r.out_per_group,
+                                     Index(transposed),
+                                     Index(w.extent(0)),
+                                     Index(bf16),
+                                     Index(host::conv_vector_packing()),
+                                     Index(host::conv_vector_winograd(r, bf16, winograd))};
   const std::size_t n = w.extent(0);  // in the layout: source holds n values where it matches
   if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
     return cache.packed.data();
@@ -296,7 +304,7 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
     cache.packed = Values(Kokkos::view_alloc(no_init, "conv.packed_weights"), values);
   cache.layout = {};  // invalid until both are written
   std::memcpy(cache.source.data(), w.data(), n * sizeof(float));
-  host::conv_vector_pack_weights(r, g, w, transposed, bf16, cache.packed.data());
+  host::conv_vector_pack_weights(r, g, w, transposed, bf16, winograd, cache.packed.data());
   cache.layout = layout;
   return cache.packed.data();
 }
@@ -311,10 +319,12 @@ void correlate_planes(const ExecutionSpace& space, const PlanePlan& plan, const 
                       PackedWeights<T>* cache, const SourceSlabs<T>& slabs) {
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels) {
-      const float* packed =
-          cache && r.groups == 1 ? packed_weights(r, g, w, transposed, plan.bf16, *cache) : nullptr;
+      const float* packed = cache && r.groups == 1 ? packed_weights(r, g, w, transposed, plan.bf16,
+                                                                    plan.winograd, *cache)
+                                                   : nullptr;
       return host::conv_vector_correlate(r, g, src, w, transposed, bias, out, workspace,
-                                         plan.band_copies, plan.bf16, keep, packed, slabs);
+                                         plan.band_copies, plan.bf16, plan.winograd, keep, packed,
+                                         slabs);
     }
   plane_correlate(space, r, g, src, w, transposed, bias, out, workspace, rows, keep);
 }

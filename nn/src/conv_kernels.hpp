@@ -39,7 +39,7 @@ class ConvKernels {
                     ? kernels::plan_planes(
                           shape, padded_extent, sizeof(T), workspace_->budget_bytes,
                           options.vector_kernels && kernels::conv_vector_kernels_available<T>(),
-                          options.bf16)
+                          options.bf16, options.winograd)
                     : kernels::PlanePlan{}) {}
 
   /// Whether the backend's library runs the convolution (on a padded buffer).

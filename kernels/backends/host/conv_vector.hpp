@@ -16,9 +16,13 @@ bool conv_vector_available();
 /// Workspace values (floats) the kernels need for a plan's forward and data correlations
 /// and the weight gradient (a source whose windows reach past it is copied, zero-padded, with
 /// band copies band by band, else plane by plane; `bf16`: bf16 operands, whose paths may copy
-/// every source into pair planes).
+/// every source into pair planes; `winograd`: the correlations that can run on Winograd's tiles
+/// do, conv_vector_winograd).
 std::size_t conv_vector_values(const Correlation& forward, const Correlation& data,
-                               bool band_copies, bool bf16);
+                               bool band_copies, bool bf16, bool winograd = false);
+/// Whether a correlation runs on Winograd's tiles (conv_winograd.hpp): where the layer asks
+/// (`winograd`), its operands are float (not `bf16`) and its shape applies.
+bool conv_vector_winograd(const Correlation& r, bool bf16, bool winograd);
 /// The x taps the weight gradient sums per pass over the bands (conv_vector_weight_gradient):
 /// all of them, or one where summing all would make the weight gradient this layer's largest
 /// workspace (a wide layer's per-thread sums, 3x its weights per thread: a U-Net's bottom).
@@ -26,7 +30,7 @@ Index conv_vector_gradient_x_taps(const Correlation& forward, const Correlation&
                                   bool band_copies, bool bf16);
 
 /// Values of the packed weights of a one-group correlation (conv_vector_pack_weights), on
-/// every instruction set's tiles.
+/// every instruction set's tiles, direct or Winograd's.
 std::size_t conv_vector_packed_values(const Correlation& r);
 /// What the packed layout depends on besides the correlation and `bf16`: the current path's
 /// tile rows, and whether AMX tiles and bf16 dot products run.
@@ -36,10 +40,11 @@ int conv_vector_packing();
 /// copies it does (a source the windows reach past; pair planes always), the float tiles read
 /// a source in place as it is. False for float operands.
 bool conv_vector_rounds_source(const Correlation& forward, bool bf16);
-/// Packs a one-group correlation's weights for conv_vector_correlate (with the same `bf16`).
+/// Packs a one-group correlation's weights for conv_vector_correlate (with the same `bf16` and
+/// `winograd`).
 void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
                               const ReplicatedView<float>& w, bool transposed, bool bf16,
-                              float* packed);
+                              bool winograd, float* packed);
 
 /// out = the correlation of src (plus bias when given; `slabs`: src's, Correlation::slab_axis),
 /// every kept output cell written. The
@@ -47,12 +52,13 @@ void conv_vector_pack_weights(const Correlation& r, const ConvShape& g,
 /// conv_vector_pack_weights for the same correlation and path). `bf16`: a bf16 convolution's
 /// operands (w is rounded to bf16 as it is packed, src as it is read, conv_vector_rounds_source):
 /// on AMX tiles where they run, else as channel pairs on bf16 dot products where those run
-/// (each output then adds its products pair by pair), else on the float tiles.
+/// (each output then adds its products pair by pair), else on the float tiles. `winograd`: on
+/// Winograd's tiles where conv_vector_winograd().
 void conv_vector_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
                            const ReplicatedView<float>& w, bool transposed,
                            const ReplicatedView<float>& bias, const FieldView<float>& out,
-                           float* workspace, bool band_copies, bool bf16, const PlaneFilter& keep,
-                           const float* packed_weights = nullptr,
+                           float* workspace, bool band_copies, bool bf16, bool winograd,
+                           const PlaneFilter& keep, const float* packed_weights = nullptr,
                            const SourceSlabs<float>& slabs = {});
 
 /// gw += this rank's weight gradient of the forward correlation r over its source xp (read

@@ -768,6 +768,93 @@ void TransposeRows(const float* const* rows, int channels, int cells, float* to,
   }
 }
 
+// ---- Winograd F(2x2, 3x3) transforms (conv_winograd.cpp drives them) ------------------------
+// A tile is 2 x 2 outputs, read from 4 x 4 source cells; `lanes` tiles side by side along a
+// row at a time (tile t's cells start at column 2t: loads that deinterleave even and odd
+// columns). Adds and subtractions only, in one order per lane on every path: the same bits.
+
+/// d[i][j] = cell shift + 2t + j of row i for the `lanes` tiles from first_tile; a null row,
+/// and cells outside [0, row_cells), read as zero.
+HWY_INLINE void load_tile_cells(const float* const* rows, std::ptrdiff_t shift,
+                                std::ptrdiff_t row_cells, int first_tile, V (&d)[4][4]) {
+  const D dd;
+  const std::ptrdiff_t first = shift + 2 * first_tile, count = 2 * lanes + 2;
+  const bool inside = first >= 0 && first + count <= row_cells;
+  HWY_UNROLL(4)
+  for (int i = 0; i < 4; ++i) {
+    if (!rows[i]) {
+      for (int j = 0; j < 4; ++j) d[i][j] = hn::Zero(dd);
+      continue;
+    }
+    const float* p = rows[i] + first;
+    HWY_ALIGN float cells[2 * lanes + 2];
+    if (!inside) {  // a row's ends: a copy with zeros outside the row
+      for (std::ptrdiff_t k = 0; k < count; ++k)
+        cells[k] = first + k >= 0 && first + k < row_cells ? rows[i][first + k] : 0.0f;
+      p = cells;
+    }
+    hn::LoadInterleaved2(dd, p, d[i][0], d[i][1]);
+    hn::LoadInterleaved2(dd, p + 2, d[i][2], d[i][3]);
+  }
+}
+
+void WinogradInputTiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
+                        int tiles, float* v, std::ptrdiff_t v_stride) {
+  for (int t0 = 0; t0 < tiles; t0 += lanes) {
+    V d[4][4];
+    load_tile_cells(rows, shift, row_cells, t0, d);
+    V t[4][4];  // B^T d
+    HWY_UNROLL(4)
+    for (int j = 0; j < 4; ++j) {
+      t[0][j] = hn::Sub(d[0][j], d[2][j]);
+      t[1][j] = hn::Add(d[1][j], d[2][j]);
+      t[2][j] = hn::Sub(d[2][j], d[1][j]);
+      t[3][j] = hn::Sub(d[1][j], d[3][j]);
+    }
+    HWY_UNROLL(4)
+    for (int i = 0; i < 4; ++i) {  // (B^T d) B
+      float* const to = v + 4 * i * v_stride + t0;
+      hn::StoreU(hn::Sub(t[i][0], t[i][2]), D(), to);
+      hn::StoreU(hn::Add(t[i][1], t[i][2]), D(), to + v_stride);
+      hn::StoreU(hn::Sub(t[i][2], t[i][1]), D(), to + 2 * v_stride);
+      hn::StoreU(hn::Sub(t[i][1], t[i][3]), D(), to + 3 * v_stride);
+    }
+  }
+}
+
+void WinogradOutputTiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                         float* row0, float* row1, int columns) {
+  const D d;
+  const V b = hn::Set(d, bias);
+  for (int t0 = 0; t0 < tiles; t0 += lanes) {
+    V s[2][4];  // A^T m
+    HWY_UNROLL(4)
+    for (int j = 0; j < 4; ++j) {
+      const V m0 = hn::LoadU(d, m + j * m_stride + t0),
+              m1 = hn::LoadU(d, m + (4 + j) * m_stride + t0),
+              m2 = hn::LoadU(d, m + (8 + j) * m_stride + t0),
+              m3 = hn::LoadU(d, m + (12 + j) * m_stride + t0);
+      s[0][j] = hn::Add(hn::Add(m0, m1), m2);
+      s[1][j] = hn::Sub(hn::Sub(m1, m2), m3);
+    }
+    float* const rows[2] = {row0, row1};
+    HWY_UNROLL(2)
+    for (int i = 0; i < 2; ++i) {  // (A^T m) A, plus the bias
+      if (!rows[i]) continue;
+      const V y0 = hn::Add(hn::Add(hn::Add(s[i][0], s[i][1]), s[i][2]), b);
+      const V y1 = hn::Add(hn::Sub(hn::Sub(s[i][1], s[i][2]), s[i][3]), b);
+      const int first = 2 * t0, left = columns - first;
+      if (left >= 2 * lanes) {
+        hn::StoreInterleaved2(y0, y1, d, rows[i] + first);
+      } else {  // the row's end
+        HWY_ALIGN float cells[2 * lanes];
+        hn::StoreInterleaved2(y0, y1, d, cells);
+        std::copy(cells, cells + left, rows[i] + first);
+      }
+    }
+  }
+}
+
 // ---- the multiply-add ceiling ---------------------------------------------------------------
 
 double MultiplyAddChains(std::size_t rounds) {
@@ -820,6 +907,8 @@ HWY_EXPORT(Bf16Round);
 HWY_EXPORT(Bf16Pack);
 HWY_EXPORT(MultiplyAddChains);
 HWY_EXPORT(TransposeRows);
+HWY_EXPORT(WinogradInputTiles);
+HWY_EXPORT(WinogradOutputTiles);
 
 namespace {
 
@@ -972,6 +1061,14 @@ void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* ta
 void transpose_rows(const float* const* rows, int channels, int cells, float* to,
                     std::ptrdiff_t to_stride) {
   HWY_DYNAMIC_DISPATCH(TransposeRows)(rows, channels, cells, to, to_stride);
+}
+void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
+                          int tiles, float* v, std::ptrdiff_t v_stride) {
+  HWY_DYNAMIC_DISPATCH(WinogradInputTiles)(rows, shift, row_cells, tiles, v, v_stride);
+}
+void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                           float* row0, float* row1, int columns) {
+  HWY_DYNAMIC_DISPATCH(WinogradOutputTiles)(m, m_stride, tiles, bias, row0, row1, columns);
 }
 void gelu_rows(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);

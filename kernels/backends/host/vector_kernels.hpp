@@ -98,6 +98,21 @@ void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* ta
 void transpose_rows(const float* const* rows, int channels, int cells, float* to,
                     std::ptrdiff_t to_stride);
 
+// ---- Winograd F(2x2, 3x3) transforms (conv_winograd.cpp drives them) ----------------------
+// A tile is 2 x 2 outputs of a 3 x 3 correlation, read from 4 x 4 source cells; `tiles` tiles
+// side by side along a pair of output rows, tile t at columns 2t.
+
+/// v[xi * v_stride + t] = (B^T d_t B)[xi] (xi = 4 i + j) for t < tiles, d_t the 4 x 4 cells of
+/// rows[0..4) from cell shift + 2t (a null row, and cells outside [0, row_cells), read as
+/// zero). Writes v up to t rounded up to a multiple of 16.
+void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
+                          int tiles, float* v, std::ptrdiff_t v_stride);
+/// The outputs of `tiles` tiles from their products m[xi * m_stride + t] (t read up to a
+/// multiple of 16): y_t = A^T m_t A + bias, y_t's row i at row_i[2t], row_i[2t + 1] where
+/// below `columns` (row1 null: not written).
+void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                           float* row0, float* row1, int columns);
+
 // ---- rows of float ------------------------------------------------------------------------
 
 /// y[i] = x[i] Phi(x[i]) (GELU) for i < n.

@@ -67,7 +67,7 @@ template <class T>
 struct PackedWeights {
   Kokkos::View<T*, DefaultMemorySpace> source;  // the weights `packed` was made from
   Kokkos::View<T*, DefaultMemorySpace> packed;
-  std::array<Index, 9> layout{};  // what the packing depends on besides the values
+  std::array<Index, 10> layout{};  // what the packing depends on besides the values
 };
 
 /// Scratch memory of the GEMM and plane paths and of the convolution library: chunks are sized
@@ -207,6 +207,8 @@ struct PlanePlan {
   bool band_copies = false;     // vector kernels copy padded sources band by band
   bool bf16 = false;            // vector kernels take bf16 operands (ConvOptions::bf16)
   bool rounds_source = false;   // bf16: they round the source as they read it (any input)
+  bool winograd = false;        // vector kernels: Winograd's tiles where a correlation's shape
+                                // applies (host::conv_vector_winograd)
   Index gradient_x_taps = 0;    // vector kernels: x taps per weight-gradient pass
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
@@ -223,9 +225,12 @@ bool conv_vector_kernels_available();
 /// `bf16_operands`: the weights and sources are rounded to bf16 (ConvOptions::bf16): on the
 /// vector kernels (AMX tiles, bf16 dot products or the float tiles: bf16), which round the
 /// weights as they pack them and a source as they read it where they copy it (rounds_source);
-/// on the others the caller rounds both.
+/// on the others the caller rounds both. `winograd`: the vector kernels run float 3x3 windows
+/// (in y and z) on Winograd's F(2x2, 3x3) tiles where the workspace fits them
+/// (ConvOptions::winograd).
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
-                      std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false);
+                      std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false,
+                      bool winograd = false);
 
 /// The padded-buffer cells that output rows [y0, y1) of output plane ox read (plane path).
 Box plane_reads(const ConvShape& g, Index ox, Index y0, Index y1);

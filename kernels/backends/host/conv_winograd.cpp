@@ -1,0 +1,232 @@
+#include "conv_winograd.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "host_threads.hpp"
+#include "plane_source.hpp"
+#include "vector_kernels.hpp"
+
+// Per band of output rows (a pair of rows per tile), for each sample in turn:
+//   1. each source plane's band is transformed once into a ring slot, V[slot][j][xi][tile]:
+//      read from the field itself (zeros outside it), or where cells wrap around or come from
+//      slabs, through PlaneSource's band copies;
+//   2. per output plane x and position xi (of 16), the products
+//        M[o][xi][tile] = sum over x taps a, source channels j of U[xi][a][j][o]
+//        V[x+a][j][xi][tile]
+//      on the direct path's correlate tile (its taps are the source channels, its x taps the
+//      ring's planes);
+//   3. the outputs from the products, plus the bias, written into the field.
+// A band holds about 1 MiB of transformed planes and products per thread: each position's
+// products read their operands from L1 and L2.
+
+namespace shardtensor::kernels::host {
+
+namespace {
+
+constexpr Index positions = 16;  // of a tile's 4 x 4 transform
+
+/// A correlation's bands: output rows per band (pairs, at most band_rows: the band copies'
+/// rows), tiles along a row, and the values a transformed channel (or a product row) takes:
+/// the band's tiles and 16 more (the transforms write whole vectors past the last tile).
+struct WinogradBands {
+  Index rows, columns, stride;
+};
+WinogradBands winograd_bands(const Correlation& r) {
+  const Index columns = (r.out[2] + 1) / 2;
+  const Index per_tile = positions * (r.slots() * r.src_per_group + r.out_per_group);
+  const Index target = std::max<Index>(1, (Index(1) << 18) / per_tile);
+  const Index tile_rows = std::clamp<Index>(target / columns, 1, band_rows / 2);
+  const Index tiles = tile_rows * columns;
+  return {2 * tile_rows, columns, (tiles + 16 + 15) / 16 * 16};
+}
+
+/// Values of one thread: the transformed ring, the products, the band copies' ring.
+std::size_t thread_values(const Correlation& r) {
+  const WinogradBands bands = winograd_bands(r);
+  return static_cast<std::size_t>(positions * bands.stride *
+                                  (r.slots() * r.src_per_group + r.out_per_group)) +
+         PlaneSource<float>::ring_values(r, /*bands=*/true);
+}
+
+}  // namespace
+
+bool conv_winograd_applies(const Correlation& r) {
+  return r.k[1] == 3 && r.k[2] == 3 && r.d[1] == 1 && r.d[2] == 1 && r.out[1] >= 2 &&
+         r.out[2] >= 2 && r.src_per_group >= 8 && r.out_per_group >= 8;
+}
+
+std::size_t conv_winograd_packed_values(const Correlation& r) {
+  const Index outs = (r.out_per_group + max_tile_rows - 1) / max_tile_rows * max_tile_rows;
+  return static_cast<std::size_t>(positions * outs * r.k[0] * r.src_per_group);
+}
+
+std::size_t conv_winograd_values(const Correlation& r) {
+  return conv_winograd_packed_values(r) + thread_values(r) * host_threads();
+}
+
+void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
+                                const ReplicatedView<float>& w, bool transposed, Index group,
+                                float* packed) {
+  const Index R = conv_tile_shape().tile_rows, kx = r.k[0], srcs = r.src_per_group;
+  const Index blocks = (r.out_per_group + R - 1) / R;
+  for (Index o = 0; o < blocks * R; ++o)
+    for (Index a = 0; a < kx; ++a)
+      for (Index j = 0; j < srcs; ++j) {
+        double u[4][4] = {};  // G g G^T
+        if (o < r.out_per_group) {
+          double gg[3][3], h[4][3];  // the window, then G g
+          for (Index b = 0; b < 3; ++b)
+            for (Index c = 0; c < 3; ++c)
+              gg[b][c] = correlation_weight(g, w, group, transposed, o, j, a, b, c);
+          for (int c = 0; c < 3; ++c) {
+            h[0][c] = gg[0][c];
+            h[1][c] = (gg[0][c] + gg[1][c] + gg[2][c]) / 2;
+            h[2][c] = (gg[0][c] - gg[1][c] + gg[2][c]) / 2;
+            h[3][c] = gg[2][c];
+          }
+          for (int i = 0; i < 4; ++i) {
+            u[i][0] = h[i][0];
+            u[i][1] = (h[i][0] + h[i][1] + h[i][2]) / 2;
+            u[i][2] = (h[i][0] - h[i][1] + h[i][2]) / 2;
+            u[i][3] = h[i][2];
+          }
+        }
+        const Index block = o / R;
+        for (Index xi = 0; xi < positions; ++xi)
+          packed[(((xi * blocks + block) * kx + a) * srcs + j) * R + o % R] =
+              static_cast<float>(u[xi / 4][xi % 4]);
+      }
+}
+
+void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const FieldView<float>& src,
+                             const SourceSlabs<float>& slabs, const ReplicatedView<float>& w,
+                             bool transposed, const ReplicatedView<float>& bias,
+                             const FieldView<float>& out, float* workspace, const PlaneFilter& keep,
+                             const float* packed_weights) {
+  const ConvTileShape shape = conv_tile_shape();
+  const Index R = shape.tile_rows, kx = r.k[0], slots = r.slots();
+  const Index srcs = r.src_per_group, outs = r.out_per_group, blocks = (outs + R - 1) / R;
+  const WinogradBands bands = winograd_bands(r);
+  const Index stride = bands.stride, columns = bands.columns;
+  const Index band_count = (r.out[1] + bands.rows - 1) / bands.rows;
+  const int threads = host_threads();
+  float* const packed = workspace;
+  float* const thread_start = workspace + conv_winograd_packed_values(r);
+  const std::size_t per_thread = thread_values(r);
+  const Index transformed_plane = positions * srcs * stride;  // one ring slot
+  std::vector<PlaneSource<float>> sources;
+  for (int t = 0; t < threads; ++t)
+    sources.emplace_back(
+        r, src,
+        thread_start + t * per_thread + slots * transformed_plane + positions * outs * stride,
+        /*bands=*/true, slabs);
+  std::vector<std::ptrdiff_t> channel_offsets(srcs);
+  for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * positions * stride;
+  const std::ptrdiff_t out_row_stride = out.stride(3);
+  const bool has_bias = bias.extent(0) > 0;
+  const Index read_columns = r.out[2] + 2;  // of a band copy's rows
+  const bool reads_field = !r.wrap[0] && !r.wrap[1] && !r.wrap[2] && r.slab_axis < 0;
+  for (Index group = 0; group < r.groups; ++group) {
+    const float* const weights = packed_weights ? packed_weights : packed;
+    if (!packed_weights) conv_winograd_pack_weights(r, g, w, transposed, group, packed);
+    split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
+      PlaneSource<float>& source = sources[t];
+      float* const ring = thread_start + t * per_thread;         // [slot][j][xi][tile]
+      float* const products = ring + slots * transformed_plane;  // [o][xi][tile]
+      std::vector<Index> slot_plane(slots);
+      std::vector<bool> slot_has_plane(slots);
+      std::vector<const float*> planes(kx), position_planes(kx);
+      std::vector<OutputVector> vectors;
+      Index sample = -1;
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / band_count, y0 = item % band_count * bands.rows,
+                    y1 = std::min(y0 + bands.rows, r.out[1]);
+        if (!reads_field) {
+          if (n != sample) source.start(n, group), sample = n;
+          source.start_band(y0);
+        }
+        std::fill(slot_plane.begin(), slot_plane.end(), std::numeric_limits<Index>::min());
+        const Index tile_rows = (y1 - y0 + 1) / 2, tiles = tile_rows * columns;
+        vectors.clear();
+        for (Index q = 0; q < tiles; q += shape.lanes) {
+          const Index lanes = std::min<Index>(shape.lanes, tiles - q);
+          vectors.push_back({q, q, 0, unsigned((uint64_t(1) << lanes) - 1), 0});
+        }
+        while (vectors.size() % shape.tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
+        // Source plane sx's band transformed into its ring slot; false outside the source.
+        // Read from the field itself (zeros outside it), or where cells wrap around or come
+        // from slabs, through the band copies.
+        const auto transform = [&](Index sx, float* v) {
+          const float* rows[4];
+          if (reads_field) {
+            if (sx < 0 || sx >= r.src[0]) return false;
+            for (Index j = 0; j < srcs; ++j)
+              for (Index tr = 0; tr < tile_rows; ++tr) {
+                for (Index i = 0; i < 4; ++i) {
+                  const Index sy = r.offset[1] + y0 + 2 * tr + i;
+                  rows[i] =
+                      sy >= 0 && sy < r.src[1] ? &src(n, group * srcs + j, sx, sy, 0) : nullptr;
+                }
+                winograd_input_tiles(rows, r.offset[2], r.src[2], int(columns),
+                                     v + j * positions * stride + tr * columns, stride);
+              }
+            return true;
+          }
+          const float* plane = source.plane(sx);
+          if (!plane) return false;
+          const float* band = plane + (y0 - source.first_row()) * source.row_stride();
+          const Index read_rows = y1 - y0 + 2;
+          for (Index j = 0; j < srcs; ++j)
+            for (Index tr = 0; tr < tile_rows; ++tr) {
+              for (Index i = 0; i < 4; ++i)
+                rows[i] = 2 * tr + i < read_rows ? band + j * source.channel_stride() +
+                                                       (2 * tr + i) * source.row_stride()
+                                                 : nullptr;
+              winograd_input_tiles(rows, 0, read_columns, int(columns),
+                                   v + j * positions * stride + tr * columns, stride);
+            }
+          return true;
+        };
+        for (Index x = 0; x < r.out[0]; ++x) {
+          if (!keep(x, y0, y1)) continue;
+          for (Index a = 0; a < kx; ++a) {
+            const Index sx = r.offset[0] + x + a * r.d[0], slot = slot_of(sx, slots);
+            float* const v = ring + slot * transformed_plane;
+            if (slot_plane[slot] != sx) slot_has_plane[slot] = transform(sx, v);
+            slot_plane[slot] = sx;
+            planes[a] = slot_has_plane[slot] ? v : nullptr;
+          }
+          for (Index xi = 0; xi < positions; ++xi) {
+            for (Index a = 0; a < kx; ++a)
+              position_planes[a] = planes[a] ? planes[a] + xi * stride : nullptr;
+            for (Index block = 0; block < blocks; ++block) {
+              const float* block_weights = weights + (xi * blocks + block) * kx * srcs * R;
+              float* const block_products = products + (block * R * positions + xi) * stride;
+              const int rows = int(std::min(R, outs - block * R));
+              for (std::size_t v = 0; v < vectors.size(); v += shape.tile_vectors) {
+                correlate_tile(position_planes.data(), int(kx), channel_offsets.data(), int(srcs),
+                               block_weights, &vectors[v], block_products, positions * stride, rows,
+                               nullptr,
+                               /*accumulate=*/false);
+              }
+            }
+          }
+          for (Index o = 0; o < outs; ++o) {
+            const Index channel = group * outs + o;
+            const float b = has_bias ? bias(channel) : 0.0f;
+            for (Index tr = 0; tr < tile_rows; ++tr) {
+              float* const row0 = &out(n, channel, x, y0 + 2 * tr, 0);
+              float* const row1 = y0 + 2 * tr + 1 < y1 ? row0 + out_row_stride : nullptr;
+              winograd_output_tiles(products + o * positions * stride + tr * columns, stride,
+                                    int(columns), b, row0, row1, int(r.out[2]));
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+}  // namespace shardtensor::kernels::host
