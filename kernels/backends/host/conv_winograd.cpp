@@ -71,32 +71,39 @@ void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
                                 float* packed) {
   const Index R = conv_tile_shape().tile_rows, kx = r.k[0], srcs = r.src_per_group;
   const Index blocks = (r.out_per_group + R - 1) / R;
-  for (Index o = 0; o < blocks * R; ++o)
+  // The weight index is linear in (o, b, c): walked by strides, as the direct tiles' packing.
+  const auto weight_at = [&](Index o, Index j, Index a, Index b, Index c) {
+    return correlation_weight_index(g, group, transposed, o, j, a, b, c);
+  };
+  const std::ptrdiff_t o_step = weight_at(1, 0, 0, 0, 0) - weight_at(0, 0, 0, 0, 0),
+                       b_step = weight_at(0, 0, 0, 1, 0) - weight_at(0, 0, 0, 0, 0),
+                       c_step = weight_at(0, 0, 0, 0, 1) - weight_at(0, 0, 0, 0, 0);
+  float u[positions][max_tile_rows];  // a block's transformed windows, G g G^T
+  for (Index block = 0; block < blocks; ++block)
     for (Index a = 0; a < kx; ++a)
       for (Index j = 0; j < srcs; ++j) {
-        double u[4][4] = {};  // G g G^T
-        if (o < r.out_per_group) {
-          double gg[3][3], h[4][3];  // the window, then G g
-          for (Index b = 0; b < 3; ++b)
-            for (Index c = 0; c < 3; ++c)
-              gg[b][c] = correlation_weight(g, w, group, transposed, o, j, a, b, c);
-          for (int c = 0; c < 3; ++c) {
-            h[0][c] = gg[0][c];
-            h[1][c] = (gg[0][c] + gg[1][c] + gg[2][c]) / 2;
-            h[2][c] = (gg[0][c] - gg[1][c] + gg[2][c]) / 2;
-            h[3][c] = gg[2][c];
+        for (Index i = 0; i < R; ++i) {
+          const Index o = block * R + i;
+          if (o >= r.out_per_group) {  // past the outputs: zeros
+            for (Index xi = 0; xi < positions; ++xi) u[xi][i] = 0.0f;
+            continue;
           }
-          for (int i = 0; i < 4; ++i) {
-            u[i][0] = h[i][0];
-            u[i][1] = (h[i][0] + h[i][1] + h[i][2]) / 2;
-            u[i][2] = (h[i][0] - h[i][1] + h[i][2]) / 2;
-            u[i][3] = h[i][2];
+          const float* window = w.data() + weight_at(0, j, a, 0, 0) + o * o_step;
+          double h[4][3];  // G g, in double: each transformed weight rounded once
+          for (Index c = 0; c < 3; ++c) {
+            const double g0 = window[c * c_step], g1 = window[b_step + c * c_step],
+                         g2 = window[2 * b_step + c * c_step];
+            h[0][c] = g0, h[1][c] = (g0 + g1 + g2) / 2, h[2][c] = (g0 - g1 + g2) / 2, h[3][c] = g2;
+          }
+          for (Index k = 0; k < 4; ++k) {
+            u[4 * k][i] = float(h[k][0]);
+            u[4 * k + 1][i] = float((h[k][0] + h[k][1] + h[k][2]) / 2);
+            u[4 * k + 2][i] = float((h[k][0] - h[k][1] + h[k][2]) / 2);
+            u[4 * k + 3][i] = float(h[k][2]);
           }
         }
-        const Index block = o / R;
         for (Index xi = 0; xi < positions; ++xi)
-          packed[(((xi * blocks + block) * kx + a) * srcs + j) * R + o % R] =
-              static_cast<float>(u[xi / 4][xi % 4]);
+          std::copy(u[xi], u[xi] + R, packed + (((xi * blocks + block) * kx + a) * srcs + j) * R);
       }
 }
 
