@@ -495,47 +495,51 @@ TEST_CASE("transposed rows: every channel's value at its cell, the rest untouche
 }
 
 TEST_CASE("Winograd's transforms equal the scalar transforms, bit for bit") {
-  // Input: 4 x 4 cells per tile from shift + 2t, zeros outside [0, row_cells) and for a null
-  // row; tiles fewer than a vector, whole vectors and tails; rows read from their ends.
+  // Input: 4 x 4 cells per tile from shift + 2t, zeros outside [0, row_cells) (or the cells
+  // a row away) and for a null row; tiles fewer than a vector, whole vectors and tails; rows read
+  // from their ends.
   for (const int tiles : {1, 5, 8, 17, 37})
     for (const std::ptrdiff_t shift : {-1, 0, 1})
-      for (const int missing_row : {-1, 3}) {
-        const std::ptrdiff_t row_cells = 2 * tiles + 1 + shift;  // the last cells read past it
-        INFO(tiles << " tiles, shift " << shift << ", row " << missing_row << " null");
-        const std::vector<float> cells = random_floats(4 * std::size_t(row_cells), 51);
-        const float* rows[4];
-        for (int i = 0; i < 4; ++i)
-          rows[i] = i == missing_row ? nullptr : cells.data() + i * row_cells;
-        const std::ptrdiff_t stride = tiles + 16;
-        on_every_path([&] {
-          std::vector<float> v(16 * std::size_t(stride), -7.0f);
-          host::winograd_input_tiles(rows, shift, row_cells, tiles, v.data(), stride);
-          bool right = true;
-          for (int t = 0; t < tiles; ++t) {
-            float d[4][4], b[4][4], e[4][4];
-            for (int i = 0; i < 4; ++i)
-              for (int j = 0; j < 4; ++j) {
-                const std::ptrdiff_t z = shift + 2 * t + j;
-                d[i][j] = rows[i] && z >= 0 && z < row_cells ? rows[i][z] : 0.0f;
+      for (const int missing_row : {-1, 3})
+        for (const bool wrap : {false, true}) {
+          const std::ptrdiff_t row_cells = 2 * tiles + 1 + shift;  // the last cells read past it
+          INFO(tiles << " tiles, shift " << shift << ", row " << missing_row << " null"
+                     << (wrap ? ", wrapping around" : ""));
+          const std::vector<float> cells = random_floats(4 * std::size_t(row_cells), 51);
+          const float* rows[4];
+          for (int i = 0; i < 4; ++i)
+            rows[i] = i == missing_row ? nullptr : cells.data() + i * row_cells;
+          const std::ptrdiff_t stride = tiles + 16;
+          on_every_path([&] {
+            std::vector<float> v(16 * std::size_t(stride), -7.0f);
+            host::winograd_input_tiles(rows, shift, row_cells, wrap, tiles, v.data(), stride);
+            bool right = true;
+            for (int t = 0; t < tiles; ++t) {
+              float d[4][4], b[4][4], e[4][4];
+              for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) {
+                  const std::ptrdiff_t z = shift + 2 * t + j,
+                                       zw = wrap ? (z + 2 * row_cells) % row_cells : z;
+                  d[i][j] = rows[i] && zw >= 0 && zw < row_cells ? rows[i][zw] : 0.0f;
+                }
+              for (int j = 0; j < 4; ++j) {  // B^T d
+                b[0][j] = d[0][j] - d[2][j], b[1][j] = d[1][j] + d[2][j];
+                b[2][j] = d[2][j] - d[1][j], b[3][j] = d[1][j] - d[3][j];
               }
-            for (int j = 0; j < 4; ++j) {  // B^T d
-              b[0][j] = d[0][j] - d[2][j], b[1][j] = d[1][j] + d[2][j];
-              b[2][j] = d[2][j] - d[1][j], b[3][j] = d[1][j] - d[3][j];
+              for (int i = 0; i < 4; ++i) {  // (B^T d) B
+                e[i][0] = b[i][0] - b[i][2], e[i][1] = b[i][1] + b[i][2];
+                e[i][2] = b[i][2] - b[i][1], e[i][3] = b[i][1] - b[i][3];
+              }
+              for (int xi = 0; xi < 16; ++xi)
+                right = right && v[xi * stride + t] == e[xi / 4][xi % 4];
             }
-            for (int i = 0; i < 4; ++i) {  // (B^T d) B
-              e[i][0] = b[i][0] - b[i][2], e[i][1] = b[i][1] + b[i][2];
-              e[i][2] = b[i][2] - b[i][1], e[i][3] = b[i][1] - b[i][3];
-            }
-            for (int xi = 0; xi < 16; ++xi)
-              right = right && v[xi * stride + t] == e[xi / 4][xi % 4];
-          }
-          CHECK(right);
-          v.resize(16 * std::size_t(stride));
-          for (int xi = 0; xi < 16; ++xi)  // past the tiles: whatever the vectors wrote
-            std::fill(v.begin() + xi * stride + tiles, v.begin() + (xi + 1) * stride, 0.0f);
-          return v;
-        });
-      }
+            CHECK(right);
+            v.resize(16 * std::size_t(stride));
+            for (int xi = 0; xi < 16; ++xi)  // past the tiles: whatever the vectors wrote
+              std::fill(v.begin() + xi * stride + tiles, v.begin() + (xi + 1) * stride, 0.0f);
+            return v;
+          });
+        }
   // Output: A^T m A + bias into two rows (or one), only the cells below `columns`.
   for (const int tiles : {1, 5, 8, 17, 37})
     for (const int columns : {2 * tiles - 1, 2 * tiles})

@@ -5,16 +5,15 @@
 #include <vector>
 
 #include "host_threads.hpp"
-#include "plane_source.hpp"
 #include "vector_kernels.hpp"
 
 // Per band of output rows (a pair of rows per tile), for each sample in turn:
-//   1. each source plane's band is transformed once into a ring slot, V[slot][j][xi][tile]:
-//      read from the field itself (zeros outside it), or where cells wrap around or come from
-//      slabs, through PlaneSource's band copies;
+//   1. each source plane's band is transformed once into a ring slot, V[slot][xi][j][tile],
+//      read from the field itself: zeros outside it, or the cells an extent away where it
+//      wraps around, or its slabs' cells past its ends along the slab axis;
 //   2. per output plane x and position xi (of 16), the products
 //        M[o][xi][tile] = sum over x taps a, source channels j of U[xi][a][j][o]
-//        V[x+a][j][xi][tile]
+//        V[x+a][xi][j][tile]
 //      on the direct path's correlate tile (its taps are the source channels, its x taps the
 //      ring's planes);
 //   3. the outputs from the products, plus the bias, written into the field.
@@ -27,8 +26,8 @@ namespace {
 
 constexpr Index positions = 16;  // of a tile's 4 x 4 transform
 
-/// A correlation's bands: output rows per band (pairs, at most band_rows: the band copies'
-/// rows), tiles along a row, and the values a transformed channel (or a product row) takes:
+/// A correlation's bands: output rows per band (pairs, at most 16, the direct tiles' band),
+/// tiles along a row, and the values a transformed channel (or a product row) takes:
 /// the band's tiles and 16 more (the transforms write whole vectors past the last tile).
 struct WinogradBands {
   Index rows, columns, stride;
@@ -37,18 +36,63 @@ WinogradBands winograd_bands(const Correlation& r) {
   const Index columns = (r.out[2] + 1) / 2;
   const Index per_tile = positions * (r.slots() * r.src_per_group + r.out_per_group);
   const Index target = std::max<Index>(1, (Index(1) << 18) / per_tile);
-  const Index tile_rows = std::clamp<Index>(target / columns, 1, band_rows / 2);
+  const Index tile_rows = std::clamp<Index>(target / columns, 1, 8);
   const Index tiles = tile_rows * columns;
   return {2 * tile_rows, columns, (tiles + 16 + 15) / 16 * 16};
 }
 
-/// Values of one thread: the transformed ring, the products, the band copies' ring.
+/// Values of one thread: the transformed ring and the products.
 std::size_t thread_values(const Correlation& r) {
   const WinogradBands bands = winograd_bands(r);
   return static_cast<std::size_t>(positions * bands.stride *
-                                  (r.slots() * r.src_per_group + r.out_per_group)) +
-         PlaneSource<float>::ring_values(r, /*bands=*/true);
+                                  (r.slots() * r.src_per_group + r.out_per_group));
 }
+
+/// i modulo extent, in [0, extent).
+inline Index wrapped(Index i, Index extent) {
+  return ((i % extent) + extent) % extent;
+}
+
+/// Where a correlation's source rows are: the field's, wrapped around along a `wrap` axis, or
+/// past its ends along the slab axis its slabs' (SourceSlabs); null where none (zeros).
+class SourceRows {
+ public:
+  SourceRows(const Correlation& r, const FieldView<float>& src, const SourceSlabs<float>& slabs)
+      : r_(r), src_(src), slabs_(slabs) {}
+  /// Whether source plane sx has cells.
+  bool plane(Index sx) const { return inside(0, sx) != outside; }
+  /// Row (sx, sy) of channel c of sample n, null where it has no cells.
+  const float* row(Index n, Index c, Index sx, Index sy) const {
+    Index i[2] = {sx, sy};
+    int field = 0;  // 0: src, -1: the lower slab, 1: the upper
+    for (int a = 0; a < 2; ++a) {
+      const int where = inside(a, i[a]);
+      if (where == outside) return nullptr;
+      if (where == inside_field) {
+        if (r_.wrap[a]) i[a] = wrapped(i[a], r_.src[a]);
+      } else {
+        field = where;
+        i[a] = where < 0 ? i[a] + Index(slabs_.lower.extent(2 + a)) : i[a] - r_.src[a];
+      }
+    }
+    if (field == 0) return &src_(n, c, i[0], i[1], 0);
+    return field < 0 ? &slabs_.lower(n, c, i[0], i[1], 0) : &slabs_.upper(n, c, i[0], i[1], 0);
+  }
+
+ private:
+  static constexpr int outside = 2, inside_field = 0;
+  /// Where index i along axis a (0 or 1) lies: the field (or wrapped into it), a slab (-1
+  /// lower, 1 upper), or outside.
+  int inside(int a, Index i) const {
+    if (r_.wrap[a] || (i >= 0 && i < r_.src[a])) return inside_field;
+    if (a != r_.slab_axis) return outside;
+    if (i < 0) return -i <= Index(slabs_.lower.extent(2 + a)) ? -1 : outside;
+    return i - r_.src[a] < Index(slabs_.upper.extent(2 + a)) ? 1 : outside;
+  }
+  const Correlation& r_;
+  const FieldView<float>& src_;
+  const SourceSlabs<float>& slabs_;
+};
 
 }  // namespace
 
@@ -123,37 +167,24 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
   float* const thread_start = workspace + conv_winograd_packed_values(r);
   const std::size_t per_thread = thread_values(r);
   const Index transformed_plane = positions * srcs * stride;  // one ring slot
-  std::vector<PlaneSource<float>> sources;
-  for (int t = 0; t < threads; ++t)
-    sources.emplace_back(
-        r, src,
-        thread_start + t * per_thread + slots * transformed_plane + positions * outs * stride,
-        /*bands=*/true, slabs);
+  const SourceRows source(r, src, slabs);
   std::vector<std::ptrdiff_t> channel_offsets(srcs);
-  for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * positions * stride;
+  for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * stride;
   const std::ptrdiff_t out_row_stride = out.stride(3);
   const bool has_bias = bias.extent(0) > 0;
-  const Index read_columns = r.out[2] + 2;  // of a band copy's rows
-  const bool reads_field = !r.wrap[0] && !r.wrap[1] && !r.wrap[2] && r.slab_axis < 0;
   for (Index group = 0; group < r.groups; ++group) {
     const float* const weights = packed_weights ? packed_weights : packed;
     if (!packed_weights) conv_winograd_pack_weights(r, g, w, transposed, group, packed);
     split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
-      PlaneSource<float>& source = sources[t];
-      float* const ring = thread_start + t * per_thread;         // [slot][j][xi][tile]
+      float* const ring = thread_start + t * per_thread;         // [slot][xi][j][tile]
       float* const products = ring + slots * transformed_plane;  // [o][xi][tile]
       std::vector<Index> slot_plane(slots);
       std::vector<bool> slot_has_plane(slots);
       std::vector<const float*> planes(kx), position_planes(kx);
       std::vector<OutputVector> vectors;
-      Index sample = -1;
       for (Index item = first; item < last; ++item) {
         const Index n = item / band_count, y0 = item % band_count * bands.rows,
                     y1 = std::min(y0 + bands.rows, r.out[1]);
-        if (!reads_field) {
-          if (n != sample) source.start(n, group), sample = n;
-          source.start_band(y0);
-        }
         std::fill(slot_plane.begin(), slot_plane.end(), std::numeric_limits<Index>::min());
         const Index tile_rows = (y1 - y0 + 1) / 2, tiles = tile_rows * columns;
         vectors.clear();
@@ -162,37 +193,16 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
           vectors.push_back({q, q, 0, unsigned((uint64_t(1) << lanes) - 1), 0});
         }
         while (vectors.size() % shape.tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
-        // Source plane sx's band transformed into its ring slot; false outside the source.
-        // Read from the field itself (zeros outside it), or where cells wrap around or come
-        // from slabs, through the band copies.
+        // Source plane sx's band transformed into its ring slot; false without cells.
         const auto transform = [&](Index sx, float* v) {
-          const float* rows[4];
-          if (reads_field) {
-            if (sx < 0 || sx >= r.src[0]) return false;
-            for (Index j = 0; j < srcs; ++j)
-              for (Index tr = 0; tr < tile_rows; ++tr) {
-                for (Index i = 0; i < 4; ++i) {
-                  const Index sy = r.offset[1] + y0 + 2 * tr + i;
-                  rows[i] =
-                      sy >= 0 && sy < r.src[1] ? &src(n, group * srcs + j, sx, sy, 0) : nullptr;
-                }
-                winograd_input_tiles(rows, r.offset[2], r.src[2], int(columns),
-                                     v + j * positions * stride + tr * columns, stride);
-              }
-            return true;
-          }
-          const float* plane = source.plane(sx);
-          if (!plane) return false;
-          const float* band = plane + (y0 - source.first_row()) * source.row_stride();
-          const Index read_rows = y1 - y0 + 2;
+          if (!source.plane(sx)) return false;
           for (Index j = 0; j < srcs; ++j)
             for (Index tr = 0; tr < tile_rows; ++tr) {
+              const float* rows[4];
               for (Index i = 0; i < 4; ++i)
-                rows[i] = 2 * tr + i < read_rows ? band + j * source.channel_stride() +
-                                                       (2 * tr + i) * source.row_stride()
-                                                 : nullptr;
-              winograd_input_tiles(rows, 0, read_columns, int(columns),
-                                   v + j * positions * stride + tr * columns, stride);
+                rows[i] = source.row(n, group * srcs + j, sx, r.offset[1] + y0 + 2 * tr + i);
+              winograd_input_tiles(rows, r.offset[2], r.src[2], r.wrap[2], int(columns),
+                                   v + j * stride + tr * columns, srcs * stride);
             }
           return true;
         };
@@ -207,7 +217,7 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
           }
           for (Index xi = 0; xi < positions; ++xi) {
             for (Index a = 0; a < kx; ++a)
-              position_planes[a] = planes[a] ? planes[a] + xi * stride : nullptr;
+              position_planes[a] = planes[a] ? planes[a] + xi * srcs * stride : nullptr;
             for (Index block = 0; block < blocks; ++block) {
               const float* block_weights = weights + (xi * blocks + block) * kx * srcs * R;
               float* const block_products = products + (block * R * positions + xi) * stride;

@@ -773,10 +773,10 @@ void TransposeRows(const float* const* rows, int channels, int cells, float* to,
 // row at a time (tile t's cells start at column 2t: loads that deinterleave even and odd
 // columns). Adds and subtractions only, in one order per lane on every path: the same bits.
 
-/// d[i][j] = cell shift + 2t + j of row i for the `lanes` tiles from first_tile; a null row,
-/// and cells outside [0, row_cells), read as zero.
+/// d[i][j] = cell shift + 2t + j of row i for the `lanes` tiles from first_tile; a null row
+/// reads as zero, and so do cells outside [0, row_cells), or (wrap) the cells a row away.
 HWY_INLINE void load_tile_cells(const float* const* rows, std::ptrdiff_t shift,
-                                std::ptrdiff_t row_cells, int first_tile, V (&d)[4][4]) {
+                                std::ptrdiff_t row_cells, bool wrap, int first_tile, V (&d)[4][4]) {
   const D dd;
   const std::ptrdiff_t first = shift + 2 * first_tile, count = 2 * lanes + 2;
   const bool inside = first >= 0 && first + count <= row_cells;
@@ -788,9 +788,13 @@ HWY_INLINE void load_tile_cells(const float* const* rows, std::ptrdiff_t shift,
     }
     const float* p = rows[i] + first;
     HWY_ALIGN float cells[2 * lanes + 2];
-    if (!inside) {  // a row's ends: a copy with zeros outside the row
-      for (std::ptrdiff_t k = 0; k < count; ++k)
-        cells[k] = first + k >= 0 && first + k < row_cells ? rows[i][first + k] : 0.0f;
+    if (!inside) {  // a row's ends: a copy, zeros (or wrapped cells) outside the row
+      for (std::ptrdiff_t k = 0; k < count; ++k) {
+        const std::ptrdiff_t z = first + k;
+        cells[k] = z >= 0 && z < row_cells ? rows[i][z]
+                   : wrap                  ? rows[i][((z % row_cells) + row_cells) % row_cells]
+                                           : 0.0f;
+      }
       p = cells;
     }
     hn::LoadInterleaved2(dd, p, d[i][0], d[i][1]);
@@ -799,10 +803,10 @@ HWY_INLINE void load_tile_cells(const float* const* rows, std::ptrdiff_t shift,
 }
 
 void WinogradInputTiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
-                        int tiles, float* v, std::ptrdiff_t v_stride) {
+                        bool wrap, int tiles, float* v, std::ptrdiff_t v_stride) {
   for (int t0 = 0; t0 < tiles; t0 += lanes) {
     V d[4][4];
-    load_tile_cells(rows, shift, row_cells, t0, d);
+    load_tile_cells(rows, shift, row_cells, wrap, t0, d);
     V t[4][4];  // B^T d
     HWY_UNROLL(4)
     for (int j = 0; j < 4; ++j) {
@@ -1063,8 +1067,8 @@ void transpose_rows(const float* const* rows, int channels, int cells, float* to
   HWY_DYNAMIC_DISPATCH(TransposeRows)(rows, channels, cells, to, to_stride);
 }
 void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
-                          int tiles, float* v, std::ptrdiff_t v_stride) {
-  HWY_DYNAMIC_DISPATCH(WinogradInputTiles)(rows, shift, row_cells, tiles, v, v_stride);
+                          bool wrap, int tiles, float* v, std::ptrdiff_t v_stride) {
+  HWY_DYNAMIC_DISPATCH(WinogradInputTiles)(rows, shift, row_cells, wrap, tiles, v, v_stride);
 }
 void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
                            float* row0, float* row1, int columns) {
@@ -1227,6 +1231,13 @@ void weight_gradient_pairs_tile(const uint32_t*, const std::ptrdiff_t*, std::ptr
 }
 void transpose_rows(const float* const*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("transpose_rows", "this build has no host vector kernels");
+}
+void winograd_input_tiles(const float* const*, std::ptrdiff_t, std::ptrdiff_t, bool, int, float*,
+                          std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("winograd_input_tiles", "this build has no host vector kernels");
+}
+void winograd_output_tiles(const float*, std::ptrdiff_t, int, float, float*, float*, int) {
+  SHARDTENSOR_FAIL("winograd_output_tiles", "this build has no host vector kernels");
 }
 void gelu_rows(const float*, float*, std::size_t) {
   SHARDTENSOR_FAIL("gelu_rows", "this build has no host vector kernels");

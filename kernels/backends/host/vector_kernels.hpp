@@ -103,10 +103,11 @@ void transpose_rows(const float* const* rows, int channels, int cells, float* to
 // side by side along a pair of output rows, tile t at columns 2t.
 
 /// v[xi * v_stride + t] = (B^T d_t B)[xi] (xi = 4 i + j) for t < tiles, d_t the 4 x 4 cells of
-/// rows[0..4) from cell shift + 2t (a null row, and cells outside [0, row_cells), read as
-/// zero). Writes v up to t rounded up to a multiple of 16.
+/// rows[0..4) from cell shift + 2t (a null row reads as zero, and so do cells outside
+/// [0, row_cells), or with `wrap` the cells row_cells away). Writes v up to t rounded up to a
+/// multiple of 16.
 void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
-                          int tiles, float* v, std::ptrdiff_t v_stride);
+                          bool wrap, int tiles, float* v, std::ptrdiff_t v_stride);
 /// The outputs of `tiles` tiles from their products m[xi * m_stride + t] (t read up to a
 /// multiple of 16): y_t = A^T m_t A + bias, y_t's row i at row_i[2t], row_i[2t + 1] where
 /// below `columns` (row1 null: not written).
