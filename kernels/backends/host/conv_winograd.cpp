@@ -11,11 +11,9 @@
 //   1. each source plane's band is transformed once into a ring slot, V[slot][xi][j][tile],
 //      read from the field itself: zeros outside it, or the cells an extent away where it
 //      wraps around, or its slabs' cells past its ends along the slab axis;
-//   2. per output plane x and position xi (of 16), the products
-//        M[o][xi][tile] = sum over x taps a, source channels j of U[xi][a][j][o]
-//        V[x+a][xi][j][tile]
-//      on the direct path's correlate tile (its taps are the source channels, its x taps the
-//      ring's planes);
+//   2. per output plane x and position xi (of 16), the products M[o][xi][tile]: the sum over
+//      x taps a and source channels j of U[xi][a][j][o] V[x + a][xi][j][tile], on the direct
+//      path's correlate tile (its taps are the source channels, its x taps the ring's planes);
 //   3. the outputs from the products, plus the bias, written into the field.
 // A band holds about 1 MiB of transformed planes and products per thread: each position's
 // products read their operands from L1 and L2.
@@ -26,9 +24,10 @@ namespace {
 
 constexpr Index positions = 16;  // of a tile's 4 x 4 transform
 
-/// A correlation's bands: output rows per band (pairs, at most 16, the direct tiles' band),
-/// tiles along a row, and the values a transformed channel (or a product row) takes:
-/// the band's tiles and 16 more (the transforms write whole vectors past the last tile).
+/// A correlation's bands: output rows per band (pairs; at most 16, the direct tiles' band, the
+/// halo overlap's unit), tiles along a row, and the values a transformed channel (or a
+/// product row) takes: the band's tiles and 16 more (the transforms write whole vectors past
+/// the last tile).
 struct WinogradBands {
   Index rows, columns, stride;
 };
@@ -222,12 +221,10 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
               const float* block_weights = weights + (xi * blocks + block) * kx * srcs * R;
               float* const block_products = products + (block * R * positions + xi) * stride;
               const int rows = int(std::min(R, outs - block * R));
-              for (std::size_t v = 0; v < vectors.size(); v += shape.tile_vectors) {
+              for (std::size_t v = 0; v < vectors.size(); v += shape.tile_vectors)
                 correlate_tile(position_planes.data(), int(kx), channel_offsets.data(), int(srcs),
                                block_weights, &vectors[v], block_products, positions * stride, rows,
-                               nullptr,
-                               /*accumulate=*/false);
-              }
+                               /*bias=*/nullptr, /*accumulate=*/false);
             }
           }
           for (Index o = 0; o < outs; ++o) {

@@ -4,9 +4,9 @@
 // from its 4 x 4 source cells transformed (B^T d B), 16 products per source and output channel
 // instead of 36 (a GEMM per transformed position on the direct path's register tiles), and
 // the outputs transformed back (A^T m A). 2.25x fewer multiplications; the sums differ from
-// the direct tiles' by rounding (about 1e-7 relative), not their bits, and are the same bits on
-// every instruction set. Run only where conv_winograd_applies() and the layer asks for it
-// (ConvOptions::winograd).
+// the direct tiles' by rounding (below 1e-6 of the largest output), not their bits, and are
+// the same bits on every instruction set. Run only where conv_winograd_applies() and the layer
+// asks for it (ConvOptions::winograd).
 
 #include <cstddef>
 
@@ -22,7 +22,7 @@ bool conv_winograd_applies(const Correlation& r);
 /// Values of one group's weights packed for conv_winograd_correlate (conv_winograd_pack_weights).
 std::size_t conv_winograd_packed_values(const Correlation& r);
 /// Workspace values conv_winograd_correlate needs: the packed weights, then per host thread the
-/// transformed source planes of a band, its products and a ring of band copies of the source.
+/// transformed source planes of a band and its products.
 std::size_t conv_winograd_values(const Correlation& r);
 
 /// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`),

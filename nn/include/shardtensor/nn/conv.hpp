@@ -42,9 +42,9 @@ struct ConvOptions {
   /// On the vector kernels, float 3x3 windows (in the last two axes; any window in the first)
   /// with unit strides and dilations and at least 8 input and 8 output channels per group:
   /// the forward and the input gradient by Winograd's F(2x2, 3x3) (2.25x fewer
-  /// multiplications; within about 1e-7 relative of the direct sums, not their bits, and the
-  /// same bits on every instruction set). The weight gradient stays direct. false: the direct
-  /// register tiles everywhere.
+  /// multiplications; within 1e-6 of the direct sums, relative to the largest, not their bits;
+  /// the same bits on every instruction set). The weight gradient stays direct. false: the
+  /// direct register tiles everywhere.
   bool winograd = true;
   /// GEMM path in a build with a convolution library (cuDNN in CUDA builds,
   /// kernels/conv_library.hpp): the library's convolutions where it has an algorithm for the
