@@ -8,11 +8,11 @@
 #include "vector_kernels.hpp"
 
 // Per band of output rows (a pair of rows per tile), for each sample in turn:
-//   1. each source plane's band is transformed once into a ring slot, V[slot][xi][j][tile],
+//   1. each source plane's band is transformed once into a ring slot, V[slot][j][xi][tile],
 //      read from the field itself: zeros outside it, or the cells an extent away where it
 //      wraps around, or its slabs' cells past its ends along the slab axis;
 //   2. per output plane x and position xi (of 16), the products M[o][xi][tile]: the sum over
-//      x taps a and source channels j of U[xi][a][j][o] V[x + a][xi][j][tile], on the direct
+//      x taps a and source channels j of U[xi][a][j][o] V[x + a][j][xi][tile], on the direct
 //      path's correlate tile (its taps are the source channels, its x taps the ring's planes);
 //   3. the outputs from the products, plus the bias, written into the field.
 // A band holds about 1 MiB of transformed planes and products per thread: each position's
@@ -47,9 +47,22 @@ std::size_t thread_values(const Correlation& r) {
                                   (r.slots() * r.src_per_group + r.out_per_group));
 }
 
-/// i modulo extent, in [0, extent).
+/// i modulo extent, in [0, extent). Windows reach at most an extent past either end: one
+/// addition or subtraction does (divisions were a tenth of a small field's transforms).
 inline Index wrapped(Index i, Index extent) {
-  return ((i % extent) + extent) % extent;
+  if (i < 0) i += extent;
+  if (i >= extent) i -= extent;
+  return i >= 0 && i < extent ? i : ((i % extent) + extent) % extent;
+}
+
+/// to[k] = row[shift + k] for k < width; zeros outside [0, row_cells), or (wrap) the cells
+/// row_cells away.
+void pad_row(const float* row, Index shift, Index row_cells, bool wrap, Index width, float* to) {
+  const Index lo = std::clamp<Index>(-shift, 0, width),
+              hi = std::clamp<Index>(row_cells - shift, lo, width);
+  std::copy(row + shift + lo, row + shift + hi, to + lo);
+  for (Index k = 0; k < lo; ++k) to[k] = wrap ? row[wrapped(shift + k, row_cells)] : 0.0f;
+  for (Index k = hi; k < width; ++k) to[k] = wrap ? row[wrapped(shift + k, row_cells)] : 0.0f;
 }
 
 /// Where a correlation's source rows are: the field's, wrapped around along a `wrap` axis, or
@@ -168,19 +181,25 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
   const Index transformed_plane = positions * srcs * stride;  // one ring slot
   const SourceRows source(r, src, slabs);
   std::vector<std::ptrdiff_t> channel_offsets(srcs);
-  for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * stride;
+  for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * positions * stride;
   const std::ptrdiff_t out_row_stride = out.stride(3);
   const bool has_bias = bias.extent(0) > 0;
+  // Rows of at most 64 tiles that reach past the source are copied padded (a band's rows once).
+  const Index padded_width = 2 * columns + 2;
+  const bool copy_rows =
+      columns <= 64 && (r.offset[2] < 0 || r.offset[2] + padded_width > r.src[2]);
   for (Index group = 0; group < r.groups; ++group) {
     const float* const weights = packed_weights ? packed_weights : packed;
     if (!packed_weights) conv_winograd_pack_weights(r, g, w, transposed, group, packed);
     split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
-      float* const ring = thread_start + t * per_thread;         // [slot][xi][j][tile]
+      float* const ring = thread_start + t * per_thread;         // [slot][j][xi][tile]
       float* const products = ring + slots * transformed_plane;  // [o][xi][tile]
       std::vector<Index> slot_plane(slots);
       std::vector<bool> slot_has_plane(slots);
       std::vector<const float*> planes(kx), position_planes(kx);
       std::vector<OutputVector> vectors;
+      std::vector<float> padded(copy_rows ? (bands.rows + 2) * padded_width : 0);
+      std::vector<const float*> padded_rows(bands.rows + 2);
       for (Index item = first; item < last; ++item) {
         const Index n = item / band_count, y0 = item % band_count * bands.rows,
                     y1 = std::min(y0 + bands.rows, r.out[1]);
@@ -192,17 +211,34 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
           vectors.push_back({q, q, 0, unsigned((uint64_t(1) << lanes) - 1), 0});
         }
         while (vectors.size() % shape.tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
-        // Source plane sx's band transformed into its ring slot; false without cells.
+        // Source plane sx's band transformed into its ring slot; false without cells. Short
+        // rows that reach past the source are copied first, padded (zeros or wrapped cells):
+        // the transforms take a row's ends cell by cell, and on such rows that is every tile.
         const auto transform = [&](Index sx, float* v) {
           if (!source.plane(sx)) return false;
-          for (Index j = 0; j < srcs; ++j)
+          const float* rows[4];
+          for (Index j = 0; j < srcs; ++j) {
+            const Index c = group * srcs + j, sy0 = r.offset[1] + y0;
+            if (copy_rows)
+              for (Index k = 0; k < 2 * tile_rows + 2; ++k) {
+                const float* row = source.row(n, c, sx, sy0 + k);
+                padded_rows[k] = row ? padded.data() + k * padded_width : nullptr;
+                if (row)
+                  pad_row(row, r.offset[2], r.src[2], r.wrap[2], padded_width,
+                          padded.data() + k * padded_width);
+              }
             for (Index tr = 0; tr < tile_rows; ++tr) {
-              const float* rows[4];
               for (Index i = 0; i < 4; ++i)
-                rows[i] = source.row(n, group * srcs + j, sx, r.offset[1] + y0 + 2 * tr + i);
-              winograd_input_tiles(rows, r.offset[2], r.src[2], r.wrap[2], int(columns),
-                                   v + j * stride + tr * columns, srcs * stride);
+                rows[i] =
+                    copy_rows ? padded_rows[2 * tr + i] : source.row(n, c, sx, sy0 + 2 * tr + i);
+              if (copy_rows)
+                winograd_input_tiles(rows, 0, padded_width, false, int(columns),
+                                     v + j * positions * stride + tr * columns, stride);
+              else
+                winograd_input_tiles(rows, r.offset[2], r.src[2], r.wrap[2], int(columns),
+                                     v + j * positions * stride + tr * columns, stride);
             }
+          }
           return true;
         };
         for (Index x = 0; x < r.out[0]; ++x) {
@@ -216,7 +252,7 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
           }
           for (Index xi = 0; xi < positions; ++xi) {
             for (Index a = 0; a < kx; ++a)
-              position_planes[a] = planes[a] ? planes[a] + xi * srcs * stride : nullptr;
+              position_planes[a] = planes[a] ? planes[a] + xi * stride : nullptr;
             for (Index block = 0; block < blocks; ++block) {
               const float* block_weights = weights + (xi * blocks + block) * kx * srcs * R;
               float* const block_products = products + (block * R * positions + xi) * stride;
