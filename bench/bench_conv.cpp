@@ -9,6 +9,8 @@
 //            --vector-kernels on|off (the host vector kernels where a path is on, on; off:
 //            always im2col + KokkosBlas::gemm); SHARDTENSOR_SIMD=avx2|avx512|neon|off picks
 //            their instruction set (default: the best this CPU runs; printed as "vector path")
+//            --winograd on|off (float 3x3 forward and input gradient on Winograd's F(2x2, 3x3)
+//            tiles where the vector kernels run, on; printed after the algorithm)
 //            --library on|off (cuDNN in a CUDA build, on; off: the portable kernels)
 //            --tf32 on|off (float convolutions through cuDNN may use TF32 tensor cores, off)
 //            --memory-tracking on|off (the tracker's step peak, on)
@@ -17,9 +19,10 @@
 //            --no-allocation-cache (last argument: let glibc unmap freed buffers)
 //
 // FLOPs: 2 * Cin * Cout * k^dims * output cells per pass, three passes (forward, input
-// gradient, weight gradient). Time: slowest rank, best (and median) of `iters` steps. Per-core
-// GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm on a
-// conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
+// gradient, weight gradient): the direct algorithm's, also for Winograd's tiles (an effective
+// rate, which can pass the multiply-add peak). Time: slowest rank, best (and median) of `iters`
+// steps. Per-core GFLOP/s = FLOPs / time / ranks (one core per rank). The ceiling: KokkosBlas::gemm
+// on a conv-shaped product (Cout x Cin*k^3 times Cin*k^3 x 4096) on every rank at once, and on the
 // host the multiply-add peak (independent multiply-add chains on the vector path) and, for
 // float on the vector path, its correlation tile on cached data (the layer's own kernel with
 // nothing else in the way), each the best of two timings after every timed step, or every
@@ -236,10 +239,13 @@ int main(int argc, char** argv) {
       std::sort(step_times.begin(), step_times.end());
       const double median = step_times[step_times.size() / 2];
       const char* coretype = openblas_coretype();
+      // Where the layer's forward and input gradient ran on Winograd's tiles (ConvOptions::
+      // winograd: float on the vector kernels, 3x3, at least 8 channels).
+      const bool winograd_runs = o.winograd && float_tiles && channels >= 8;
       if (comm.rank() == 0) {
-        std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, %s, %s, %d rank(s)\n",
+        std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, %s, %s%s, %d rank(s)\n",
                     dims, channels, channels, d.describe().c_str(), batch, precision.c_str(),
-                    algorithm.c_str(), comm.size());
+                    algorithm.c_str(), winograd_runs ? " (Winograd's tiles)" : "", comm.size());
         std::printf("  vector path                 %s\n", vector_path().c_str());
         std::printf("  forward + backward step     %10.2f ms   (median %.2f ms, forward %.2f ms)\n",
                     best * 1e3, median * 1e3, forward_best * 1e3);
@@ -287,7 +293,8 @@ int main(int argc, char** argv) {
             "\"step_peak_mib\":%.2f,\"step_activations_peak_mib\":%.2f,"
             "\"step_workspaces_peak_mib\":%.2f,\"step_comm_buffers_peak_mib\":%.2f,"
             "\"memory_tracking\":\"%s\","
-            "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"library\":\"%s\","
+            "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"winograd\":%s,"
+            "\"library\":\"%s\","
             "\"tf32\":\"%s\",\"precision\":\"%s\",\"amx_tile_peak_gflops_per_core\":%.4g,"
             "\"check_error\":%.3g,"
             "\"openblas_coretype\":\"%s\",\"vector_isa\":\"%s\",\"vector_lanes\":%d}\n",
@@ -297,9 +304,10 @@ int main(int argc, char** argv) {
             peak_flops > 0 ? gflops_per_core / peak_flops : 0.0, tile_flops,
             tile_flops > 0 ? gflops_per_core / tile_flops : 0.0, peak, peak - memory_before,
             step_peak, step_activations, step_workspaces, step_comm_buffers,
-            memory_tracking.c_str(), workspace_mib, vector_kernels.c_str(), library.c_str(),
-            tf32.c_str(), precision.c_str(), tile_peak, check_error, coretype,
-            kernels::vector_isa().c_str(), kernels::vector_lanes());
+            memory_tracking.c_str(), workspace_mib, vector_kernels.c_str(),
+            winograd_runs ? "true" : "false", library.c_str(), tf32.c_str(), precision.c_str(),
+            tile_peak, check_error, coretype, kernels::vector_isa().c_str(),
+            kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
