@@ -251,7 +251,7 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
     const std::size_t winograd_values =
         host::conv_vector_values(f, d, plan.band_copies, plan.bf16, winograd);
     plan.winograd =
-        winograd && !plan.bf16 && winograd_values <= budget &&
+        plan.vector_kernels && winograd && !plan.bf16 && winograd_values <= budget &&
         (host::conv_vector_winograd(f, false, true) || host::conv_vector_winograd(d, false, true));
     if (plan.winograd) plan.values = std::max(plan.values, winograd_values);
     plan.rounds_source = plan.vector_kernels && host::conv_vector_rounds_source(f, plan.bf16);
