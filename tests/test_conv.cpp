@@ -396,10 +396,10 @@ TEST_CASE("the vector weight gradient's passes over x taps change no bit", "[con
 
 TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bits on every path",
           "[conv]") {
-  // The forward and the input gradient of 3x3 windows (in y and z) on Winograd's F(2x2, 3x3)
-  // tiles against the direct register tiles: odd extents (a last tile half outside), windows
-  // past the source (zeros), x taps with a dilation, groups, output blocks left partly empty,
-  // wrap-around (read through band copies), and a filter that keeps some bands only.
+  // The forward, the input gradient and the weight gradient of 3x3 windows (in y and z) on
+  // Winograd's F(2x2, 3x3) tiles against the direct register tiles: odd extents (a last tile half
+  // outside), windows past the source (zeros), x taps with a dilation, groups, output blocks left
+  // partly empty, wrap-around (read through band copies), and a filter that keeps some bands only.
   using kernels::ConvShape;
   if (!kernels::conv_vector_kernels_available<float>()) return;
   const ExecutionSpace space;
@@ -422,8 +422,20 @@ TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bi
       {"3-D 8 -> 8 wrapping around in y and z",
        {1, 8, 8, 8, 8, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {-1, -1, -1}, {4, 9, 10}},
        {4, 9, 10}},
+      // Large enough for the weight gradient on Winograd's tiles too.
+      {"2-D 16 -> 24, 4 samples of 48x45 outputs, windows past the source",
+       {4, 16, 24, 16, 24, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, -1, -1}, {1, 48, 45}},
+       {1, 48, 45}},
+      {"2-D 32 -> 32 in 2 groups, 4 samples of 52x40 outputs",
+       {4, 32, 32, 16, 16, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {1, 52, 40}},
+       {1, 54, 42}},
+      {"3-D 16 -> 16, x dilation 2, wrapping around in y and z, 10x15x19 outputs",
+       {1, 16, 16, 16, 16, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {-2, -1, -1}, {10, 15, 19}},
+       {10, 15, 19}},
   };
   cases[3].g.wrap[1] = cases[3].g.wrap[2] = true;
+  cases[6].g.wrap[1] = cases[6].g.wrap[2] = true;
+  int winograd_gradients = 0;  // cases whose weight gradient runs on Winograd's tiles
   const std::string initial = kernels::vector_isa();
   for (const Case& c : cases) {
     INFO(c.name);
@@ -484,7 +496,36 @@ TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bi
       }
       kernels::select_vector_isa(initial);
     }
+    // The weight gradient (added to what is there), summing all x taps per pass or one.
+    const auto weight_gradient = [&](bool winograd, Index x_taps) {
+      kernels::PlanePlan p = plan(winograd);
+      p.gradient_x_taps = x_taps;
+      const Kokkos::View<float*, DefaultMemorySpace> workspace("workspace", p.values * g.k[0]);
+      const ReplicatedView<float> gw("gw", w.extent(0));
+      fill_random(gw, 26);
+      kernels::weight_gradient_planes(space, p, g, xp, gy, gw, workspace.data());
+      return gw;
+    };
+    INFO("weight gradient");
+    const bool winograd_gradient = plan(true).winograd_gradient;
+    winograd_gradients += winograd_gradient;
+    const auto direct = weight_gradient(false, g.k[0]);
+    std::vector<double> first;
+    for (const std::string& isa : kernels::vector_isas()) {
+      INFO("vector path " << isa);
+      kernels::select_vector_isa(isa);
+      const auto winograd = weight_gradient(true, g.k[0]);
+      CHECK(test::relative_error(winograd, direct) <= 2e-6);
+      // Not the direct tiles' sums where it runs on Winograd's, else theirs.
+      CHECK((test::relative_error(winograd, direct) > 0) == winograd_gradient);
+      const std::vector<double> bits = test::host_values(winograd);
+      if (first.empty()) first = bits;
+      CHECK(bits == first);
+      CHECK(test::host_values(weight_gradient(true, 1)) == bits);
+    }
+    kernels::select_vector_isa(initial);
   }
+  CHECK(winograd_gradients == 3);
 }
 
 /// body(case, decomposition, its layer's HaloPadding) for every case on every process grid

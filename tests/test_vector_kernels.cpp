@@ -573,6 +573,44 @@ TEST_CASE("Winograd's transforms equal the scalar transforms, bit for bit") {
       }
 }
 
+TEST_CASE("Winograd's output-gradient transform equals the scalar transform, bit for bit") {
+  // A y A^T of 2 x 2 output-gradient cells per tile: zeros at and past `columns` and for a null
+  // second row; tiles fewer than a vector, whole vectors and tails.
+  for (const int tiles : {1, 5, 8, 17, 37})
+    for (const int columns : {2 * tiles - 1, 2 * tiles})
+      for (const bool second_row : {true, false}) {
+        INFO(tiles << " tiles, " << columns << " columns" << (second_row ? "" : ", one row"));
+        const std::ptrdiff_t stride = tiles + 16;
+        const std::vector<float> cells = random_floats(2 * std::size_t(columns), 53);
+        const float* const row0 = cells.data();
+        const float* const row1 = second_row ? cells.data() + columns : nullptr;
+        on_every_path([&] {
+          std::vector<float> m(16 * std::size_t(stride), -7.0f);
+          host::winograd_gradient_tiles(row0, row1, columns, tiles, m.data(), stride);
+          std::vector<float> expected = m;
+          for (int t = 0; t < tiles; ++t) {
+            float y[2][2], s[4][2];
+            for (int i = 0; i < 2; ++i)
+              for (int c = 0; c < 2; ++c) {
+                const float* row = i == 0 ? row0 : row1;
+                y[i][c] = row && 2 * t + c < columns ? row[2 * t + c] : 0.0f;
+              }
+            for (int c = 0; c < 2; ++c)  // A y
+              s[0][c] = y[0][c], s[1][c] = y[0][c] + y[1][c], s[2][c] = y[0][c] - y[1][c],
+              s[3][c] = -y[1][c];
+            for (int i = 0; i < 4; ++i) {  // (A y) A^T
+              const float e[4] = {s[i][0], s[i][0] + s[i][1], s[i][0] - s[i][1], -s[i][1]};
+              for (int j = 0; j < 4; ++j) expected[(4 * i + j) * stride + t] = e[j];
+            }
+          }
+          CHECK(same_bits(m, expected));
+          for (int xi = 0; xi < 16; ++xi)  // past the tiles: whatever the vectors wrote
+            std::fill(m.begin() + xi * stride + tiles, m.begin() + (xi + 1) * stride, 0.0f);
+          return m;
+        });
+      }
+}
+
 TEST_CASE("a weight-gradient tile equals the scalar sums in the same order, bit for bit") {
   constexpr int rows = 3, columns = 13, stride = 20;
   const std::vector<float> source = random_floats((rows + 5) * stride, 41);

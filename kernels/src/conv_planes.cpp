@@ -254,6 +254,8 @@ PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t val
         plan.vector_kernels && winograd && !plan.bf16 && winograd_values <= budget &&
         (host::conv_vector_winograd(f, false, true) || host::conv_vector_winograd(d, false, true));
     if (plan.winograd) plan.values = std::max(plan.values, winograd_values);
+    plan.winograd_gradient =
+        plan.winograd && host::conv_vector_winograd_gradient(f, g.batch, false, true);
     plan.rounds_source = plan.vector_kernels && host::conv_vector_rounds_source(f, plan.bf16);
     if (plan.vector_kernels) return plan;
     plan.bf16 = false;
@@ -337,8 +339,8 @@ void weight_gradient_planes(const ExecutionSpace& space, const PlanePlan& plan, 
   if constexpr (std::is_same<T, float>::value)
     if (plan.vector_kernels)
       return host::conv_vector_weight_gradient(plan.forward, g, xp, gy, gw, workspace,
-                                               plan.band_copies, plan.bf16, plan.gradient_x_taps,
-                                               slabs);
+                                               plan.band_copies, plan.bf16, plan.winograd_gradient,
+                                               plan.gradient_x_taps, slabs);
   plane_weight_gradient(space, plan.forward, g, xp, gy, gw, workspace, plan.forward_rows);
 }
 

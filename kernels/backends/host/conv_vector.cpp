@@ -629,6 +629,12 @@ bool conv_vector_winograd(const Correlation& r, bool bf16, bool winograd) {
   return winograd && !bf16 && conv_winograd_applies(r);
 }
 
+bool conv_vector_winograd_gradient(const Correlation& forward, Index batch, bool bf16,
+                                   bool winograd) {
+  return conv_vector_winograd(forward, bf16, winograd) &&
+         conv_winograd_gradient_pays(forward, batch);
+}
+
 int conv_vector_packing() {
   // AMX's layout (per correlation: where it runs) is told apart from the tile rows' by sign,
   // the pair tiles' (where bf16 dot products run) by 64 more.
@@ -690,22 +696,13 @@ inline std::size_t vector_correlate_values(const Correlation& r, bool band_copie
   constexpr std::size_t tile_overrun = 16;
   return conv_vector_packed_values(r) + ring * host_threads() + tile_overrun;
 }
-/// Taps padded to whole weight-gradient tiles (of every path: tap_padding).
+/// Taps padded to whole weight-gradient tiles (of every path).
 inline Index padded_taps(const Correlation& r) {
-  return (r.column_rows() + tap_padding - 1) / tap_padding * tap_padding;
+  return gradient_padded_taps(int(r.column_rows()));
 }
-/// A bound over every path of a group's outputs in the weight gradient's blocks (block_channels:
-/// at most gradient_channels at a time, fewer rounded up to the narrowest tile's channels).
+/// A bound over every path of a group's outputs in the weight gradient's blocks.
 inline Index padded_outputs(const Correlation& r) {
-  const Index block = r.out_per_group > gradient_channels ? gradient_channels : max_narrow_lanes;
-  return (r.out_per_group + block - 1) / block * block;
-}
-/// Output channels per cell of the transposed output gradient (a block of a group's outputs):
-/// the group's, rounded up to the narrowest tile's channels, at most gradient_channels. A
-/// group of 8 or 16 outputs has no 32-channel tiles of which most lanes sum zeros.
-inline Index block_channels(const Correlation& r, const ConvTileShape& shape) {
-  const Index narrow = shape.narrow_lanes;
-  return std::min<Index>(gradient_channels, (r.out_per_group + narrow - 1) / narrow * narrow);
+  return gradient_padded_outputs(int(r.out_per_group));
 }
 /// The weight gradient's source with bf16 pairs: a ring of cell-pair planes, each made once
 /// for the kx output planes that read it.
@@ -780,37 +777,22 @@ void transpose_gradient_amx(const Correlation& r, const FieldView<float>& gy, In
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16, Index x_taps_per_pass,
+                                 bool band_copies, bool bf16, bool winograd, Index x_taps_per_pass,
                                  const SourceSlabs<float>& slabs) {
+  if (conv_vector_winograd(r, bf16, winograd))
+    return conv_winograd_weight_gradient(r, g, xp, slabs, gy, gw, workspace, x_taps_per_pass);
   // bf16 on AMX tiles, or on dot products over pairs of a row's cells (the float tiles' sums
   // in the same order), else on the float tiles over copies rounded to bf16.
   const bool amx = bf16 && bf16_matrix_tiles();
   const bool pairs = gradient_pairs(bf16) && !amx;
   const ConvTileShape shape = conv_tile_shape();
-  const Index tile_channels = shape.gradient_vectors * shape.lanes;  // of a gradient tile
   const Index kx = r.k[0], ky = r.k[1], kz = r.k[2];
-  // Blocks of B output channels (the transposed gradient's per cell), each summed by tiles of
-  // tile_channels and, where fewer are left, narrow tiles of a vector or of narrow_lanes.
-  const Index B = block_channels(r, shape);
+  // Blocks of B output channels (the transposed gradient's per cell), each summed by the
+  // path's gradient tiles.
+  const Index B = gradient_block_channels(int(r.out_per_group), shape);
   const Index taps = padded_taps(r), outs = (r.out_per_group + B - 1) / B * B,
               cells_per_band = band_rows * r.out[2];
-  // Each tile of a block: its first channel, channels and taps.
-  struct GradientTile {
-    Index c0;
-    int channels;
-    Index taps;
-  };
-  std::vector<GradientTile> block_tiles;
-  for (Index c0 = 0; c0 < B;) {
-    const Index left = B - c0;
-    const int channels = left >= tile_channels ? int(tile_channels)
-                         : left >= shape.lanes ? shape.lanes
-                                               : shape.narrow_lanes;
-    block_tiles.push_back(
-        {c0, channels,
-         channels == tile_channels ? Index(shape.gradient_taps) : Index(tap_padding)});
-    c0 += channels;
-  }
+  const std::vector<GradientTile> block_tiles = gradient_block_tiles(int(B), shape);
   // x taps [a0, a0 + pass_taps) per pass over the bands, their sums at (a - a0).
   const Index pass_taps = std::clamp<Index>(x_taps_per_pass, 1, kx);
   const Index gradient_size = pass_taps * taps * outs;
@@ -904,9 +886,10 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                 for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_pairs_tile(
                       band, offsets.data() + tap, source.row_stride(), int(rows),
-                      int(pairs_per_row), dy_pairs + block * rows * pairs_per_row * B + tile.c0,
-                      int(B), tile.channels,
-                      sums + ((a - a0) * taps + tap) * outs + block * B + tile.c0, outs);
+                      int(pairs_per_row),
+                      dy_pairs + block * rows * pairs_per_row * B + tile.first_channel, int(B),
+                      tile.channels,
+                      sums + ((a - a0) * taps + tap) * outs + block * B + tile.first_channel, outs);
           }
         } else {
           PlaneSource<float>& source = sources[t];
@@ -939,8 +922,8 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                 for (Index tap = 0; tap < taps; tap += tile.taps)
                   weight_gradient_tile(
                       band, offsets.data() + tap, source.row_stride(), int(y1 - y0), int(r.out[2]),
-                      transposed + block * cells * B + tile.c0, int(B), tile.channels,
-                      sums + ((a - a0) * taps + tap) * outs + block * B + tile.c0, outs);
+                      transposed + block * cells * B + tile.first_channel, int(B), tile.channels,
+                      sums + ((a - a0) * taps + tap) * outs + block * B + tile.first_channel, outs);
           }
         }
         if (item + 1 == last || (item + 1) / bands != item / bands) {  // the plane's last band
@@ -987,8 +970,11 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
     return conv_vector_winograd(r, bf16, winograd) ? conv_winograd_values(r)
                                                    : vector_correlate_values(r, band_copies, bf16);
   };
-  return std::max({correlate_values(forward), correlate_values(data),
-                   vector_weight_gradient_values(forward, band_copies, bf16, x_taps)});
+  // Either weight gradient may run (conv_vector_winograd_gradient depends on the batch).
+  std::size_t gradient = vector_weight_gradient_values(forward, band_copies, bf16, x_taps);
+  if (conv_vector_winograd(forward, bf16, winograd))
+    gradient = std::max(gradient, conv_winograd_gradient_values(forward, x_taps));
+  return std::max({correlate_values(forward), correlate_values(data), gradient});
 }
 
 }  // namespace shardtensor::kernels::host

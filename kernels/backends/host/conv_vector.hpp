@@ -23,6 +23,11 @@ std::size_t conv_vector_values(const Correlation& forward, const Correlation& da
 /// Whether a correlation runs on Winograd's tiles (conv_winograd.hpp): where the layer asks
 /// (`winograd`), its operands are float (not `bf16`) and its shape applies.
 bool conv_vector_winograd(const Correlation& r, bool bf16, bool winograd);
+/// Whether the weight gradient of forward correlation `forward` over `batch` samples runs on
+/// Winograd's tiles: where conv_vector_winograd() and it gains there
+/// (conv_winograd_gradient_pays).
+bool conv_vector_winograd_gradient(const Correlation& forward, Index batch, bool bf16,
+                                   bool winograd);
 /// The x taps the weight gradient sums per pass over the bands (conv_vector_weight_gradient):
 /// all of them, or one where summing all would make the weight gradient this layer's largest
 /// workspace (a wide layer's per-thread sums, 3x its weights per thread: a U-Net's bottom).
@@ -65,13 +70,14 @@ void conv_vector_correlate(const Correlation& r, const ConvShape& g, const Field
 /// in place where its windows lie inside it, reads_inside(r), else through zero-padded copies).
 /// `bf16`: gy holds bf16 values and xp is rounded as it is read (conv_vector_rounds_source):
 /// on AMX tiles where they run, else on bf16 dot products over pairs of a row's cells where
-/// those run (the same bits as the float tiles), else on the float tiles. `x_taps_per_pass`
-/// (conv_vector_gradient_x_taps): the x taps summed per pass over the bands; each weight's
-/// sum is the same whatever the passes.
+/// those run (the same bits as the float tiles), else on the float tiles. `winograd`: on
+/// Winograd's tiles where conv_vector_winograd() (sums that differ by rounding; callers pass
+/// conv_vector_winograd_gradient()). `x_taps_per_pass` (conv_vector_gradient_x_taps): the x taps
+/// summed per pass over the bands; each weight's sum is the same whatever the passes.
 void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
                                  const FieldView<float>& xp, const FieldView<float>& gy,
                                  const ReplicatedView<float>& gw, float* workspace,
-                                 bool band_copies, bool bf16, Index x_taps_per_pass,
+                                 bool band_copies, bool bf16, bool winograd, Index x_taps_per_pass,
                                  const SourceSlabs<float>& slabs = {});
 
 }  // namespace shardtensor::kernels::host

@@ -25,9 +25,9 @@ namespace {
 constexpr Index positions = 16;  // of a tile's 4 x 4 transform
 
 /// A correlation's bands: output rows per band (pairs; at most 16, the direct tiles' band, the
-/// halo overlap's unit), tiles along a row, and the values a transformed channel (or a
-/// product row) takes: the band's tiles and 16 more (the transforms write whole vectors past
-/// the last tile).
+/// halo overlap's unit), tiles along a pair of rows, and the values a transformed position of
+/// a channel (or of an output channel's products) takes: the band's tiles and 16 more (the
+/// transforms write whole vectors past the last tile).
 struct WinogradBands {
   Index rows, columns, stride;
 };
@@ -106,6 +106,86 @@ class SourceRows {
   const SourceSlabs<float>& slabs_;
 };
 
+/// The transformed source planes of a band (B^T d B per tile, V[j][xi][tile]) in a ring of
+/// r.slots() slots: each source plane transformed once per band for the x taps that read it.
+/// One per host thread, over its share of the workspace.
+class TransformedRing {
+ public:
+  TransformedRing(const Correlation& r, const FieldView<float>& src,
+                  const SourceSlabs<float>& slabs, float* ring)
+      : r_(r),
+        source_(r, src, slabs),
+        bands_(winograd_bands(r)),
+        ring_(ring),
+        slot_plane_(r.slots()),
+        slot_has_plane_(r.slots()),
+        padded_width_(2 * bands_.columns + 2),
+        // Rows of at most 64 tiles that reach past the source are copied padded (a band's
+        // rows once): the transforms take a row's ends cell by cell, and on such rows that is
+        // every tile.
+        copy_rows_(bands_.columns <= 64 &&
+                   (r.offset[2] < 0 || r.offset[2] + padded_width_ > r.src[2])),
+        padded_(copy_rows_ ? (bands_.rows + 2) * padded_width_ : 0),
+        rows_(bands_.rows + 2) {}
+  /// Values of a slot: a source plane's band, transformed.
+  static Index slot_values(const Correlation& r) {
+    return positions * r.src_per_group * winograd_bands(r).stride;
+  }
+  /// Starts group `group`'s band of `tile_rows` pairs of output rows from y0 of sample n.
+  void start_band(Index n, Index group, Index y0, Index tile_rows) {
+    n_ = n, group_ = group, y0_ = y0, tile_rows_ = tile_rows;
+    std::fill(slot_plane_.begin(), slot_plane_.end(), std::numeric_limits<Index>::min());
+  }
+  /// Source plane sx's band transformed: V[j][xi][tile], a tile row's `columns` tiles after
+  /// another, positions `stride` apart; null where the plane has no cells (zeros).
+  const float* plane(Index sx) {
+    const Index slot = slot_of(sx, Index(slot_plane_.size()));
+    float* const v = ring_ + slot * slot_values(r_);
+    if (slot_plane_[slot] != sx) slot_has_plane_[slot] = transform(sx, v);
+    slot_plane_[slot] = sx;
+    return slot_has_plane_[slot] ? v : nullptr;
+  }
+
+ private:
+  bool transform(Index sx, float* v) {
+    if (!source_.plane(sx)) return false;
+    const Index sy0 = r_.offset[1] + y0_, band_rows = 2 * tile_rows_ + 2;
+    for (Index j = 0; j < r_.src_per_group; ++j) {
+      const Index c = group_ * r_.src_per_group + j;
+      for (Index k = 0; k < band_rows; ++k) {
+        const float* row = source_.row(n_, c, sx, sy0 + k);
+        rows_[k] = row;
+        if (row && copy_rows_) {
+          float* const copy = padded_.data() + k * padded_width_;
+          pad_row(row, r_.offset[2], r_.src[2], r_.wrap[2], padded_width_, copy);
+          rows_[k] = copy;
+        }
+      }
+      const Index columns = bands_.columns, stride = bands_.stride;
+      for (Index tr = 0; tr < tile_rows_; ++tr) {
+        float* const to = v + j * positions * stride + tr * columns;
+        const float* const* rows = rows_.data() + 2 * tr;
+        if (copy_rows_)
+          winograd_input_tiles(rows, 0, padded_width_, false, int(columns), to, stride);
+        else
+          winograd_input_tiles(rows, r_.offset[2], r_.src[2], r_.wrap[2], int(columns), to, stride);
+      }
+    }
+    return true;
+  }
+  const Correlation& r_;
+  const SourceRows source_;
+  const WinogradBands bands_;
+  float* const ring_;
+  std::vector<Index> slot_plane_;
+  std::vector<bool> slot_has_plane_;
+  const Index padded_width_;
+  const bool copy_rows_;
+  std::vector<float> padded_;
+  std::vector<const float*> rows_;  // a channel's band of source rows (or their padded copies)
+  Index n_ = 0, group_ = 0, y0_ = 0, tile_rows_ = 0;
+};
+
 }  // namespace
 
 bool conv_winograd_applies(const Correlation& r) {
@@ -178,78 +258,34 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
   float* const packed = workspace;
   float* const thread_start = workspace + conv_winograd_packed_values(r);
   const std::size_t per_thread = thread_values(r);
-  const Index transformed_plane = positions * srcs * stride;  // one ring slot
-  const SourceRows source(r, src, slabs);
   std::vector<std::ptrdiff_t> channel_offsets(srcs);
   for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * positions * stride;
   const std::ptrdiff_t out_row_stride = out.stride(3);
   const bool has_bias = bias.extent(0) > 0;
-  // Rows of at most 64 tiles that reach past the source are copied padded (a band's rows once).
-  const Index padded_width = 2 * columns + 2;
-  const bool copy_rows =
-      columns <= 64 && (r.offset[2] < 0 || r.offset[2] + padded_width > r.src[2]);
   for (Index group = 0; group < r.groups; ++group) {
     const float* const weights = packed_weights ? packed_weights : packed;
     if (!packed_weights) conv_winograd_pack_weights(r, g, w, transposed, group, packed);
     split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
-      float* const ring = thread_start + t * per_thread;         // [slot][j][xi][tile]
-      float* const products = ring + slots * transformed_plane;  // [o][xi][tile]
-      std::vector<Index> slot_plane(slots);
-      std::vector<bool> slot_has_plane(slots);
+      float* const thread_ring = thread_start + t * per_thread;
+      TransformedRing ring(r, src, slabs, thread_ring);
+      float* const products =
+          thread_ring + slots * TransformedRing::slot_values(r);  // [o][xi][tile]
       std::vector<const float*> planes(kx), position_planes(kx);
       std::vector<OutputVector> vectors;
-      std::vector<float> padded(copy_rows ? (bands.rows + 2) * padded_width : 0);
-      std::vector<const float*> padded_rows(bands.rows + 2);
       for (Index item = first; item < last; ++item) {
         const Index n = item / band_count, y0 = item % band_count * bands.rows,
                     y1 = std::min(y0 + bands.rows, r.out[1]);
-        std::fill(slot_plane.begin(), slot_plane.end(), std::numeric_limits<Index>::min());
         const Index tile_rows = (y1 - y0 + 1) / 2, tiles = tile_rows * columns;
+        ring.start_band(n, group, y0, tile_rows);
         vectors.clear();
         for (Index q = 0; q < tiles; q += shape.lanes) {
           const Index lanes = std::min<Index>(shape.lanes, tiles - q);
           vectors.push_back({q, q, 0, unsigned((uint64_t(1) << lanes) - 1), 0});
         }
         while (vectors.size() % shape.tile_vectors != 0) vectors.push_back({0, 0, 0, 0, 0});
-        // Source plane sx's band transformed into its ring slot; false without cells. Short
-        // rows that reach past the source are copied first, padded (zeros or wrapped cells):
-        // the transforms take a row's ends cell by cell, and on such rows that is every tile.
-        const auto transform = [&](Index sx, float* v) {
-          if (!source.plane(sx)) return false;
-          const float* rows[4];
-          for (Index j = 0; j < srcs; ++j) {
-            const Index c = group * srcs + j, sy0 = r.offset[1] + y0;
-            if (copy_rows)
-              for (Index k = 0; k < 2 * tile_rows + 2; ++k) {
-                const float* row = source.row(n, c, sx, sy0 + k);
-                padded_rows[k] = row ? padded.data() + k * padded_width : nullptr;
-                if (row)
-                  pad_row(row, r.offset[2], r.src[2], r.wrap[2], padded_width,
-                          padded.data() + k * padded_width);
-              }
-            for (Index tr = 0; tr < tile_rows; ++tr) {
-              for (Index i = 0; i < 4; ++i)
-                rows[i] =
-                    copy_rows ? padded_rows[2 * tr + i] : source.row(n, c, sx, sy0 + 2 * tr + i);
-              if (copy_rows)
-                winograd_input_tiles(rows, 0, padded_width, false, int(columns),
-                                     v + j * positions * stride + tr * columns, stride);
-              else
-                winograd_input_tiles(rows, r.offset[2], r.src[2], r.wrap[2], int(columns),
-                                     v + j * positions * stride + tr * columns, stride);
-            }
-          }
-          return true;
-        };
         for (Index x = 0; x < r.out[0]; ++x) {
           if (!keep(x, y0, y1)) continue;
-          for (Index a = 0; a < kx; ++a) {
-            const Index sx = r.offset[0] + x + a * r.d[0], slot = slot_of(sx, slots);
-            float* const v = ring + slot * transformed_plane;
-            if (slot_plane[slot] != sx) slot_has_plane[slot] = transform(sx, v);
-            slot_plane[slot] = sx;
-            planes[a] = slot_has_plane[slot] ? v : nullptr;
-          }
+          for (Index a = 0; a < kx; ++a) planes[a] = ring.plane(r.offset[0] + x + a * r.d[0]);
           for (Index xi = 0; xi < positions; ++xi) {
             for (Index a = 0; a < kx; ++a)
               position_planes[a] = planes[a] ? planes[a] + xi * stride : nullptr;
@@ -276,6 +312,169 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
         }
       }
     });
+  }
+}
+
+namespace {
+
+/// Tiles a thread's float sums of the weight gradient take before they are added into its
+/// double totals (at the end of the band that reaches it): a 256 x 256 plane's.
+constexpr Index tiles_per_flush = 16384;
+
+/// The weight gradient's sums per thread, of `x_taps` x taps: [position][x tap][source channel,
+/// padded to whole tiles][output channel, padded to whole blocks].
+std::size_t gradient_sums(const Correlation& r, Index x_taps) {
+  return static_cast<std::size_t>(positions * x_taps * gradient_padded_taps(int(r.src_per_group)) *
+                                  gradient_padded_outputs(int(r.out_per_group)));
+}
+
+/// Values of one thread of the weight gradient: the double totals and float sums, the ring of
+/// transformed source planes, the transformed output gradient of a band [o][xi][tile] and one
+/// position's of it transposed [block][tile][channel]. An even count: doubles stay aligned.
+std::size_t gradient_thread_values(const Correlation& r, Index x_taps) {
+  const WinogradBands bands = winograd_bands(r);
+  const std::size_t values =
+      3 * gradient_sums(r, x_taps) +
+      static_cast<std::size_t>(
+          r.slots() * TransformedRing::slot_values(r) +
+          (positions * r.out_per_group + gradient_padded_outputs(int(r.out_per_group))) *
+              bands.stride);
+  return values + values % 2;
+}
+
+}  // namespace
+
+bool conv_winograd_gradient_pays(const Correlation& r, Index batch) {
+  const Index tiles = batch * r.out[0] * ((r.out[1] + 1) / 2) * ((r.out[2] + 1) / 2);
+  return r.src_per_group >= 16 && r.out_per_group >= 16 && tiles * r.k[0] >= 2048;
+}
+
+std::size_t conv_winograd_gradient_values(const Correlation& r, Index x_taps_per_pass) {
+  return gradient_thread_values(r, std::clamp<Index>(x_taps_per_pass, 1, r.k[0])) * host_threads();
+}
+
+void conv_winograd_weight_gradient(const Correlation& r, const ConvShape& g,
+                                   const FieldView<float>& xp, const SourceSlabs<float>& slabs,
+                                   const FieldView<float>& gy, const ReplicatedView<float>& gw,
+                                   float* workspace, Index x_taps_per_pass) {
+  const ConvTileShape shape = conv_tile_shape();
+  const Index kx = r.k[0], slots = r.slots(), srcs = r.src_per_group, outs = r.out_per_group;
+  const WinogradBands bands = winograd_bands(r);
+  const Index stride = bands.stride, columns = bands.columns;
+  const Index band_count = (r.out[1] + bands.rows - 1) / bands.rows;
+  // Blocks of B output channels, each summed by the path's gradient tiles; taps are the source
+  // channels (padding taps read channel 0; their sums are not used).
+  const Index B = gradient_block_channels(int(outs), shape);
+  const Index taps = gradient_padded_taps(int(srcs)), outs_padded = (outs + B - 1) / B * B;
+  const std::vector<GradientTile> block_tiles = gradient_block_tiles(int(B), shape);
+  std::vector<std::ptrdiff_t> channel_offsets(taps, 0);
+  for (Index j = 0; j < srcs; ++j) channel_offsets[j] = j * positions * stride;
+  const Index pass_taps = std::clamp<Index>(x_taps_per_pass, 1, kx);
+  const std::size_t sums_size = gradient_sums(r, pass_taps);
+  // Sums of position xi, x tap a (of the pass), tap (source channel) j and output o.
+  const auto sum_index = [&](Index xi, Index a, Index j, Index o) {
+    return ((xi * pass_taps + a) * taps + j) * outs_padded + o;
+  };
+  const int threads = host_threads();
+  const std::size_t per_thread = gradient_thread_values(r, pass_taps);
+  const auto totals_of = [&](int t) {
+    return reinterpret_cast<double*>(workspace + t * per_thread);
+  };
+  const Index passes_per_group = (kx + pass_taps - 1) / pass_taps;
+  for (Index pass = 0; pass < r.groups * passes_per_group; ++pass) {
+    const Index group = pass / passes_per_group, a0 = pass % passes_per_group * pass_taps,
+                a1 = std::min(a0 + pass_taps, kx);
+    // Each thread sums over its own bands of every sample (in order): float sums, added into
+    // its double totals every tiles_per_flush tiles; the totals add up in thread order.
+    split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
+      double* const totals = totals_of(t);
+      float* const sums = workspace + t * per_thread + 2 * sums_size;
+      float* const thread_ring = sums + sums_size;
+      TransformedRing ring(r, xp, slabs, thread_ring);
+      float* const dm = thread_ring + slots * TransformedRing::slot_values(r);  // [o][xi][tile]
+      float* const dm_t = dm + positions * outs * stride;                       // [block][tile][B]
+      std::fill(totals, totals + sums_size, 0.0);
+      std::fill(sums, sums + sums_size, 0.0f);
+      std::vector<const float*> planes(kx), block_rows(B);
+      static constexpr float zeros[16] = {};
+      Index unflushed = 0;  // tiles summed since the last flush
+      for (Index item = first; item < last; ++item) {
+        const Index n = item / band_count, y0 = item % band_count * bands.rows,
+                    y1 = std::min(y0 + bands.rows, r.out[1]);
+        const Index tile_rows = (y1 - y0 + 1) / 2, tiles = tile_rows * columns;
+        ring.start_band(n, group, y0, tile_rows);
+        for (Index x = 0; x < r.out[0]; ++x) {
+          bool any = false;
+          for (Index a = a0; a < a1; ++a) {
+            planes[a] = ring.plane(r.offset[0] + x + a * r.d[0]);
+            any = any || planes[a];
+          }
+          if (!any) continue;  // every source plane outside: their products are zeros
+          for (Index o = 0; o < outs; ++o)
+            for (Index tr = 0; tr < tile_rows; ++tr) {
+              const float* const row0 = &gy(n, group * outs + o, x, y0 + 2 * tr, 0);
+              const float* const row1 = y0 + 2 * tr + 1 < y1 ? row0 + gy.stride(3) : nullptr;
+              winograd_gradient_tiles(row0, row1, int(r.out[2]), int(columns),
+                                      dm + o * positions * stride + tr * columns, stride);
+            }
+          for (Index xi = 0; xi < positions; ++xi) {
+            // This position's transformed output gradient transposed, 16 tiles at a time
+            // (their rows of B channels stay in L1); padding channels read zeros.
+            for (Index p0 = 0; p0 < tiles; p0 += 16) {
+              const int count = int(std::min<Index>(16, tiles - p0));
+              for (Index block = 0; block < outs_padded / B; ++block) {
+                for (Index c = 0; c < B; ++c) {
+                  const Index o = block * B + c;
+                  block_rows[c] = o < outs ? dm + (o * positions + xi) * stride + p0 : zeros;
+                }
+                transpose_rows(block_rows.data(), int(B), count, dm_t + (block * tiles + p0) * B,
+                               B);
+              }
+            }
+            for (Index a = a0; a < a1; ++a) {
+              if (!planes[a]) continue;
+              for (Index block = 0; block < outs_padded / B; ++block)
+                for (const GradientTile& tile : block_tiles)
+                  for (Index tap = 0; tap < taps; tap += tile.taps)
+                    weight_gradient_tile(
+                        planes[a] + xi * stride, channel_offsets.data() + tap, 0, 1, int(tiles),
+                        dm_t + block * tiles * B + tile.first_channel, int(B), tile.channels,
+                        sums + sum_index(xi, a - a0, tap, block * B + tile.first_channel),
+                        outs_padded);
+            }
+          }
+          unflushed += tiles;
+        }
+        if (item + 1 == last || unflushed >= tiles_per_flush) {
+          for (std::size_t i = 0; i < sums_size; ++i) totals[i] += sums[i];
+          std::fill(sums, sums + sums_size, 0.0f);
+          unflushed = 0;
+        }
+      }
+    });
+    // dg = G^T dU G per weight window, in double from the threads' totals (in thread order).
+    for (Index o = 0; o < outs; ++o)
+      for (Index j = 0; j < srcs; ++j)
+        for (Index a = a0; a < a1; ++a) {
+          double du[4][4];
+          for (Index xi = 0; xi < positions; ++xi) {
+            double total = 0;
+            for (int t = 0; t < threads; ++t) total += totals_of(t)[sum_index(xi, a - a0, j, o)];
+            du[xi / 4][xi % 4] = total;
+          }
+          double h[3][4];  // G^T dU
+          for (Index l = 0; l < 4; ++l) {
+            h[0][l] = du[0][l] + (du[1][l] + du[2][l]) / 2;
+            h[1][l] = (du[1][l] - du[2][l]) / 2;
+            h[2][l] = (du[1][l] + du[2][l]) / 2 + du[3][l];
+          }
+          for (Index b = 0; b < 3; ++b) {  // (G^T dU) G
+            const double dg[3] = {h[b][0] + (h[b][1] + h[b][2]) / 2, (h[b][1] - h[b][2]) / 2,
+                                  (h[b][1] + h[b][2]) / 2 + h[b][3]};
+            for (Index c = 0; c < 3; ++c)
+              gw(g.weight_index(group * outs + o, j, a, b, c)) += static_cast<float>(dg[c]);
+          }
+        }
   }
 }
 

@@ -1,12 +1,14 @@
 #pragma once
-// Winograd's F(2x2, 3x3) for the plane path's float correlations on the host (the forward and
-// the input gradient of a 3x3 window in y and z, any window in x): each 2 x 2 block of outputs
-// from its 4 x 4 source cells transformed (B^T d B), 16 products per source and output channel
-// instead of 36 (a GEMM per transformed position on the direct path's register tiles), and
-// the outputs transformed back (A^T m A). 2.25x fewer multiplications; the sums differ from
-// the direct tiles' by rounding (below 1e-6 of the largest output), not their bits, and are
-// the same bits on every instruction set. Run only where conv_winograd_applies() and the layer
-// asks for it (ConvOptions::winograd).
+// Winograd's F(2x2, 3x3) for the plane path's float convolutions on the host (the forward, the
+// input gradient and the weight gradient of a 3x3 window in y and z, any window in x): each
+// 2 x 2 block of outputs from its 4 x 4 source cells transformed (B^T d B), 16 products per
+// source and output channel instead of 36 (a GEMM per transformed position on the direct
+// path's register tiles), and the outputs transformed back (A^T m A); the weight gradient sums
+// the products of the transformed source and output gradient (A dy A^T) per position and
+// transforms the sums back (G^T dU G). 2.25x fewer multiplications; the sums differ from the
+// direct tiles' by rounding (below 1e-6 of the largest), not their bits, and are the same bits
+// on every instruction set. Run only where conv_winograd_applies() and the layer asks for it
+// (ConvOptions::winograd).
 
 #include <cstddef>
 
@@ -42,5 +44,24 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
                              bool transposed, const ReplicatedView<float>& bias,
                              const FieldView<float>& out, float* workspace, const PlaneFilter& keep,
                              const float* packed_weights);
+
+/// Whether the weight gradient of a correlation that applies gains on Winograd's tiles: at least
+/// 16 source and 16 output channels per group and 2048 tiles times x taps over the batch (fewer
+/// leave its transforms and per-call sums most of the work; measured).
+bool conv_winograd_gradient_pays(const Correlation& r, Index batch);
+
+/// Workspace values conv_winograd_weight_gradient needs, summing `x_taps_per_pass` x taps per pass.
+std::size_t conv_winograd_gradient_values(const Correlation& r, Index x_taps_per_pass);
+
+/// gw += this rank's weight gradient of the forward correlation r over its source xp (and its
+/// `slabs`), as conv_vector_weight_gradient: per sample and band of output rows, each source
+/// plane's band transformed (B^T d B) and each output plane's output gradient (A dy A^T), their
+/// products summed per position over the band's tiles (dU, on the direct path's weight-gradient
+/// tiles: taps are the source channels), and at the end dg = G^T dU G in double. Float sums
+/// added into double totals every 16384 tiles; `x_taps_per_pass` as the direct path's.
+void conv_winograd_weight_gradient(const Correlation& r, const ConvShape& g,
+                                   const FieldView<float>& xp, const SourceSlabs<float>& slabs,
+                                   const FieldView<float>& gy, const ReplicatedView<float>& gw,
+                                   float* workspace, Index x_taps_per_pass);
 
 }  // namespace shardtensor::kernels::host

@@ -859,6 +859,45 @@ void WinogradOutputTiles(const float* m, std::ptrdiff_t m_stride, int tiles, flo
   }
 }
 
+void WinogradGradientTiles(const float* row0, const float* row1, int columns, int tiles, float* m,
+                           std::ptrdiff_t m_stride) {
+  const D d;
+  for (int t0 = 0; t0 < tiles; t0 += lanes) {
+    // y[i][c]: cell 2t + c of row i, zero past `columns` and for a null row.
+    V y[2][2];
+    const float* const rows[2] = {row0, row1};
+    HWY_UNROLL(2)
+    for (int i = 0; i < 2; ++i) {
+      const int first = 2 * t0, left = columns - first;
+      if (!rows[i]) {
+        y[i][0] = y[i][1] = hn::Zero(d);
+      } else if (left >= 2 * lanes) {
+        hn::LoadInterleaved2(d, rows[i] + first, y[i][0], y[i][1]);
+      } else {  // the row's end
+        HWY_ALIGN float cells[2 * lanes] = {};
+        std::copy(rows[i] + first, rows[i] + first + left, cells);
+        hn::LoadInterleaved2(d, cells, y[i][0], y[i][1]);
+      }
+    }
+    V s[4][2];  // A y
+    HWY_UNROLL(2)
+    for (int c = 0; c < 2; ++c) {
+      s[0][c] = y[0][c];
+      s[1][c] = hn::Add(y[0][c], y[1][c]);
+      s[2][c] = hn::Sub(y[0][c], y[1][c]);
+      s[3][c] = hn::Neg(y[1][c]);
+    }
+    HWY_UNROLL(4)
+    for (int i = 0; i < 4; ++i) {  // (A y) A^T
+      float* const to = m + 4 * i * m_stride + t0;
+      hn::StoreU(s[i][0], d, to);
+      hn::StoreU(hn::Add(s[i][0], s[i][1]), d, to + m_stride);
+      hn::StoreU(hn::Sub(s[i][0], s[i][1]), d, to + 2 * m_stride);
+      hn::StoreU(hn::Neg(s[i][1]), d, to + 3 * m_stride);
+    }
+  }
+}
+
 // ---- the multiply-add ceiling ---------------------------------------------------------------
 
 double MultiplyAddChains(std::size_t rounds) {
@@ -913,6 +952,7 @@ HWY_EXPORT(MultiplyAddChains);
 HWY_EXPORT(TransposeRows);
 HWY_EXPORT(WinogradInputTiles);
 HWY_EXPORT(WinogradOutputTiles);
+HWY_EXPORT(WinogradGradientTiles);
 
 namespace {
 
@@ -1073,6 +1113,10 @@ void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::p
 void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
                            float* row0, float* row1, int columns) {
   HWY_DYNAMIC_DISPATCH(WinogradOutputTiles)(m, m_stride, tiles, bias, row0, row1, columns);
+}
+void winograd_gradient_tiles(const float* row0, const float* row1, int columns, int tiles, float* m,
+                             std::ptrdiff_t m_stride) {
+  HWY_DYNAMIC_DISPATCH(WinogradGradientTiles)(row0, row1, columns, tiles, m, m_stride);
 }
 void gelu_rows(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);
@@ -1238,6 +1282,9 @@ void winograd_input_tiles(const float* const*, std::ptrdiff_t, std::ptrdiff_t, b
 }
 void winograd_output_tiles(const float*, std::ptrdiff_t, int, float, float*, float*, int) {
   SHARDTENSOR_FAIL("winograd_output_tiles", "this build has no host vector kernels");
+}
+void winograd_gradient_tiles(const float*, const float*, int, int, float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("winograd_gradient_tiles", "this build has no host vector kernels");
 }
 void gelu_rows(const float*, float*, std::size_t) {
   SHARDTENSOR_FAIL("gelu_rows", "this build has no host vector kernels");

@@ -13,8 +13,10 @@
 // (and that Kokkos kernels run on the host) before calling these; where it is off they run
 // their portable kernels.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "shardtensor/kernels/vector_isa.hpp"
 
@@ -81,6 +83,44 @@ void weight_gradient_tile(const float* source, const std::ptrdiff_t* tap_offsets
                           int dy_channels, int channels, float* gradient,
                           std::ptrdiff_t gradient_stride);
 
+/// Output channels per cell of the weight gradient's transposed output gradient (a block of a
+/// group's `outs`): the group's, rounded up to the narrowest tile's channels, at most
+/// gradient_channels. A group of 8 or 16 outputs has no 32-channel tiles of which most lanes
+/// sum zeros.
+inline int gradient_block_channels(int outs, const ConvTileShape& shape) {
+  const int narrow = shape.narrow_lanes;
+  return std::min(gradient_channels, (outs + narrow - 1) / narrow * narrow);
+}
+/// A bound over every path of a group's `outs` padded to whole blocks (gradient_block_channels).
+inline int gradient_padded_outputs(int outs) {
+  const int block = outs > gradient_channels ? gradient_channels : max_narrow_lanes;
+  return (outs + block - 1) / block * block;
+}
+/// `taps` padded to whole weight-gradient tiles of every path.
+inline int gradient_padded_taps(int taps) {
+  return (taps + tap_padding - 1) / tap_padding * tap_padding;
+}
+/// A weight-gradient tile of a block of output channels: its first channel, channels and taps.
+struct GradientTile {
+  int first_channel, channels, taps;
+};
+/// The current path's tiles over a block of `block` channels: tiles of gradient_vectors x lanes
+/// channels (gradient_taps taps), and where fewer are left, of a vector or of narrow_lanes
+/// (tap_padding taps).
+inline std::vector<GradientTile> gradient_block_tiles(int block, const ConvTileShape& shape) {
+  const int whole = shape.gradient_vectors * shape.lanes;
+  std::vector<GradientTile> tiles;
+  for (int c0 = 0; c0 < block;) {
+    const int left = block - c0;
+    const int channels = left >= whole         ? whole
+                         : left >= shape.lanes ? shape.lanes
+                                               : shape.narrow_lanes;
+    tiles.push_back({c0, channels, channels == whole ? shape.gradient_taps : tap_padding});
+    c0 += channels;
+  }
+  return tiles;
+}
+
 /// weight_gradient_tile on bf16 dot products (only where pair_tiles_use_dot()), over pairs of
 /// a row's cells: `source` a pair plane of the source's own cells (cell k holds k's bf16 value
 /// in its upper half, k + 1's in the lower), `dy_pairs` the output gradient transposed as
@@ -113,6 +153,11 @@ void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::p
 /// below `columns` (row1 null: not written).
 void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
                            float* row0, float* row1, int columns);
+/// The weight gradient's transformed output gradient: m[xi * m_stride + t] = (A y_t A^T)[xi]
+/// for t < tiles, y_t the 2 x 2 cells 2t, 2t + 1 of row0 and row1 (zeros at and past `columns`,
+/// and for a null row1). Writes m up to t rounded up to a multiple of 16.
+void winograd_gradient_tiles(const float* row0, const float* row1, int columns, int tiles, float* m,
+                             std::ptrdiff_t m_stride);
 
 // ---- rows of float ------------------------------------------------------------------------
 

@@ -209,6 +209,8 @@ struct PlanePlan {
   bool rounds_source = false;   // bf16: they round the source as they read it (any input)
   bool winograd = false;        // vector kernels: Winograd's tiles where a correlation's shape
                                 // applies (host::conv_vector_winograd)
+  bool winograd_gradient = false;  // and for the weight gradient, where it gains
+                                   // (host::conv_vector_winograd_gradient)
   Index gradient_x_taps = 0;    // vector kernels: x taps per weight-gradient pass
   std::size_t values = 0;       // workspace values needed
   bool applies() const { return vector_kernels || forward_rows > 0; }
@@ -226,8 +228,8 @@ bool conv_vector_kernels_available();
 /// vector kernels (AMX tiles, bf16 dot products or the float tiles: bf16), which round the
 /// weights as they pack them and a source as they read it where they copy it (rounds_source);
 /// on the others the caller rounds both. `winograd`: the vector kernels run float 3x3 windows
-/// (in y and z) on Winograd's F(2x2, 3x3) tiles where the workspace fits them
-/// (ConvOptions::winograd).
+/// (in y and z) on Winograd's F(2x2, 3x3) tiles, the correlations and the weight gradient,
+/// where the workspace fits them (ConvOptions::winograd).
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
                       std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false,
                       bool winograd = false);
