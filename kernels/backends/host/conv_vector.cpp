@@ -13,6 +13,7 @@
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
 #include "vector_kernels.hpp"
+#include "wrapped_index.hpp"
 
 // The plane path's vector kernels (float on the host; the register tiles of vector_kernels.hpp
 // on the instruction set the CPU runs). The same correlations without im2col or a GEMM
@@ -111,13 +112,6 @@ class PlaneSource {
   static constexpr bool bf16_values = std::is_same<Value, uint16_t>::value;
   static constexpr bool channel_pairs = pairs && !cell_pairs;
   static_assert(pairs || !cell_pairs, "cell pairs are uint32_t");
-  /// i modulo extent, in [0, extent). Padding reaches at most an extent past either end, so
-  /// one addition or subtraction does: the divisions were most of a small field's ring copies.
-  static Index wrapped(Index i, Index extent) {
-    if (i < 0) i += extent;
-    if (i >= extent) i -= extent;
-    return i >= 0 && i < extent ? i : ((i % extent) + extent) % extent;
-  }
   static Index copy_channels(const Correlation& r) {
     return channel_pairs ? (r.src_per_group + 1) / 2 : r.src_per_group;
   }

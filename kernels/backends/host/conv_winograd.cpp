@@ -6,6 +6,7 @@
 
 #include "host_threads.hpp"
 #include "vector_kernels.hpp"
+#include "wrapped_index.hpp"
 
 // Per band of output rows (a pair of rows per tile), for each sample in turn:
 //   1. each source plane's band is transformed once into a ring slot, V[slot][j][xi][tile],
@@ -45,14 +46,6 @@ std::size_t thread_values(const Correlation& r) {
   const WinogradBands bands = winograd_bands(r);
   return static_cast<std::size_t>(positions * bands.stride *
                                   (r.slots() * r.src_per_group + r.out_per_group));
-}
-
-/// i modulo extent, in [0, extent). Windows reach at most an extent past either end: one
-/// addition or subtraction does (divisions were a tenth of a small field's transforms).
-inline Index wrapped(Index i, Index extent) {
-  if (i < 0) i += extent;
-  if (i >= extent) i -= extent;
-  return i >= 0 && i < extent ? i : ((i % extent) + extent) % extent;
 }
 
 /// to[k] = row[shift + k] for k < width; zeros outside [0, row_cells), or (wrap) the cells
