@@ -888,24 +888,12 @@ void conv_vector_weight_gradient(const Correlation& r, const ConvShape& g,
         } else {
           PlaneSource<float>& source = sources[t];
           if (new_sample) source.start(n, group);
-          // The band's output gradient transposed, 16 cells at a time (their rows of B
-          // channels stay in L1 while every channel's 16 values are written into them);
-          // padding channels (past out_per_group) read zeros.
-          static constexpr float zeros[16] = {};
+          // The band's output gradient transposed; padding channels (past out_per_group)
+          // read zeros.
           for (Index o = 0; o < outs; ++o)
             channel_rows[o] =
                 o < r.out_per_group ? &gy(n, group * r.out_per_group + o, x, y0, 0) : nullptr;
-          for (Index p0 = 0; p0 < cells; p0 += 16) {
-            const int count = int(std::min<Index>(16, cells - p0));
-            const float* block_rows[gradient_channels];
-            for (Index block = 0; block < outs / B; ++block) {
-              for (Index c = 0; c < B; ++c) {
-                const float* row = channel_rows[block * B + c];
-                block_rows[c] = row ? row + p0 : zeros;
-              }
-              transpose_rows(block_rows, int(B), count, transposed + (block * cells + p0) * B, B);
-            }
-          }
+          transpose_channel_blocks(channel_rows.data(), int(outs), int(B), int(cells), transposed);
           source.start_band(y0);
           for (Index a = a0; a < a1; ++a) {
             const float* plane = source.plane(r.offset[0] + x + a * r.d[0]);

@@ -388,8 +388,7 @@ void conv_winograd_weight_gradient(const Correlation& r, const ConvShape& g,
       float* const dm_t = dm + positions * outs * stride;                       // [block][tile][B]
       std::fill(totals, totals + sums_size, 0.0);
       std::fill(sums, sums + sums_size, 0.0f);
-      std::vector<const float*> planes(kx), block_rows(B);
-      static constexpr float zeros[16] = {};
+      std::vector<const float*> planes(kx), position_rows(outs_padded);
       Index unflushed = 0;  // tiles summed since the last flush
       for (Index item = first; item < last; ++item) {
         const Index n = item / band_count, y0 = item % band_count * bands.rows,
@@ -411,19 +410,12 @@ void conv_winograd_weight_gradient(const Correlation& r, const ConvShape& g,
                                       dm + o * positions * stride + tr * columns, stride);
             }
           for (Index xi = 0; xi < positions; ++xi) {
-            // This position's transformed output gradient transposed, 16 tiles at a time
-            // (their rows of B channels stay in L1); padding channels read zeros.
-            for (Index p0 = 0; p0 < tiles; p0 += 16) {
-              const int count = int(std::min<Index>(16, tiles - p0));
-              for (Index block = 0; block < outs_padded / B; ++block) {
-                for (Index c = 0; c < B; ++c) {
-                  const Index o = block * B + c;
-                  block_rows[c] = o < outs ? dm + (o * positions + xi) * stride + p0 : zeros;
-                }
-                transpose_rows(block_rows.data(), int(B), count, dm_t + (block * tiles + p0) * B,
-                               B);
-              }
-            }
+            // This position's transformed output gradient transposed; padding channels read
+            // zeros.
+            for (Index o = 0; o < outs_padded; ++o)
+              position_rows[o] = o < outs ? dm + (o * positions + xi) * stride : nullptr;
+            transpose_channel_blocks(position_rows.data(), int(outs_padded), int(B), int(tiles),
+                                     dm_t);
             for (Index a = a0; a < a1; ++a) {
               if (!planes[a]) continue;
               for (Index block = 0; block < outs_padded / B; ++block)

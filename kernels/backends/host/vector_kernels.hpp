@@ -138,6 +138,27 @@ void weight_gradient_pairs_tile(const uint32_t* source, const std::ptrdiff_t* ta
 void transpose_rows(const float* const* rows, int channels, int cells, float* to,
                     std::ptrdiff_t to_stride);
 
+/// to[(k * cells + p) * block + c] = rows[k * block + c][p] for p < cells: `channels` rows (a
+/// multiple of `block`, at most gradient_channels a block; a null row reads as zeros)
+/// transposed a block at a time (weight_gradient_tile's dy_t), 16 cells at a time so that their
+/// rows of `block` channels stay in L1 while every channel writes into them.
+inline void transpose_channel_blocks(const float* const* rows, int channels, int block, int cells,
+                                     float* to) {
+  static constexpr float zeros[16] = {};
+  const float* block_rows[gradient_channels];
+  for (int p0 = 0; p0 < cells; p0 += 16) {
+    const int count = std::min(16, cells - p0);
+    for (int k = 0; k < channels / block; ++k) {
+      for (int c = 0; c < block; ++c) {
+        const float* row = rows[k * block + c];
+        block_rows[c] = row ? row + p0 : zeros;
+      }
+      transpose_rows(block_rows, block, count, to + (std::ptrdiff_t(k) * cells + p0) * block,
+                     block);
+    }
+  }
+}
+
 // ---- Winograd F(2x2, 3x3) transforms (conv_winograd.cpp drives them) ----------------------
 // A tile is 2 x 2 outputs of a 3 x 3 correlation, read from 4 x 4 source cells; `tiles` tiles
 // side by side along a pair of output rows, tile t at columns 2t.
