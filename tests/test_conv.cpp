@@ -102,6 +102,17 @@ std::vector<ConvCase> all_conv_cases() {
   pointwise.kernel = {1, 1, 1};
   pointwise.padding = {};
   cases.push_back({"3-D k1 pointwise 20->17 channels", {10, 8, 21}, pointwise});
+  // Enough channels and tiles for the weight gradient on Winograd's tiles too
+  // (conv_winograd_gradient_pays): at 1, 2 and 4 ranks in 2-D (wrap-around, other ranks'
+  // slabs), at every count in 3-D.
+  ConvOptions winograd_2d = wide_2d;
+  winograd_2d.in_channels = winograd_2d.out_channels = 16;
+  winograd_2d.padding_mode = PaddingMode::periodic;
+  cases.push_back({"2-D k3 same periodic 16->16 channels", {256, 64}, winograd_2d});
+  ConvOptions winograd_3d = wide;
+  winograd_3d.in_channels = 16;
+  winograd_3d.out_channels = 24;
+  cases.push_back({"3-D k3 same zeros 16->24 channels", {16, 16, 24}, winograd_3d});
   return cases;
 }
 
