@@ -10,10 +10,10 @@
 #include "amx_tiles.hpp"
 #include "conv_winograd.hpp"
 #include "host_threads.hpp"
+#include "row_padding.hpp"
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
 #include "vector_kernels.hpp"
-#include "wrapped_index.hpp"
 
 // The plane path's vector kernels (float on the host; the register tiles of vector_kernels.hpp
 // on the instruction set the CPU runs). The same correlations without im2col or a GEMM
@@ -192,8 +192,9 @@ class PlaneSource {
         }
         if constexpr (bf16_values) {
           const float* source_row = source(c0 + j, px, sy);
-          copy_row(
-              row, width, z0, z1, extent, [&](Index sz) { return bfloat16_bits(source_row[sz]); },
+          copy_padded_row(
+              row, width, r_.offset[2], extent, r_.wrap[2],
+              [&](Index sz) { return bfloat16_bits(source_row[sz]); },
               [&](Index sz, Index count, Value* to) {
                 bf16_pack(source_row + sz, to, std::size_t(count));
               });
@@ -201,8 +202,9 @@ class PlaneSource {
           // The row as floats (with its zeros or wrapped cells), then as pairs of cells.
           const float* source_row = source(c0 + j, px, sy);
           float* floats = row_floats_.data();
-          copy_row(
-              floats, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; },
+          copy_padded_row(
+              floats, width, r_.offset[2], extent, r_.wrap[2],
+              [&](Index sz) { return source_row[sz]; },
               [&](Index sz, Index count, float* to) {
                 std::copy(source_row + sz, source_row + sz + count, to);
               });
@@ -215,21 +217,24 @@ class PlaneSource {
           const auto cell = [&](Index sz) {
             return lower ? bf16_pair(upper[sz], lower[sz]) : upper_bf16(upper[sz]);
           };
-          copy_row(row, width, z0, z1, extent, cell, [&](Index sz, Index count, Value* to) {
-            bf16_pairs(upper + sz, lower ? lower + sz : nullptr, to, std::size_t(count));
-          });
+          copy_padded_row(row, width, r_.offset[2], extent, r_.wrap[2], cell,
+                          [&](Index sz, Index count, Value* to) {
+                            bf16_pairs(upper + sz, lower ? lower + sz : nullptr, to,
+                                       std::size_t(count));
+                          });
         } else if (round_bf16_) {
           const float* source_row = source(c0 + j, px, sy);
-          copy_row(
-              row, width, z0, z1, extent,
+          copy_padded_row(
+              row, width, r_.offset[2], extent, r_.wrap[2],
               [&](Index sz) { return round_to_bfloat16(source_row[sz]); },
               [&](Index sz, Index count, Value* to) {
                 bf16_round(source_row + sz, to, std::size_t(count));
               });
         } else {
           const float* source_row = source(c0 + j, px, sy);
-          copy_row(
-              row, width, z0, z1, extent, [&](Index sz) { return source_row[sz]; },
+          copy_padded_row(
+              row, width, r_.offset[2], extent, r_.wrap[2],
+              [&](Index sz) { return source_row[sz]; },
               [&](Index sz, Index count, Value* to) {
                 std::copy(source_row + sz, source_row + sz + count, to);
               });
@@ -256,22 +261,6 @@ class PlaneSource {
     const FieldView<float>& slab = below ? slabs_.lower : slabs_.upper;
     i[a] = below ? i[a] + Index(slab.extent(2 + a)) : i[a] - r_.src[a];
     return &slab(n_, c, i[0], i[1], 0);
-  }
-
-  /// row[z] = cell(offset + z) for z in [z0, z1) (cells(sz, count, to): the cells from sz,
-  /// contiguous); around it zeros, or (wrap) the cells an extent away.
-  template <class Out, class Cell, class Cells>
-  void copy_row(Out* row, Index width, Index z0, Index z1, Index extent, const Cell& cell,
-                const Cells& cells) const {
-    const Index offset = r_.offset[2];
-    if (r_.wrap[2]) {
-      for (Index z = 0; z < z0; ++z) row[z] = cell(wrapped(offset + z, extent));
-      for (Index z = z1; z < width; ++z) row[z] = cell(wrapped(offset + z, extent));
-    } else {
-      std::fill(row, row + z0, Out(0));
-      std::fill(row + z1, row + width, Out(0));
-    }
-    cells(offset + z0, z1 - z0, row + z0);
   }
 
   const Correlation& r_;

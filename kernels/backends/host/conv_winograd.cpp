@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "host_threads.hpp"
+#include "row_padding.hpp"
 #include "vector_kernels.hpp"
-#include "wrapped_index.hpp"
 
 // Per band of output rows (a pair of rows per tile), for each sample in turn:
 //   1. each source plane's band is transformed once into a ring slot, V[slot][j][xi][tile],
@@ -46,16 +46,6 @@ std::size_t thread_values(const Correlation& r) {
   const WinogradBands bands = winograd_bands(r);
   return static_cast<std::size_t>(positions * bands.stride *
                                   (r.slots() * r.src_per_group + r.out_per_group));
-}
-
-/// to[k] = row[shift + k] for k < width; zeros outside [0, row_cells), or (wrap) the cells
-/// row_cells away.
-void pad_row(const float* row, Index shift, Index row_cells, bool wrap, Index width, float* to) {
-  const Index lo = std::clamp<Index>(-shift, 0, width),
-              hi = std::clamp<Index>(row_cells - shift, lo, width);
-  std::copy(row + shift + lo, row + shift + hi, to + lo);
-  for (Index k = 0; k < lo; ++k) to[k] = wrap ? row[wrapped(shift + k, row_cells)] : 0.0f;
-  for (Index k = hi; k < width; ++k) to[k] = wrap ? row[wrapped(shift + k, row_cells)] : 0.0f;
 }
 
 /// Where a correlation's source rows are: the field's, wrapped around along a `wrap` axis, or
@@ -150,7 +140,12 @@ class TransformedRing {
         rows_[k] = row;
         if (row && copy_rows_) {
           float* const copy = padded_.data() + k * padded_width_;
-          pad_row(row, r_.offset[2], r_.src[2], r_.wrap[2], padded_width_, copy);
+          copy_padded_row(
+              copy, padded_width_, r_.offset[2], r_.src[2], r_.wrap[2],
+              [row](Index sz) { return row[sz]; },
+              [row](Index sz, Index count, float* to) {
+                std::copy(row + sz, row + sz + count, to);
+              });
           rows_[k] = copy;
         }
       }
