@@ -28,6 +28,14 @@ process with P threads (torch.set_num_threads(P), one inter-op thread): the same
   ranks) and for the one PyTorch process. ShardTensor's tracked peak (all live Kokkos
   allocations, memory_tracker.hpp) is shown next to it.
 
+- heap (--heap keep, the default): both sides keep large freed blocks in the C heap for
+  reuse, so that a step does not fault its buffers' pages in again: ShardTensor's benchmarks
+  call keep_freed_memory() (core/allocation_cache.hpp), the PyTorch worker sets the same two
+  glibc mallopt values before it imports torch. With glibc's defaults (--heap release, how
+  the columns before 2026-12-06 were measured) every PyTorch step maps its large buffers
+  afresh, and on a VM whose page faults are slow (first touch at 0.28 GB/s on one EPYC VM)
+  that cost, not the kernels, decides PyTorch's times.
+
 Every measurement runs --repeats times (3), each in a fresh process (PyTorch: this script
 with --worker), so each peak belongs to that measurement alone, ShardTensor's runs and
 PyTorch's in turn (so that both sample the same minutes of a machine whose speed drifts);
@@ -65,8 +73,22 @@ def peak_rss_mib() -> float:
 
 # --- the PyTorch side (runs in its own process: --worker) -------------------------------------
 
-def torch_with_threads(threads: int):
-    """Imports torch with `threads` intra-op threads and one inter-op thread."""
+def keep_freed_memory() -> None:
+    """What core/allocation_cache.hpp's keep_freed_memory() does: glibc keeps freed blocks of
+    up to 1 GiB in the heap (no mmap / munmap per block, no trimming)."""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, 1 << 30
+    if not (libc.mallopt(m_mmap_threshold, one_gib) == 1 and
+            libc.mallopt(m_trim_threshold, one_gib) == 1):
+        raise RuntimeError("glibc refused mallopt: the PyTorch worker cannot keep freed memory")
+
+
+def torch_with_threads(threads: int, heap: str):
+    """Imports torch with `threads` intra-op threads and one inter-op thread, its heap kept
+    (heap "keep") or glibc's default."""
+    if heap == "keep":
+        keep_freed_memory()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     import torch
@@ -79,7 +101,7 @@ def torch_with_threads(threads: int):
 
 
 def torch_conv(a: argparse.Namespace) -> dict:
-    torch = torch_with_threads(a.threads)
+    torch = torch_with_threads(a.threads, a.heap)
     torch.manual_seed(1)
     base = peak_rss_mib()
     n, c, dims = a.size, a.channels, a.dims
@@ -105,12 +127,12 @@ def torch_conv(a: argparse.Namespace) -> dict:
             "channels": c, "precision": a.precision, "step_s": best, "forward_s": forward_best,
             "gflops_per_core": flops / best / 1e9 / a.threads, "peak_rss_mib": peak,
             "base_rss_mib": base, "step_rss_mib": peak - base,
-            "mkldnn": bool(torch.backends.mkldnn.is_available()),
+            "mkldnn": bool(torch.backends.mkldnn.is_available()), "heap": a.heap,
             "torch": torch.__version__}
 
 
 def torch_unet(a: argparse.Namespace) -> dict:
-    torch = torch_with_threads(a.threads)
+    torch = torch_with_threads(a.threads, a.heap)
     import shardtensor_torch as st
     import statistics
     model_cfg, run_cfg, _ = st.load_config(a.config)
@@ -165,7 +187,7 @@ def torch_unet(a: argparse.Namespace) -> dict:
             "parameters": parameters, "precision": a.precision,
             "train_step_s": statistics.median(train),
             "infer_step_s": statistics.median(infer), "loss": loss, "peak_rss_mib": peak,
-            "dims": a.dims, "batch": a.batch,
+            "dims": a.dims, "batch": a.batch, "heap": a.heap,
             "base_rss_mib": base, "step_rss_mib": peak - base, "torch": torch.__version__}
 
 
@@ -208,7 +230,7 @@ class Runner:
                 str(threads), "--size", str(size), "--channels", str(self.a.channels),
                 "--iters", str(self.a.iters), "--warmup", "1", "--config", self.a.config,
                 "--dims", str(self.a.dims), "--batch", str(self.a.batch), "--precision",
-                self.a.precision]
+                self.a.precision, "--heap", self.a.heap]
 
     def median_record(self, records: List[Optional[dict]], key: str) -> Optional[dict]:
         """The record whose `key` is the median, with every run's `key` in `<key>_runs`, or
@@ -366,6 +388,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="timed steps per run")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs per measurement, each a fresh process; the median is reported")
+    ap.add_argument("--heap", choices=("keep", "release"), default="keep",
+                    help="keep: PyTorch keeps freed blocks in the heap as ShardTensor's "
+                    "benchmarks do; release: glibc's defaults (columns before 2026-12-06)")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--mpirun-args", default="--oversubscribe --bind-to none")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
@@ -420,10 +445,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     md = ["# ShardTensor against PyTorch %s on the same CPU" % torch_version, "",
           "ShardTensor on P MPI ranks of one thread, PyTorch in one process of P threads. "
           "Conv%dd %d→%d, kernel 3, on %d%s; U-Net `%s` on %d%s, batch %d, 2 → 1 channels. "
-          "Machine: %d cores; load average %.2f at the start, %.2f at the end (%.0f s)." % (
+          "Machine: %d cores; load average %.2f at the start, %.2f at the end (%.0f s). "
+          "PyTorch's heap: %s." % (
               a.dims, a.channels, a.channels, a.conv_size, power, os.path.relpath(a.config),
               a.unet_size, power, a.batch, os.cpu_count() or 0, load_start, load_end,
-              time.time() - started),
+              time.time() - started,
+              "freed blocks kept, as ShardTensor's" if a.heap == "keep" else "glibc's defaults"),
           "Step MiB: peak resident set less the resident set before the layer or model and "
           "the input existed (per rank for ShardTensor, the largest over ranks).", ""]
     md += tables(results, a.dims, a.precision) + [""]
