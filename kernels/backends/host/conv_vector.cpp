@@ -13,6 +13,7 @@
 #include "row_padding.hpp"
 #include "shardtensor/core/bfloat16.hpp"
 #include "shardtensor/core/error.hpp"
+#include "source_rows.hpp"
 #include "vector_kernels.hpp"
 
 // The plane path's vector kernels (float on the host; the register tiles of vector_kernels.hpp
@@ -124,7 +125,7 @@ class PlaneSource {
               const SourceSlabs<float>& slabs = {}, bool round_bf16 = false)
       : r_(r),
         src_(src),
-        slabs_(slabs),
+        rows_of_source_(r, src, slabs),
         ring_(ring),
         in_place_(reads_in_place(r)),
         round_bf16_(round_bf16),
@@ -166,11 +167,10 @@ class PlaneSource {
   }
   /// Source plane sx of the current sample and group; null outside the source (reads zero).
   const Value* plane(Index sx) {
-    const Index px = r_.wrap[0] ? wrapped(sx, r_.src[0]) : sx;  // the plane's own index
-    if (!inside(0, px)) return nullptr;
+    if (!rows_of_source_.plane(sx)) return nullptr;
     const Index c0 = group_ * r_.src_per_group;
     if constexpr (std::is_same<Value, float>::value)
-      if (in_place_) return &src_(n_, c0, px, r_.offset[1], r_.offset[2]);
+      if (in_place_) return &src_(n_, c0, sx, r_.offset[1], r_.offset[2]);  // no wrap, no slab
     const Index slot = slot_of(sx, r_.slots());
     Value* copy = ring_ + slot * channels() * channel_stride_;
     if (slot_plane_[slot] == sx) return copy;
@@ -182,16 +182,17 @@ class PlaneSource {
     const Index z1 = std::clamp<Index>(extent - r_.offset[2], z0, width);
     for (Index j = 0; j < channels(); ++j)
       for (Index y = 0; y < rows; ++y) {
-        Index sy = r_.offset[1] + first_row_ + y;
-        if (r_.wrap[1]) sy = wrapped(sy, r_.src[1]);
+        const Index sy = r_.offset[1] + first_row_ + y;
+        // Channel pairs: the pair's first channel (its second's row is there where this is).
+        const Index c = c0 + (channel_pairs ? 2 * j : j);
+        const float* source_row = rows_of_source_.row(n_, c, sx, sy);
         Value* row = copy + j * channel_stride_ + y * row_stride_;
         std::fill(row + width, row + row_stride_, Value(0));  // padding past the read extent
-        if (!inside(1, sy) || (z0 == z1 && !r_.wrap[2])) {
+        if (!source_row || (z0 == z1 && !r_.wrap[2])) {
           std::fill(row, row + width, Value(0));
           continue;
         }
         if constexpr (bf16_values) {
-          const float* source_row = source(c0 + j, px, sy);
           copy_padded_row(
               row, width, r_.offset[2], extent, r_.wrap[2],
               [&](Index sz) { return bfloat16_bits(source_row[sz]); },
@@ -200,7 +201,6 @@ class PlaneSource {
               });
         } else if constexpr (cell_pairs) {
           // The row as floats (with its zeros or wrapped cells), then as pairs of cells.
-          const float* source_row = source(c0 + j, px, sy);
           float* floats = row_floats_.data();
           copy_padded_row(
               floats, width, r_.offset[2], extent, r_.wrap[2],
@@ -211,9 +211,9 @@ class PlaneSource {
           bf16_pairs(floats, floats + 1, row, std::size_t(width - 1));
           row[width - 1] = upper_bf16(floats[width - 1]);
         } else if constexpr (pairs) {
-          const float* upper = source(c0 + 2 * j, px, sy);
+          const float* upper = source_row;
           const float* lower =
-              2 * j + 1 < r_.src_per_group ? source(c0 + 2 * j + 1, px, sy) : nullptr;
+              2 * j + 1 < r_.src_per_group ? rows_of_source_.row(n_, c + 1, sx, sy) : nullptr;
           const auto cell = [&](Index sz) {
             return lower ? bf16_pair(upper[sz], lower[sz]) : upper_bf16(upper[sz]);
           };
@@ -223,7 +223,6 @@ class PlaneSource {
                                        std::size_t(count));
                           });
         } else if (round_bf16_) {
-          const float* source_row = source(c0 + j, px, sy);
           copy_padded_row(
               row, width, r_.offset[2], extent, r_.wrap[2],
               [&](Index sz) { return round_to_bfloat16(source_row[sz]); },
@@ -231,7 +230,6 @@ class PlaneSource {
                 bf16_round(source_row + sz, to, std::size_t(count));
               });
         } else {
-          const float* source_row = source(c0 + j, px, sy);
           copy_padded_row(
               row, width, r_.offset[2], extent, r_.wrap[2],
               [&](Index sz) { return source_row[sz]; },
@@ -245,27 +243,9 @@ class PlaneSource {
   }
 
  private:
-  /// Whether index i along axis a (0 or 1) has cells: the source's, or a slab's past its ends.
-  bool inside(int a, Index i) const {
-    if (i >= 0 && i < r_.src[a]) return true;
-    if (a != r_.slab_axis) return false;
-    return i < 0 ? -i <= Index(slabs_.lower.extent(2 + a))
-                 : i - r_.src[a] < Index(slabs_.upper.extent(2 + a));
-  }
-  /// Row (px, sy) of channel c: the source's, or a slab's (inside(0, px), inside(1, sy)).
-  const float* source(Index c, Index px, Index sy) const {
-    Index i[2] = {px, sy};
-    const int a = r_.slab_axis;
-    if (a < 0 || (i[a] >= 0 && i[a] < r_.src[a])) return &src_(n_, c, px, sy, 0);
-    const bool below = i[a] < 0;
-    const FieldView<float>& slab = below ? slabs_.lower : slabs_.upper;
-    i[a] = below ? i[a] + Index(slab.extent(2 + a)) : i[a] - r_.src[a];
-    return &slab(n_, c, i[0], i[1], 0);
-  }
-
   const Correlation& r_;
   FieldView<float> src_;
-  SourceSlabs<float> slabs_;
+  SourceRows rows_of_source_;
   Value* ring_;
   bool in_place_;
   bool round_bf16_;  // float copies round to bf16

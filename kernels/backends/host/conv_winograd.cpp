@@ -6,6 +6,7 @@
 
 #include "host_threads.hpp"
 #include "row_padding.hpp"
+#include "source_rows.hpp"
 #include "vector_kernels.hpp"
 
 // Per band of output rows (a pair of rows per tile), for each sample in turn:
@@ -47,47 +48,6 @@ std::size_t thread_values(const Correlation& r) {
   return static_cast<std::size_t>(positions * bands.stride *
                                   (r.slots() * r.src_per_group + r.out_per_group));
 }
-
-/// Where a correlation's source rows are: the field's, wrapped around along a `wrap` axis, or
-/// past its ends along the slab axis its slabs' (SourceSlabs); null where none (zeros).
-class SourceRows {
- public:
-  SourceRows(const Correlation& r, const FieldView<float>& src, const SourceSlabs<float>& slabs)
-      : r_(r), src_(src), slabs_(slabs) {}
-  /// Whether source plane sx has cells.
-  bool plane(Index sx) const { return inside(0, sx) != outside; }
-  /// Row (sx, sy) of channel c of sample n, null where it has no cells.
-  const float* row(Index n, Index c, Index sx, Index sy) const {
-    Index i[2] = {sx, sy};
-    int field = 0;  // 0: src, -1: the lower slab, 1: the upper
-    for (int a = 0; a < 2; ++a) {
-      const int where = inside(a, i[a]);
-      if (where == outside) return nullptr;
-      if (where == inside_field) {
-        if (r_.wrap[a]) i[a] = wrapped(i[a], r_.src[a]);
-      } else {
-        field = where;
-        i[a] = where < 0 ? i[a] + Index(slabs_.lower.extent(2 + a)) : i[a] - r_.src[a];
-      }
-    }
-    if (field == 0) return &src_(n, c, i[0], i[1], 0);
-    return field < 0 ? &slabs_.lower(n, c, i[0], i[1], 0) : &slabs_.upper(n, c, i[0], i[1], 0);
-  }
-
- private:
-  static constexpr int outside = 2, inside_field = 0;
-  /// Where index i along axis a (0 or 1) lies: the field (or wrapped into it), a slab (-1
-  /// lower, 1 upper), or outside.
-  int inside(int a, Index i) const {
-    if (r_.wrap[a] || (i >= 0 && i < r_.src[a])) return inside_field;
-    if (a != r_.slab_axis) return outside;
-    if (i < 0) return -i <= Index(slabs_.lower.extent(2 + a)) ? -1 : outside;
-    return i - r_.src[a] < Index(slabs_.upper.extent(2 + a)) ? 1 : outside;
-  }
-  const Correlation& r_;
-  const FieldView<float>& src_;
-  const SourceSlabs<float>& slabs_;
-};
 
 /// The transformed source planes of a band (B^T d B per tile, V[j][xi][tile]) in a ring of
 /// r.slots() slots: each source plane transformed once per band for the x taps that read it.
