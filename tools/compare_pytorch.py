@@ -64,6 +64,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from glibc_heap import keep_freed_memory  # noqa: E402
 from scaling import busy_fraction, fmt, load_average, mpi_environment  # noqa: E402
 
 
@@ -72,17 +73,6 @@ def peak_rss_mib() -> float:
 
 
 # --- the PyTorch side (runs in its own process: --worker) -------------------------------------
-
-def keep_freed_memory() -> None:
-    """What core/allocation_cache.hpp's keep_freed_memory() does: glibc keeps freed blocks of
-    up to 1 GiB in the heap (no mmap / munmap per block, no trimming)."""
-    import ctypes
-    libc = ctypes.CDLL("libc.so.6")
-    m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, 1 << 30
-    if not (libc.mallopt(m_mmap_threshold, one_gib) == 1 and
-            libc.mallopt(m_trim_threshold, one_gib) == 1):
-        raise RuntimeError("glibc refused mallopt: the PyTorch worker cannot keep freed memory")
-
 
 def torch_with_threads(threads: int, heap: str):
     """Imports torch with `threads` intra-op threads and one inter-op thread, its heap kept

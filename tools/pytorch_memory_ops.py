@@ -4,7 +4,9 @@
 The same ops on the same shapes (1 x C x N^3 float, random values): max pooling 2, nearest
 upsampling 2 (of the N/2 field), GroupNorm of 4 groups (affine), GELU (exact, erf), the
 concatenation of two fields along channels and the MSE loss; forward, then backward from a
-random output gradient (the loss: from 1). Time: the best of --iters after --warmup, each
+random output gradient (the loss: from 1). The heap keeps freed memory, as bench_memory_ops's
+does (--heap keep, tools/glibc_heap.py; --heap release: glibc's defaults, so that every op's
+outputs are mapped and faulted in afresh, as before 2026-12-06). Time: the best of --iters after --warmup, each
 direction on its own, on --threads threads or (--device cuda) on the GPU, synchronised before
 each clock read. Bytes: bench_memory_ops's count (each op's values
 read and written once), so GB/s compare directly. Prints a table and, last, one JSON line.
@@ -18,6 +20,8 @@ import json
 import time
 
 import torch
+
+from glibc_heap import keep_freed_memory
 
 
 def timed(make_output, iters, warmup, sync):
@@ -48,7 +52,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--heap", default="keep", choices=["keep", "release"],
+                        help="keep: freed memory stays in the heap, as bench_memory_ops's does")
     args = parser.parse_args()
+    if args.heap == "keep":
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     device = torch.device(args.device)
@@ -79,7 +87,7 @@ def main():
     where = (torch.cuda.get_device_name() if args.device == "cuda"
              else f"{args.threads} thread(s)")
     print(f"pytorch_memory_ops: {n}^3 cells, C = {c}, batch 1, float, {where}, "
-          f"PyTorch {torch.__version__}")
+          f"PyTorch {torch.__version__}, heap: {args.heap}")
     print(f"  {'op':<22} {'fwd ms':>9} {'GB/s':>8} {'bwd ms':>9} {'GB/s':>8}")
     for name, forward_bytes, backward_bytes, make in ops:
         forward_s, backward_s = timed(make, args.iters, args.warmup, sync)
@@ -90,7 +98,7 @@ def main():
         print(f"  {name:<22} {forward_s * 1e3:9.3f} {forward_bytes / forward_s / 1e9:8.2f} "
               f"{backward_s * 1e3:9.3f} {backward_bytes / backward_s / 1e9:8.2f}")
     print(json.dumps({"peer": "pytorch_memory_ops", "torch": torch.__version__, "size": n,
-                      "channels": c, "threads": args.threads, "device": args.device,
+                      "channels": c, "threads": args.threads, "device": args.device, "heap": args.heap,
                       "ops": records}))
 
 
