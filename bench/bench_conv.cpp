@@ -11,7 +11,8 @@
 //            their instruction set (default: the best this CPU runs; printed as "vector path")
 //            --winograd on|off (float 3x3 forward and input gradient on Winograd's F(2x2, 3x3)
 //            tiles where the vector kernels run, and the weight gradient where it gains: at
-//            least 16 channels and 2048 tiles times x taps; on; printed after the algorithm)
+//            least 16 channels and 2048 tiles times x taps; on; the passes that ran on them
+//            printed after the algorithm, "winograd" and "winograd_gradient" in the JSON)
 //            --library on|off (cuDNN in a CUDA build, on; off: the portable kernels)
 //            --tf32 on|off (float convolutions through cuDNN may use TF32 tensor cores, off)
 //            --memory-tracking on|off (the tracker's step peak, on)
@@ -240,13 +241,16 @@ int main(int argc, char** argv) {
       std::sort(step_times.begin(), step_times.end());
       const double median = step_times[step_times.size() / 2];
       const char* coretype = openblas_coretype();
-      // Where the layer's forward and input gradient ran on Winograd's tiles (ConvOptions::
-      // winograd: float on the vector kernels, 3x3, at least 8 channels).
-      const bool winograd_runs = o.winograd && float_tiles && channels >= 8;
+      // The kernels the layer chose (rank 0's; every rank's field has the same shape here).
+      const ConvKernelPaths& paths = conv.last_paths();
+      const char* winograd_note = !paths.winograd ? ""
+                                  : paths.winograd_gradient
+                                      ? " (Winograd's tiles, all passes)"
+                                      : " (Winograd's tiles, but the weight gradient)";
       if (comm.rank() == 0) {
         std::printf("bench_conv: Conv%dd %d->%d, kernel 3, %s, batch %d, %s, %s%s, %d rank(s)\n",
                     dims, channels, channels, d.describe().c_str(), batch, precision.c_str(),
-                    algorithm.c_str(), winograd_runs ? " (Winograd's tiles)" : "", comm.size());
+                    algorithm.c_str(), winograd_note, comm.size());
         std::printf("  vector path                 %s\n", vector_path().c_str());
         std::printf("  forward + backward step     %10.2f ms   (median %.2f ms, forward %.2f ms)\n",
                     best * 1e3, median * 1e3, forward_best * 1e3);
@@ -295,6 +299,7 @@ int main(int argc, char** argv) {
             "\"step_workspaces_peak_mib\":%.2f,\"step_comm_buffers_peak_mib\":%.2f,"
             "\"memory_tracking\":\"%s\","
             "\"workspace_mib\":%.4g,\"vector_kernels\":\"%s\",\"winograd\":%s,"
+            "\"winograd_gradient\":%s,"
             "\"library\":\"%s\","
             "\"tf32\":\"%s\",\"precision\":\"%s\",\"amx_tile_peak_gflops_per_core\":%.4g,"
             "\"check_error\":%.3g,"
@@ -306,9 +311,9 @@ int main(int argc, char** argv) {
             tile_flops > 0 ? gflops_per_core / tile_flops : 0.0, peak, peak - memory_before,
             step_peak, step_activations, step_workspaces, step_comm_buffers,
             memory_tracking.c_str(), workspace_mib, vector_kernels.c_str(),
-            winograd_runs ? "true" : "false", library.c_str(), tf32.c_str(), precision.c_str(),
-            tile_peak, check_error, coretype, kernels::vector_isa().c_str(),
-            kernels::vector_lanes());
+            paths.winograd ? "true" : "false", paths.winograd_gradient ? "true" : "false",
+            library.c_str(), tf32.c_str(), precision.c_str(), tile_peak, check_error, coretype,
+            kernels::vector_isa().c_str(), kernels::vector_lanes());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

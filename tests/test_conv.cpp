@@ -1016,6 +1016,33 @@ TEST_CASE("the halo overlap is a layer's option and changes no bit", "[conv]") {
   CHECK_FALSE(layer.options().overlap_halo);
 }
 
+TEST_CASE("a conv's last paths name the kernels its forward chose", "[conv]") {
+  // A float 3x3 layer of 16 channels: on the host's vector kernels, Winograd's tiles for the
+  // forward and input gradient where the layer asks, and for the weight gradient where the
+  // field has 2048 tiles or more (conv_winograd_gradient_pays); elsewhere (a GPU's library,
+  // the vector kernels off) none of them.
+  const Communicator self(MPI_COMM_SELF);
+  ConvOptions o;
+  o.in_channels = o.out_channels = 16;
+  o.kernel = {3, 3};
+  o.padding = {1, 1};
+  const bool vector = kernels::conv_vector_kernels_available<float>();
+  for (const std::array<Index, 2> extents : {std::array<Index, 2>{128, 64}, {64, 32}})
+    for (const bool winograd : {true, false}) {
+      INFO(extents[0] << " x " << extents[1] << " cells, winograd " << winograd);
+      o.winograd = winograd;
+      Conv<float> conv(self, o, "conv");
+      const ConvKernelPaths& paths = conv.last_paths();
+      CHECK(!(paths.library || paths.vector_kernels || paths.winograd || paths.winograd_gradient));
+      const Decomposition d = Decomposition::automatic({extents[0], extents[1]}, 1);
+      conv.forward(Variable<float>::field(test::random_shard<float>(d, 0, 1, 16, 7), true, "x"));
+      CHECK(paths.vector_kernels == (vector && !paths.library));
+      CHECK(paths.winograd == (paths.vector_kernels && winograd));
+      // 128 x 64 cells: 64 x 32 = 2048 tiles of 2 x 2; 64 x 32 cells: 512.
+      CHECK(paths.winograd_gradient == (paths.winograd && extents[0] == 128));
+    }
+}
+
 TEST_CASE("a layer's kept packed weights follow its weights and the vector path", "[conv]") {
   // In eval mode the host vector kernels keep a layer's forward weights packed between calls
   // (kernels::PackedWeights): weights changed in place or another instruction set must pack

@@ -291,6 +291,8 @@ Variable<T> Conv<T>::forward(const Variable<T>& input) {
     reads_input = slabs_agree(x, false, below, above);  // collective: every rank calls it
   }
   const bool slabs = may_read_slabs && reads_input;
+  last_paths_ = {kernels.uses_library(), kernels.runs_vector_kernels(), kernels.runs_winograd(),
+                 kernels.runs_winograd_gradient()};
   if ((may_read_input || may_read_slabs) && !reads_input)
     padded = halo_->start(x, ghosts_are_scratch);
   shape = rotated(shape, rotation);

@@ -49,6 +49,10 @@ class ConvKernels {
   bool runs_planes() const { return planes_.applies() && !library_.applies(); }
   /// Whether the plane path runs on the host's vector kernels.
   bool runs_vector_kernels() const { return runs_planes() && planes_.vector_kernels; }
+  /// Whether they run the forward and the input gradient on Winograd's tiles (each where its
+  /// correlation's shape applies), and the weight gradient.
+  bool runs_winograd() const { return runs_vector_kernels() && planes_.winograd; }
+  bool runs_winograd_gradient() const { return runs_vector_kernels() && planes_.winograd_gradient; }
   /// Whether they take bf16 operands rounding the source as they copy it (AMX tiles, bf16 dot
   /// products or the float tiles), so that the source need not be rounded first.
   bool rounds_bf16_as_it_reads() const { return runs_vector_kernels() && planes_.rounds_source; }

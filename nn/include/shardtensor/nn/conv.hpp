@@ -73,6 +73,14 @@ struct ConvOptions {
   bool overlap_halo = true;
 };
 
+/// The kernels a Conv's forward chose for itself and its backward (Conv::last_paths).
+struct ConvKernelPaths {
+  bool library = false;            ///< the backend's convolution library (cuDNN)
+  bool vector_kernels = false;     ///< the host's vector kernels (plane path)
+  bool winograd = false;           ///< forward and input gradient on Winograd's tiles
+  bool winograd_gradient = false;  ///< the weight gradient on Winograd's tiles
+};
+
 /// Convolution layer. Weights (out, in / groups, kx[, ky[, kz]]) and bias (out) are replicated;
 /// their gradients are summed over the ranks that share the field.
 ///
@@ -105,6 +113,9 @@ class Conv : public Module<T> {
 
   const ConvOptions& options() const { return options_; }
   const WindowGeometry& geometry() const { return geometry_; }
+  /// The kernels the last forward chose (its input's shape and layout decide; bench_conv
+  /// reports them). All false before the first forward.
+  const ConvKernelPaths& last_paths() const { return last_paths_; }
   Variable<T> weight() const { return weight_; }
   Variable<T> bias() const { return bias_; }
 
@@ -121,6 +132,7 @@ class Conv : public Module<T> {
   // Whether every rank reads slabs for inputs of this layout (the key): agreed once.
   std::vector<long long> slab_key_;
   bool slabs_agreed_ = false;
+  ConvKernelPaths last_paths_;
   std::shared_ptr<kernels::ConvWorkspace<T>> workspace_ =
       std::make_shared<kernels::ConvWorkspace<T>>();
 };
