@@ -64,7 +64,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from glibc_heap import keep_freed_memory  # noqa: E402
+from glibc_heap import add_heap_option, keep_freed_memory  # noqa: E402
 from scaling import busy_fraction, fmt, load_average, mpi_environment  # noqa: E402
 
 
@@ -378,9 +378,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="timed steps per run")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs per measurement, each a fresh process; the median is reported")
-    ap.add_argument("--heap", choices=("keep", "release"), default="keep",
-                    help="keep: PyTorch keeps freed blocks in the heap as ShardTensor's "
-                    "benchmarks do; release: glibc's defaults (columns before 2026-12-06)")
+    add_heap_option(ap)
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--mpirun-args", default="--oversubscribe --bind-to none")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")

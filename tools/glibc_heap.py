@@ -19,3 +19,18 @@ def keep_freed_memory() -> None:
     if not (libc.mallopt(M_MMAP_THRESHOLD, ONE_GIB) == 1 and
             libc.mallopt(M_TRIM_THRESHOLD, ONE_GIB) == 1):
         raise RuntimeError("glibc refused mallopt: this process cannot keep freed memory")
+
+
+def add_heap_option(parser) -> None:
+    """--heap keep|release on a PyTorch peer's command line (keep_heap applies it)."""
+    parser.add_argument("--heap", choices=("keep", "release"), default="keep",
+                        help="keep (on the CPU): freed memory stays in the heap, as "
+                        "ShardTensor's benchmarks keep theirs; release: glibc's defaults (the "
+                        "figures before 2026-12-06)")
+
+
+def keep_heap(args, device: str = "cpu") -> None:
+    """Keeps freed memory where --heap keep asks and the peer runs on the CPU (a GPU peer's
+    tensors live in device memory: its host heap is left alone)."""
+    if args.heap == "keep" and device == "cpu":
+        keep_freed_memory()

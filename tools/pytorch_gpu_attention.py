@@ -7,7 +7,8 @@ Same problem as bench_attention: batch 1, H heads of D channels, T tokens, non-c
 --warmup, TFLOP/s (4 T^2 D H forward, twice that backward) and PyTorch's peak memory. On the
 GPU the fused kernels PyTorch picks (FlashAttention, memory-efficient, cuDNN) run; elsewhere
 (a CPU, PyTorch before 2.0) plain softmax(Q K^T / sqrt(D)) V does, at small sizes, so that
-the script can be checked anywhere.
+the script can be checked anywhere. On a CPU the heap keeps freed memory, as bench_attention's
+does (--heap, tools/glibc_heap.py).
 
     python3 tools/pytorch_gpu_attention.py --tokens 16384,65536
 """
@@ -18,6 +19,8 @@ import statistics
 import time
 
 import torch
+
+from glibc_heap import add_heap_option, keep_heap
 
 
 def attention(q, k, v, causal):
@@ -58,7 +61,9 @@ def main():
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_heap_option(parser)
     args = parser.parse_args()
+    keep_heap(args, torch.device(args.device).type)
     device = torch.device(args.device)
     causal = args.causal == "on"
     # On a CPU TF32 means nothing; bf16 runs there as bf16 tensors (oneDNN's bf16 GEMMs, on

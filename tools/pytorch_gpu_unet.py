@@ -12,7 +12,8 @@ cuDNN with benchmark = True, PyTorch eager): the median of --iters timed steps a
 prints "fits": false instead of times.
 
 With --device cpu (the peer of a Serial or OpenMP build, on --threads threads): wall-clock
-medians, and the peaks of what PyTorch's allocator held during one training step and during
+medians (the heap keeping freed memory as ShardTensor's benchmarks do: --heap,
+tools/glibc_heap.py), and the peaks of what PyTorch's allocator held during one training step and during
 one inference, above what was allocated before it (the parameters, the optimizer state and
 the input; from the profiler's allocation events, so exact, unlike the resident set): compare
 bench_scaling's "peak_mib" less its parameters, optimizer_state and other.
@@ -35,6 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shardtensor_torch as st  # noqa: E402
+from glibc_heap import add_heap_option, keep_heap  # noqa: E402
 
 
 def scalar(text):
@@ -290,7 +292,9 @@ def main():
     parser.add_argument("--capacity-mib", type=float, default=None,
                         help="print the largest cube whose training step holds at most this "
                              "much (0 on a GPU: what fits the device), starting from --size")
+    add_heap_option(parser)
     args = parser.parse_args()
+    keep_heap(args, args.device)
     torch.backends.cudnn.benchmark = True
     model_cfg, run_cfg = load_run_config(args.config)
     if args.recompute:

@@ -49,7 +49,8 @@ setting (--tf32 off|on|both; default both, off first): the median of --iters tim
 first_train_step_s / first_infer_step_s), and the peak memory PyTorch allocated over training
 and inference (peak_mib) and over the timed inference steps (infer_peak_mib). A size that does
 not fit prints "fits": false. With --device cpu: wall-clock medians on --threads threads and
-the allocation peaks of one step of each kind (as tools/pytorch_gpu_unet.py).
+the allocation peaks of one step of each kind (as tools/pytorch_gpu_unet.py), the heap keeping
+freed memory as ShardTensor's benchmarks do (--heap, tools/glibc_heap.py).
 
     python3 tools/pytorch_gpu_vit.py --size 1024                     # both TF32 settings
     python3 tools/pytorch_gpu_vit.py --size 1024 --tf32 on --warmup 3 --iters 7
@@ -81,6 +82,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from glibc_heap import add_heap_option, keep_heap
 
 VIT_KEYS = ["type", "patch", "overlap", "padding", "embed_dim", "depth", "heads", "mlp_channels",
             "attention", "window", "dilation", "position", "activation", "input_skip",
@@ -1118,7 +1121,9 @@ def main():
     parser.add_argument("--self-check", action="store_true")
     parser.add_argument("--compare", nargs=3, metavar=("CHECKPOINT", "INPUT", "PREDICTION"))
     parser.add_argument("--compare-samples", type=int, default=4)
+    add_heap_option(parser)
     args = parser.parse_args()
+    keep_heap(args, args.device)
     if args.infer_iters is None:
         args.infer_iters = args.iters
     args.tile = tuple(int(v) for v in args.tile.split("x"))

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from glibc_heap import keep_freed_memory
+from glibc_heap import add_heap_option, keep_heap
 
 
 def timed(make_output, iters, warmup, sync):
@@ -52,11 +52,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--heap", default="keep", choices=["keep", "release"],
-                        help="keep: freed memory stays in the heap, as bench_memory_ops's does")
+    add_heap_option(parser)
     args = parser.parse_args()
-    if args.heap == "keep":
-        keep_freed_memory()
+    keep_heap(args, args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     device = torch.device(args.device)
