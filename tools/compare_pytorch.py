@@ -64,7 +64,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from glibc_heap import add_heap_option, keep_freed_memory  # noqa: E402
+from glibc_heap import add_heap_option, keep_heap  # noqa: E402
 from scaling import busy_fraction, fmt, load_average, mpi_environment  # noqa: E402
 
 
@@ -74,11 +74,11 @@ def peak_rss_mib() -> float:
 
 # --- the PyTorch side (runs in its own process: --worker) -------------------------------------
 
-def torch_with_threads(threads: int, heap: str):
-    """Imports torch with `threads` intra-op threads and one inter-op thread, its heap kept
-    (heap "keep") or glibc's default."""
-    if heap == "keep":
-        keep_freed_memory()
+def torch_with_threads(a: argparse.Namespace):
+    """Imports torch with a.threads intra-op threads and one inter-op thread, the heap as
+    a.heap asks (keep_heap)."""
+    keep_heap(a)
+    threads = a.threads
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     import torch
@@ -91,7 +91,7 @@ def torch_with_threads(threads: int, heap: str):
 
 
 def torch_conv(a: argparse.Namespace) -> dict:
-    torch = torch_with_threads(a.threads, a.heap)
+    torch = torch_with_threads(a)
     torch.manual_seed(1)
     base = peak_rss_mib()
     n, c, dims = a.size, a.channels, a.dims
@@ -122,7 +122,7 @@ def torch_conv(a: argparse.Namespace) -> dict:
 
 
 def torch_unet(a: argparse.Namespace) -> dict:
-    torch = torch_with_threads(a.threads, a.heap)
+    torch = torch_with_threads(a)
     import shardtensor_torch as st
     import statistics
     model_cfg, run_cfg, _ = st.load_config(a.config)
