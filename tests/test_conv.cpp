@@ -407,10 +407,11 @@ TEST_CASE("the vector weight gradient's passes over x taps change no bit", "[con
 
 TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bits on every path",
           "[conv]") {
-  // The forward, the input gradient and the weight gradient of 3x3 windows (in y and z) on
-  // Winograd's F(2x2, 3x3) tiles against the direct register tiles: odd extents (a last tile half
-  // outside), windows past the source (zeros), x taps with a dilation, groups, output blocks left
-  // partly empty, wrap-around (read through band copies), and a filter that keeps some bands only.
+  // The forward and the input gradient of 3x3 windows (in y and z) on Winograd's F(2x4, 3x3)
+  // tiles and the weight gradient on its F(2x2, 3x3) tiles against the direct register tiles: odd
+  // extents (a last tile half outside), windows past the source (zeros), x taps with a dilation,
+  // groups, output blocks left partly empty, wrap-around (read through band copies), and a filter
+  // that keeps some bands only.
   using kernels::ConvShape;
   if (!kernels::conv_vector_kernels_available<float>()) return;
   const ExecutionSpace space;
@@ -856,7 +857,11 @@ TEMPLATE_TEST_CASE(
       }
       INFO("first differing value " << first_difference << " of " << copied.size());
       CHECK(differing == 0);
-      CHECK(diff <= scale * (std::is_same<TestType, float>::value ? 1e-6 : 1e-14));
+      // Winograd's input gradients: each within 2e-6 of the direct sums, on tiles of its own.
+      const double close = !std::is_same<TestType, float>::value ? 1e-14
+                           : options.winograd                    ? 4e-6
+                                                                 : 1e-6;
+      CHECK(diff <= scale * close);
       CHECK(test::relative_error(x.view(), before.view()) == 0);
     }
     // Two convolutions of one input: the first backward writes the input's gradient, the

@@ -494,7 +494,7 @@ TEST_CASE("transposed rows: every channel's value at its cell, the rest untouche
     }
 }
 
-TEST_CASE("Winograd's transforms equal the scalar transforms, bit for bit") {
+TEST_CASE("Winograd's F(2x2, 3x3) input transform equals the scalar transform, bit for bit") {
   // Input: 4 x 4 cells per tile from shift + 2t, zeros outside [0, row_cells) (or the cells
   // a row away) and for a null row; tiles fewer than a vector, whole vectors and tails; rows read
   // from their ends.
@@ -540,31 +540,89 @@ TEST_CASE("Winograd's transforms equal the scalar transforms, bit for bit") {
             return v;
           });
         }
+}
+
+TEST_CASE("Winograd's F(2x4, 3x3) transforms equal the scalar transforms, bit for bit") {
+  // Input: 4 x 6 cells per tile from shift + 4t, read as F(2x2)'s are; tiles fewer than a
+  // vector, whole vectors and tails; rows read from their ends.
+  for (const int tiles : {1, 3, 4, 9, 21})
+    for (const std::ptrdiff_t shift : {-1, 0, 1})
+      for (const int missing_row : {-1, 3})
+        for (const bool wrap : {false, true}) {
+          const std::ptrdiff_t row_cells = 4 * tiles + 1 + shift;  // the last cells read past it
+          INFO(tiles << " tiles, shift " << shift << ", row " << missing_row << " null"
+                     << (wrap ? ", wrapping around" : ""));
+          const std::vector<float> cells = random_floats(4 * std::size_t(row_cells), 54);
+          const float* rows[4];
+          for (int i = 0; i < 4; ++i)
+            rows[i] = i == missing_row ? nullptr : cells.data() + i * row_cells;
+          const std::ptrdiff_t stride = tiles + 16;
+          on_every_path([&] {
+            std::vector<float> v(24 * std::size_t(stride), -7.0f);
+            host::winograd_wide_input_tiles(rows, shift, row_cells, wrap, tiles, v.data(), stride);
+            bool right = true;
+            for (int t = 0; t < tiles; ++t) {
+              float d[4][6], b[4][6], e[4][6];
+              for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 6; ++j) {
+                  const std::ptrdiff_t z = shift + 4 * t + j,
+                                       zw = wrap ? (z + 2 * row_cells) % row_cells : z;
+                  d[i][j] = rows[i] && zw >= 0 && zw < row_cells ? rows[i][zw] : 0.0f;
+                }
+              for (int j = 0; j < 6; ++j) {  // B^T d, F(2, 3)
+                b[0][j] = d[0][j] - d[2][j], b[1][j] = d[1][j] + d[2][j];
+                b[2][j] = d[2][j] - d[1][j], b[3][j] = d[1][j] - d[3][j];
+              }
+              for (int i = 0; i < 4; ++i) {  // (B^T d) B, F(4, 3) on 0, 1, -1, 1/2, -2
+                const float* c = b[i];
+                const float f = c[3] - c[1], g = c[4] - c[2];
+                e[i][0] = std::fma(1.5f, f, std::fma(-2.0f, c[2], c[0] + c[4]));
+                e[i][1] = std::fma(2.5f, c[3], std::fma(0.5f, c[2], c[4] - c[1]));
+                e[i][2] = std::fma(0.5f, c[3], std::fma(-2.5f, c[2], c[4] + c[1]));
+                e[i][3] = std::fma(2.0f, f, g);
+                e[i][4] = std::fma(-0.5f, f, g);
+                e[i][5] = std::fma(1.5f, g, std::fma(-2.0f, c[3], c[1] + c[5]));
+              }
+              for (int xi = 0; xi < 24; ++xi)
+                right = right && v[xi * stride + t] == e[xi / 6][xi % 6];
+            }
+            CHECK(right);
+            for (int xi = 0; xi < 24; ++xi)  // past the tiles: whatever the vectors wrote
+              std::fill(v.begin() + xi * stride + tiles, v.begin() + (xi + 1) * stride, 0.0f);
+            return v;
+          });
+        }
   // Output: A^T m A + bias into two rows (or one), only the cells below `columns`.
-  for (const int tiles : {1, 5, 8, 17, 37})
-    for (const int columns : {2 * tiles - 1, 2 * tiles})
+  for (const int tiles : {1, 3, 4, 9, 21})
+    for (const int columns : {4 * tiles - 3, 4 * tiles - 1, 4 * tiles})
       for (const bool second_row : {true, false}) {
         INFO(tiles << " tiles, " << columns << " columns" << (second_row ? "" : ", one row"));
         const std::ptrdiff_t stride = tiles + 16;
-        const std::vector<float> m = random_floats(16 * std::size_t(stride), 52);
+        const std::vector<float> m = random_floats(24 * std::size_t(stride), 52);
         const float bias = 0.375f;
         on_every_path([&] {
           std::vector<float> out(2 * std::size_t(columns + 5), -7.0f);
           float* const row0 = out.data();
           float* const row1 = second_row ? out.data() + columns + 5 : nullptr;
-          host::winograd_output_tiles(m.data(), stride, tiles, bias, row0, row1, columns);
+          host::winograd_wide_output_tiles(m.data(), stride, tiles, bias, row0, row1, columns);
           std::vector<float> expected(out.size(), -7.0f);
           for (int t = 0; t < tiles; ++t) {
-            float s[2][4];
-            for (int j = 0; j < 4; ++j) {
-              const float m0 = m[j * stride + t], m1 = m[(4 + j) * stride + t],
-                          m2 = m[(8 + j) * stride + t], m3 = m[(12 + j) * stride + t];
+            float s[2][6];
+            for (int j = 0; j < 6; ++j) {  // A^T m, F(2, 3)
+              const float m0 = m[j * stride + t], m1 = m[(6 + j) * stride + t],
+                          m2 = m[(12 + j) * stride + t], m3 = m[(18 + j) * stride + t];
               s[0][j] = (m0 + m1) + m2, s[1][j] = (m1 - m2) - m3;
             }
-            for (int i = 0; i < (second_row ? 2 : 1); ++i) {
+            for (int i = 0; i < (second_row ? 2 : 1); ++i) {  // (A^T m) A, F(4, 3)
+              const float* c = s[i];
+              const float p = c[1] + c[2], q = c[1] - c[2];
+              const float y[4] = {((c[0] + p) + (c[3] + c[4])) + bias,
+                                  std::fma(-2.0f, c[4], std::fma(0.5f, c[3], q)) + bias,
+                                  std::fma(4.0f, c[4], std::fma(0.25f, c[3], p)) + bias,
+                                  (std::fma(-8.0f, c[4], std::fma(0.125f, c[3], q)) + c[5]) + bias};
               float* const row = expected.data() + i * (columns + 5);
-              if (2 * t < columns) row[2 * t] = ((s[i][0] + s[i][1]) + s[i][2]) + bias;
-              if (2 * t + 1 < columns) row[2 * t + 1] = ((s[i][1] - s[i][2]) - s[i][3]) + bias;
+              for (int k = 0; k < 4; ++k)
+                if (4 * t + k < columns) row[4 * t + k] = y[k];
             }
           }
           CHECK(same_bits(out, expected));

@@ -297,7 +297,8 @@ const float* packed_weights(const Correlation& r, const ConvShape& g,
   if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
     return cache.packed.data();
   const MemoryCategoryScope scope(MemoryCategory::workspaces);
-  const std::size_t values = host::conv_vector_packed_values(r);
+  const std::size_t values =
+      host::conv_vector_packed_values(r, host::conv_vector_winograd(r, bf16, winograd));
   using Values = decltype(cache.source);
   const auto no_init = Kokkos::WithoutInitializing;
   if (cache.source.extent(0) != n)

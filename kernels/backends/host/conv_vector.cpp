@@ -580,12 +580,13 @@ void correlate_amx(const Correlation& r, const ConvShape& g, const FieldView<flo
 
 }  // namespace
 
-std::size_t conv_vector_packed_values(const Correlation& r) {
+std::size_t conv_vector_packed_values(const Correlation& r, bool winograd) {
   // Channels rounded up to pairs: room for the pair layouts too.
   const Index blocks = (r.out_per_group + max_tile_rows - 1) / max_tile_rows;
   const std::size_t direct = static_cast<std::size_t>(
       blocks * max_tile_rows * r.k[0] * (r.src_per_group + 1) / 2 * 2 * r.k[1] * r.k[2]);
-  return conv_winograd_applies(r) ? std::max(direct, conv_winograd_packed_values(r)) : direct;
+  return winograd && conv_winograd_applies(r) ? std::max(direct, conv_winograd_packed_values(r))
+                                              : direct;
 }
 
 bool conv_vector_winograd(const Correlation& r, bool bf16, bool winograd) {
@@ -657,7 +658,7 @@ inline std::size_t vector_correlate_values(const Correlation& r, bool band_copie
                                : PlaneSource<float>::ring_values(r, band_copies);
   // AMX tiles read up to 15 cells past a vector: past the last ring, these.
   constexpr std::size_t tile_overrun = 16;
-  return conv_vector_packed_values(r) + ring * host_threads() + tile_overrun;
+  return conv_vector_packed_values(r, false) + ring * host_threads() + tile_overrun;
 }
 /// Taps padded to whole weight-gradient tiles (of every path).
 inline Index padded_taps(const Correlation& r) {

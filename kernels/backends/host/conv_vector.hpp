@@ -35,8 +35,9 @@ Index conv_vector_gradient_x_taps(const Correlation& forward, const Correlation&
                                   bool band_copies, bool bf16);
 
 /// Values of the packed weights of a one-group correlation (conv_vector_pack_weights), on
-/// every instruction set's tiles, direct or Winograd's.
-std::size_t conv_vector_packed_values(const Correlation& r);
+/// every instruction set's tiles: the direct tiles', or (`winograd`, where it applies) the most
+/// of theirs and Winograd's.
+std::size_t conv_vector_packed_values(const Correlation& r, bool winograd);
 /// What the packed layout depends on besides the correlation and `bf16`: the current path's
 /// tile rows, and whether AMX tiles and bf16 dot products run.
 int conv_vector_packing();

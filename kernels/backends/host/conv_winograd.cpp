@@ -13,7 +13,7 @@
 //   1. each source plane's band is transformed once into a ring slot, V[slot][j][xi][tile],
 //      read from the field itself: zeros outside it, or the cells an extent away where it
 //      wraps around, or its slabs' cells past its ends along the slab axis;
-//   2. per output plane x and position xi (of 16), the products M[o][xi][tile]: the sum over
+//   2. per output plane x and position xi (of 24), the products M[o][xi][tile]: the sum over
 //      x taps a and source channels j of U[xi][a][j][o] V[x + a][j][xi][tile], on the direct
 //      path's correlate tile (its taps are the source channels, its x taps the ring's planes);
 //   3. the outputs from the products, plus the bias, written into the field.
@@ -24,7 +24,16 @@ namespace shardtensor::kernels::host {
 
 namespace {
 
-constexpr Index positions = 16;  // of a tile's 4 x 4 transform
+/// A tile's shape: 2 output rows by `columns` output columns, from 4 x (columns + 2) source
+/// cells, `positions` transformed values.
+struct WinogradTile {
+  Index columns, positions;
+};
+/// F(2x4, 3x3): the forward's and input gradient's (3 multiplications per output).
+constexpr WinogradTile wide_tile{4, 24};
+/// F(2x2, 3x3): the weight gradient's (4 multiplications per output; its sums over a band's
+/// tiles round less on the smaller transforms).
+constexpr WinogradTile narrow_tile{2, 16};
 
 /// A correlation's bands: output rows per band (pairs; at most 16, the direct tiles' band, the
 /// halo overlap's unit), tiles along a pair of rows, and the values a transformed position of
@@ -33,19 +42,19 @@ constexpr Index positions = 16;  // of a tile's 4 x 4 transform
 struct WinogradBands {
   Index rows, columns, stride;
 };
-WinogradBands winograd_bands(const Correlation& r) {
-  const Index columns = (r.out[2] + 1) / 2;
-  const Index per_tile = positions * (r.slots() * r.src_per_group + r.out_per_group);
+WinogradBands winograd_bands(const Correlation& r, WinogradTile tile) {
+  const Index columns = (r.out[2] + tile.columns - 1) / tile.columns;
+  const Index per_tile = tile.positions * (r.slots() * r.src_per_group + r.out_per_group);
   const Index target = std::max<Index>(1, (Index(1) << 18) / per_tile);
   const Index tile_rows = std::clamp<Index>(target / columns, 1, 8);
   const Index tiles = tile_rows * columns;
   return {2 * tile_rows, columns, (tiles + 16 + 15) / 16 * 16};
 }
 
-/// Values of one thread: the transformed ring and the products.
+/// Values of one thread of the correlation: the transformed ring and the products.
 std::size_t thread_values(const Correlation& r) {
-  const WinogradBands bands = winograd_bands(r);
-  return static_cast<std::size_t>(positions * bands.stride *
+  const WinogradBands bands = winograd_bands(r, wide_tile);
+  return static_cast<std::size_t>(wide_tile.positions * bands.stride *
                                   (r.slots() * r.src_per_group + r.out_per_group));
 }
 
@@ -54,15 +63,16 @@ std::size_t thread_values(const Correlation& r) {
 /// One per host thread, over its share of the workspace.
 class TransformedRing {
  public:
-  TransformedRing(const Correlation& r, const FieldView<float>& src,
+  TransformedRing(const Correlation& r, WinogradTile tile, const FieldView<float>& src,
                   const SourceSlabs<float>& slabs, float* ring)
       : r_(r),
+        tile_(tile),
         source_(r, src, slabs),
-        bands_(winograd_bands(r)),
+        bands_(winograd_bands(r, tile)),
         ring_(ring),
         slot_plane_(r.slots()),
         slot_has_plane_(r.slots()),
-        padded_width_(2 * bands_.columns + 2),
+        padded_width_(tile.columns * bands_.columns + 2),
         // Rows of at most 64 tiles that reach past the source are copied padded (a band's
         // rows once): the transforms take a row's ends cell by cell, and on such rows that is
         // every tile.
@@ -71,8 +81,8 @@ class TransformedRing {
         padded_(copy_rows_ ? (bands_.rows + 2) * padded_width_ : 0),
         rows_(bands_.rows + 2) {}
   /// Values of a slot: a source plane's band, transformed.
-  static Index slot_values(const Correlation& r) {
-    return positions * r.src_per_group * winograd_bands(r).stride;
+  static Index slot_values(const Correlation& r, WinogradTile tile) {
+    return tile.positions * r.src_per_group * winograd_bands(r, tile).stride;
   }
   /// Starts group `group`'s band of `tile_rows` pairs of output rows from y0 of sample n.
   void start_band(Index n, Index group, Index y0, Index tile_rows) {
@@ -83,7 +93,7 @@ class TransformedRing {
   /// another, positions `stride` apart; null where the plane has no cells (zeros).
   const float* plane(Index sx) {
     const Index slot = slot_of(sx, Index(slot_plane_.size()));
-    float* const v = ring_ + slot * slot_values(r_);
+    float* const v = ring_ + slot * slot_values(r_, tile_);
     if (slot_plane_[slot] != sx) slot_has_plane_[slot] = transform(sx, v);
     slot_plane_[slot] = sx;
     return slot_has_plane_[slot] ? v : nullptr;
@@ -110,18 +120,21 @@ class TransformedRing {
         }
       }
       const Index columns = bands_.columns, stride = bands_.stride;
+      const auto input_tiles =
+          tile_.columns == wide_tile.columns ? winograd_wide_input_tiles : winograd_input_tiles;
       for (Index tr = 0; tr < tile_rows_; ++tr) {
-        float* const to = v + j * positions * stride + tr * columns;
+        float* const to = v + j * tile_.positions * stride + tr * columns;
         const float* const* rows = rows_.data() + 2 * tr;
         if (copy_rows_)
-          winograd_input_tiles(rows, 0, padded_width_, false, int(columns), to, stride);
+          input_tiles(rows, 0, padded_width_, false, int(columns), to, stride);
         else
-          winograd_input_tiles(rows, r_.offset[2], r_.src[2], r_.wrap[2], int(columns), to, stride);
+          input_tiles(rows, r_.offset[2], r_.src[2], r_.wrap[2], int(columns), to, stride);
       }
     }
     return true;
   }
   const Correlation& r_;
+  const WinogradTile tile_;
   const SourceRows source_;
   const WinogradBands bands_;
   float* const ring_;
@@ -143,7 +156,7 @@ bool conv_winograd_applies(const Correlation& r) {
 
 std::size_t conv_winograd_packed_values(const Correlation& r) {
   const Index outs = (r.out_per_group + max_tile_rows - 1) / max_tile_rows * max_tile_rows;
-  return static_cast<std::size_t>(positions * outs * r.k[0] * r.src_per_group);
+  return static_cast<std::size_t>(wide_tile.positions * outs * r.k[0] * r.src_per_group);
 }
 
 std::size_t conv_winograd_values(const Correlation& r) {
@@ -162,6 +175,7 @@ void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
   const std::ptrdiff_t o_step = weight_at(1, 0, 0, 0, 0) - weight_at(0, 0, 0, 0, 0),
                        b_step = weight_at(0, 0, 0, 1, 0) - weight_at(0, 0, 0, 0, 0),
                        c_step = weight_at(0, 0, 0, 0, 1) - weight_at(0, 0, 0, 0, 0);
+  constexpr Index positions = wide_tile.positions;
   float u[positions][max_tile_rows];  // a block's transformed windows, G g G^T
   for (Index block = 0; block < blocks; ++block)
     for (Index a = 0; a < kx; ++a)
@@ -173,17 +187,20 @@ void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
             continue;
           }
           const float* window = w.data() + weight_at(0, j, a, 0, 0) + o * o_step;
-          double h[4][3];  // G g, in double: each transformed weight rounded once
+          double h[4][3];  // G g along the rows (F(2, 3)), in double: rounded once, at the end
           for (Index c = 0; c < 3; ++c) {
             const double g0 = window[c * c_step], g1 = window[b_step + c * c_step],
                          g2 = window[2 * b_step + c * c_step];
             h[0][c] = g0, h[1][c] = (g0 + g1 + g2) / 2, h[2][c] = (g0 - g1 + g2) / 2, h[3][c] = g2;
           }
-          for (Index k = 0; k < 4; ++k) {
-            u[4 * k][i] = float(h[k][0]);
-            u[4 * k + 1][i] = float((h[k][0] + h[k][1] + h[k][2]) / 2);
-            u[4 * k + 2][i] = float((h[k][0] - h[k][1] + h[k][2]) / 2);
-            u[4 * k + 3][i] = float(h[k][2]);
+          for (Index k = 0; k < 4; ++k) {  // (G g) G^T along the columns (F(4, 3))
+            const double* const e = h[k];
+            u[6 * k][i] = float(e[0]);
+            u[6 * k + 1][i] = float((e[0] + e[1] + e[2]) / 3);
+            u[6 * k + 2][i] = float((-e[0] + e[1] - e[2]) / 3);
+            u[6 * k + 3][i] = float((-16 * e[0] - 8 * e[1] - 4 * e[2]) / 15);
+            u[6 * k + 4][i] = float((e[0] - 2 * e[1] + 4 * e[2]) / 15);
+            u[6 * k + 5][i] = float(e[2]);
           }
         }
         for (Index xi = 0; xi < positions; ++xi)
@@ -199,7 +216,8 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
   const ConvTileShape shape = conv_tile_shape();
   const Index R = shape.tile_rows, kx = r.k[0], slots = r.slots();
   const Index srcs = r.src_per_group, outs = r.out_per_group, blocks = (outs + R - 1) / R;
-  const WinogradBands bands = winograd_bands(r);
+  constexpr Index positions = wide_tile.positions;
+  const WinogradBands bands = winograd_bands(r, wide_tile);
   const Index stride = bands.stride, columns = bands.columns;
   const Index band_count = (r.out[1] + bands.rows - 1) / bands.rows;
   const int threads = host_threads();
@@ -215,9 +233,9 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
     if (!packed_weights) conv_winograd_pack_weights(r, g, w, transposed, group, packed);
     split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
       float* const thread_ring = thread_start + t * per_thread;
-      TransformedRing ring(r, src, slabs, thread_ring);
+      TransformedRing ring(r, wide_tile, src, slabs, thread_ring);
       float* const products =
-          thread_ring + slots * TransformedRing::slot_values(r);  // [o][xi][tile]
+          thread_ring + slots * TransformedRing::slot_values(r, wide_tile);  // [o][xi][tile]
       std::vector<const float*> planes(kx), position_planes(kx);
       std::vector<OutputVector> vectors;
       for (Index item = first; item < last; ++item) {
@@ -253,8 +271,8 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
             for (Index tr = 0; tr < tile_rows; ++tr) {
               float* const row0 = &out(n, channel, x, y0 + 2 * tr, 0);
               float* const row1 = y0 + 2 * tr + 1 < y1 ? row0 + out_row_stride : nullptr;
-              winograd_output_tiles(products + o * positions * stride + tr * columns, stride,
-                                    int(columns), b, row0, row1, int(r.out[2]));
+              winograd_wide_output_tiles(products + o * positions * stride + tr * columns, stride,
+                                         int(columns), b, row0, row1, int(r.out[2]));
             }
           }
         }
@@ -272,7 +290,8 @@ constexpr Index tiles_per_flush = 16384;
 /// The weight gradient's sums per thread, of `x_taps` x taps: [position][x tap][source channel,
 /// padded to whole tiles][output channel, padded to whole blocks].
 std::size_t gradient_sums(const Correlation& r, Index x_taps) {
-  return static_cast<std::size_t>(positions * x_taps * gradient_padded_taps(int(r.src_per_group)) *
+  return static_cast<std::size_t>(narrow_tile.positions * x_taps *
+                                  gradient_padded_taps(int(r.src_per_group)) *
                                   gradient_padded_outputs(int(r.out_per_group)));
 }
 
@@ -280,13 +299,13 @@ std::size_t gradient_sums(const Correlation& r, Index x_taps) {
 /// transformed source planes, the transformed output gradient of a band [o][xi][tile] and one
 /// position's of it transposed [block][tile][channel]. An even count: doubles stay aligned.
 std::size_t gradient_thread_values(const Correlation& r, Index x_taps) {
-  const WinogradBands bands = winograd_bands(r);
+  const WinogradBands bands = winograd_bands(r, narrow_tile);
   const std::size_t values =
       3 * gradient_sums(r, x_taps) +
-      static_cast<std::size_t>(
-          r.slots() * TransformedRing::slot_values(r) +
-          (positions * r.out_per_group + gradient_padded_outputs(int(r.out_per_group))) *
-              bands.stride);
+      static_cast<std::size_t>(r.slots() * TransformedRing::slot_values(r, narrow_tile) +
+                               (narrow_tile.positions * r.out_per_group +
+                                gradient_padded_outputs(int(r.out_per_group))) *
+                                   bands.stride);
   return values + values % 2;
 }
 
@@ -307,7 +326,8 @@ void conv_winograd_weight_gradient(const Correlation& r, const ConvShape& g,
                                    float* workspace, Index x_taps_per_pass) {
   const ConvTileShape shape = conv_tile_shape();
   const Index kx = r.k[0], slots = r.slots(), srcs = r.src_per_group, outs = r.out_per_group;
-  const WinogradBands bands = winograd_bands(r);
+  constexpr Index positions = narrow_tile.positions;
+  const WinogradBands bands = winograd_bands(r, narrow_tile);
   const Index stride = bands.stride, columns = bands.columns;
   const Index band_count = (r.out[1] + bands.rows - 1) / bands.rows;
   // Blocks of B output channels, each summed by the path's gradient tiles; taps are the source
@@ -338,8 +358,9 @@ void conv_winograd_weight_gradient(const Correlation& r, const ConvShape& g,
       double* const totals = totals_of(t);
       float* const sums = workspace + t * per_thread + 2 * sums_size;
       float* const thread_ring = sums + sums_size;
-      TransformedRing ring(r, xp, slabs, thread_ring);
-      float* const dm = thread_ring + slots * TransformedRing::slot_values(r);  // [o][xi][tile]
+      TransformedRing ring(r, narrow_tile, xp, slabs, thread_ring);
+      float* const dm =
+          thread_ring + slots * TransformedRing::slot_values(r, narrow_tile);   // [o][xi][tile]
       float* const dm_t = dm + positions * outs * stride;                       // [block][tile][B]
       std::fill(totals, totals + sums_size, 0.0);
       std::fill(sums, sums + sums_size, 0.0f);

@@ -1,13 +1,16 @@
 #pragma once
-// Winograd's F(2x2, 3x3) for the plane path's float convolutions on the host (the forward, the
-// input gradient and the weight gradient of a 3x3 window in y and z, any window in x): each
-// 2 x 2 block of outputs from its 4 x 4 source cells transformed (B^T d B), 16 products per
-// source and output channel instead of 36 (a GEMM per transformed position on the direct
-// path's register tiles), and the outputs transformed back (A^T m A); the weight gradient sums
-// the products of the transformed source and output gradient (A dy A^T) per position and
-// transforms the sums back (G^T dU G). 2.25x fewer multiplications; the sums differ from the
-// direct tiles' by rounding (below 1e-6 of the largest), not their bits, and are the same bits
-// on every instruction set. Run only where conv_winograd_applies() and the layer asks for it
+// Winograd's tiles for the plane path's float convolutions on the host (the forward, the input
+// gradient and the weight gradient of a 3x3 window in y and z, any window in x). The forward
+// and input gradient run F(2x4, 3x3): each 2 x 4 block of outputs from its 4 x 6 source cells
+// transformed (B^T d B), 24 products per source and output channel instead of 72 (a GEMM per
+// transformed position on the direct path's register tiles), and the outputs transformed back
+// (A^T m A); F(2, 3) along the rows, F(4, 3) along the columns on the points 0, 1, -1, 1/2, -2
+// (of the choices with adds and halvings, the one that rounds least). The weight gradient runs
+// F(2x2, 3x3): it sums the products of the transformed source and output gradient (A dy A^T)
+// per position and transforms the sums back (G^T dU G). 3x and 2.25x fewer multiplications;
+// the sums differ from the direct tiles' by rounding (forward and input gradient within 4e-6
+// of the largest, the weight gradient within 1e-6), not their bits, and are the same bits on
+// every instruction set. Run only where conv_winograd_applies() and the layer asks for it
 // (ConvOptions::winograd).
 
 #include <cstddef>
@@ -28,8 +31,8 @@ std::size_t conv_winograd_packed_values(const Correlation& r);
 std::size_t conv_winograd_values(const Correlation& r);
 
 /// Packs group `group`'s weights of correlation r (flipped and transposed if `transposed`),
-/// transformed (G g G^T, in double, rounded once): [position][block of tile rows][x tap]
-/// [source channel][tile rows].
+/// transformed (G g G^T of F(2x4, 3x3), in double, rounded once): [position][block of tile rows]
+/// [x tap][source channel][tile rows].
 void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
                                 const ReplicatedView<float>& w, bool transposed, Index group,
                                 float* packed);

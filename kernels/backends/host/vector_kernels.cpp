@@ -768,26 +768,35 @@ void TransposeRows(const float* const* rows, int channels, int cells, float* to,
   }
 }
 
-// ---- Winograd F(2x2, 3x3) transforms (conv_winograd.cpp drives them) ------------------------
-// A tile is 2 x 2 outputs, read from 4 x 4 source cells; `lanes` tiles side by side along a
-// row at a time (tile t's cells start at column 2t: loads that deinterleave even and odd
-// columns). Adds and subtractions only, in one order per lane on every path: the same bits.
+// ---- Winograd's transforms (conv_winograd.cpp drives them) --------------------------------
+// F(2x2, 3x3): a tile is 2 x 2 outputs, read from 4 x 4 source cells; `lanes` tiles side by
+// side along a row at a time (tile t's cells start at column 2t: loads that deinterleave even
+// and odd columns). F(2x4, 3x3): 2 x 4 outputs from 4 x 6 cells, tile t's from column 4t.
+// Adds, subtractions and multiply-adds only, in one order per lane on every path: the same
+// bits.
 
-/// d[i][j] = cell shift + 2t + j of row i for the `lanes` tiles from first_tile; a null row
-/// reads as zero, and so do cells outside [0, row_cells), or (wrap) the cells a row away.
+/// d[i][j] = cell shift + Columns t + j of row i (j < Columns + 2) for the `lanes` tiles from
+/// first_tile (Columns 2: F(2x2, 3x3), 4: F(2x4, 3x3)); a null row reads as zero, and so do
+/// cells outside [0, row_cells), or (wrap) the cells a row away.
+template <int Columns>
 HWY_INLINE void load_tile_cells(const float* const* rows, std::ptrdiff_t shift,
-                                std::ptrdiff_t row_cells, bool wrap, int first_tile, V (&d)[4][4]) {
+                                std::ptrdiff_t row_cells, bool wrap, int first_tile,
+                                V (&d)[4][Columns + 2]) {
+  static_assert(Columns == 2 || Columns == 4);
   const D dd;
-  const std::ptrdiff_t first = shift + 2 * first_tile, count = 2 * lanes + 2;
+  // Loads that deinterleave Columns columns: from the tiles' first cell, then from their
+  // Columns-th (of F(2x4)'s, the first two: columns 4 and 5).
+  constexpr std::ptrdiff_t count = Columns * lanes + Columns;
+  const std::ptrdiff_t first = shift + Columns * first_tile;
   const bool inside = first >= 0 && first + count <= row_cells;
   HWY_UNROLL(4)
   for (int i = 0; i < 4; ++i) {
     if (!rows[i]) {
-      for (int j = 0; j < 4; ++j) d[i][j] = hn::Zero(dd);
+      for (int j = 0; j < Columns + 2; ++j) d[i][j] = hn::Zero(dd);
       continue;
     }
     const float* p = rows[i] + first;
-    HWY_ALIGN float cells[2 * lanes + 2];
+    HWY_ALIGN float cells[count];
     if (!inside) {  // a row's ends: a copy, zeros (or wrapped cells) outside the row
       for (std::ptrdiff_t k = 0; k < count; ++k) {
         const std::ptrdiff_t z = first + k;
@@ -797,8 +806,14 @@ HWY_INLINE void load_tile_cells(const float* const* rows, std::ptrdiff_t shift,
       }
       p = cells;
     }
-    hn::LoadInterleaved2(dd, p, d[i][0], d[i][1]);
-    hn::LoadInterleaved2(dd, p + 2, d[i][2], d[i][3]);
+    if constexpr (Columns == 2) {
+      hn::LoadInterleaved2(dd, p, d[i][0], d[i][1]);
+      hn::LoadInterleaved2(dd, p + 2, d[i][2], d[i][3]);
+    } else {
+      V unused0, unused1;
+      hn::LoadInterleaved4(dd, p, d[i][0], d[i][1], d[i][2], d[i][3]);
+      hn::LoadInterleaved4(dd, p + 4, d[i][4], d[i][5], unused0, unused1);
+    }
   }
 }
 
@@ -806,7 +821,7 @@ void WinogradInputTiles(const float* const* rows, std::ptrdiff_t shift, std::ptr
                         bool wrap, int tiles, float* v, std::ptrdiff_t v_stride) {
   for (int t0 = 0; t0 < tiles; t0 += lanes) {
     V d[4][4];
-    load_tile_cells(rows, shift, row_cells, wrap, t0, d);
+    load_tile_cells<2>(rows, shift, row_cells, wrap, t0, d);
     V t[4][4];  // B^T d
     HWY_UNROLL(4)
     for (int j = 0; j < 4; ++j) {
@@ -822,39 +837,6 @@ void WinogradInputTiles(const float* const* rows, std::ptrdiff_t shift, std::ptr
       hn::StoreU(hn::Add(t[i][1], t[i][2]), D(), to + v_stride);
       hn::StoreU(hn::Sub(t[i][2], t[i][1]), D(), to + 2 * v_stride);
       hn::StoreU(hn::Sub(t[i][1], t[i][3]), D(), to + 3 * v_stride);
-    }
-  }
-}
-
-void WinogradOutputTiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
-                         float* row0, float* row1, int columns) {
-  const D d;
-  const V b = hn::Set(d, bias);
-  for (int t0 = 0; t0 < tiles; t0 += lanes) {
-    V s[2][4];  // A^T m
-    HWY_UNROLL(4)
-    for (int j = 0; j < 4; ++j) {
-      const V m0 = hn::LoadU(d, m + j * m_stride + t0),
-              m1 = hn::LoadU(d, m + (4 + j) * m_stride + t0),
-              m2 = hn::LoadU(d, m + (8 + j) * m_stride + t0),
-              m3 = hn::LoadU(d, m + (12 + j) * m_stride + t0);
-      s[0][j] = hn::Add(hn::Add(m0, m1), m2);
-      s[1][j] = hn::Sub(hn::Sub(m1, m2), m3);
-    }
-    float* const rows[2] = {row0, row1};
-    HWY_UNROLL(2)
-    for (int i = 0; i < 2; ++i) {  // (A^T m) A, plus the bias
-      if (!rows[i]) continue;
-      const V y0 = hn::Add(hn::Add(hn::Add(s[i][0], s[i][1]), s[i][2]), b);
-      const V y1 = hn::Add(hn::Sub(hn::Sub(s[i][1], s[i][2]), s[i][3]), b);
-      const int first = 2 * t0, left = columns - first;
-      if (left >= 2 * lanes) {
-        hn::StoreInterleaved2(y0, y1, d, rows[i] + first);
-      } else {  // the row's end
-        HWY_ALIGN float cells[2 * lanes];
-        hn::StoreInterleaved2(y0, y1, d, cells);
-        std::copy(cells, cells + left, rows[i] + first);
-      }
     }
   }
 }
@@ -894,6 +876,83 @@ void WinogradGradientTiles(const float* row0, const float* row1, int columns, in
       hn::StoreU(hn::Add(s[i][0], s[i][1]), d, to + m_stride);
       hn::StoreU(hn::Sub(s[i][0], s[i][1]), d, to + 2 * m_stride);
       hn::StoreU(hn::Neg(s[i][1]), d, to + 3 * m_stride);
+    }
+  }
+}
+
+void WinogradWideInputTiles(const float* const* rows, std::ptrdiff_t shift,
+                            std::ptrdiff_t row_cells, bool wrap, int tiles, float* v,
+                            std::ptrdiff_t v_stride) {
+  const D dd;
+  const V half = hn::Set(dd, 0.5f), one_and_half = hn::Set(dd, 1.5f), two = hn::Set(dd, 2.0f),
+          two_and_half = hn::Set(dd, 2.5f), minus_half = hn::Set(dd, -0.5f),
+          minus_two = hn::Set(dd, -2.0f), minus_two_and_half = hn::Set(dd, -2.5f);
+  for (int t0 = 0; t0 < tiles; t0 += lanes) {
+    V d[4][6];
+    load_tile_cells<4>(rows, shift, row_cells, wrap, t0, d);
+    V t[4][6];  // B^T d, F(2, 3) along the rows
+    HWY_UNROLL(6)
+    for (int j = 0; j < 6; ++j) {
+      t[0][j] = hn::Sub(d[0][j], d[2][j]);
+      t[1][j] = hn::Add(d[1][j], d[2][j]);
+      t[2][j] = hn::Sub(d[2][j], d[1][j]);
+      t[3][j] = hn::Sub(d[1][j], d[3][j]);
+    }
+    HWY_UNROLL(4)
+    for (int i = 0; i < 4; ++i) {  // (B^T d) B, F(4, 3) along the columns
+      const V* c = t[i];
+      const V e = hn::Sub(c[4], c[2]), f = hn::Sub(c[3], c[1]);
+      float* const to = v + 6 * i * v_stride + t0;
+      hn::StoreU(hn::MulAdd(one_and_half, f, hn::MulAdd(minus_two, c[2], hn::Add(c[0], c[4]))), dd,
+                 to);
+      hn::StoreU(hn::MulAdd(two_and_half, c[3], hn::MulAdd(half, c[2], hn::Sub(c[4], c[1]))), dd,
+                 to + v_stride);
+      hn::StoreU(hn::MulAdd(half, c[3], hn::MulAdd(minus_two_and_half, c[2], hn::Add(c[4], c[1]))),
+                 dd, to + 2 * v_stride);
+      hn::StoreU(hn::MulAdd(two, f, e), dd, to + 3 * v_stride);
+      hn::StoreU(hn::MulAdd(minus_half, f, e), dd, to + 4 * v_stride);
+      hn::StoreU(hn::MulAdd(one_and_half, e, hn::MulAdd(minus_two, c[3], hn::Add(c[1], c[5]))), dd,
+                 to + 5 * v_stride);
+    }
+  }
+}
+
+void WinogradWideOutputTiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                             float* row0, float* row1, int columns) {
+  const D d;
+  const V b = hn::Set(d, bias), half = hn::Set(d, 0.5f), quarter = hn::Set(d, 0.25f),
+          eighth = hn::Set(d, 0.125f), four = hn::Set(d, 4.0f), minus_two = hn::Set(d, -2.0f),
+          minus_eight = hn::Set(d, -8.0f);
+  for (int t0 = 0; t0 < tiles; t0 += lanes) {
+    V s[2][6];  // A^T m, F(2, 3) along the rows
+    HWY_UNROLL(6)
+    for (int j = 0; j < 6; ++j) {
+      const V m0 = hn::LoadU(d, m + j * m_stride + t0),
+              m1 = hn::LoadU(d, m + (6 + j) * m_stride + t0),
+              m2 = hn::LoadU(d, m + (12 + j) * m_stride + t0),
+              m3 = hn::LoadU(d, m + (18 + j) * m_stride + t0);
+      s[0][j] = hn::Add(hn::Add(m0, m1), m2);
+      s[1][j] = hn::Sub(hn::Sub(m1, m2), m3);
+    }
+    float* const rows[2] = {row0, row1};
+    HWY_UNROLL(2)
+    for (int i = 0; i < 2; ++i) {  // (A^T m) A, F(4, 3) along the columns, plus the bias
+      if (!rows[i]) continue;
+      const V* c = s[i];
+      const V p = hn::Add(c[1], c[2]), q = hn::Sub(c[1], c[2]);
+      const V y0 = hn::Add(hn::Add(hn::Add(c[0], p), hn::Add(c[3], c[4])), b);
+      const V y1 = hn::Add(hn::MulAdd(minus_two, c[4], hn::MulAdd(half, c[3], q)), b);
+      const V y2 = hn::Add(hn::MulAdd(four, c[4], hn::MulAdd(quarter, c[3], p)), b);
+      const V y3 =
+          hn::Add(hn::Add(hn::MulAdd(minus_eight, c[4], hn::MulAdd(eighth, c[3], q)), c[5]), b);
+      const int first = 4 * t0, left = columns - first;
+      if (left >= 4 * lanes) {
+        hn::StoreInterleaved4(y0, y1, y2, y3, d, rows[i] + first);
+      } else {  // the row's end
+        HWY_ALIGN float cells[4 * lanes];
+        hn::StoreInterleaved4(y0, y1, y2, y3, d, cells);
+        std::copy(cells, cells + left, rows[i] + first);
+      }
     }
   }
 }
@@ -951,7 +1010,8 @@ HWY_EXPORT(Bf16Pack);
 HWY_EXPORT(MultiplyAddChains);
 HWY_EXPORT(TransposeRows);
 HWY_EXPORT(WinogradInputTiles);
-HWY_EXPORT(WinogradOutputTiles);
+HWY_EXPORT(WinogradWideInputTiles);
+HWY_EXPORT(WinogradWideOutputTiles);
 HWY_EXPORT(WinogradGradientTiles);
 
 namespace {
@@ -1110,13 +1170,18 @@ void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::p
                           bool wrap, int tiles, float* v, std::ptrdiff_t v_stride) {
   HWY_DYNAMIC_DISPATCH(WinogradInputTiles)(rows, shift, row_cells, wrap, tiles, v, v_stride);
 }
-void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
-                           float* row0, float* row1, int columns) {
-  HWY_DYNAMIC_DISPATCH(WinogradOutputTiles)(m, m_stride, tiles, bias, row0, row1, columns);
-}
 void winograd_gradient_tiles(const float* row0, const float* row1, int columns, int tiles, float* m,
                              std::ptrdiff_t m_stride) {
   HWY_DYNAMIC_DISPATCH(WinogradGradientTiles)(row0, row1, columns, tiles, m, m_stride);
+}
+void winograd_wide_input_tiles(const float* const* rows, std::ptrdiff_t shift,
+                               std::ptrdiff_t row_cells, bool wrap, int tiles, float* v,
+                               std::ptrdiff_t v_stride) {
+  HWY_DYNAMIC_DISPATCH(WinogradWideInputTiles)(rows, shift, row_cells, wrap, tiles, v, v_stride);
+}
+void winograd_wide_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                                float* row0, float* row1, int columns) {
+  HWY_DYNAMIC_DISPATCH(WinogradWideOutputTiles)(m, m_stride, tiles, bias, row0, row1, columns);
 }
 void gelu_rows(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluRows)(x, y, n);
@@ -1280,11 +1345,15 @@ void winograd_input_tiles(const float* const*, std::ptrdiff_t, std::ptrdiff_t, b
                           std::ptrdiff_t) {
   SHARDTENSOR_FAIL("winograd_input_tiles", "this build has no host vector kernels");
 }
-void winograd_output_tiles(const float*, std::ptrdiff_t, int, float, float*, float*, int) {
-  SHARDTENSOR_FAIL("winograd_output_tiles", "this build has no host vector kernels");
-}
 void winograd_gradient_tiles(const float*, const float*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("winograd_gradient_tiles", "this build has no host vector kernels");
+}
+void winograd_wide_input_tiles(const float* const*, std::ptrdiff_t, std::ptrdiff_t, bool, int,
+                               float*, std::ptrdiff_t) {
+  SHARDTENSOR_FAIL("winograd_wide_input_tiles", "this build has no host vector kernels");
+}
+void winograd_wide_output_tiles(const float*, std::ptrdiff_t, int, float, float*, float*, int) {
+  SHARDTENSOR_FAIL("winograd_wide_output_tiles", "this build has no host vector kernels");
 }
 void gelu_rows(const float*, float*, std::size_t) {
   SHARDTENSOR_FAIL("gelu_rows", "this build has no host vector kernels");
