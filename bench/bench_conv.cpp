@@ -9,10 +9,11 @@
 //            --vector-kernels on|off (the host vector kernels where a path is on, on; off:
 //            always im2col + KokkosBlas::gemm); SHARDTENSOR_SIMD=avx2|avx512|neon|off picks
 //            their instruction set (default: the best this CPU runs; printed as "vector path")
-//            --winograd on|off (float 3x3 forward and input gradient on Winograd's F(2x2, 3x3)
-//            tiles where the vector kernels run, and the weight gradient where it gains: at
-//            least 16 channels and 2048 tiles times x taps; on; the passes that ran on them
-//            printed after the algorithm, "winograd" and "winograd_gradient" in the JSON)
+//            --winograd on|off (float 3x3 forward and input gradient on Winograd's tiles where
+//            the vector kernels run, F(2x4, 3x3) from 64 columns on, and the weight gradient
+//            (F(2x2, 3x3)) where it gains: at least 16 channels and 2048 tiles times x taps; on;
+//            the passes that ran on them printed after the algorithm, "winograd" and
+//            "winograd_gradient" in the JSON)
 //            --library on|off (cuDNN in a CUDA build, on; off: the portable kernels)
 //            --tf32 on|off (float convolutions through cuDNN may use TF32 tensor cores, off)
 //            --memory-tracking on|off (the tracker's step peak, on)

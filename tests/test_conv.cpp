@@ -407,8 +407,9 @@ TEST_CASE("the vector weight gradient's passes over x taps change no bit", "[con
 
 TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bits on every path",
           "[conv]") {
-  // The forward and the input gradient of 3x3 windows (in y and z) on Winograd's F(2x4, 3x3)
-  // tiles and the weight gradient on its F(2x2, 3x3) tiles against the direct register tiles: odd
+  // The forward and the input gradient of 3x3 windows (in y and z) on Winograd's F(2x2, 3x3)
+  // tiles, or F(2x4, 3x3) from 64 columns on, and the weight gradient on F(2x2, 3x3) tiles
+  // against the direct register tiles: odd
   // extents (a last tile half outside), windows past the source (zeros), x taps with a dilation,
   // groups, output blocks left partly empty, wrap-around (read through band copies), and a filter
   // that keeps some bands only.
@@ -444,9 +445,22 @@ TEST_CASE("Winograd's tiles give the direct tiles' sums to rounding, the same bi
       {"3-D 16 -> 16, x dilation 2, wrapping around in y and z, 10x15x19 outputs",
        {1, 16, 16, 16, 16, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {-2, -1, -1}, {10, 15, 19}},
        {10, 15, 19}},
+
+      // Wide planes: the forward and input gradient on F(2x4, 3x3) tiles (64 columns and more),
+      // a last tile of 1 and of 3 columns.
+      {"2-D 16 -> 12, 2 samples of 20x65 outputs, windows past the source",
+       {2, 16, 12, 16, 12, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, -1, -1}, {1, 20, 65}},
+       {1, 20, 65}},
+      {"3-D 8 -> 9, 3x7x67 outputs wrapping around in y and z",
+       {1, 8, 9, 8, 9, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {-1, -1, -1}, {3, 7, 67}},
+       {3, 7, 67}},
+      {"2-D 32 -> 16 in 2 groups, a padded source read in place, 19x80 outputs",
+       {1, 32, 16, 16, 8, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {1, 19, 80}},
+       {1, 21, 82}},
   };
   cases[3].g.wrap[1] = cases[3].g.wrap[2] = true;
   cases[6].g.wrap[1] = cases[6].g.wrap[2] = true;
+  cases[8].g.wrap[1] = cases[8].g.wrap[2] = true;
   int winograd_gradients = 0;  // cases whose weight gradient runs on Winograd's tiles
   const std::string initial = kernels::vector_isa();
   for (const Case& c : cases) {

@@ -494,7 +494,7 @@ TEST_CASE("transposed rows: every channel's value at its cell, the rest untouche
     }
 }
 
-TEST_CASE("Winograd's F(2x2, 3x3) input transform equals the scalar transform, bit for bit") {
+TEST_CASE("Winograd's F(2x2, 3x3) transforms equal the scalar transforms, bit for bit") {
   // Input: 4 x 4 cells per tile from shift + 2t, zeros outside [0, row_cells) (or the cells
   // a row away) and for a null row; tiles fewer than a vector, whole vectors and tails; rows read
   // from their ends.
@@ -540,6 +540,37 @@ TEST_CASE("Winograd's F(2x2, 3x3) input transform equals the scalar transform, b
             return v;
           });
         }
+  // Output: A^T m A + bias into two rows (or one), only the cells below `columns`.
+  for (const int tiles : {1, 5, 8, 17, 37})
+    for (const int columns : {2 * tiles - 1, 2 * tiles})
+      for (const bool second_row : {true, false}) {
+        INFO(tiles << " tiles, " << columns << " columns" << (second_row ? "" : ", one row"));
+        const std::ptrdiff_t stride = tiles + 16;
+        const std::vector<float> m = random_floats(16 * std::size_t(stride), 52);
+        const float bias = 0.375f;
+        on_every_path([&] {
+          std::vector<float> out(2 * std::size_t(columns + 5), -7.0f);
+          float* const row0 = out.data();
+          float* const row1 = second_row ? out.data() + columns + 5 : nullptr;
+          host::winograd_output_tiles(m.data(), stride, tiles, bias, row0, row1, columns);
+          std::vector<float> expected(out.size(), -7.0f);
+          for (int t = 0; t < tiles; ++t) {
+            float s[2][4];
+            for (int j = 0; j < 4; ++j) {
+              const float m0 = m[j * stride + t], m1 = m[(4 + j) * stride + t],
+                          m2 = m[(8 + j) * stride + t], m3 = m[(12 + j) * stride + t];
+              s[0][j] = (m0 + m1) + m2, s[1][j] = (m1 - m2) - m3;
+            }
+            for (int i = 0; i < (second_row ? 2 : 1); ++i) {
+              float* const row = expected.data() + i * (columns + 5);
+              if (2 * t < columns) row[2 * t] = ((s[i][0] + s[i][1]) + s[i][2]) + bias;
+              if (2 * t + 1 < columns) row[2 * t + 1] = ((s[i][1] - s[i][2]) - s[i][3]) + bias;
+            }
+          }
+          CHECK(same_bits(out, expected));
+          return out;
+        });
+      }
 }
 
 TEST_CASE("Winograd's F(2x4, 3x3) transforms equal the scalar transforms, bit for bit") {

@@ -29,11 +29,22 @@ namespace {
 struct WinogradTile {
   Index columns, positions;
 };
-/// F(2x4, 3x3): the forward's and input gradient's (3 multiplications per output).
+/// F(2x4, 3x3): wide planes' forward and input gradient (3 multiplications per output).
 constexpr WinogradTile wide_tile{4, 24};
-/// F(2x2, 3x3): the weight gradient's (4 multiplications per output; its sums over a band's
-/// tiles round less on the smaller transforms).
+/// F(2x2, 3x3): narrow planes' forward and input gradient, and the weight gradient's (4
+/// multiplications per output; its sums over a band's tiles round less on the smaller
+/// transforms).
 constexpr WinogradTile narrow_tile{2, 16};
+
+/// The forward's or input gradient's tile: F(2x4) from 64 output columns on. Narrower planes
+/// keep F(2x2): their transforms run a vector per pair of tile rows, mostly lanes past the
+/// row's tiles, and on F(2x4)'s they cost more than the products save (a U-Net at 32², the main
+/// job's: level held to AVX2, its steps 10-15 % slower with AVX-512 on F(2x4) from 32 columns,
+/// 5-25 % from 16; measured).
+constexpr Index wide_tile_from = 64;
+WinogradTile correlation_tile(const Correlation& r) {
+  return r.out[2] >= wide_tile_from ? wide_tile : narrow_tile;
+}
 
 /// A correlation's bands: output rows per band (pairs; at most 16, the direct tiles' band, the
 /// halo overlap's unit), tiles along a pair of rows, and the values a transformed position of
@@ -53,8 +64,9 @@ WinogradBands winograd_bands(const Correlation& r, WinogradTile tile) {
 
 /// Values of one thread of the correlation: the transformed ring and the products.
 std::size_t thread_values(const Correlation& r) {
-  const WinogradBands bands = winograd_bands(r, wide_tile);
-  return static_cast<std::size_t>(wide_tile.positions * bands.stride *
+  const WinogradTile tile = correlation_tile(r);
+  const WinogradBands bands = winograd_bands(r, tile);
+  return static_cast<std::size_t>(tile.positions * bands.stride *
                                   (r.slots() * r.src_per_group + r.out_per_group));
 }
 
@@ -156,7 +168,7 @@ bool conv_winograd_applies(const Correlation& r) {
 
 std::size_t conv_winograd_packed_values(const Correlation& r) {
   const Index outs = (r.out_per_group + max_tile_rows - 1) / max_tile_rows * max_tile_rows;
-  return static_cast<std::size_t>(wide_tile.positions * outs * r.k[0] * r.src_per_group);
+  return static_cast<std::size_t>(correlation_tile(r).positions * outs * r.k[0] * r.src_per_group);
 }
 
 std::size_t conv_winograd_values(const Correlation& r) {
@@ -175,8 +187,9 @@ void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
   const std::ptrdiff_t o_step = weight_at(1, 0, 0, 0, 0) - weight_at(0, 0, 0, 0, 0),
                        b_step = weight_at(0, 0, 0, 1, 0) - weight_at(0, 0, 0, 0, 0),
                        c_step = weight_at(0, 0, 0, 0, 1) - weight_at(0, 0, 0, 0, 0);
-  constexpr Index positions = wide_tile.positions;
-  float u[positions][max_tile_rows];  // a block's transformed windows, G g G^T
+  const WinogradTile tile = correlation_tile(r);
+  const Index positions = tile.positions;
+  float u[wide_tile.positions][max_tile_rows];  // a block's transformed windows, G g G^T
   for (Index block = 0; block < blocks; ++block)
     for (Index a = 0; a < kx; ++a)
       for (Index j = 0; j < srcs; ++j) {
@@ -193,8 +206,15 @@ void conv_winograd_pack_weights(const Correlation& r, const ConvShape& g,
                          g2 = window[2 * b_step + c * c_step];
             h[0][c] = g0, h[1][c] = (g0 + g1 + g2) / 2, h[2][c] = (g0 - g1 + g2) / 2, h[3][c] = g2;
           }
-          for (Index k = 0; k < 4; ++k) {  // (G g) G^T along the columns (F(4, 3))
+          for (Index k = 0; k < 4; ++k) {  // (G g) G^T along the columns: F(2, 3) or F(4, 3)
             const double* const e = h[k];
+            if (tile.columns == narrow_tile.columns) {
+              u[4 * k][i] = float(e[0]);
+              u[4 * k + 1][i] = float((e[0] + e[1] + e[2]) / 2);
+              u[4 * k + 2][i] = float((e[0] - e[1] + e[2]) / 2);
+              u[4 * k + 3][i] = float(e[2]);
+              continue;
+            }
             u[6 * k][i] = float(e[0]);
             u[6 * k + 1][i] = float((e[0] + e[1] + e[2]) / 3);
             u[6 * k + 2][i] = float((-e[0] + e[1] - e[2]) / 3);
@@ -216,8 +236,9 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
   const ConvTileShape shape = conv_tile_shape();
   const Index R = shape.tile_rows, kx = r.k[0], slots = r.slots();
   const Index srcs = r.src_per_group, outs = r.out_per_group, blocks = (outs + R - 1) / R;
-  constexpr Index positions = wide_tile.positions;
-  const WinogradBands bands = winograd_bands(r, wide_tile);
+  const WinogradTile tile = correlation_tile(r);
+  const Index positions = tile.positions;
+  const WinogradBands bands = winograd_bands(r, tile);
   const Index stride = bands.stride, columns = bands.columns;
   const Index band_count = (r.out[1] + bands.rows - 1) / bands.rows;
   const int threads = host_threads();
@@ -233,11 +254,13 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
     if (!packed_weights) conv_winograd_pack_weights(r, g, w, transposed, group, packed);
     split_over_threads(threads, g.batch * band_count, [&](int t, Index first, Index last) {
       float* const thread_ring = thread_start + t * per_thread;
-      TransformedRing ring(r, wide_tile, src, slabs, thread_ring);
+      TransformedRing ring(r, tile, src, slabs, thread_ring);
       float* const products =
-          thread_ring + slots * TransformedRing::slot_values(r, wide_tile);  // [o][xi][tile]
+          thread_ring + slots * TransformedRing::slot_values(r, tile);  // [o][xi][tile]
       std::vector<const float*> planes(kx), position_planes(kx);
       std::vector<OutputVector> vectors;
+      const auto output_tiles =
+          tile.columns == wide_tile.columns ? winograd_wide_output_tiles : winograd_output_tiles;
       for (Index item = first; item < last; ++item) {
         const Index n = item / band_count, y0 = item % band_count * bands.rows,
                     y1 = std::min(y0 + bands.rows, r.out[1]);
@@ -271,8 +294,8 @@ void conv_winograd_correlate(const Correlation& r, const ConvShape& g, const Fie
             for (Index tr = 0; tr < tile_rows; ++tr) {
               float* const row0 = &out(n, channel, x, y0 + 2 * tr, 0);
               float* const row1 = y0 + 2 * tr + 1 < y1 ? row0 + out_row_stride : nullptr;
-              winograd_wide_output_tiles(products + o * positions * stride + tr * columns, stride,
-                                         int(columns), b, row0, row1, int(r.out[2]));
+              output_tiles(products + o * positions * stride + tr * columns, stride, int(columns),
+                           b, row0, row1, int(r.out[2]));
             }
           }
         }

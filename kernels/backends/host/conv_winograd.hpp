@@ -1,14 +1,15 @@
 #pragma once
 // Winograd's tiles for the plane path's float convolutions on the host (the forward, the input
 // gradient and the weight gradient of a 3x3 window in y and z, any window in x). The forward
-// and input gradient run F(2x4, 3x3): each 2 x 4 block of outputs from its 4 x 6 source cells
+// and input gradient of planes 64 output columns wide or more run F(2x4, 3x3) (narrower ones
+// F(2x2, 3x3), as the weight gradient): each 2 x 4 block of outputs from its 4 x 6 source cells
 // transformed (B^T d B), 24 products per source and output channel instead of 72 (a GEMM per
 // transformed position on the direct path's register tiles), and the outputs transformed back
 // (A^T m A); F(2, 3) along the rows, F(4, 3) along the columns on the points 0, 1, -1, 1/2, -2
 // (of the choices with adds and halvings, the one that rounds least). The weight gradient runs
 // F(2x2, 3x3): it sums the products of the transformed source and output gradient (A dy A^T)
 // per position and transforms the sums back (G^T dU G). 3x and 2.25x fewer multiplications;
-// the sums differ from the direct tiles' by rounding (forward and input gradient within 4e-6
+// the sums differ from the direct tiles' by rounding (forward and input gradient within 2e-6
 // of the largest, the weight gradient within 1e-6), not their bits, and are the same bits on
 // every instruction set. Run only where conv_winograd_applies() and the layer asks for it
 // (ConvOptions::winograd).

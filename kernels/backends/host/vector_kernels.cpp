@@ -841,6 +841,39 @@ void WinogradInputTiles(const float* const* rows, std::ptrdiff_t shift, std::ptr
   }
 }
 
+void WinogradOutputTiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                         float* row0, float* row1, int columns) {
+  const D d;
+  const V b = hn::Set(d, bias);
+  for (int t0 = 0; t0 < tiles; t0 += lanes) {
+    V s[2][4];  // A^T m
+    HWY_UNROLL(4)
+    for (int j = 0; j < 4; ++j) {
+      const V m0 = hn::LoadU(d, m + j * m_stride + t0),
+              m1 = hn::LoadU(d, m + (4 + j) * m_stride + t0),
+              m2 = hn::LoadU(d, m + (8 + j) * m_stride + t0),
+              m3 = hn::LoadU(d, m + (12 + j) * m_stride + t0);
+      s[0][j] = hn::Add(hn::Add(m0, m1), m2);
+      s[1][j] = hn::Sub(hn::Sub(m1, m2), m3);
+    }
+    float* const rows[2] = {row0, row1};
+    HWY_UNROLL(2)
+    for (int i = 0; i < 2; ++i) {  // (A^T m) A, plus the bias
+      if (!rows[i]) continue;
+      const V y0 = hn::Add(hn::Add(hn::Add(s[i][0], s[i][1]), s[i][2]), b);
+      const V y1 = hn::Add(hn::Sub(hn::Sub(s[i][1], s[i][2]), s[i][3]), b);
+      const int first = 2 * t0, left = columns - first;
+      if (left >= 2 * lanes) {
+        hn::StoreInterleaved2(y0, y1, d, rows[i] + first);
+      } else {  // the row's end
+        HWY_ALIGN float cells[2 * lanes];
+        hn::StoreInterleaved2(y0, y1, d, cells);
+        std::copy(cells, cells + left, rows[i] + first);
+      }
+    }
+  }
+}
+
 void WinogradGradientTiles(const float* row0, const float* row1, int columns, int tiles, float* m,
                            std::ptrdiff_t m_stride) {
   const D d;
@@ -1010,6 +1043,7 @@ HWY_EXPORT(Bf16Pack);
 HWY_EXPORT(MultiplyAddChains);
 HWY_EXPORT(TransposeRows);
 HWY_EXPORT(WinogradInputTiles);
+HWY_EXPORT(WinogradOutputTiles);
 HWY_EXPORT(WinogradWideInputTiles);
 HWY_EXPORT(WinogradWideOutputTiles);
 HWY_EXPORT(WinogradGradientTiles);
@@ -1169,6 +1203,10 @@ void transpose_rows(const float* const* rows, int channels, int cells, float* to
 void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
                           bool wrap, int tiles, float* v, std::ptrdiff_t v_stride) {
   HWY_DYNAMIC_DISPATCH(WinogradInputTiles)(rows, shift, row_cells, wrap, tiles, v, v_stride);
+}
+void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                           float* row0, float* row1, int columns) {
+  HWY_DYNAMIC_DISPATCH(WinogradOutputTiles)(m, m_stride, tiles, bias, row0, row1, columns);
 }
 void winograd_gradient_tiles(const float* row0, const float* row1, int columns, int tiles, float* m,
                              std::ptrdiff_t m_stride) {
@@ -1344,6 +1382,9 @@ void transpose_rows(const float* const*, int, int, float*, std::ptrdiff_t) {
 void winograd_input_tiles(const float* const*, std::ptrdiff_t, std::ptrdiff_t, bool, int, float*,
                           std::ptrdiff_t) {
   SHARDTENSOR_FAIL("winograd_input_tiles", "this build has no host vector kernels");
+}
+void winograd_output_tiles(const float*, std::ptrdiff_t, int, float, float*, float*, int) {
+  SHARDTENSOR_FAIL("winograd_output_tiles", "this build has no host vector kernels");
 }
 void winograd_gradient_tiles(const float*, const float*, int, int, float*, std::ptrdiff_t) {
   SHARDTENSOR_FAIL("winograd_gradient_tiles", "this build has no host vector kernels");

@@ -160,11 +160,11 @@ inline void transpose_channel_blocks(const float* const* rows, int channels, int
 }
 
 // ---- Winograd's transforms (conv_winograd.cpp drives them) ------------------------------
-// F(2x2, 3x3), the weight gradient's: a tile is 2 x 2 outputs of a 3x3 correlation, read from
-// 4 x 4 source cells; `tiles` tiles side by side along a pair of output rows, tile t at columns
-// 2t. F(2x4, 3x3), the forward's and input gradient's: 2 x 4 outputs from 4 x 6 source cells,
-// tile t at columns 4t; F(2, 3) along the rows and F(4, 3) on the points 0, 1, -1, 1/2, -2
-// along the columns (the points of the smallest rounding).
+// F(2x2, 3x3), the weight gradient's and narrow planes': a tile is 2 x 2 outputs of a 3x3
+// correlation, read from 4 x 4 source cells; `tiles` tiles side by side along a pair of output
+// rows, tile t at columns 2t. F(2x4, 3x3), wide planes' forward and input gradient: 2 x 4
+// outputs from 4 x 6 source cells, tile t at columns 4t; F(2, 3) along the rows and F(4, 3) on the
+// points 0, 1, -1, 1/2, -2 along the columns (the points of the smallest rounding).
 
 /// v[xi * v_stride + t] = (B^T d_t B)[xi] (xi = 4 i + j) for t < tiles, d_t the 4 x 4 cells of
 /// rows[0..4) from cell shift + 2t (a null row reads as zero, and so do cells outside
@@ -172,6 +172,11 @@ inline void transpose_channel_blocks(const float* const* rows, int channels, int
 /// multiple of 16.
 void winograd_input_tiles(const float* const* rows, std::ptrdiff_t shift, std::ptrdiff_t row_cells,
                           bool wrap, int tiles, float* v, std::ptrdiff_t v_stride);
+/// The outputs of `tiles` tiles from their products m[xi * m_stride + t] (t read up to a
+/// multiple of 16): y_t = A^T m_t A + bias, y_t's row i at row_i[2t], row_i[2t + 1] where
+/// below `columns` (row1 null: not written).
+void winograd_output_tiles(const float* m, std::ptrdiff_t m_stride, int tiles, float bias,
+                           float* row0, float* row1, int columns);
 /// The weight gradient's transformed output gradient: m[xi * m_stride + t] = (A y_t A^T)[xi]
 /// for t < tiles, y_t the 2 x 2 cells 2t, 2t + 1 of row0 and row1 (zeros at and past `columns`,
 /// and for a null row1). Writes m up to t rounded up to a multiple of 16.

@@ -228,8 +228,9 @@ bool conv_vector_kernels_available();
 /// vector kernels (AMX tiles, bf16 dot products or the float tiles: bf16), which round the
 /// weights as they pack them and a source as they read it where they copy it (rounds_source);
 /// on the others the caller rounds both. `winograd`: the vector kernels run float 3x3 windows
-/// (in y and z) on Winograd's F(2x2, 3x3) tiles, the correlations and the weight gradient,
-/// where the workspace fits them (ConvOptions::winograd).
+/// (in y and z) on Winograd's tiles (the correlations on F(2x4, 3x3) from 64 output columns on,
+/// else and for the weight gradient on F(2x2, 3x3)), where the workspace fits them
+/// (ConvOptions::winograd).
 PlanePlan plan_planes(const ConvShape& g, const Index padded[3], std::size_t value_size,
                       std::size_t budget_bytes, bool vector_kernels, bool bf16_operands = false,
                       bool winograd = false);

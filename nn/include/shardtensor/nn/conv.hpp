@@ -41,9 +41,10 @@ struct ConvOptions {
   bool vector_kernels = true;
   /// On the vector kernels, float 3x3 windows (in the last two axes; any window in the first)
   /// with unit strides and dilations and at least 8 input and 8 output channels per group:
-  /// the forward, the input gradient and the weight gradient by Winograd's F(2x2, 3x3) (2.25x
-  /// fewer multiplications; within 1e-6 of the direct sums, relative to the largest, not their
-  /// bits; the same bits on every instruction set). false: the direct register tiles everywhere.
+  /// the forward and the input gradient by Winograd's F(2x4, 3x3) on planes of 64 output columns
+  /// or more (3x fewer multiplications; within 2e-6 of the direct sums, relative to the largest,
+  /// not their bits), by F(2x2, 3x3) on narrower ones and for the weight gradient (2.25x; within
+  /// 1e-6); the same bits on every instruction set. false: the direct register tiles everywhere.
   bool winograd = true;
   /// GEMM path in a build with a convolution library (cuDNN in CUDA builds,
   /// kernels/conv_library.hpp): the library's convolutions where it has an algorithm for the
