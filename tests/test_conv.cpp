@@ -1106,6 +1106,33 @@ TEST_CASE("a layer's kept packed weights follow its weights and the vector path"
   kernels::select_vector_isa(initial);
 }
 
+TEST_CASE("a layer's kept packed weights follow its Winograd tile", "[conv]") {
+  // Winograd's forward tile depends on the plane's width (F(2x4, 3x3) from 64 output columns
+  // on, F(2x2, 3x3) below), and so does the packed weights' layout: one eval-mode layer on wide,
+  // narrow and wide fields again gives a fresh layer's outputs, bit for bit.
+  const Communicator world;
+  ConvOptions o;
+  o.in_channels = 8;
+  o.out_channels = 8;
+  o.kernel = {3, 3};
+  o.padding = {1, 1};
+  o.library_kernels = false;
+  Conv<float> kept(world, o, "conv");
+  kept.eval();
+  for (const Index width : {70, 20, 70}) {
+    INFO(width << " columns");
+    const Decomposition d = Decomposition::automatic({8 * world.size(), width}, world.size());
+    const auto x =
+        Variable<float>::field(test::random_shard<float>(d, world.rank(), 1, 8, 9), false, "x");
+    Conv<float> fresh(world, o, "conv");
+    const auto from = kept.named_parameters(), to = fresh.named_parameters();
+    for (std::size_t i = 0; i < from.size(); ++i)
+      Kokkos::deep_copy(to[i].second.data(), from[i].second.data());
+    CHECK(test::host_values(kept.forward(x).value().view()) ==
+          test::host_values(fresh.forward(x).value().view()));
+  }
+}
+
 TEST_CASE("a layer keeps its packed weights in eval mode only", "[conv][memory]") {
   // In training the weights change every step: the vector kernels pack them per call into
   // the shared scratch, and the layer holds no packed copy (nor the weights it came from,

@@ -6,6 +6,7 @@
 #include "blas.hpp"  // kernels/backends: private to kernels
 
 #include "host/conv_vector.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/conv_winograd.hpp"
 #include "shardtensor/core/cell_index.hpp"
 #include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/core/view_address.hpp"
@@ -283,16 +284,11 @@ namespace {
 const float* packed_weights(const Correlation& r, const ConvShape& g,
                             const ReplicatedView<float>& w, bool transposed, bool bf16,
                             bool winograd, PackedWeights<float>& cache) {
-  const std::array<Index, 10> layout{r.k[0],
-                                     r.k[1],
-                                     r.k[2],
-                                     r.src_per_group,
-                                     r.out_per_group,
-                                     Index(transposed),
-                                     Index(w.extent(0)),
-                                     Index(bf16),
-                                     Index(host::conv_vector_packing()),
-                                     Index(host::conv_vector_winograd(r, bf16, winograd))};
+  const std::array<Index, 10> layout{
+      r.k[0], r.k[1], r.k[2], r.src_per_group, r.out_per_group, Index(transposed),
+      Index(w.extent(0)), Index(bf16), Index(host::conv_vector_packing()),
+      // Winograd's tile (a layer's fields may differ in width)
+      host::conv_vector_winograd(r, bf16, winograd) ? host::conv_winograd_positions(r) : 0};
   const std::size_t n = w.extent(0);  // in the layout: source holds n values where it matches
   if (cache.layout == layout && std::memcmp(cache.source.data(), w.data(), n * sizeof(float)) == 0)
     return cache.packed.data();

@@ -166,6 +166,10 @@ bool conv_winograd_applies(const Correlation& r) {
          r.out[2] >= 2 && r.src_per_group >= 8 && r.out_per_group >= 8;
 }
 
+Index conv_winograd_positions(const Correlation& r) {
+  return correlation_tile(r).positions;
+}
+
 std::size_t conv_winograd_packed_values(const Correlation& r) {
   const Index outs = (r.out_per_group + max_tile_rows - 1) / max_tile_rows * max_tile_rows;
   return static_cast<std::size_t>(correlation_tile(r).positions * outs * r.k[0] * r.src_per_group);

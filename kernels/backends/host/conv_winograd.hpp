@@ -25,6 +25,10 @@ namespace shardtensor::kernels::host {
 /// channels per group (fewer leave the transforms most of the work).
 bool conv_winograd_applies(const Correlation& r);
 
+/// The transformed positions of r's forward tile: 24 (F(2x4, 3x3), from 64 output columns on)
+/// or 16 (F(2x2, 3x3)). Its packed weights' layout follows it.
+Index conv_winograd_positions(const Correlation& r);
+
 /// Values of one group's weights packed for conv_winograd_correlate (conv_winograd_pack_weights).
 std::size_t conv_winograd_packed_values(const Correlation& r);
 /// Workspace values conv_winograd_correlate needs: the packed weights, then per host thread the
