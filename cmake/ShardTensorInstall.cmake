@@ -8,6 +8,9 @@
 #       ShardTensorKokkos.cmake                  (the same Kokkos repair the build uses)
 #   lib/pkgconfig/shardtensor.pc                 pkg-config file
 #
+# The build directory itself is a package too (ShardTensorConfig.cmake, ShardTensorTargets.cmake
+# and ShardTensorKokkos.cmake at its top): find_package(ShardTensor) works against it as well.
+#
 # (lib is GNUInstallDirs' CMAKE_INSTALL_LIBDIR, e.g. lib/x86_64-linux-gnu under /usr.)
 # Included once at the end of the top-level CMakeLists.txt, after every target exists.
 # Both the CMake package and the .pc file are relocatable: the prefix can move.
@@ -134,6 +137,14 @@ install(FILES "${PROJECT_BINARY_DIR}/ShardTensorConfig.cmake"
               "${PROJECT_BINARY_DIR}/ShardTensorConfigVersion.cmake"
               "${PROJECT_SOURCE_DIR}/cmake/ShardTensorKokkos.cmake"
         DESTINATION "${SHARDTENSOR_INSTALL_CMAKEDIR}" COMPONENT ShardTensor_Development)
+
+# ---- the same package in the build tree: find_package(ShardTensor) with ShardTensor_DIR (or
+# CMAKE_PREFIX_PATH) pointing at the build directory, no install needed. The targets there
+# use the build tree's headers and library; the Kokkos repair is copied beside the config.
+export(EXPORT ShardTensorTargets NAMESPACE ShardTensor::
+       FILE "${PROJECT_BINARY_DIR}/ShardTensorTargets.cmake")
+configure_file("${PROJECT_SOURCE_DIR}/cmake/ShardTensorKokkos.cmake"
+               "${PROJECT_BINARY_DIR}/ShardTensorKokkos.cmake" COPYONLY)
 
 # ---- pkg-config: shardtensor.pc -------------------------------------------------------------
 # Kokkos ships no .pc file, so `Requires:` cannot name it; instead the compile and link flags

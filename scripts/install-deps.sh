@@ -15,6 +15,7 @@ packages=(
   libfftw3-dev
   libhwy-dev                              # the host vector kernels (Google Highway)
   gfortran                                # the Fortran embedding module and example
+  petsc-dev                               # examples/06_petsc and its tests (a PETSc solver)
   python3-torch python3-h5py python3-yaml  # PyTorch interop (tools/, its equivalence test)
   python3-matplotlib                      # plots of tools/scaling.py and tools/accuracy_curves.py
 )

@@ -562,6 +562,12 @@ def cases():
         ("too-many-inputs", r"ninputs is 3, the session's model has 2 input channel"),
         ("bad-array-order", r"array_order is 7"),
         ("negative-ghost-width", r"ghost_width -1 is negative"),
+        ("ghost-width-past-open-edge", r"ghost_width 1 on a field whose axis 0 is not periodic: say how many ghost cells"),
+        ("ghost-width-beyond-neighbour", r"ghost width 7 along axis 0 exceeds the extent \d of the patch it faces"),
+        ("per-side-widths-partial", r"ghost_lower and ghost_upper give 3 of the 4 widths"),
+        ("null-override", r"options->overrides\[1\] is NULL"),
+        ("interleaved-without-components", r"inputs arrays 0 and 1 overlap.*need components set"),
+        ("nan-in-inference-input", r"inputs array 0 holds a non-finite value \(inf\).*the prediction was not made"),
         ("huge-ghost-width", r"ghost_width 1099511627776 exceeds the field's largest extent 12"),
         ("huge-channel-count", r"input_channels 4611686018427387904 .*at most"),
         ("config-file-and-text", r"a config file \('model\.yaml'\) and config text: give one"),
@@ -574,7 +580,8 @@ def cases():
     ]:
         add("C API: " + name, [name], expect, capi=True,
             setup=flip_checkpoint_value("parameters/") if name == "checkpoint-damaged" else None,
-            min_ranks=2 if "differs" in name or "last-rank" in name or "overlap" in name else 1)
+            min_ranks=2 if ("differs" in name or "last-rank" in name or "overlap" in name
+                            or "neighbour" in name) else 1)
 
     # Signals: a message, a resumable checkpoint, exit 128 + signal.
     add("SIGTERM during generate", ["generate", "heat", "--dims", "3", "--size", "48",

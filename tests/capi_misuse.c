@@ -106,6 +106,26 @@ static int run(const char* name) {
     o.config_text = "model: {type: unet}\n";
     return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
   }
+  if (!strcmp(name, "ghost-width-past-open-edge")) {
+    o.ghost_width = 1; /* the field is not periodic: are there ghost cells past its edge? */
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
+  if (!strcmp(name, "ghost-width-beyond-neighbour")) {
+    o.ghost_width = 7; /* 12 cells over 2 or 3 ranks: patches of 6 or 4 */
+    o.boundary_ghost_width = 0;
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
+  if (!strcmp(name, "per-side-widths-partial")) {
+    o.ghost_lower[0] = o.ghost_lower[1] = 1;
+    o.ghost_upper[0] = 1;
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
+  if (!strcmp(name, "null-override")) {
+    const char* overrides[2] = {"optimizer.lr=0.01", NULL};
+    o.overrides = overrides;
+    o.noverrides = 2;
+    return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
+  }
   if (!strcmp(name, "negative-ghost-width")) {
     o.ghost_width = -1;
     return report(shardtensor_create(MPI_COMM_WORLD, &patch, &o, &s));
@@ -142,6 +162,13 @@ static int run(const char* name) {
     status = report(shardtensor_save_checkpoint(s, "no/such/dir/ck.h5"));
   } else if (!strcmp(name, "save-over-config")) {
     status = report(shardtensor_save_checkpoint(s, "model.yaml"));
+  } else if (!strcmp(name, "interleaved-without-components")) {
+    /* Two channels interleaved in one array (in0 holds both), components left at 1. */
+    const double* interleaved[2] = {in0, in0 + 1};
+    status = report(shardtensor_infer_double(s, interleaved, 2, outputs, 1));
+  } else if (!strcmp(name, "nan-in-inference-input")) {
+    if (last) in0[cells - 1] = INFINITY;
+    status = report(shardtensor_infer_double(s, inputs, 2, outputs, 1));
   } else if (!strcmp(name, "nan-in-training-input")) {
     if (last) in1[cells / 2] = NAN;
     double loss = 0;

@@ -2,7 +2,8 @@
 # Installs a built ShardTensor into a temporary prefix and uses it the way an outside project
 # would: find_package(ShardTensor) in examples/external_project (built, run on 2 ranks and
 # checked against a single-rank run) and `pkg-config --cflags --libs shardtensor` on a tiny
-# C++ program. Any failing step fails the test with the step's name. The prefix is removed.
+# C++ program; find_package(ShardTensor) against the build tree too. Any failing step fails the
+# test with the step's name. The prefix is removed, and the build tree is left as it was.
 #   tests/install_smoke.sh <build dir> <source dir>
 set -Eeuo pipefail
 build="$(cd "$1" && pwd)"
@@ -18,9 +19,26 @@ trap 'echo "FAIL: install smoke test, step \"$step\" (exit status $?)" >&2' ERR
 begin() { step="$1"; echo "== $1"; }
 mpi_run() { mpirun -n 2 --oversubscribe --bind-to none "$@"; }
 
+begin "find_package(ShardTensor) against the build tree"
+cmake -S "$source_dir/examples/external_project" -B "$work/external_build_tree" \
+      -DCMAKE_BUILD_TYPE=Release -DShardTensor_DIR="$build" > "$work/configure_build_tree.log" ||
+  { cat "$work/configure_build_tree.log"; false; }
+cmake --build "$work/external_build_tree" -j 2 > "$work/build_build_tree.log" ||
+  { cat "$work/build_build_tree.log"; false; }
+mpi_run "$work/external_build_tree/external_unet" | tee "$work/external_build_tree.log"
+grep -q "2 rank(s).*(match)$" "$work/external_build_tree.log"
+
 begin "cmake --install"
+# CMake writes install_manifest.txt into the build tree on every install: keep the build
+# tree as it was (a user's own manifest from an earlier install stays).
+manifest="$build/install_manifest.txt"
+if [ -f "$manifest" ]; then cp -p "$manifest" "$work/manifest.saved"; fi
+restore_manifest() {
+  if [ -f "$work/manifest.saved" ]; then cp -p "$work/manifest.saved" "$manifest"; else rm -f "$manifest"; fi
+}
 cmake --install "$build" --prefix "$prefix" > "$work/install.log" ||
-  { cat "$work/install.log"; false; }
+  { restore_manifest; cat "$work/install.log"; false; }
+restore_manifest
 echo "installed $(grep -c '^-- \(Installing\|Up-to-date\)' "$work/install.log") files into $prefix"
 
 begin "installed files"

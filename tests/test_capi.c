@@ -140,6 +140,7 @@ static shardtensor_options model_options(int64_t ghost) {
   o.output_channels = 1;
   o.array_order = SHARDTENSOR_ORDER_C;
   o.ghost_width = ghost;
+  o.boundary_ghost_width = ghost; /* the arrays keep ghost cells past the field's edge too */
   return o;
 }
 
@@ -185,10 +186,14 @@ static void test_session(const char* checkpoint_path) {
   CHECK(difference <= 1e-12);
   int copied = -1;
   CHECK(shardtensor_last_call_copied(session, &copied) == SHARDTENSOR_OK);
+  const char* reason = NULL;
+  CHECK(shardtensor_last_call_copy_reason(session, &reason) == SHARDTENSOR_OK && reason != NULL);
 #ifdef SHARDTENSOR_TEST_ARRAYS_COPIED
   CHECK(copied == 1); /* the model computes on a GPU: the host arrays are copied to it */
+  CHECK(reason != NULL && strstr(reason, "GPU") != NULL);
 #else
   CHECK(copied == 0); /* double, C order, channels adjacent, no normalisation: in place */
+  CHECK(reason != NULL && reason[0] == '\0');
 #endif
   int64_t kept = 0; /* output ghost cells keep the solver's values */
   for (int64_t v = 0; v < y.size; ++v) kept += y.data[v] == 4242.0;
@@ -235,7 +240,7 @@ static void test_session(const char* checkpoint_path) {
   shardtensor_options_default(&from_file);
   from_file.checkpoint = checkpoint_path;
   from_file.input_channels = 2;
-  from_file.ghost_width = GHOST;
+  from_file.ghost_width = from_file.boundary_ghost_width = GHOST;
   shardtensor_session restarted = NULL;
   CHECK(shardtensor_create(MPI_COMM_WORLD, &patch, &from_file, &restarted) == SHARDTENSOR_OK);
   field y2 = field_new(&patch, GHOST, 1, 0.0);
@@ -244,6 +249,22 @@ static void test_session(const char* checkpoint_path) {
   CHECK(relative_difference(&y2, &wy) <= 1e-12);
   CHECK(shardtensor_train_step_double(restarted, in, 2, (const double* const*)out2, 1, NULL) ==
         SHARDTENSOR_OK);
+
+  /* Config overrides, as `--set` gives them: a float model reads double arrays by a copy. */
+  shardtensor_options overridden_options = options;
+  const char* overrides[2] = {"training.precision=float", "optimizer.lr=0.002"};
+  overridden_options.overrides = overrides;
+  overridden_options.noverrides = 2;
+  shardtensor_session overridden = NULL;
+  CHECK(shardtensor_create(MPI_COMM_WORLD, &patch, &overridden_options, &overridden) ==
+        SHARDTENSOR_OK);
+  CHECK(shardtensor_infer_double(overridden, in, 2, out2, 1) == SHARDTENSOR_OK);
+  CHECK(relative_difference(&y2, &wy) > 1e-12); /* the checkpoint's weights are not loaded */
+  CHECK(shardtensor_last_call_copy_reason(overridden, &reason) == SHARDTENSOR_OK);
+#ifndef SHARDTENSOR_TEST_ARRAYS_COPIED
+  CHECK(reason != NULL && strstr(reason, "the model computes in float") != NULL);
+#endif
+  CHECK(shardtensor_destroy(&overridden) == SHARDTENSOR_OK);
 
   /* shardtensor_finalize refuses while sessions exist. */
   CHECK(shardtensor_finalize() == SHARDTENSOR_ERROR_INVALID_ARGUMENT);

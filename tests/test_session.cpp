@@ -42,29 +42,50 @@ SolverPatch whole_field() {
   return SolverPatch{global_extent, {0, 0, 0}, global_extent, {}};
 }
 
-/// A solver's arrays: one per channel, one after another in one allocation, each the patch
-/// plus `ghost` cells per side, C or Fortran order. Owned cells hold a function of (seed,
-/// channel, global cell); ghosts hold `fill`.
+/// This rank's ghost widths for `layout`, worked out here on their own (not by the library):
+/// explicit per-side widths as given, else ghost_width facing a patch (periodic axes always
+/// do) and boundary_ghost_width at the field's edge.
+void expected_widths(const SolverPatch& p, const SolverArrays& l, Index lower[3], Index upper[3]) {
+  for (int a = 0; a < 3; ++a) {
+    if (!l.ghost_lower.empty()) {
+      lower[a] = l.ghost_lower[a], upper[a] = l.ghost_upper[a];
+      continue;
+    }
+    const bool periodic = !p.periodic.empty() && p.periodic[a];
+    const Index edge = std::max<Index>(l.boundary_ghost_width, 0);
+    lower[a] = periodic || p.offset[a] > 0 ? l.ghost_width : edge;
+    upper[a] = periodic || p.offset[a] + p.extent[a] < p.global_extent[a] ? l.ghost_width : edge;
+  }
+}
+
+/// A solver's arrays: with one component per cell, one array per channel, one after another
+/// in one allocation; with `components` > 1, one array whose cells hold that many values
+/// (channel c is component c). Each array is the patch plus its ghost cells, C or Fortran
+/// order. Owned cells hold a function of (seed, channel, global cell); everything else
+/// holds `fill`.
 template <class S>
 struct SolverField {
   SolverPatch patch;
   SolverArrays layout;
-  Index allocated[3];
-  std::size_t size = 1;  // values per channel
+  Index nchannels = 1, lower[3], upper[3], allocated[3];
+  std::size_t size = 1;  // values per array
   std::vector<S> storage;
 
-  SolverField(const SolverPatch& p, const SolverArrays& l, Index nchannels, double fill)
-      : patch(p), layout(l) {
-    for (int a = 0; a < 3; ++a) size *= (allocated[a] = p.extent[a] + 2 * l.ghost_width);
-    storage.assign(nchannels * size, S(fill));
+  SolverField(const SolverPatch& p, const SolverArrays& l, Index channels, double fill)
+      : patch(p), layout(l), nchannels(channels) {
+    expected_widths(p, l, lower, upper);
+    for (int a = 0; a < 3; ++a) size *= (allocated[a] = p.extent[a] + lower[a] + upper[a]);
+    size *= l.components;
+    storage.assign((l.components > 1 ? 1 : nchannels) * size, S(fill));
   }
-  /// Index of owned cell `local` (0-based, without ghosts) in a channel array.
-  std::size_t index(Index i, Index j, Index k) const {
-    const Index g = layout.ghost_width;
-    if (layout.order == ArrayOrder::c)
-      return std::size_t(((i + g) * allocated[1] + (j + g)) * allocated[2] + (k + g));
-    return std::size_t(((k + g) * allocated[1] + (j + g)) * allocated[0] + (i + g));
+  /// Index of owned cell `local` (0-based, without ghosts) of channel c in `storage`.
+  std::size_t index(Index i, Index j, Index k, Index c = 0) const {
+    const Index x = i + lower[0], y = j + lower[1], z = k + lower[2];
+    const Index cell = layout.order == ArrayOrder::c ? (x * allocated[1] + y) * allocated[2] + z
+                                                     : (z * allocated[1] + y) * allocated[0] + x;
+    return std::size_t(offset(c) + cell * layout.components);
   }
+  Index offset(Index c) const { return layout.components > 1 ? c : c * Index(size); }
   template <class F>
   void for_owned(F f) {
     for (Index i = 0; i < patch.extent[0]; ++i)
@@ -73,23 +94,20 @@ struct SolverField {
           f(i, j, k, patch.offset[0] + i, patch.offset[1] + j, patch.offset[2] + k);
   }
   void randomize(std::uint64_t seed) {
-    for (std::size_t c = 0; c < storage.size() / size; ++c)
+    for (Index c = 0; c < nchannels; ++c)
       for_owned([&](Index i, Index j, Index k, Index x, Index y, Index z) {
         const auto linear = std::uint64_t(((x * global_extent[1] + y) * global_extent[2]) + z);
-        storage[c * size + index(i, j, k)] =
-            S(2.0 * hashed_uniform(seed + 17 * c, linear) + 0.5 * c);
+        storage[index(i, j, k, c)] = S(2.0 * hashed_uniform(seed + 17 * c, linear) + 0.5 * c);
       });
   }
   std::vector<const S*> in() const {
     std::vector<const S*> out;
-    for (std::size_t c = 0; c < storage.size() / size; ++c)
-      out.push_back(storage.data() + c * size);
+    for (Index c = 0; c < nchannels; ++c) out.push_back(storage.data() + offset(c));
     return out;
   }
   std::vector<S*> out() {
     std::vector<S*> result;
-    for (std::size_t c = 0; c < storage.size() / size; ++c)
-      result.push_back(storage.data() + c * size);
+    for (Index c = 0; c < nchannels; ++c) result.push_back(storage.data() + offset(c));
     return result;
   }
   /// Value at a global cell, read from a whole-field C-order array without ghosts.
@@ -119,11 +137,11 @@ SessionOptions options_for(const std::string& precision, bool normalize, SolverA
 
 /// max |a - b| / max |b| over the owned cells of `sharded` against the whole-field `whole`.
 template <class S>
-double relative_difference(SolverField<S>& sharded, const std::vector<S>& whole) {
+double relative_difference(SolverField<S>& sharded, const std::vector<S>& whole, Index c = 0) {
   double diff = 0, scale = 0;
   sharded.for_owned([&](Index i, Index j, Index k, Index x, Index y, Index z) {
     const double reference = SolverField<S>::at(whole, x, y, z);
-    diff = std::max(diff, std::abs(double(sharded.storage[sharded.index(i, j, k)]) - reference));
+    diff = std::max(diff, std::abs(double(sharded.storage[sharded.index(i, j, k, c)]) - reference));
     scale = std::max(scale, std::abs(reference));
   });
   MPI_Allreduce(MPI_IN_PLACE, &diff, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -215,7 +233,7 @@ TEST_CASE("Session::infer on solver arrays equals one rank on the whole field", 
       for (const Index ghost : {0, 2}) {
         DYNAMIC_SECTION(precision << (order == ArrayOrder::c ? " C" : " Fortran") << " order, "
                                   << ghost << " ghost cells") {
-          const SolverArrays layout{order, ghost};
+          const SolverArrays layout{order, ghost, ghost};  // ghosts at the edge too
           const SolverPatch patch = reversed_patch(world.rank(), world.size());
           Session session(MPI_COMM_WORLD, patch, options_for(precision, false, layout));
           SolverField<double> input(patch, layout, 2, 7777.0), output(patch, layout, 1, 4242.0);
@@ -246,9 +264,186 @@ TEST_CASE("Session::infer on solver arrays equals one rank on the whole field", 
       }
 }
 
+/// The patch of `rank` on a field periodic along axis 2 only, split as `reversed_patch`.
+SolverPatch open_patch(int rank, int nranks) {
+  SolverPatch p = reversed_patch(rank, nranks);
+  p.periodic = {false, false, true};
+  return p;
+}
+
+/// This rank's exact widths for a DMDA-like layout (ghost cells only where a patch is faced),
+/// asymmetric: 2 below, 1 above.
+SolverArrays per_side_layout(const SolverPatch& p, ArrayOrder order, Index components) {
+  SolverArrays layout;
+  layout.order = order;
+  layout.components = components;
+  for (int a = 0; a < 3; ++a) {
+    const bool periodic = !p.periodic.empty() && p.periodic[a];
+    layout.ghost_lower.push_back(periodic || p.offset[a] > 0 ? 2 : 0);
+    layout.ghost_upper.push_back(periodic || p.offset[a] + p.extent[a] < p.global_extent[a] ? 1 : 0);
+  }
+  return layout;
+}
+
+TEST_CASE("Session reads per-side ghost widths and interleaved components as one rank does",
+          "[session]") {
+  const Communicator world;
+  const SolverPatch patch = open_patch(world.rank(), world.size());
+  SolverPatch whole = whole_field();
+  whole.periodic = patch.periodic;
+  // Two input channels and one output, in the layouts PETSc's DMDA and arrays of structures
+  // give: no ghost cells past a non-periodic edge, widths per side, several values per cell.
+  struct Case {
+    std::string name;
+    SolverArrays layout;
+  };
+  SolverArrays dmda;  // ghost_width 1 where a patch is faced, none past the edge
+  dmda.ghost_width = 1;
+  dmda.boundary_ghost_width = 0;
+  SolverArrays dof3 = per_side_layout(patch, ArrayOrder::c, 3);
+  SolverArrays fortran2 = per_side_layout(patch, ArrayOrder::fortran, 2);
+  for (const Case& test : {Case{"ghost_width 1, none at the edge", dmda},
+                           Case{"per-side widths, C order, 3 components", dof3},
+                           Case{"per-side widths, Fortran order, 2 components", fortran2}}) {
+    DYNAMIC_SECTION(test.name) {
+      SessionOptions sharded_options = options_for("double", false, test.layout);
+      Session session(MPI_COMM_WORLD, patch, sharded_options);
+      SolverField<double> input(patch, test.layout, 2, 7777.0),
+          output(patch, test.layout, 1, 4242.0);
+      input.randomize(3);
+      const auto input_before = input.storage;
+      session.infer(input.in(), output.out());
+      CHECK(input.storage == input_before);
+      const Index widths_differ = [&] {
+        Index lower[3], upper[3], mine = 0;
+        expected_widths(patch, test.layout, lower, upper);
+        for (int a = 0; a < 3; ++a) mine = mine * 16 + lower[a] * 4 + upper[a];
+        const auto all = world.allgather({mine});
+        return Index(std::count(all.begin(), all.end(), all.front()) != Index(all.size()));
+      }();
+      INFO(session.last_call().copy_reason);
+      if (test.layout.components > 1)
+        CHECK_THAT(session.last_call().copy_reason,
+                   Catch::Contains(test.layout.order == ArrayOrder::c ? "interleave" : "Fortran"));
+      else if (widths_differ && model_reads_host_memory)
+        CHECK_THAT(session.last_call().copy_reason,
+                   Catch::Contains("ghost widths differ between ranks"));
+      else
+        CHECK(session.last_call().input_copied == !model_reads_host_memory);
+
+      Session single(MPI_COMM_SELF, whole, options_for("double", false, {}));
+      SolverField<double> whole_in(whole, {}, 2, 0.0), whole_out(whole, {}, 1, 0.0);
+      whole_in.randomize(3);
+      single.infer(whole_in.in(), whole_out.out());
+      CHECK(relative_difference(output, whole_out.storage) <= 1e-12);
+      // Only owned cells of the output are written: the ghost cells and the other
+      // components keep the solver's values.
+      std::size_t owned = 0, kept = 0;
+      for (double v : output.storage) kept += v == 4242.0;
+      output.for_owned([&](Index, Index, Index, Index, Index, Index) { ++owned; });
+      CHECK(kept == output.storage.size() - owned);
+
+      // Online training on the same layouts: the losses of one rank.
+      SessionOptions train_options = options_for("double", true, test.layout);
+      Session trained(MPI_COMM_WORLD, patch, train_options);
+      Session trained_single(MPI_COMM_SELF, whole, options_for("double", true, {}));
+      for (int step = 0; step < 2; ++step) {
+        SolverField<double> x(patch, test.layout, 2, 9.0), y(patch, test.layout, 1, 9.0);
+        x.randomize(100 + step);
+        y.randomize(200 + step);
+        SolverField<double> wx(whole, {}, 2, 0.0), wy(whole, {}, 1, 0.0);
+        wx.randomize(100 + step);
+        wy.randomize(200 + step);
+        const double loss = trained.train_step(x.in(), y.in());
+        const double reference = trained_single.train_step(wx.in(), wy.in());
+        CHECK(std::abs(loss - reference) <= 1e-10 * std::abs(reference));
+      }
+    }
+  }
+}
+
+TEST_CASE("Session refuses array descriptions that do not fit, on every rank", "[session]") {
+  const Communicator world;
+  const int size = world.size();
+  const SolverPatch patch = open_patch(world.rank(), size);
+  const auto fails_everywhere = [&](auto body, const std::string& text) {
+    const std::string message = test::error_message_of(body);
+    INFO(message);
+    CHECK(test::ranks_with_error(message) == size);
+    CHECK_THAT(message, Catch::Contains(text));
+  };
+  const auto create = [&](const SolverArrays& layout) {
+    Session(MPI_COMM_WORLD, patch, options_for("double", false, layout));
+  };
+  SECTION("ghost_width on a non-periodic field without boundary_ghost_width") {
+    SolverArrays layout;
+    layout.ghost_width = 1;  // PETSc's DMDA has none past the edge: reading there would overrun
+    fails_everywhere([&] { create(layout); }, "say how many ghost cells the arrays keep past");
+  }
+  SECTION("a ghost layer wider than the patch it faces") {
+    // Axis 2 (6 cells, periodic) is split in 2 at 8 ranks, else whole: 3 or 6 cells.
+    SolverArrays layout;
+    layout.ghost_width = 7;
+    layout.boundary_ghost_width = 0;
+    fails_everywhere([&] { create(layout); }, "must lie within the neighbouring patch");
+  }
+  SECTION("per-side widths for the wrong number of axes") {
+    SolverArrays layout = per_side_layout(patch, ArrayOrder::c, 1);
+    layout.ghost_upper.pop_back();
+    fails_everywhere([&] { create(layout); }, "ghost_lower has 3 and ghost_upper 2 entries");
+  }
+  SECTION("a negative per-side width on one rank") {
+    SolverArrays layout = per_side_layout(patch, ArrayOrder::c, 1);
+    if (world.rank() == size - 1) layout.ghost_lower[1] = -1;
+    fails_everywhere([&] { create(layout); }, "ghost_lower[1] = -1 is negative");
+  }
+  SECTION("components that differ between ranks") {
+    SolverArrays layout = per_side_layout(patch, ArrayOrder::c, world.rank() == 0 ? 2 : 1);
+    if (size > 1) fails_everywhere([&] { create(layout); }, "differs between ranks");
+  }
+  SECTION("interleaved channels passed as separate arrays (u, u + 1), components 1") {
+    SolverArrays interleaved = per_side_layout(patch, ArrayOrder::c, 2);
+    SolverField<double> u(patch, interleaved, 2, 0.0), y(patch, interleaved, 1, 0.0);
+    u.randomize(5);
+    SolverArrays wrong = per_side_layout(patch, ArrayOrder::c, 1);
+    Session session(MPI_COMM_WORLD, patch, options_for("double", false, wrong));
+    fails_everywhere([&] { session.infer(u.in(), {y.out()[0]}); },
+                     "inputs arrays 0 and 1 overlap");
+    fails_everywhere([&] { session.infer(u.in(), {y.out()[0]}); }, "need components set");
+  }
+  SECTION("one output array for two output channels") {
+    SessionOptions o = options_for("double", false, {});
+    o.output_channels = 2;
+    Session session(MPI_COMM_WORLD, patch, o);
+    SolverField<double> x(patch, {}, 2, 0.0), y(patch, {}, 1, 0.0);
+    x.randomize(5);
+    fails_everywhere([&] { session.infer(x.in(), {y.out()[0], y.out()[0]}); },
+                     "one array cannot receive two output channels");
+  }
+  SECTION("a NaN in an input on one rank") {
+    const SolverArrays layout = per_side_layout(patch, ArrayOrder::c, 2);
+    Session session(MPI_COMM_WORLD, patch, options_for("double", false, layout));
+    SolverField<double> x(patch, layout, 2, 0.0), y(patch, layout, 1, 5.0);
+    x.randomize(5);
+    if (world.rank() == size - 1) x.storage[x.index(0, 1, 0, 1)] = std::nan("");
+    const auto before = y.storage;
+    std::ostringstream cell;  // the failing rank's cell, in its message on every rank
+    cell << "at cell (" << patch.offset[0] << ", " << patch.offset[1] + 1 << ", "
+         << patch.offset[2] << ")";
+    const std::string message =
+        test::error_message_of([&] { session.infer(x.in(), y.out()); });
+    INFO(message);
+    CHECK(test::ranks_with_error(message) == size);
+    CHECK_THAT(message, Catch::Contains("inputs array 1 holds a non-finite value (nan)") &&
+                            Catch::Contains("the prediction was not made"));
+    if (world.rank() == size - 1) CHECK_THAT(message, Catch::Contains(cell.str()));
+    CHECK(y.storage == before);
+  }
+}
+
 TEST_CASE("Session::infer on float arrays reads them in place", "[session]") {
   const Communicator world;
-  const SolverArrays layout{ArrayOrder::c, 1};
+  const SolverArrays layout{ArrayOrder::c, 1, 1};
   const SolverPatch patch = reversed_patch(world.rank(), world.size());
   Session session(MPI_COMM_WORLD, patch, options_for("float", false, layout));
   // One allocation holding both channels, one after the other: a single (C, x, y, z) array.
@@ -271,7 +466,7 @@ TEST_CASE("Session::train_step equals one-rank training; checkpoints move betwee
           "[session]") {
   const Communicator world;
   test::TempDir dir(world);
-  const SolverArrays layout{ArrayOrder::fortran, 1};
+  const SolverArrays layout{ArrayOrder::fortran, 1, 1};
   const SolverPatch patch = reversed_patch(world.rank(), world.size());
   Session session(MPI_COMM_WORLD, patch, options_for("double", true, layout));
   Session single(MPI_COMM_SELF, whole_field(), options_for("double", true, {}));
@@ -417,7 +612,7 @@ TEST_CASE("Session bad input fails on every rank", "[session]") {
   }
   SECTION("options that differ between ranks") {
     SessionOptions o = options_for("double", false, {});
-    if (world.rank() == 0 && size > 1) o.arrays.ghost_width = 1;
+    if (world.rank() == 0 && size > 1) o.arrays.ghost_width = o.arrays.boundary_ghost_width = 1;
     if (size > 1)
       fails_everywhere([&] { Session(MPI_COMM_WORLD, patch, o); }, "differs between ranks");
   }

@@ -53,6 +53,12 @@ module shardtensor
     integer(c_int64_t) :: output_channels = 1
     integer(c_int) :: array_order = SHARDTENSOR_ORDER_C
     integer(c_int64_t) :: ghost_width = 0
+    integer(c_int64_t) :: boundary_ghost_width = -1
+    integer(c_int64_t) :: ghost_lower(3) = -1
+    integer(c_int64_t) :: ghost_upper(3) = -1
+    integer(c_int64_t) :: components = 1
+    type(c_ptr) :: overrides = c_null_ptr
+    integer(c_int) :: noverrides = 0
   end type shardtensor_options
 
   ! Raw C functions usable from Fortran as they are.
@@ -64,6 +70,7 @@ module shardtensor
   ! Fortran wrappers.
   public :: shardtensor_create, shardtensor_infer, shardtensor_train_step
   public :: shardtensor_save_checkpoint, shardtensor_load_checkpoint, shardtensor_last_error
+  public :: shardtensor_last_call_copy_reason
 
   interface
     integer(c_int) function shardtensor_initialize() bind(C, name="shardtensor_initialize")
@@ -144,6 +151,12 @@ module shardtensor
       type(c_ptr), value :: session
       integer(c_int), intent(out) :: copied
     end function
+    integer(c_int) function c_last_call_copy_reason(session, reason) &
+        bind(C, name="shardtensor_last_call_copy_reason")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: session
+      type(c_ptr), intent(out) :: reason
+    end function
     integer(c_int) function shardtensor_steps(session, steps) bind(C, name="shardtensor_steps")
       import :: c_int, c_ptr, c_int64_t
       type(c_ptr), value :: session
@@ -174,10 +187,25 @@ contains
   !> The message of the last failed call on this thread ("" if none).
   function shardtensor_last_error() result(message)
     character(len=:), allocatable :: message
+    message = fortran_string(c_last_error())
+  end function
+
+  !> Why the last infer or train_step copied the inputs ("" if it read them in place).
+  integer(c_int) function shardtensor_last_call_copy_reason(session, reason) result(status)
+    type(c_ptr), intent(in) :: session
+    character(len=:), allocatable, intent(out) :: reason
     type(c_ptr) :: text
+    status = c_last_call_copy_reason(session, text)
+    reason = ""
+    if (status == SHARDTENSOR_OK) reason = fortran_string(text)
+  end function
+
+  !> A null-terminated C string as a Fortran string.
+  function fortran_string(text) result(message)
+    type(c_ptr), intent(in) :: text
+    character(len=:), allocatable :: message
     character(kind=c_char), pointer :: chars(:)
     integer :: i, n
-    text = c_last_error()
     n = int(c_strlen(text))
     call c_f_pointer(text, chars, [n])
     allocate(character(len=n) :: message)
@@ -195,18 +223,31 @@ contains
 
   !> Creates a session on the solver's communicator (a Fortran MPI handle, e.g. a Cartesian
   !> communicator) and patch. Give config (a YAML file), config_text or checkpoint.
-  !> array_order defaults to SHARDTENSOR_ORDER_FORTRAN, channels to 1, ghost_width to 0.
+  !> array_order defaults to SHARDTENSOR_ORDER_FORTRAN, channels to 1, ghost_width to 0;
+  !> boundary_ghost_width, ghost_lower/ghost_upper (this rank's widths per axis) and
+  !> components as in shardtensor_options (capi/include/shardtensor.h); overrides: config
+  !> "key=value" strings (trailing blanks removed). The generic shardtensor_infer and
+  !> shardtensor_train_step take one whole array per channel: with components > 1 call
+  !> shardtensor_infer_double (and the others) with c_loc of each component's first value.
   integer(c_int) function shardtensor_create(comm, patch, session, config, config_text, &
                                              checkpoint, input_channels, output_channels, &
-                                             array_order, ghost_width) result(status)
+                                             array_order, ghost_width, boundary_ghost_width, &
+                                             ghost_lower, ghost_upper, components, overrides) &
+                                             result(status)
     integer, intent(in) :: comm
     type(shardtensor_patch), intent(in) :: patch
     type(c_ptr), intent(out) :: session
     character(*), intent(in), optional :: config, config_text, checkpoint
     integer, intent(in), optional :: input_channels, output_channels, array_order, ghost_width
+    integer, intent(in), optional :: boundary_ghost_width, components
+    integer, intent(in), optional :: ghost_lower(:), ghost_upper(:)
+    character(*), intent(in), optional :: overrides(:)
     ! The strings must outlive the call: allocatable targets local to this function.
     character(kind=c_char, len=:), allocatable, target :: config_c, text_c, checkpoint_c
+    character(kind=c_char, len=:), allocatable, target :: override_c(:)
+    type(c_ptr), allocatable, target :: override_ptr(:)
     type(shardtensor_options) :: options
+    integer :: i, n
     call shardtensor_options_default(options)
     options%array_order = SHARDTENSOR_ORDER_FORTRAN
     if (present(config)) then
@@ -225,6 +266,27 @@ contains
     if (present(output_channels)) options%output_channels = output_channels
     if (present(array_order)) options%array_order = array_order
     if (present(ghost_width)) options%ghost_width = ghost_width
+    if (present(boundary_ghost_width)) options%boundary_ghost_width = boundary_ghost_width
+    if (present(components)) options%components = components
+    if (present(ghost_lower)) then
+      n = min(size(ghost_lower), 3)
+      options%ghost_lower(1:n) = ghost_lower(1:n)
+    end if
+    if (present(ghost_upper)) then
+      n = min(size(ghost_upper), 3)
+      options%ghost_upper(1:n) = ghost_upper(1:n)
+    end if
+    if (present(overrides)) then
+      n = size(overrides)
+      allocate(character(kind=c_char, len=len(overrides) + 1) :: override_c(n))
+      allocate(override_ptr(max(n, 1)))
+      do i = 1, n
+        override_c(i) = c_string(overrides(i))
+        override_ptr(i) = c_loc(override_c(i))
+      end do
+      options%overrides = c_loc(override_ptr)
+      options%noverrides = int(n, c_int)
+    end if
     status = shardtensor_create_f(int(comm, c_int), patch, options, session)
   end function
 

@@ -10,9 +10,11 @@
  * over, or the call is not collective): a NULL session handle; a NULL shardtensor_session*
  * in shardtensor_destroy; MPI_COMM_NULL in shardtensor_create; NULL output pointers of
  * shardtensor_steps and shardtensor_last_call_copied; shardtensor_initialize without MPI;
- * shardtensor_finalize while sessions exist. Every other error (NULL patch, options, array
- * lists or arrays, channel counts, patches that do not tile, config and checkpoint errors,
- * a diverging loss) is returned on every rank with the same message.
+ * shardtensor_finalize while sessions exist; a NULL output of shardtensor_last_call_copy_reason.
+ * Every other error (NULL patch, options, array lists or arrays, channel counts, patches that
+ * do not tile, ghost widths and components that do not fit them, overlapping arrays, a NaN
+ * or Inf in an input, config and checkpoint errors, a diverging loss) is returned on every
+ * rank with the same message.
  *
  *   shardtensor_initialize();                       after MPI_Init
  *   shardtensor_patch patch = {3, {nx, ny, nz}, {x0, y0, z0}, {lx, ly, lz}, {0, 0, 0}};
@@ -20,6 +22,7 @@
  *   shardtensor_options_default(&options);
  *   options.config = "model.yaml";  options.checkpoint = "trained.h5";
  *   options.array_order = SHARDTENSOR_ORDER_C;  options.ghost_width = 1;
+ *   options.boundary_ghost_width = 0;               none past the edge of a non-periodic field
  *   shardtensor_session session;
  *   shardtensor_create(MPI_COMM_WORLD, &patch, &options, &session);
  *   const double* in[1] = {u};  double* out[1] = {prediction};
@@ -62,6 +65,20 @@ typedef struct {
   int periodic[3];          /* nonzero: the axis is periodic */
 } shardtensor_patch;
 
+/* How the session reads the solver's arrays and which model it runs. Fill with
+ * shardtensor_options_default, then set what differs. Every array (inputs, targets, outputs)
+ * holds this rank's patch plus ghost cells, in array_order, with `components` values per cell.
+ *
+ * Ghost cells: either ghost_width on every side that faces another rank's patch (a periodic
+ * wrap included) and boundary_ghost_width past the field's edge on non-periodic axes (0 for
+ * PETSc's DMDA; the same as ghost_width where the solver keeps cells there for its boundary
+ * conditions; it must be said when ghost_width > 0 and an axis is not periodic), or this
+ * rank's exact widths in ghost_lower / ghost_upper (all ndims entries of both >= 0; -1: not
+ * given). A ghost layer facing a patch must lie within that patch.
+ *
+ * components > 1: the arrays interleave that many values per cell, the component fastest
+ * (PETSc's dof: u[y][x][c] in C, u(c, x, y) in Fortran); pass each channel as a pointer to
+ * its component (u + c). */
 typedef struct {
   const char* config;      /* run config file (YAML), or NULL */
   const char* config_text; /* or the config itself, or NULL */
@@ -69,7 +86,13 @@ typedef struct {
   int64_t input_channels;  /* arrays per input (default 1) */
   int64_t output_channels; /* arrays per output (default 1) */
   int array_order;         /* SHARDTENSOR_ORDER_C (default) or SHARDTENSOR_ORDER_FORTRAN */
-  int64_t ghost_width;     /* solver ghost cells on each side of every axis (default 0) */
+  int64_t ghost_width;     /* ghost cells on each side facing a patch (default 0) */
+  int64_t boundary_ghost_width; /* ghost cells past the field's edge (default -1: not said) */
+  int64_t ghost_lower[3];  /* this rank's exact widths per axis, or -1 (default) */
+  int64_t ghost_upper[3];
+  int64_t components;      /* values per cell, the component fastest (default 1) */
+  const char* const* overrides; /* noverrides "key=value" config overrides (like --set), or NULL */
+  int noverrides;
 } shardtensor_options;
 
 typedef struct shardtensor_session_s* shardtensor_session;
@@ -117,6 +140,10 @@ int shardtensor_load_checkpoint(shardtensor_session session, const char* path);
 
 /* *copied = 1 if the last infer/train_step copied the inputs, 0 if it read them in place. */
 int shardtensor_last_call_copied(shardtensor_session session, int* copied);
+/* *reason = why the last infer/train_step copied the inputs ("" if it read them in place):
+ * precision, array order, interleaved components, ghost widths, normalisation, a GPU.
+ * Valid until the session's next call. */
+int shardtensor_last_call_copy_reason(shardtensor_session session, const char** reason);
 /* Optimizer steps taken (including a loaded checkpoint's). */
 int shardtensor_steps(shardtensor_session session, int64_t* steps);
 

@@ -113,6 +113,22 @@ std::string array_list_problem(P const* arrays, int count, int64_t channels, con
   return out.str();
 }
 
+/// Per-side widths are all given (>= 0 on the patch's axes) or all -1 ("" if so).
+std::string per_side_widths_problem(const shardtensor_options& options, int ndims) {
+  int given = 0;
+  for (int d = 0; d < ndims; ++d)
+    given += (options.ghost_lower[d] != -1) + (options.ghost_upper[d] != -1);
+  if (given == 0 || given == 2 * ndims) return "";
+  std::ostringstream out;
+  out << "options->ghost_lower and ghost_upper give " << given << " of the " << 2 * ndims
+      << " widths of a " << ndims << "-axis patch: lower (";
+  for (int d = 0; d < ndims; ++d) out << (d ? ", " : "") << options.ghost_lower[d];
+  out << "), upper (";
+  for (int d = 0; d < ndims; ++d) out << (d ? ", " : "") << options.ghost_upper[d];
+  out << "); give every one (-1 for none: then ghost_width applies)";
+  return out.str();
+}
+
 template <class T>
 std::vector<const T*> const_list(const T* const* arrays, int count) {
   return std::vector<const T*>(arrays, arrays + count);
@@ -168,6 +184,14 @@ int create(const char* function, MPI_Comm comm, const shardtensor_patch* patch,
              options->array_order != SHARDTENSOR_ORDER_FORTRAN)
       problem << "options->array_order is " << options->array_order
               << "; use SHARDTENSOR_ORDER_C (0) or SHARDTENSOR_ORDER_FORTRAN (1)";
+    else if (options->noverrides < 0 || (options->noverrides > 0 && options->overrides == nullptr))
+      problem << "options->noverrides is " << options->noverrides << " with overrides "
+              << (options->overrides == nullptr ? "NULL" : "given")
+              << " (give a list of noverrides \"key=value\" strings, or 0 and NULL)";
+    else
+      problem << per_side_widths_problem(*options, patch->ndims);
+    for (int i = 0; problem.tellp() == 0 && i < options->noverrides; ++i)
+      if (options->overrides[i] == nullptr) problem << "options->overrides[" << i << "] is NULL";
     agree_on_arguments(own, problem.str());
 
     shardtensor::SolverPatch p;
@@ -187,6 +211,14 @@ int create(const char* function, MPI_Comm comm, const shardtensor_patch* patch,
                          ? shardtensor::ArrayOrder::fortran
                          : shardtensor::ArrayOrder::c;
     o.arrays.ghost_width = options->ghost_width;
+    o.arrays.boundary_ghost_width = options->boundary_ghost_width;
+    o.arrays.components = options->components;
+    if (options->ghost_lower[0] != -1 || options->ghost_upper[0] != -1)
+      for (int d = 0; d < patch->ndims; ++d) {
+        o.arrays.ghost_lower.push_back(options->ghost_lower[d]);
+        o.arrays.ghost_upper.push_back(options->ghost_upper[d]);
+      }
+    for (int i = 0; i < options->noverrides; ++i) o.overrides.emplace_back(options->overrides[i]);
     *session = new shardtensor_session_s{own, shardtensor::Session(comm, p, o),
                                          options->input_channels, options->output_channels};
     ++live_sessions;
@@ -255,6 +287,11 @@ void shardtensor_options_default(shardtensor_options* options) {
   options->output_channels = 1;
   options->array_order = SHARDTENSOR_ORDER_C;
   options->ghost_width = 0;
+  options->boundary_ghost_width = -1;
+  for (int d = 0; d < 3; ++d) options->ghost_lower[d] = options->ghost_upper[d] = -1;
+  options->components = 1;
+  options->overrides = nullptr;
+  options->noverrides = 0;
 }
 
 int shardtensor_create(MPI_Comm comm, const shardtensor_patch* patch,
@@ -328,6 +365,15 @@ int shardtensor_last_call_copied(shardtensor_session session, int* copied) {
   if (copied == nullptr) return null_argument("shardtensor_last_call_copied", "copied is NULL");
   return guarded("shardtensor_last_call_copied", SHARDTENSOR_ERROR_FAILED,
                  [&] { *copied = session->session.last_call().input_copied ? 1 : 0; });
+}
+
+int shardtensor_last_call_copy_reason(shardtensor_session session, const char** reason) {
+  if (session == nullptr)
+    return null_argument("shardtensor_last_call_copy_reason", "the session is NULL");
+  if (reason == nullptr)
+    return null_argument("shardtensor_last_call_copy_reason", "reason is NULL");
+  return guarded("shardtensor_last_call_copy_reason", SHARDTENSOR_ERROR_FAILED,
+                 [&] { *reason = session->session.last_call().copy_reason.c_str(); });
 }
 
 int shardtensor_steps(shardtensor_session session, int64_t* steps) {

@@ -30,64 +30,36 @@ constexpr const char* where = "Session";
 /// what would overflow the arrays' sizes.
 constexpr long long max_channels = 1 << 20;
 
-/// The largest global extent of the field (a ghost width beyond it describes no solver).
-Index largest_extent(const SolverPatch& patch) {
-  Index largest = 0;
-  for (const Index e : patch.global_extent) largest = std::max(largest, e);
-  return largest;
-}
-
-/// Strides (in values) of a solver array along each axis, and the offset of its first
-/// owned cell: C order has the last axis fastest, Fortran order the first.
-struct ArrayIndexing {
-  Index stride[max_spatial_dims] = {0, 0, 0};
-  Index first = 0;   ///< index of owned cell (0, 0, 0)
-  Index values = 0;  ///< values in one array (owned and ghost cells)
-};
-
-ArrayIndexing array_indexing(const Decomposition& decomposition, int rank,
-                             const SolverArrays& layout) {
-  const int ndims = decomposition.ndims();
-  Index allocated[max_spatial_dims];
-  for (int d = 0; d < max_spatial_dims; ++d)
-    allocated[d] = decomposition.extent(rank, d) + (d < ndims ? 2 * layout.ghost_width : 0);
-  ArrayIndexing a;
-  Index stride = 1;
-  for (int k = 0; k < max_spatial_dims; ++k) {
-    const int d = layout.order == ArrayOrder::c ? max_spatial_dims - 1 - k : k;
-    a.stride[d] = stride;
-    stride *= allocated[d];
-  }
-  a.values = stride;
-  for (int d = 0; d < ndims; ++d) a.first += layout.ghost_width * a.stride[d];
-  return a;
-}
-
-/// What is wrong with a list of `channels` solver arrays ("" if nothing).
+/// What is wrong with a list of `channels` solver arrays laid out as `layout` ("" if
+/// nothing): their number, a null pointer, arrays overlapping in memory.
 template <class P>
-std::string array_problem(const std::vector<P>& arrays, Index channels, const char* what) {
+std::string array_problem(const std::vector<P>& arrays, Index channels, const char* what,
+                          const ResolvedArrays& layout) {
   std::ostringstream problem;
   if (Index(arrays.size()) != channels) {
     problem << what << ": " << arrays.size() << " arrays given, the model has " << channels
             << " channels";
-  } else {
-    for (std::size_t c = 0; c < arrays.size(); ++c)
-      if (arrays[c] == nullptr) {
-        problem << what << " array " << c << " is a null pointer";
-        break;
-      }
+    return problem.str();
   }
-  return problem.str();
+  for (std::size_t c = 0; c < arrays.size(); ++c)
+    if (arrays[c] == nullptr) {
+      problem << what << " array " << c << " is a null pointer";
+      return problem.str();
+    }
+  using Value = std::remove_const_t<std::remove_pointer_t<P>>;
+  const std::vector<const void*> pointers(arrays.begin(), arrays.end());
+  return overlapping_arrays(pointers, sizeof(Value), layout, what,
+                            !std::is_const<std::remove_pointer_t<P>>::value);
 }
 
 /// Checks the two array lists of a call before any collective work, in one agreement over
 /// `comm`: on a problem on any rank, every rank throws.
 template <class P, class Q>
-void check_arrays(const Communicator& comm, const char* call, const std::vector<P>& first,
-                  Index first_channels, const char* first_name, const std::vector<Q>& second,
-                  Index second_channels, const char* second_name) {
-  std::string problem = array_problem(first, first_channels, first_name);
-  if (problem.empty()) problem = array_problem(second, second_channels, second_name);
+void check_arrays(const Communicator& comm, const char* call, const ResolvedArrays& layout,
+                  const std::vector<P>& first, Index first_channels, const char* first_name,
+                  const std::vector<Q>& second, Index second_channels, const char* second_name) {
+  std::string problem = array_problem(first, first_channels, first_name, layout);
+  if (problem.empty()) problem = array_problem(second, second_channels, second_name, layout);
   comm.agree(problem.empty() ? ""
                              : std::string(where) + "::" + call + ": rank " +
                                    std::to_string(comm.rank()) + ": " + problem);
@@ -136,14 +108,14 @@ class Engine {
   };
 
  public:
-  Engine(const Communicator& comm, const SolverGrid& grid, const RunConfig& config,
-         const SessionOptions& options)
+  Engine(const Communicator& comm, const SolverGrid& grid, const ResolvedArrays& layout,
+         const RunConfig& config, const SessionOptions& options)
       : comm_(comm.with_options(config.parallel.comm)),
         mesh_(comm_.mesh(1)),
         decomposition_(grid.decomposition),
         config_(config),
         options_(options),
-        indexing_(array_indexing(grid.decomposition, comm.rank(), options.arrays)) {
+        layout_(layout) {
     std::vector<Index> extents;
     for (int d = 0; d < decomposition_.ndims(); ++d)
       extents.push_back(decomposition_.global_extent(d));
@@ -173,6 +145,11 @@ class Engine {
   template <class S>
   void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs,
              CallReport& report) {
+    // A NaN or Inf would spread through the prediction: refuse it, named, on every rank.
+    const std::string problem = non_finite_value(inputs, "inputs");
+    comm_.agree(problem.empty() ? ""
+                                : std::string(where) + "::infer: " + problem +
+                                      ": the prediction was not made (the outputs are unchanged)");
     model_->eval();
     const NoGradGuard no_grad;  // inference: keep no graph
     const ShardTensor<T> x =
@@ -189,7 +166,9 @@ class Engine {
     // pair, on every rank, before the statistics or the parameters see it.
     std::string problem = non_finite_value(inputs, "inputs");
     if (problem.empty()) problem = non_finite_value(targets, "targets");
-    comm_.agree(problem.empty() ? "" : std::string(where) + "::train_step: " + problem);
+    comm_.agree(problem.empty() ? ""
+                                : std::string(where) + "::train_step: " + problem +
+                                      ": the step was not taken (the parameters are unchanged)");
     if (!statistics_fixed_) {
       // The first pair fixes the normalisation: statistics of the raw fields.
       CallReport ignored;
@@ -245,7 +224,7 @@ class Engine {
   /// global cell ("" if none). One pass over the owned cells on the host threads.
   template <class S>
   std::string non_finite_value(const std::vector<const S*>& arrays, const char* what) const {
-    const ArrayIndexing a = indexing_;
+    const ArrayIndexing a = layout_.indexing;
     const Box owned = decomposition_.box(comm_.rank());
     const Index n0 = owned.extent[0], n1 = owned.extent[1], n2 = owned.extent[2];
     for (std::size_t c = 0; c < arrays.size(); ++c) {
@@ -256,7 +235,7 @@ class Engine {
           Kokkos::MDRangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Rank<3>>({0, 0, 0},
                                                                                     {n0, n1, n2}),
           [=](const Index i, const Index j, const Index k, Index& found) {
-            const S value = source[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]];
+            const S value = source[a.at(i, j, k)];
             const Index cell = (i * n1 + j) * n2 + k;
             if (!(value - value == S(0)) && cell < found) found = cell;  // NaN or Inf
           },
@@ -265,26 +244,25 @@ class Engine {
       const Index local[3] = {first / (n1 * n2), first / n2 % n1, first % n2};
       std::ostringstream m;
       m << what << " array " << c << " holds a non-finite value ("
-        << source[a.first + local[0] * a.stride[0] + local[1] * a.stride[1] +
-                  local[2] * a.stride[2]]
-        << ") at cell (";
+        << source[a.at(local[0], local[1], local[2])] << ") at cell (";
       for (int d = 0; d < decomposition_.ndims(); ++d)
         m << (d ? ", " : "") << owned.lower[d] + local[d];
-      m << ") of the field, on rank " << comm_.rank()
-        << ": the step was not taken (the parameters are unchanged)";
+      m << ") of the field, on rank " << comm_.rank();
       return m.str();
     }
     return "";
   }
 
   /// The model's view of the solver arrays: the arrays themselves when their layout is the
-  /// model's (C order, precision T, channels one after another, no normalisation, ghost
-  /// cells only where the model ignores them), else `staging`'s buffer filled from them.
+  /// model's (C order, precision T, one component per cell, channels one after another, no
+  /// normalisation, ghost cells only where the model ignores them and of the same widths on
+  /// every rank), else `staging`'s buffer filled from them.
   template <class S>
   ShardTensor<T> input_field(const std::vector<const S*>& arrays,
                              const ChannelStatistics& statistics, bool ghosts_allowed,
                              Staging& staging, CallReport& report) {
-    const Index channels = Index(arrays.size()), ghost = options_.arrays.ghost_width;
+    const Index channels = Index(arrays.size());
+    const SolverArrays& description = layout_.description;
     std::string reason;
     if (!host_reads_default_memory)
       reason = "the model computes on a GPU: the solver's host arrays are copied to it";
@@ -292,15 +270,21 @@ class Engine {
       reason = "the arrays hold " +
                std::string(std::is_same<S, float>::value ? "float" : "double") +
                ", the model computes in " + config_.training.precision;
-    else if (options_.arrays.order != ArrayOrder::c)
+    else if (description.order != ArrayOrder::c)
       reason = "Fortran-order arrays are transposed into the model's C order";
+    else if (description.components > 1)
+      reason = "the arrays interleave " + std::to_string(description.components) +
+               " components per cell; the model's fields hold one channel after another";
     else if (!is_identity(statistics))
       reason = "the inputs are normalized (data.normalize)";
-    else if (ghost > 0 && !(ghosts_allowed && model_->reads_owned_cells_only()))
+    else if (!layout_.ghosts.none() && !(ghosts_allowed && model_->reads_owned_cells_only()))
       reason = "the model's first layer needs a field without ghost cells";
+    else if (!layout_.ghosts_same_everywhere)
+      reason = "the arrays' ghost widths differ between ranks (" + layout_.describe() +
+               "); the model's fields have the same widths on every rank";
     for (Index c = 1; c < channels && reason.empty(); ++c)
       if (static_cast<const void*>(arrays[c]) !=
-          static_cast<const void*>(arrays[0] + c * indexing_.values))
+          static_cast<const void*>(arrays[0] + c * layout_.indexing.span))
         reason = "the channel arrays are not one after another in memory";
     report.input_copied = !reason.empty();
     report.copy_reason = reason;
@@ -308,7 +292,7 @@ class Engine {
       // Same type and layout: read in place (the model never writes its input).
       T* data = const_cast<T*>(reinterpret_cast<const T*>(arrays[0]));
       return ShardTensor<T>::wrap(data, decomposition_, comm_.rank(), 1, channels,
-                                  GhostWidths::uniform(int(ghost), decomposition_.ndims()));
+                                  layout_.ghosts);
     }
     ShardTensor<T>& buffer = staging.buffer;
     if (buffer.channels() != channels || buffer.view().data() == nullptr)
@@ -318,7 +302,7 @@ class Engine {
     // buffer (the buffer itself on a host backend), then copy it to the buffer's space.
     const auto affine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
                                                             staging.affine.of(statistics, false));
-    const ArrayIndexing a = indexing_;
+    const ArrayIndexing a = layout_.indexing;
     const auto out = Kokkos::create_mirror_view(buffer.view());
     for (Index c = 0; c < channels; ++c) {
       const S* source = arrays[c];
@@ -327,8 +311,7 @@ class Engine {
           Kokkos::MDRangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Rank<3>>(
               {0, 0, 0}, {Index(out.extent(2)), Index(out.extent(3)), Index(out.extent(4))}),
           [=](const Index i, const Index j, const Index k) {
-            const double value =
-                double(source[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]]);
+            const double value = double(source[a.at(i, j, k)]);
             out(0, c, i, j, k) = static_cast<T>(value * affine(c, 0) + affine(c, 1));
           });
     }
@@ -343,7 +326,7 @@ class Engine {
     // prediction (the prediction itself on a host backend).
     const auto affine = Kokkos::create_mirror_view_and_copy(
         Kokkos::HostSpace(), output_affine_.of(state_.target_statistics, true));
-    const ArrayIndexing a = indexing_;
+    const ArrayIndexing a = layout_.indexing;
     const auto in = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prediction.interior());
     for (Index c = 0; c < Index(arrays.size()); ++c) {
       S* target = arrays[c];
@@ -352,7 +335,7 @@ class Engine {
           Kokkos::MDRangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::Rank<3>>(
               {0, 0, 0}, {Index(in.extent(2)), Index(in.extent(3)), Index(in.extent(4))}),
           [=](const Index i, const Index j, const Index k) {
-            target[a.first + i * a.stride[0] + j * a.stride[1] + k * a.stride[2]] =
+            target[a.at(i, j, k)] =
                 static_cast<S>(double(in(0, c, i, j, k)) * affine(c, 0) + affine(c, 1));
           });
     }
@@ -364,7 +347,7 @@ class Engine {
   Decomposition decomposition_;
   RunConfig config_;
   SessionOptions options_;
-  ArrayIndexing indexing_;
+  ResolvedArrays layout_;
   std::shared_ptr<Module<T>> model_;
   std::unique_ptr<Optimizer<T>> optimizer_;
   std::unique_ptr<LearningRateSchedule> schedule_;
@@ -405,11 +388,6 @@ class Session::Impl {
       local = "input_channels " + std::to_string(options.input_channels) + " and output_channels " +
               std::to_string(options.output_channels) + ": at most " +
               std::to_string(max_channels) + " each";
-    else if (options.arrays.ghost_width < 0)
-      local = "ghost_width " + std::to_string(options.arrays.ghost_width) + " is negative";
-    else if (options.arrays.ghost_width > largest_extent(patch))
-      local = "ghost_width " + std::to_string(options.arrays.ghost_width) +
-              " exceeds the field's largest extent " + std::to_string(largest_extent(patch));
     else if (options.config.empty() && options.config_text.empty() && options.checkpoint.empty())
       local = "no model: give a config (file or text) or a checkpoint";
     else if (!options.config.empty() && !options.config_text.empty())
@@ -421,11 +399,11 @@ class Session::Impl {
     // config that one rank cannot read, or one that differs (a per-rank seed or learning
     // rate) stop every rank with one message, never a hang or silently different weights.
     comm_.require_same({options.config.empty(), options.config_text.empty(),
-                        options.checkpoint.empty(), options.input_channels, options.output_channels,
-                        options.arrays.ghost_width, static_cast<long long>(options.arrays.order)},
+                        options.checkpoint.empty(), options.input_channels, options.output_channels},
                        where,
                        "the options (config file / config text / checkpoint given, "
-                       "input_channels, output_channels, ghost_width, array order)");
+                       "input_channels, output_channels)");
+    layout_ = resolve_solver_arrays(comm_, grid.decomposition, options.arrays);
     comm_.require_same_text(options.checkpoint, where, "the checkpoint path");
     const auto arrays = RunConfig::DataUse::arrays;
     std::optional<RunConfig> loaded;
@@ -447,30 +425,29 @@ class Session::Impl {
     precision_ = config.training.precision;
     budget_ = std::make_unique<ScopedMemoryBudget>(config.memory.budget_mib);
     if (precision_ == "double")
-      double_ = std::make_unique<Engine<double>>(comm_, grid, config, options);
+      double_ = std::make_unique<Engine<double>>(comm_, grid, layout_, config, options);
     else
-      float_ = std::make_unique<Engine<float>>(comm_, grid, config, options);
+      float_ = std::make_unique<Engine<float>>(comm_, grid, layout_, config, options);
     if (!options.checkpoint.empty()) load(options.checkpoint);
     std::ostringstream out;
     out << config.model["type"].as<std::string>("model") << ", "
         << (float_ ? models::count_parameters(float_->model())
                    : models::count_parameters(double_->model()))
         << " parameters, " << precision_ << ", " << grid.decomposition.describe() << ", "
-        << (options.arrays.order == ArrayOrder::c ? "C" : "Fortran") << "-order arrays with "
-        << options.arrays.ghost_width << " ghost cell(s)";
+        << layout_.describe();
     description_ = out.str();
   }
 
   template <class S>
   void infer(const std::vector<const S*>& inputs, const std::vector<S*>& outputs) {
-    check_arrays(comm_, "infer", inputs, options_.input_channels, "inputs", outputs,
+    check_arrays(comm_, "infer", layout_, inputs, options_.input_channels, "inputs", outputs,
                  options_.output_channels, "outputs");
     float_ ? float_->infer(inputs, outputs, report_) : double_->infer(inputs, outputs, report_);
   }
 
   template <class S>
   double train_step(const std::vector<const S*>& inputs, const std::vector<const S*>& targets) {
-    check_arrays(comm_, "train_step", inputs, options_.input_channels, "inputs", targets,
+    check_arrays(comm_, "train_step", layout_, inputs, options_.input_channels, "inputs", targets,
                  options_.output_channels, "targets");
     return float_ ? float_->train_step(inputs, targets, report_)
                   : double_->train_step(inputs, targets, report_);
@@ -496,6 +473,7 @@ class Session::Impl {
   SessionOptions options_;
   Binding binding_;
   Communicator comm_;  // = binding_.comm
+  ResolvedArrays layout_;
   std::string precision_, description_;
   // memory.budget_mib while the session lives; declared before the engines, so that it is
   // lifted only after their memory is gone.

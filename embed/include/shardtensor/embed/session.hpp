@@ -5,7 +5,8 @@
 //   shardtensor::SolverPatch patch{{nx, ny, nz}, {x0, y0, z0}, {lx, ly, lz}};
 //   shardtensor::SessionOptions options;
 //   options.config = "model.yaml";  options.checkpoint = "trained.h5";
-//   options.arrays.ghost_width = 1;  // the solver's arrays carry one ghost cell per side
+//   options.arrays.ghost_width = 1;           // one ghost cell on every side facing a patch,
+//   options.arrays.boundary_ghost_width = 0;  // none past the field's edge (SolverArrays)
 //   shardtensor::Session session(solver_comm, patch, options);
 //   session.infer({temperature}, {prediction});   // pointers to the solver's arrays
 
@@ -17,19 +18,10 @@
 #include <vector>
 
 #include "shardtensor/core/decomposition.hpp"
+#include "shardtensor/embed/solver_arrays.hpp"
 #include "shardtensor/embed/solver_patch.hpp"
 
 namespace shardtensor {
-
-/// Memory order of the solver's arrays: C (last index fastest) or Fortran (first fastest).
-enum class ArrayOrder { c, fortran };
-
-/// How every array handed to a session is laid out: one field channel per array, this
-/// rank's patch plus `ghost_width` cells on both sides of every axis, in `order`.
-struct SolverArrays {
-  ArrayOrder order = ArrayOrder::c;
-  Index ghost_width = 0;
-};
 
 struct SessionOptions {
   std::string config;       ///< run config file (model, optimizer, schedule, training sections)
@@ -44,14 +36,18 @@ struct SessionOptions {
 /// What the last infer or train_step did with the solver's input arrays.
 struct CallReport {
   bool input_copied = false;  ///< false: the model read the solver's arrays in place
-  std::string copy_reason;    ///< why a copy was needed (empty when none was)
+  /// Why a copy was needed (empty when none was): the model on a GPU, the arrays'
+  /// precision, Fortran order, normalisation, ghost cells (the model's first layer, or
+  /// widths that differ between ranks), interleaved components, channels apart in memory.
+  std::string copy_reason;
 };
 
 /// A model bound to a solver's communicator and decomposition. Every call is collective
 /// over the solver's communicator (ranks call in the same order); an error on any rank
-/// (null pointer, wrong channel count, a diverging loss) throws Error on every rank, so no
-/// rank is left waiting. The solver's input arrays are never written; in output arrays
-/// only the owned cells are (ghost cells keep the solver's values).
+/// (null pointer, wrong channel count, overlapping arrays, a NaN in an input, a diverging
+/// loss) throws Error on every rank, so no rank is left waiting. The solver's input arrays
+/// are never written; in output arrays only the owned cells are (ghost cells keep the
+/// solver's values).
 class Session {
  public:
   /// Collective over `solver_comm`, which is duplicated: the session's messages never
@@ -65,8 +61,10 @@ class Session {
 
   /// Runs the model (eval mode) on `inputs` (input_channels arrays) and writes the
   /// prediction into `outputs` (output_channels arrays). Arrays may be float or double
-  /// whatever the model's precision; matching precision, C order and no normalisation let
-  /// the model read the inputs in place (see last_call()).
+  /// whatever the model's precision; matching precision, C order, one component per cell,
+  /// ghost widths the same on every rank and no normalisation let the model read the
+  /// inputs in place (see last_call()). A NaN or Inf in an input's owned cells is refused
+  /// (named by array, cell and rank) before the model runs.
   void infer(const std::vector<const double*>& inputs, const std::vector<double*>& outputs);
   void infer(const std::vector<const float*>& inputs, const std::vector<float*>& outputs);
 
