@@ -1,7 +1,7 @@
 // bench_insitu: what the embedding API costs on top of the model. Session::infer on a
 // solver's arrays (a 64^3 field, one ghost layer, float model) against the bare model forward
 // on the same memory, and the extra cost when the session must copy the input (double
-// arrays, Fortran order).
+// arrays, Fortran order, interleaved components).
 //
 //   mpirun -n 1 ./bench_insitu        mpirun -n 2 ./bench_insitu      (same global field)
 //   options: --size N (global cube edge, 64) --iters K (best of K, 10) --warmup K (2)
@@ -22,6 +22,9 @@
 //   fortran   Session::infer on float Fortran-order arrays: transposed (a copy).
 //   field copy  the ceiling for a copy: one Kokkos pass reading the owned cells of the
 //             double array and writing a float field (what the double variant stages).
+//   2 components  Session::infer on a float C-order array of 2 values per cell (PETSc's
+//             dof 2), the model's channel in component 0: staged (a copy); the session also
+//             refuses a NaN in the input, a pass over the owned cells in every variant.
 //
 // On a GPU (the host cannot read device memory) the bare model wraps a device copy of the
 // float array made before the timing, as a GPU solver's field would be, and its prediction
@@ -72,25 +75,29 @@ optimizer: {type: adam, lr: 3.0e-3}
 training: {precision: float}
 )";
 
-/// A solver's one-channel array with one ghost layer per side, C or Fortran order.
+/// A solver's array with one ghost layer per side, C or Fortran order, `components` values
+/// per cell (PETSc's dof); the model's channel is component 0.
 template <class S>
 struct SolverArray {
   Index extent[3], allocated[3];
   bool fortran;
+  Index components;
   std::vector<S> values;
-  SolverArray(const SolverPatch& patch, bool fortran_order) : fortran(fortran_order) {
-    std::size_t n = 1;
+  SolverArray(const SolverPatch& patch, bool fortran_order, Index components_per_cell = 1)
+      : fortran(fortran_order), components(components_per_cell) {
+    std::size_t n = std::size_t(components);
     for (int d = 0; d < 3; ++d) {
       extent[d] = patch.extent[d];
       n *= std::size_t(allocated[d] = extent[d] + 2);
     }
-    values.assign(n, S(-7));  // ghost cells hold a value the model must never see
+    values.assign(n, S(-7));  // ghost cells (and other components) hold values never seen
   }
-  /// Index of owned cell (i, j, k), 0-based without ghosts.
+  /// Index of owned cell (i, j, k), 0-based without ghosts (its component 0).
   std::size_t at(Index i, Index j, Index k) const {
     ++i, ++j, ++k;
-    return fortran ? std::size_t((k * allocated[1] + j) * allocated[0] + i)
-                   : std::size_t((i * allocated[1] + j) * allocated[2] + k);
+    return std::size_t(components) *
+           (fortran ? std::size_t((k * allocated[1] + j) * allocated[0] + i)
+                    : std::size_t((i * allocated[1] + j) * allocated[2] + k));
   }
   template <class F>
   void for_owned(F f) const {
@@ -159,6 +166,7 @@ int main(int argc, char** argv) {
       SolverArray<float> bare_out(patch, false), session_out(patch, false),
           fortran_out(patch, true);
       SolverArray<double> double_out(patch, false);
+      SolverArray<float> interleaved_input(patch, false, 2), interleaved_out(patch, false, 2);
       input.for_owned([&](Index i, Index j, Index k) {
         const Index x = patch.offset[0] + i, y = patch.offset[1] + j, z = patch.offset[2] + k;
         const float v = float(
@@ -167,6 +175,7 @@ int main(int argc, char** argv) {
         input.values[input.at(i, j, k)] = v;
         fortran_input.values[fortran_input.at(i, j, k)] = v;
         double_input.values[double_input.at(i, j, k)] = double(v);
+        interleaved_input.values[interleaved_input.at(i, j, k)] = v;
       });
 
       SessionOptions options;
@@ -178,6 +187,9 @@ int main(int argc, char** argv) {
       Session session(cart, patch, options);
       options.arrays = SolverArrays{ArrayOrder::fortran, 1};
       Session fortran_session(cart, patch, options);
+      options.arrays = SolverArrays{ArrayOrder::c, 1};
+      options.arrays.components = 2;  // PETSc's dof 2: the model reads component 0
+      Session interleaved_session(cart, patch, options);
       SHARDTENSOR_REQUIRE(session.precision() == "float", "bench_insitu",
                           "the config's model computes in " << session.precision()
                                                             << "; this benchmark needs float");
@@ -223,8 +235,9 @@ int main(int argc, char** argv) {
                             model_output);
         Kokkos::fence();
       };
-      bool in_place = true, double_copied = false, fortran_copied = false;
-      std::string double_reason, fortran_reason;
+      bool in_place = true, double_copied = false, fortran_copied = false,
+           interleaved_copied = false;
+      std::string double_reason, fortran_reason, interleaved_reason;
       const auto in_session = [&] {
         session.infer({input.values.data()}, {session_out.values.data()});
         in_place = !session.last_call().input_copied;
@@ -238,6 +251,12 @@ int main(int argc, char** argv) {
         fortran_session.infer({fortran_input.values.data()}, {fortran_out.values.data()});
         fortran_copied = fortran_session.last_call().input_copied;
         fortran_reason = fortran_session.last_call().copy_reason;
+      };
+      const auto interleaved = [&] {
+        interleaved_session.infer({interleaved_input.values.data()},
+                                  {interleaved_out.values.data()});
+        interleaved_copied = interleaved_session.last_call().input_copied;
+        interleaved_reason = interleaved_session.last_call().copy_reason;
       };
       // The copy ceiling: read the double array's owned cells, write a float field.
       Kokkos::View<float***, Kokkos::LayoutRight> staged("staged", patch.extent[0], patch.extent[1],
@@ -261,8 +280,8 @@ int main(int argc, char** argv) {
         Kokkos::fence();
       };
 
-      const std::vector<std::function<void()>> variants{bare, in_session, double_session, fortran,
-                                                        field_copy};
+      const std::vector<std::function<void()>> variants{bare,    in_session, double_session,
+                                                        fortran, field_copy, interleaved};
       std::vector<double> best(variants.size(), 1e30), cpu_best(variants.size(), 1e30);
       double forward_best = 1e30;
       for (int round = 0; round < warmup + iters; ++round)
@@ -283,15 +302,17 @@ int main(int argc, char** argv) {
       const double session_difference = relative_difference(session_out, bare_out);
       const double double_difference = relative_difference(double_out, bare_out);
       const double fortran_difference = relative_difference(fortran_out, bare_out);
+      const double interleaved_difference = relative_difference(interleaved_out, bare_out);
       // On a GPU the session copies every input to the device (in_place false), into a
       // buffer laid out unlike the wrapped array: equal to 1e-6 there, not bitwise.
       const bool correct = session_difference <= (host_reads_default_memory ? 0.0 : 1e-6) &&
                            double_difference <= 1e-6 && fortran_difference <= 1e-6 &&
-                           in_place == host_reads_default_memory && double_copied && fortran_copied;
+                           interleaved_difference <= 1e-6 && in_place == host_reads_default_memory &&
+                           double_copied && fortran_copied && interleaved_copied;
       if (!correct) status = 1;
 
       const double bare_s = best[0], session_s = best[1], double_s = best[2], fortran_s = best[3],
-                   copy_s = best[4];
+                   copy_s = best[4], interleaved_s = best[5];
       const double overhead = session_s / bare_s - 1, copy_overhead = double_s / bare_s - 1,
                    fortran_overhead = fortran_s / bare_s - 1;
       const double cpu_overhead = cpu_best[1] / cpu_best[0] - 1,
@@ -309,11 +330,13 @@ int main(int argc, char** argv) {
         std::printf("  %-42s %9.3f\n", "bare forward (wrapped float array)", forward_best * 1e3);
         const char* names[] = {"bare forward + output copy", "session, float C order",
                                "session, double C order", "session, float Fortran order",
-                               "field copy (double -> float, owned cells)"};
-        const bool copied[] = {false, !in_place, double_copied, fortran_copied, false};
-        for (int v = 0; v < 5; ++v) {
+                               "field copy (double -> float, owned cells)",
+                               "session, float C order, 2 components"};
+        const bool copied[] = {false, !in_place, double_copied, fortran_copied, false,
+                               interleaved_copied};
+        for (int v = 0; v < 6; ++v) {
           std::printf("  %-42s %9.3f", names[v], best[v] * 1e3);
-          if (v >= 1 && v <= 3)
+          if ((v >= 1 && v <= 3) || v == 5)
             std::printf(" %8.2f%% %9.3f %8.2f%%  input %s\n", 100 * (best[v] / bare_s - 1),
                         cpu_best[v] * 1e3, 100 * (cpu_best[v] / cpu_best[0] - 1),
                         copied[v] ? "copied" : "read in place");
@@ -325,24 +348,26 @@ int main(int argc, char** argv) {
             "CPU (double)\n",
             (session_s - bare_s) * 1e3, (cpu_best[1] - cpu_best[0]) * 1e3,
             (double_s - bare_s) * 1e3, (cpu_best[2] - cpu_best[0]) * 1e3);
-        std::printf("  copy reasons: double: %s; Fortran: %s\n", double_reason.c_str(),
-                    fortran_reason.c_str());
+        std::printf("  copy reasons: double: %s; Fortran: %s; 2 components: %s\n",
+                    double_reason.c_str(), fortran_reason.c_str(), interleaved_reason.c_str());
         std::printf(
-            "  check: |session - bare| %.3g, |double - bare| %.3g, |Fortran - bare| %.3g "
-            "(relative) %s\n",
-            session_difference, double_difference, fortran_difference, correct ? "ok" : "MISMATCH");
+            "  check: |session - bare| %.3g, |double - bare| %.3g, |Fortran - bare| %.3g, "
+            "|2 components - bare| %.3g (relative) %s\n",
+            session_difference, double_difference, fortran_difference, interleaved_difference,
+            correct ? "ok" : "MISMATCH");
         std::printf(
             "{\"bench\":\"insitu\",\"ranks\":%d,\"grid\":\"%s\",\"size\":%ld,\"parameters\":%lld,"
             "\"forward_s\":%.6g,\"bare_s\":%.6g,\"session_s\":%.6g,\"overhead_fraction\":%.4g,"
             "\"input_copied\":%s,\"copy_session_s\":%.6g,\"copy_overhead_fraction\":%.4g,"
             "\"fortran_session_s\":%.6g,\"fortran_overhead_fraction\":%.4g,"
+            "\"interleaved_session_s\":%.6g,\"interleaved_overhead_fraction\":%.4g,"
             "\"field_copy_s\":%.6g,\"bare_cpu_s\":%.6g,\"session_cpu_s\":%.6g,"
             "\"overhead_fraction_cpu\":%.4g,\"copy_overhead_fraction_cpu\":%.4g,"
             "\"fortran_overhead_fraction_cpu\":%.4g,\"correct\":%s}\n",
             world_size, grid.decomposition.describe().c_str(), n,
             static_cast<long long>(models::count_parameters(*model)), forward_best, bare_s,
             session_s, overhead, in_place ? "false" : "true", double_s, copy_overhead, fortran_s,
-            fortran_overhead, copy_s, cpu_best[0], cpu_best[1], cpu_overhead, cpu_copy_overhead,
+            fortran_overhead, interleaved_s, interleaved_s / bare_s - 1, copy_s, cpu_best[0], cpu_best[1], cpu_overhead, cpu_copy_overhead,
             cpu_fortran_overhead, correct ? "true" : "false");
       }
       MPI_Comm_free(&cart);
