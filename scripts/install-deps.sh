@@ -16,6 +16,8 @@ packages=(
   libhwy-dev                              # the host vector kernels (Google Highway)
   gfortran                                # the Fortran embedding module and example
   petsc-dev                               # examples/06_petsc and its tests (a PETSc solver)
+  libonnx-dev libprotobuf-dev             # ONNX import (models/onnx_import.hpp)
+  python3-onnx                            # the ONNX tests export PyTorch models at test time
   python3-torch python3-h5py python3-yaml  # PyTorch interop (tools/, its equivalence test)
   python3-matplotlib                      # plots of tools/scaling.py and tools/accuracy_curves.py
 )

@@ -8,6 +8,7 @@
 
 #include "shardtensor/config/config_node.hpp"
 #include "shardtensor/models/fno.hpp"
+#include "shardtensor/models/onnx_import.hpp"
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
 #include "shardtensor/models/vit.hpp"
@@ -40,12 +41,13 @@ const std::vector<std::pair<std::string, DownMode>> down_modes{
 const std::vector<std::pair<std::string, UpMode>> up_modes{
     {"transpose", UpMode::transpose}, {"nearest", UpMode::nearest}, {"linear", UpMode::linear}};
 
-enum class ModelType { unet, sequential, fno, vit };
+enum class ModelType { unet, sequential, fno, vit, onnx };
 const std::vector<std::pair<std::string, ModelType>> model_types{
     {"unet", ModelType::unet},
     {"sequential", ModelType::sequential},
     {"fno", ModelType::fno},
-    {"vit", ModelType::vit}};
+    {"vit", ModelType::vit},
+    {"onnx", ModelType::onnx}};
 const std::vector<std::pair<std::string, AttentionKind>> attention_kinds{
     {"global", AttentionKind::global}, {"neighborhood", AttentionKind::neighborhood}};
 const std::vector<std::pair<std::string, PositionKind>> position_kinds{
@@ -393,6 +395,10 @@ std::shared_ptr<Module<T>> build_model(const YAML::Node& model, const Communicat
     return std::make_shared<UNet<T>>(comm, unet_options(model, shape, key), key);
   if (type == ModelType::fno) return std::make_shared<FNO<T>>(comm, fno_options(map, shape), key);
   if (type == ModelType::vit) return std::make_shared<ViT<T>>(comm, vit_options(map, shape), key);
+  if (type == ModelType::onnx) {
+    map.require_map({"type", "path"});
+    return import_onnx<T>(map.require<std::string>("path"), comm, shape, key);
+  }
   map.require_map(sequential_keys);
   SequentialBuilder<T> builder(comm, shape, map.seed("seed", 1));
   Index channels = shape.in_channels;

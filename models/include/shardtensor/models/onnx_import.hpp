@@ -1,0 +1,36 @@
+#pragma once
+// import_onnx: an ONNX file (as torch.onnx.export writes it) as a Graph of sharded layers,
+// with the file's initializers as its parameters. Read through Debian's libonnx (the protobuf
+// classes and the checker), never a hand-written parser. docs/onnx.md lists the operators.
+
+#include <memory>
+#include <string>
+
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/models/builder.hpp"
+#include "shardtensor/models/graph.hpp"
+
+namespace shardtensor::models {
+
+/// Whether this build reads ONNX files (it was built with libonnx-dev).
+bool onnx_available();
+
+/// The network in the ONNX file at `path`: its one input (N, C, spatial...) with
+/// shape.in_channels channels and shape.dims spatial axes, its one output a field. Every rank
+/// reads the file; a file that cannot be read, fails ONNX's checker or holds an operator,
+/// attribute or pattern that has no sharded equivalent throws Error on every rank, naming the
+/// node, its op type and what is not supported. `key` names the model in messages.
+template <class T>
+std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator& comm,
+                                      const ModelShape& shape, const std::string& key = "model");
+
+extern template std::shared_ptr<Graph<float>> import_onnx<float>(const std::string&,
+                                                                 const Communicator&,
+                                                                 const ModelShape&,
+                                                                 const std::string&);
+extern template std::shared_ptr<Graph<double>> import_onnx<double>(const std::string&,
+                                                                   const Communicator&,
+                                                                   const ModelShape&,
+                                                                   const std::string&);
+
+}  // namespace shardtensor::models

@@ -1,0 +1,908 @@
+#include "shardtensor/models/onnx_import.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/nn.hpp"
+
+#ifdef SHARDTENSOR_HAVE_ONNX
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#endif
+
+namespace shardtensor::models {
+
+#ifndef SHARDTENSOR_HAVE_ONNX
+
+bool onnx_available() { return false; }
+
+template <class T>
+std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator&,
+                                      const ModelShape&, const std::string& key) {
+  SHARDTENSOR_FAIL("import_onnx", key << ": " << path
+                                      << ": this build reads no ONNX files (it was configured "
+                                         "without libonnx-dev; scripts/install-deps.sh installs "
+                                         "it, then configure again)");
+}
+
+#else
+
+bool onnx_available() { return true; }
+
+namespace {
+
+constexpr const char* where = "import_onnx";
+
+/// A constant tensor (an initializer or a Constant node's value), its values as doubles.
+struct Tensor {
+  std::vector<std::int64_t> dims;
+  std::vector<double> values;
+  std::size_t size() const { return values.size(); }
+};
+
+/// The directory of `path` ("" for the current one), where external data files lie.
+std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+std::string read_bytes(const std::string& path, std::int64_t offset = 0,
+                       std::int64_t length = -1) {
+  std::ifstream in(path, std::ios::binary);
+  SHARDTENSOR_REQUIRE(in, where, "cannot open '" << path << "': " << std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::int64_t size = in.tellg();
+  if (length < 0) length = size - offset;
+  SHARDTENSOR_REQUIRE(offset >= 0 && offset + length <= size, where,
+                      "'" << path << "' holds " << size << " bytes; the model asks for "
+                          << length << " from offset " << offset);
+  std::string bytes(std::size_t(length), '\0');
+  in.seekg(offset);
+  in.read(bytes.data(), length);
+  SHARDTENSOR_REQUIRE(in, where, "cannot read '" << path << "'");
+  return bytes;
+}
+
+template <class S>
+void append_raw(const std::string& raw, std::size_t count, std::vector<double>& out,
+                const std::string& name) {
+  SHARDTENSOR_REQUIRE(raw.size() == count * sizeof(S), where,
+                      "tensor '" << name << "' has " << raw.size() << " bytes of data for "
+                                 << count << " values of " << sizeof(S) << " bytes");
+  std::vector<S> values(count);
+  std::memcpy(values.data(), raw.data(), raw.size());
+  out.assign(values.begin(), values.end());
+}
+
+Tensor tensor_of(const onnx::TensorProto& t, const std::string& directory) {
+  Tensor out;
+  std::size_t count = 1;
+  for (const auto d : t.dims()) {
+    SHARDTENSOR_REQUIRE(d >= 0 && d < (std::int64_t(1) << 40), where,
+                        "tensor '" << t.name() << "' has a dimension of " << d);
+    out.dims.push_back(d);
+    count *= std::size_t(d);
+  }
+  SHARDTENSOR_REQUIRE(count < (std::size_t(1) << 34), where,
+                      "tensor '" << t.name() << "' declares " << count << " values");
+  std::string raw = t.raw_data();
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string location;
+    std::int64_t offset = 0, length = -1;
+    for (const auto& entry : t.external_data()) {
+      if (entry.key() == "location") location = entry.value();
+      if (entry.key() == "offset") offset = std::stoll(entry.value());
+      if (entry.key() == "length") length = std::stoll(entry.value());
+    }
+    SHARDTENSOR_REQUIRE(!location.empty() && location.find("..") == std::string::npos &&
+                            location.front() != '/',
+                        where,
+                        "tensor '" << t.name() << "' names external data '" << location
+                                   << "': a file beside the model is expected");
+    raw = read_bytes(directory + location, offset, length);
+  }
+  switch (t.data_type()) {
+    case onnx::TensorProto::FLOAT:
+      if (!raw.empty() || count == 0)
+        append_raw<float>(raw, count, out.values, t.name());
+      else
+        out.values.assign(t.float_data().begin(), t.float_data().end());
+      break;
+    case onnx::TensorProto::DOUBLE:
+      if (!raw.empty() || count == 0)
+        append_raw<double>(raw, count, out.values, t.name());
+      else
+        out.values.assign(t.double_data().begin(), t.double_data().end());
+      break;
+    case onnx::TensorProto::INT64:
+      if (!raw.empty() || count == 0)
+        append_raw<std::int64_t>(raw, count, out.values, t.name());
+      else
+        out.values.assign(t.int64_data().begin(), t.int64_data().end());
+      break;
+    case onnx::TensorProto::INT32:
+      if (!raw.empty() || count == 0)
+        append_raw<std::int32_t>(raw, count, out.values, t.name());
+      else
+        out.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    default:
+      SHARDTENSOR_FAIL(where, "tensor '" << t.name() << "' has ONNX data type "
+                                         << t.data_type()
+                                         << "; float, double, int64 and int32 are read");
+  }
+  SHARDTENSOR_REQUIRE(out.values.size() == count, where,
+                      "tensor '" << t.name() << "' holds " << out.values.size()
+                                 << " values for dims of " << count);
+  return out;
+}
+
+const onnx::AttributeProto* find_attribute(const onnx::NodeProto& n, const std::string& name) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+
+std::vector<std::int64_t> ints(const onnx::NodeProto& n, const std::string& name,
+                               std::vector<std::int64_t> fallback = {}) {
+  const auto* a = find_attribute(n, name);
+  return a ? std::vector<std::int64_t>(a->ints().begin(), a->ints().end()) : fallback;
+}
+std::int64_t integer(const onnx::NodeProto& n, const std::string& name, std::int64_t fallback) {
+  const auto* a = find_attribute(n, name);
+  return a ? a->i() : fallback;
+}
+double real(const onnx::NodeProto& n, const std::string& name, double fallback) {
+  const auto* a = find_attribute(n, name);
+  return a ? double(a->f()) : fallback;
+}
+std::string text(const onnx::NodeProto& n, const std::string& name, const std::string& fallback) {
+  const auto* a = find_attribute(n, name);
+  return a ? a->s() : fallback;
+}
+
+std::vector<int> as_ints(const std::vector<std::int64_t>& v) {
+  return std::vector<int>(v.begin(), v.end());
+}
+
+/// A padded field that only the next layer reads: PyTorch's circular padding (Slices and a
+/// Concat per axis), or a Pad node before a Conv or an average pooling. The value it pads,
+/// the cells added on both sides of each spatial axis, how they are filled.
+struct PaddedField {
+  std::string source;
+  std::vector<int> pads;  // per spatial axis
+  PaddingMode mode = PaddingMode::zeros;
+};
+
+/// The exporter's decompositions recognised as one layer.
+struct GeluPattern {
+  std::string input;
+};
+struct GroupNormPattern {
+  std::string input, weight, bias;  // weight and bias: constants ("" if absent)
+  int groups = 1;
+  double eps = 1e-5;
+};
+
+template <class T>
+class Importer {
+ public:
+  Importer(const std::string& path, const Communicator& comm, const ModelShape& shape,
+           const std::string& key)
+      : path_(path), comm_(comm), shape_(shape), key_(key) {}
+
+  std::shared_ptr<Graph<T>> run() {
+    read();
+    const onnx::GraphProto& g = model_.graph();
+    for (const auto& t : g.initializer()) constants_[t.name()] = tensor_of(t, directory_of(path_));
+    std::string input;
+    for (const auto& i : g.input())
+      if (!constants_.count(i.name())) {
+        SHARDTENSOR_REQUIRE(input.empty(), where,
+                            path_ << ": the graph has inputs '" << input << "' and '" << i.name()
+                                  << "'; one input field is supported");
+        input = i.name();
+        check_input(i);
+      }
+    SHARDTENSOR_REQUIRE(!input.empty(), where, path_ << ": the graph has no input");
+    SHARDTENSOR_REQUIRE(g.output_size() == 1, where,
+                        path_ << ": the graph has " << g.output_size()
+                              << " outputs; one output field is supported");
+    for (int i = 0; i < g.node_size(); ++i) {
+      for (const auto& o : g.node(i).output()) producer_[o] = i;
+      for (const auto& in : g.node(i).input()) ++uses_[in];
+    }
+    ++uses_[g.output(0).name()];
+    absorbed_.assign(g.node_size(), false);
+    for (int i = 0; i < g.node_size(); ++i)
+      if (g.node(i).op_type() == "Constant") constant_node(g.node(i)), absorbed_[i] = true;
+    find_patterns();
+
+    graph_ = std::make_shared<Graph<T>>(input);
+    fields_.insert(input);
+    for (int i = 0; i < g.node_size(); ++i)
+      if (!absorbed_[i]) convert(i);
+    const std::string& output = g.output(0).name();
+    SHARDTENSOR_REQUIRE(fields_.count(output), where,
+                        path_ << ": the output '" << output
+                              << "' is not a field (a constant, or a value of a pattern that "
+                                 "no layer ends)");
+    graph_->set_output(output);
+    graph_->restore_input_layout(comm_);
+    return graph_;
+  }
+
+ private:
+  // ---- reading ---------------------------------------------------------------------------
+
+  void read() {
+    std::string bytes, problem;
+    try {
+      bytes = read_bytes(path_);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    comm_.agree(problem.empty() ? "" : key_ + ": " + problem);  // no rank reads alone
+    google::protobuf::io::ArrayInputStream stream(bytes.data(), int(bytes.size()));
+    google::protobuf::io::CodedInputStream coded(&stream);
+    coded.SetTotalBytesLimit(int(std::min<std::size_t>(bytes.size() + 1, INT32_MAX)));
+    SHARDTENSOR_REQUIRE(model_.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage(),
+                        where,
+                        key_ << ": '" << path_ << "' (" << bytes.size()
+                             << " bytes) is not an ONNX model: the protobuf does not parse "
+                                "(truncated or corrupt)");
+    try {
+      onnx::checker::check_model(model_);
+    } catch (const std::exception& e) {
+      SHARDTENSOR_FAIL(where, key_ << ": '" << path_ << "' fails ONNX's checker: " << e.what());
+    }
+    for (const auto& o : model_.opset_import())
+      if (o.domain().empty() || o.domain() == "ai.onnx") opset_ = o.version();
+    SHARDTENSOR_REQUIRE(opset_ >= 11 && opset_ <= 18, where,
+                        key_ << ": '" << path_ << "' uses opset " << opset_
+                             << "; opsets 11 to 18 are read");
+  }
+
+  void check_input(const onnx::ValueInfoProto& i) {
+    const auto& type = i.type().tensor_type();
+    const auto& dims = type.shape().dim();
+    SHARDTENSOR_REQUIRE(dims.size() == shape_.dims + 2, where,
+                        key_ << ": '" << path_ << "' takes input '" << i.name() << "' of rank "
+                             << dims.size() << "; the data's fields have " << shape_.dims
+                             << " spatial axes (rank " << shape_.dims + 2
+                             << ": batch, channels, space)");
+    if (dims.size() > 1 && dims[1].has_dim_value())
+      SHARDTENSOR_REQUIRE(dims[1].dim_value() == shape_.in_channels, where,
+                          key_ << ": '" << path_ << "' takes " << dims[1].dim_value()
+                               << " input channel(s); the data has " << shape_.in_channels);
+  }
+
+  void constant_node(const onnx::NodeProto& n) {
+    const auto* value = find_attribute(n, "value");
+    if (value && value->has_t()) {
+      constants_[n.output(0)] = tensor_of(value->t(), directory_of(path_));
+      return;
+    }
+    const auto* f = find_attribute(n, "value_float");
+    const auto* i = find_attribute(n, "value_int");
+    const auto* is = find_attribute(n, "value_ints");
+    const auto* fs = find_attribute(n, "value_floats");
+    Tensor t;
+    if (f) t.values = {double(f->f())};
+    else if (i) t.values = {double(i->i())};
+    else if (is) t.values.assign(is->ints().begin(), is->ints().end()), t.dims = {is->ints_size()};
+    else if (fs) t.values.assign(fs->floats().begin(), fs->floats().end()), t.dims = {fs->floats_size()};
+    else refuse(n, "a Constant without a tensor, float or int value");
+    constants_[n.output(0)] = t;
+  }
+
+  // ---- helpers -----------------------------------------------------------------------------
+
+  [[noreturn]] void refuse(const onnx::NodeProto& n, const std::string& why) const {
+    SHARDTENSOR_FAIL(where, key_ << ": '" << path_ << "': node '" << n.name() << "' ("
+                                 << n.op_type() << "): " << why);
+  }
+
+  const onnx::NodeProto* producer(const std::string& value) const {
+    const auto found = producer_.find(value);
+    return found == producer_.end() ? nullptr : &model_.graph().node(found->second);
+  }
+  int producer_index(const std::string& value) const {
+    const auto found = producer_.find(value);
+    return found == producer_.end() ? -1 : found->second;
+  }
+  int uses(const std::string& value) const {
+    const auto found = uses_.find(value);
+    return found == uses_.end() ? 0 : found->second;
+  }
+  const Tensor* constant(const std::string& name) const {
+    const auto found = constants_.find(name);
+    return found == constants_.end() ? nullptr : &found->second;
+  }
+  /// The scalar constant `name` holds, if it is one.
+  bool scalar(const std::string& name, double& value) const {
+    const Tensor* t = constant(name);
+    if (!t || t->size() != 1) return false;
+    value = t->values[0];
+    return true;
+  }
+  /// The producer of `value` if it has op type `op` and `value` has `max_uses` readers at most.
+  const onnx::NodeProto* made_by(const std::string& value, const std::string& op,
+                                 int max_uses = 1) const {
+    const onnx::NodeProto* p = producer(value);
+    return p && p->op_type() == op && uses(value) <= max_uses ? p : nullptr;
+  }
+  /// The field input of node `n` (its first input), which an earlier step must have made.
+  const std::string& field_input(const onnx::NodeProto& n, int i = 0) const {
+    if (i >= n.input_size() || n.input(i).empty()) refuse(n, "input " + std::to_string(i) + " is missing");
+    const std::string& name = n.input(i);
+    if (padded_.count(name))
+      refuse(n, "reads a padded field (a Pad node or circular padding); only a Conv or an "
+                "average pooling may (as its padding)");
+    if (!fields_.count(name))
+      refuse(n, "input '" + name + "' is not a field: " +
+                    (constant(name) ? "a constant (ops between constants and fields other than "
+                                      "those listed in docs/onnx.md are not supported)"
+                                    : "a value of a shape computation (Shape, Gather, ...), "
+                                      "which is not supported here"));
+    return name;
+  }
+  int spatial_axis(const onnx::NodeProto& n, std::int64_t axis) const {
+    const std::int64_t rank = shape_.dims + 2;
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) refuse(n, "axis " + std::to_string(axis) + " is out of range");
+    return int(axis);
+  }
+  /// Symmetric pads of a conv or pool: ONNX's [begin..., end...].
+  std::vector<int> symmetric_pads(const onnx::NodeProto& n) const {
+    const std::string auto_pad = text(n, "auto_pad", "NOTSET");
+    if (auto_pad != "NOTSET" && auto_pad != "VALID")
+      refuse(n, "auto_pad " + auto_pad + " is not supported (export with explicit pads)");
+    const std::vector<std::int64_t> pads = ints(n, "pads", std::vector<std::int64_t>(2 * shape_.dims, 0));
+    if (int(pads.size()) != 2 * shape_.dims) refuse(n, "pads has " + std::to_string(pads.size()) + " entries");
+    std::vector<int> out;
+    for (int d = 0; d < shape_.dims; ++d) {
+      if (pads[d] != pads[d + shape_.dims])
+        refuse(n, "asymmetric pads along spatial axis " + std::to_string(d) + " (" +
+                      std::to_string(pads[d]) + " before, " + std::to_string(pads[d + shape_.dims]) +
+                      " after) are not supported");
+      out.push_back(int(pads[d]));
+    }
+    return out;
+  }
+  /// The name of the layer a node is part of, from the exporter's scope ("/layer1/layer1.0/
+  /// conv1/Conv" -> "layer1.0.conv1") or its weight ("c2.weight" -> "c2"); unique.
+  std::string module_name(const onnx::NodeProto& n, const std::string& weight = "") {
+    std::string name;
+    const auto dot = weight.rfind(".weight");
+    if (!weight.empty() && weight.rfind("onnx::", 0) != 0 && dot != std::string::npos &&
+        dot + 7 == weight.size())
+      name = weight.substr(0, dot);
+    if (name.empty()) {
+      std::vector<std::string> parts;
+      std::stringstream scope(n.name());
+      std::string part;
+      while (std::getline(scope, part, '/'))
+        if (!part.empty()) parts.push_back(part);
+      if (!parts.empty()) parts.pop_back();  // the op itself
+      std::vector<std::string> path;
+      for (const std::string& p : parts)
+        if (!path.empty() && p.rfind(path.back() + ".", 0) == 0)
+          path.back() = p;
+        else
+          path.push_back(p);
+      for (const std::string& p : path) name += (name.empty() ? "" : ".") + p;
+    }
+    for (char& c : name)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_')) c = '_';
+    if (name.empty()) name = n.op_type();
+    std::string unique = name;
+    for (int i = 2; module_names_.count(unique); ++i) unique = name + "_" + std::to_string(i);
+    module_names_.insert(unique);
+    return unique;
+  }
+  /// Copies a constant into a module's parameter or buffer (its size must match).
+  void assign(const onnx::NodeProto& n, const ReplicatedView<T>& view, const std::string& what,
+              const Tensor& values) const {
+    if (Index(values.size()) != Index(view.extent(0)))
+      refuse(n, what + " has " + std::to_string(values.size()) + " values; the layer expects " +
+                    std::to_string(view.extent(0)));
+    auto host = Kokkos::create_mirror_view(view);
+    for (std::size_t i = 0; i < values.size(); ++i) host(i) = T(values.values[i]);
+    Kokkos::deep_copy(view, host);
+  }
+  void assign_parameter(const onnx::NodeProto& n, Module<T>& module, const std::string& name,
+                        const Tensor& values) const {
+    for (const auto& [p_name, p] : module.named_parameters())
+      if (p_name == name) return assign(n, p.data(), name, values);
+    refuse(n, "the layer has no parameter '" + name + "'");
+  }
+  const Tensor& required_constant(const onnx::NodeProto& n, int i, const std::string& what) const {
+    if (i >= n.input_size() || n.input(i).empty()) refuse(n, what + " is missing");
+    const Tensor* t = constant(n.input(i));
+    if (!t) refuse(n, what + " '" + n.input(i) + "' is not a constant (an initializer)");
+    return *t;
+  }
+  void add_step(const onnx::NodeProto& n, const std::vector<std::string>& inputs,
+                typename Graph<T>::Operation operation) {
+    graph_->add_step(n.name(), n.op_type(), inputs, n.output(0), std::move(operation));
+    fields_.insert(n.output(0));
+  }
+
+  // ---- patterns ------------------------------------------------------------------------------
+
+  void find_patterns() {
+    const onnx::GraphProto& g = model_.graph();
+    for (int i = 0; i < g.node_size(); ++i) {
+      const onnx::NodeProto& n = g.node(i);
+      if (n.op_type() == "Concat") circular_pad(i);
+      if (n.op_type() == "Erf") gelu(i);
+      if (n.op_type() == "InstanceNormalization") group_norm(i);
+    }
+  }
+
+  /// Concat(Slice(x, -p:), x, Slice(x, :p)) along a spatial axis: x padded periodically.
+  void circular_pad(int index) {
+    const onnx::NodeProto& n = model_.graph().node(index);
+    if (n.input_size() != 3) return;
+    const int axis = int(integer(n, "axis", 0) < 0 ? integer(n, "axis", 0) + shape_.dims + 2
+                                                    : integer(n, "axis", 0));
+    if (axis < 2 || axis >= shape_.dims + 2) return;
+    const std::string& x = n.input(1);
+    const onnx::NodeProto* before = made_by(n.input(0), "Slice");
+    const onnx::NodeProto* after = made_by(n.input(2), "Slice");
+    if (!before || !after || before->input(0) != x || after->input(0) != x) return;
+    const auto slice_range = [&](const onnx::NodeProto& s, std::int64_t& start,
+                                 std::int64_t& end) {
+      if (s.input_size() < 4) return false;
+      const Tensor *starts = constant(s.input(1)), *ends = constant(s.input(2)),
+                   *axes = constant(s.input(3));
+      if (!starts || !ends || !axes || starts->size() != 1 || axes->size() != 1) return false;
+      if (s.input_size() > 4 && !s.input(4).empty()) {
+        double step = 0;
+        if (!scalar(s.input(4), step) || step != 1) return false;
+      }
+      std::int64_t a = std::int64_t(axes->values[0]);
+      if (a < 0) a += shape_.dims + 2;
+      if (a != axis) return false;
+      start = std::int64_t(starts->values[0]), end = std::int64_t(ends->values[0]);
+      return true;
+    };
+    std::int64_t s0 = 0, e0 = 0, s1 = 0, e1 = 0;
+    if (!slice_range(*before, s0, e0) || !slice_range(*after, s1, e1)) return;
+    // [0, p) after; before, [-p, end of axis), or [-p - 1, -1) as PyTorch 1.13's exporter
+    // writes it: off by one in ONNX's terms (pytorch/pytorch#86690, fixed in 2.0), while
+    // PyTorch itself wraps around. The network is PyTorch's, so both mean periodic padding.
+    const std::int64_t p = e1;
+    const bool exact = s0 == -p && e0 >= std::int64_t(1) << 30;
+    const bool pytorch_1_13 = s0 == -p - 1 && e0 == -1;
+    if (s1 != 0 || p < 1 || !(exact || pytorch_1_13)) return;
+    PaddedField pad{x, std::vector<int>(shape_.dims, 0), PaddingMode::periodic};
+    const auto inner = padded_.find(x);
+    if (inner != padded_.end()) {
+      if (inner->second.mode != PaddingMode::periodic) return;
+      if (uses(x) != 3) return;  // the inner pad's result is read by this pattern alone
+      pad = inner->second;
+    }
+    pad.pads[axis - 2] = int(p);
+    padded_[n.output(0)] = pad;
+    absorbed_[index] = true;
+    absorbed_[producer_index(n.input(0))] = true;
+    absorbed_[producer_index(n.input(2))] = true;
+  }
+
+  /// Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5): GELU, as torch.onnx.export writes it.
+  void gelu(int index) {
+    const onnx::NodeProto& erf = model_.graph().node(index);
+    const onnx::NodeProto* div = made_by(erf.input(0), "Div");
+    double c = 0;
+    if (!div || !scalar(div->input(1), c) || std::abs(c - std::sqrt(2.0)) > 1e-6) return;
+    const std::string& x = div->input(0);
+    // The Add of 1 reading erf's output, the Mul by x reading that, the Mul by 0.5 last.
+    const onnx::NodeProto *add = nullptr, *mul = nullptr, *half = nullptr;
+    for (const auto& node : model_.graph().node()) {
+      if (node.op_type() == "Add" && node.input_size() == 2 && node.input(0) == erf.output(0) &&
+          scalar(node.input(1), c) && c == 1.0 && uses(erf.output(0)) == 1)
+        add = &node;
+    }
+    if (!add || uses(add->output(0)) != 1) return;
+    for (const auto& node : model_.graph().node())
+      if (node.op_type() == "Mul" && node.input_size() == 2 &&
+          ((node.input(0) == x && node.input(1) == add->output(0)) ||
+           (node.input(1) == x && node.input(0) == add->output(0))))
+        mul = &node;
+    if (!mul || uses(mul->output(0)) != 1) return;
+    for (const auto& node : model_.graph().node())
+      if (node.op_type() == "Mul" && node.input_size() == 2 && node.input(0) == mul->output(0) &&
+          scalar(node.input(1), c) && c == 0.5)
+        half = &node;
+    if (!half) return;
+    for (const auto* node : {div, &erf, add, mul}) absorbed_[producer_index(node->output(0))] = true;
+    gelus_[producer_index(half->output(0))] = GeluPattern{x};
+  }
+
+  /// Add(Mul(Reshape(InstanceNormalization(Reshape(x, [0, G, -1])), Shape(x)), w), b):
+  /// GroupNorm(G), as torch.onnx.export writes it (without Mul and Add: no affine).
+  void group_norm(int index) {
+    const onnx::NodeProto& in = model_.graph().node(index);
+    const onnx::NodeProto* flatten = made_by(in.input(0), "Reshape");
+    if (!flatten) return;
+    const Tensor* target = constant(flatten->input(1));
+    if (!target || target->size() != 3 || target->values[0] != 0 || target->values[2] != -1)
+      return;
+    const int groups = int(target->values[1]);
+    const Tensor *scale = constant(in.input(1)), *shift = constant(in.input(2));
+    if (!scale || !shift) return;
+    for (const double v : scale->values)
+      if (v != 1) return;
+    for (const double v : shift->values)
+      if (v != 0) return;
+    const std::string& x = flatten->input(0);
+    const onnx::NodeProto* restore = nullptr;
+    for (const auto& node : model_.graph().node())
+      if (node.op_type() == "Reshape" && node.input(0) == in.output(0)) restore = &node;
+    if (!restore || uses(in.output(0)) != 1) return;
+    const onnx::NodeProto* shape_of = made_by(restore->input(1), "Shape");
+    if (!shape_of || shape_of->input(0) != x) return;
+    GroupNormPattern p{x, "", "", groups, real(in, "epsilon", 1e-5)};
+    std::vector<int> parts{producer_index(in.input(0)), index, producer_index(restore->input(1))};
+    std::string out = restore->output(0);
+    int anchor = producer_index(out);
+    const onnx::NodeProto *mul = nullptr, *add = nullptr;
+    for (const auto& node : model_.graph().node())
+      if (node.op_type() == "Mul" && node.input_size() == 2 && node.input(0) == out &&
+          constant(node.input(1)) && uses(out) == 1)
+        mul = &node;
+    if (mul) {
+      for (const auto& node : model_.graph().node())
+        if (node.op_type() == "Add" && node.input_size() == 2 && node.input(0) == mul->output(0) &&
+            constant(node.input(1)) && uses(mul->output(0)) == 1)
+          add = &node;
+    }
+    if (mul && add) {
+      p.weight = mul->input(1), p.bias = add->input(1);
+      parts.push_back(anchor);
+      parts.push_back(producer_index(mul->output(0)));
+      anchor = producer_index(add->output(0));
+    }
+    for (const int i : parts) absorbed_[i] = true;
+    group_norms_[anchor] = p;
+  }
+
+  // ---- operators -------------------------------------------------------------------------
+
+  void convert(int index) {
+    const onnx::NodeProto& n = model_.graph().node(index);
+    const std::string& op = n.op_type();
+    if (gelus_.count(index)) return activation(n, gelus_.at(index).input, Activation::gelu);
+    if (group_norms_.count(index)) return emit_group_norm(n, group_norms_.at(index));
+    if (op == "Conv") return conv(n);
+    if (op == "ConvTranspose") return conv_transpose(n);
+    if (op == "MaxPool" || op == "AveragePool") return pool(n);
+    if (op == "Relu") return activation(n, field_input(n), Activation::relu);
+    if (op == "Sigmoid") return activation(n, field_input(n), Activation::sigmoid);
+    if (op == "Tanh") return activation(n, field_input(n), Activation::tanh);
+    if (op == "LeakyRelu")
+      return activation(n, field_input(n), Activation::leaky_relu, real(n, "alpha", 0.01));
+    if (op == "Add" || op == "Mul") return binary(n);
+    if (op == "Concat") return concat(n);
+    if (op == "Resize" || op == "Upsample") return resize(n);
+    if (op == "BatchNormalization") return batch_norm(n);
+    if (op == "InstanceNormalization") return instance_norm(n);
+    if (op == "Pad") return pad(n);
+    if (op == "Identity" || op == "Dropout") {
+      const std::string x = field_input(n);
+      return add_step(n, {x}, [](const std::vector<Variable<T>>& v) { return v[0]; });
+    }
+    refuse(n, "the operator is not supported (docs/onnx.md lists those that are)");
+  }
+
+  void conv(const onnx::NodeProto& n) {
+    std::string x = n.input(0);
+    PaddedField padded{x, std::vector<int>(shape_.dims, 0)};
+    const bool pads_before = padded_.count(x) > 0;
+    if (pads_before) {
+      padded = padded_.at(x);
+      if (uses(x) != 1) refuse(n, "its padded input is read elsewhere too");
+      x = padded.source;
+    }
+    if (!fields_.count(x)) field_input(n);  // says why
+    const Tensor& w = required_constant(n, 1, "the weight");
+    if (int(w.dims.size()) != shape_.dims + 2)
+      refuse(n, "a weight of rank " + std::to_string(w.dims.size()) + " for " +
+                    std::to_string(shape_.dims) + " spatial axes");
+    ConvOptions o;
+    o.groups = int(integer(n, "group", 1));
+    o.out_channels = int(w.dims[0]);
+    o.in_channels = int(w.dims[1]) * o.groups;
+    o.kernel.assign(w.dims.begin() + 2, w.dims.end());
+    o.stride = as_ints(ints(n, "strides", std::vector<std::int64_t>(shape_.dims, 1)));
+    o.dilation = as_ints(ints(n, "dilations", std::vector<std::int64_t>(shape_.dims, 1)));
+    o.padding = symmetric_pads(n);
+    o.bias = n.input_size() > 2 && !n.input(2).empty();
+    if (pads_before) {
+      // PyTorch's circular, reflect and replicate padding: the nodes before pad, the Conv
+      // itself pads nothing.
+      for (int d = 0; d < shape_.dims; ++d) {
+        if (o.padding[d] != 0)
+          refuse(n, "its own pads on top of a padded input along spatial axis " +
+                        std::to_string(d));
+        o.padding[d] = padded.pads[d];
+      }
+      o.padding_mode = padded.mode;
+    }
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(name, std::make_shared<Conv<T>>(comm_, o, name));
+    assign_parameter(n, *layer, "weight", w);
+    if (o.bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  /// A Pad of the spatial axes, kept for the Conv or average pooling that reads it.
+  void pad(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    const std::string mode = text(n, "mode", "constant");
+    const Tensor& pads = required_constant(n, 1, "pads");
+    const int rank = shape_.dims + 2;
+    if (int(pads.size()) != 2 * rank) refuse(n, "pads has " + std::to_string(pads.size()) + " entries");
+    if (n.input_size() > 2 && !n.input(2).empty()) {
+      double value = 0;
+      if (!scalar(n.input(2), value) || value != 0)
+        refuse(n, "a constant pad value other than 0 is not supported");
+    }
+    if (n.input_size() > 3 && !n.input(3).empty()) refuse(n, "the axes input is not supported");
+    PaddedField padded{x, {}, PaddingMode::zeros};
+    if (mode == "reflect") padded.mode = PaddingMode::reflect;
+    else if (mode == "edge") padded.mode = PaddingMode::replicate;
+    else if (mode != "constant") refuse(n, "mode " + mode + " is not supported");
+    for (int a = 0; a < rank; ++a) {
+      const double before = pads.values[a], after = pads.values[a + rank];
+      if (a < 2 && (before != 0 || after != 0)) refuse(n, "pads the batch or channel axis");
+      if (a >= 2 && before != after)
+        refuse(n, "asymmetric pads along spatial axis " + std::to_string(a - 2));
+      if (a >= 2 && before < 0) refuse(n, "negative pads (a crop)");
+      if (a >= 2) padded.pads.push_back(int(before));
+    }
+    padded_[n.output(0)] = padded;
+  }
+
+  void conv_transpose(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    const Tensor& w = required_constant(n, 1, "the weight");
+    if (int(w.dims.size()) != shape_.dims + 2)
+      refuse(n, "a weight of rank " + std::to_string(w.dims.size()));
+    if (!ints(n, "output_shape").empty())
+      refuse(n, "output_shape is not supported (export with output_padding)");
+    ConvTransposeOptions o;
+    o.groups = int(integer(n, "group", 1));
+    o.in_channels = int(w.dims[0]);
+    o.out_channels = int(w.dims[1]) * o.groups;
+    o.kernel.assign(w.dims.begin() + 2, w.dims.end());
+    o.stride = as_ints(ints(n, "strides", std::vector<std::int64_t>(shape_.dims, 1)));
+    o.dilation = as_ints(ints(n, "dilations", std::vector<std::int64_t>(shape_.dims, 1)));
+    o.padding = symmetric_pads(n);
+    o.output_padding = as_ints(ints(n, "output_padding", std::vector<std::int64_t>(shape_.dims, 0)));
+    o.bias = n.input_size() > 2 && !n.input(2).empty();
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(name, std::make_shared<ConvTranspose<T>>(comm_, o, name));
+    assign_parameter(n, *layer, "weight", w);
+    if (o.bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  void pool(const onnx::NodeProto& n) {
+    std::string x = n.input(0);
+    const bool pads_before = padded_.count(x) > 0;
+    PaddedField padded;
+    if (pads_before) {
+      padded = padded_.at(x);
+      if (n.op_type() != "AveragePool" || padded.mode != PaddingMode::zeros || uses(x) != 1)
+        refuse(n, "a padded input is fused into an average pooling only (zeros, read once)");
+      x = padded.source;
+    }
+    if (!fields_.count(x)) field_input(n);
+    if (integer(n, "ceil_mode", 0) != 0) refuse(n, "ceil_mode 1 is not supported");
+    if (n.output_size() > 1 && !n.output(1).empty()) refuse(n, "the Indices output is not supported");
+    PoolOptions o;
+    o.kind = n.op_type() == "MaxPool" ? PoolKind::max : PoolKind::average;
+    o.window = as_ints(ints(n, "kernel_shape"));
+    if (int(o.window.size()) != shape_.dims) refuse(n, "kernel_shape does not match the spatial axes");
+    o.stride = as_ints(ints(n, "strides", std::vector<std::int64_t>(shape_.dims, 1)));
+    o.padding = symmetric_pads(n);
+    if (o.kind == PoolKind::max)
+      o.dilation = as_ints(ints(n, "dilations", std::vector<std::int64_t>(shape_.dims, 1)));
+    else
+      o.count_include_pad = integer(n, "count_include_pad", 0) != 0;
+    if (pads_before) {  // avg_pool with count_include_pad: a Pad of zeros, then the pooling
+      for (int d = 0; d < shape_.dims; ++d) {
+        if (o.padding[d] != 0) refuse(n, "its own pads on top of a padded input");
+        o.padding[d] = padded.pads[d];
+      }
+      o.count_include_pad = true;
+    }
+    auto layer = std::make_shared<Pool<T>>(comm_, o, n.name());
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  void activation(const onnx::NodeProto& n, const std::string& x, Activation kind,
+                  double slope = 0.01) {
+    if (!fields_.count(x)) field_input(n);
+    add_step(n, {x}, [kind, slope](const std::vector<Variable<T>>& v) {
+      return activate(v[0], kind, slope);
+    });
+  }
+
+  /// The fields of `v` on the first one's split: layers that pool or upsample on split points
+  /// that are not multiples of their factor move them, and the branches of a graph meet again.
+  static std::vector<Variable<T>> aligned(const Communicator& comm,
+                                          const std::vector<Variable<T>>& v) {
+    std::vector<Variable<T>> out{v[0]};
+    for (std::size_t i = 1; i < v.size(); ++i)
+      out.push_back(resplit_like(comm, v[i], v[0].value().decomposition()));
+    return out;
+  }
+
+  void binary(const onnx::NodeProto& n) {
+    const std::string a = field_input(n, 0), b = field_input(n, 1);
+    const Communicator comm = comm_;
+    if (n.op_type() == "Add")
+      add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
+        const auto w = aligned(comm, v);
+        return add(w[0], w[1]);
+      });
+    else
+      add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
+        const auto w = aligned(comm, v);
+        return multiply(w[0], w[1]);
+      });
+  }
+
+  void concat(const onnx::NodeProto& n) {
+    if (spatial_axis(n, integer(n, "axis", 0)) != 1)
+      refuse(n, "a concatenation along axis " + std::to_string(integer(n, "axis", 0)) +
+                    "; only channels (axis 1) are concatenated (a spatial axis is sharded)");
+    std::vector<std::string> inputs;
+    for (int i = 0; i < n.input_size(); ++i) inputs.push_back(field_input(n, i));
+    const Communicator comm = comm_;
+    add_step(n, inputs, [comm](const std::vector<Variable<T>>& v) {
+      return concat_channels(aligned(comm, v));
+    });
+  }
+
+  void resize(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    const std::string mode = text(n, "mode", "nearest");
+    // Opset >= 11: X, roi, scales[, sizes]; Upsample: X, scales.
+    const int scales_input = n.op_type() == "Upsample" ? 1 : 2;
+    const Tensor* scales = scales_input < n.input_size() ? constant(n.input(scales_input)) : nullptr;
+    if (!scales || scales->size() == 0)
+      refuse(n, "scales must be a constant (sizes, or scales computed from shapes, are not "
+                "supported: export with scale_factor)");
+    if (int(scales->size()) != shape_.dims + 2 || scales->values[0] != 1 || scales->values[1] != 1)
+      refuse(n, "scales must be [1, 1, s...] (batch and channels unscaled)");
+    std::vector<int> factors;
+    for (int d = 0; d < shape_.dims; ++d) {
+      const double s = scales->values[d + 2];
+      if (s < 1 || s != std::floor(s))
+        refuse(n, "scale " + std::to_string(s) + " along spatial axis " + std::to_string(d) +
+                      "; integer upsampling factors are supported");
+      factors.push_back(int(s));
+    }
+    UpsampleMode kind = UpsampleMode::nearest;
+    const std::string transform = text(n, "coordinate_transformation_mode", "half_pixel");
+    if (mode == "nearest") {
+      const std::string rounding = text(n, "nearest_mode", "round_prefer_floor");
+      if (n.op_type() == "Resize" && (transform != "asymmetric" || rounding != "floor"))
+        refuse(n, "nearest with coordinate_transformation_mode " + transform + " and nearest_mode " +
+                      rounding + "; PyTorch's nearest (asymmetric, floor) is supported");
+    } else if (mode == "linear") {
+      kind = UpsampleMode::linear;
+      if (transform != "half_pixel" && transform != "pytorch_half_pixel")
+        refuse(n, "linear with coordinate_transformation_mode " + transform +
+                      "; align_corners=False (half_pixel, pytorch_half_pixel) is supported");
+    } else {
+      refuse(n, "mode " + mode + "; nearest and linear are supported");
+    }
+    auto layer = std::make_shared<Upsample<T>>(comm_, factors, kind, n.name());
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  void batch_norm(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    if (n.output_size() > 1) refuse(n, "training-mode outputs (running statistics) are not supported");
+    const Tensor& scale = required_constant(n, 1, "the scale");
+    const Tensor& bias = required_constant(n, 2, "the bias");
+    const Tensor& mean = required_constant(n, 3, "the running mean");
+    const Tensor& var = required_constant(n, 4, "the running variance");
+    const int channels = int(scale.size());
+    // ONNX's momentum weighs the old running value (0.9), PyTorch's the new one (0.1).
+    const double momentum = 1 - real(n, "momentum", 0.9);
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(
+        name, std::make_shared<BatchNorm<T>>(comm_, channels, momentum, real(n, "epsilon", 1e-5),
+                                             true, name));
+    assign_parameter(n, *layer, "weight", scale);
+    assign_parameter(n, *layer, "bias", bias);
+    assign(n, layer->running_mean(), "the running mean", mean);
+    assign(n, layer->running_var(), "the running variance", var);
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  void instance_norm(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    const Tensor& scale = required_constant(n, 1, "the scale");
+    const Tensor& bias = required_constant(n, 2, "the bias");
+    const int channels = int(scale.size());
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(
+        name, std::make_shared<GroupNorm<T>>(comm_, channels, channels, real(n, "epsilon", 1e-5),
+                                             true, name));
+    assign_parameter(n, *layer, "weight", scale);
+    assign_parameter(n, *layer, "bias", bias);
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  void emit_group_norm(const onnx::NodeProto& n, const GroupNormPattern& p) {
+    if (!fields_.count(p.input)) field_input(n);
+    const bool affine = !p.weight.empty();
+    int channels = 0;
+    if (affine) {
+      channels = int(constant(p.weight)->size());
+      if (constant(p.bias)->size() != std::size_t(channels))
+        refuse(n, "the GroupNorm's weight and bias differ in size");
+    } else {
+      refuse(n, "a GroupNorm without affine weights is not supported yet");
+    }
+    const std::string name = module_name(n, p.weight);
+    auto layer = graph_->add_module(
+        name, std::make_shared<GroupNorm<T>>(comm_, p.groups, channels, p.eps, affine, name));
+    assign_parameter(n, *layer, "weight", *constant(p.weight));
+    assign_parameter(n, *layer, "bias", *constant(p.bias));
+    add_step(n, {p.input},
+             [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  std::string path_;
+  Communicator comm_;
+  ModelShape shape_;
+  std::string key_;
+  onnx::ModelProto model_;
+  std::int64_t opset_ = 0;
+  std::map<std::string, Tensor> constants_;
+  std::map<std::string, int> producer_, uses_;
+  std::vector<bool> absorbed_;
+  std::map<std::string, PaddedField> padded_;
+  std::map<int, GeluPattern> gelus_;
+  std::map<int, GroupNormPattern> group_norms_;
+  std::set<std::string> fields_, module_names_;
+  std::shared_ptr<Graph<T>> graph_;
+};
+
+}  // namespace
+
+template <class T>
+std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator& comm,
+                                      const ModelShape& shape, const std::string& key) {
+  return Importer<T>(path, comm, shape, key).run();
+}
+
+#endif  // SHARDTENSOR_HAVE_ONNX
+
+template std::shared_ptr<Graph<float>> import_onnx<float>(const std::string&, const Communicator&,
+                                                          const ModelShape&, const std::string&);
+template std::shared_ptr<Graph<double>> import_onnx<double>(const std::string&,
+                                                            const Communicator&, const ModelShape&,
+                                                            const std::string&);
+
+}  // namespace shardtensor::models

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Networks written in PyTorch in several styles, exported to ONNX for tests/test_onnx.cpp.
+
+    /usr/bin/python3 tools/onnx_test_models.py OUTDIR
+
+For each network NAME it writes OUTDIR/NAME.onnx, a random input and PyTorch's output on it
+(OUTDIR/NAME.input.bin, NAME.output.bin: float32, C order) and their shapes (NAME.shape:
+"input N C spatial...", "output N C spatial..."). Weights are random (seeded), the
+BatchNorm running statistics too, so that no layer is an identity. The models are exported
+in eval mode, as a trained network is handed over. Exit 77 (ctest: skipped) without PyTorch
+or ONNX."""
+
+import os
+import sys
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import onnx  # noqa: F401  (torch.onnx.export needs it)
+except ImportError as e:  # pragma: no cover
+    print(f"onnx_test_models: skipped: {e}")
+    sys.exit(77)
+
+
+class UNet2d(nn.Module):
+    """A U-shaped 2-D network: conv + batch norm (folded into the conv by the exporter), a
+    circular conv (Slices and Concats), group norm (Reshape-InstanceNormalization-...), GELU
+    (Div-Erf-...), max pooling, nearest upsampling, a transposed conv, a skip concatenation."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, padding_mode="circular")
+        self.gn = nn.GroupNorm(2, 8)
+        self.up = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.c3 = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        a = F.relu(self.bn(self.c1(x)))
+        b = F.max_pool2d(a, 2)
+        b = F.gelu(self.gn(self.c2(b)))
+        b = F.interpolate(b, scale_factor=2, mode="nearest") + self.up(b)
+        return self.c3(torch.cat([a, b], 1))
+
+
+class ResNet1d(nn.Module):
+    """A residual 1-D network: dilated convs, batch norm after an activation (kept as
+    BatchNormalization), leaky ReLU, average pooling with padding, linear upsampling, a
+    product of two fields, sigmoid and tanh."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Conv1d(3, 6, 5, padding=4, dilation=2)
+        self.bn = nn.BatchNorm1d(6)
+        self.c1 = nn.Conv1d(6, 6, 3, padding=1, groups=2)
+        self.gate = nn.Conv1d(6, 6, 1)
+        self.out = nn.Conv1d(6, 2, 3, padding=1)
+
+    def forward(self, x):
+        h = self.bn(F.leaky_relu(self.inp(x), 0.2))
+        r = F.avg_pool1d(self.c1(h), 3, stride=2, padding=1)
+        r = F.interpolate(r, scale_factor=2, mode="linear", align_corners=False)
+        h = h + torch.tanh(r) * torch.sigmoid(self.gate(h))
+        return self.out(h)
+
+
+class Net3d(nn.Module):
+    """A 3-D network: instance norm with affine weights, strided max pooling with padding,
+    trilinear upsampling, a strided conv and a transposed conv with output padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv3d(1, 4, 3, padding=1, bias=False)  # a bias before a norm: no gradient
+        self.norm = nn.InstanceNorm3d(4, affine=True)
+        self.down = nn.Conv3d(4, 4, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose3d(4, 4, 3, stride=2, padding=1, output_padding=1)
+        self.out = nn.Conv3d(12, 2, 1)
+
+    def forward(self, x):
+        a = F.relu(self.norm(self.c1(x)))
+        p = F.max_pool3d(a, 3, stride=2, padding=1)
+        u = F.interpolate(p, scale_factor=2, mode="trilinear", align_corners=False)
+        t = self.up(self.down(a))
+        return self.out(torch.cat([a, u, t], 1))
+
+
+# (name, model, input shape, opset)
+MODELS = [
+    ("unet2d", UNet2d, (2, 2, 24, 20), 13),
+    ("resnet1d", ResNet1d, (1, 3, 40), 17),
+    ("net3d", Net3d, (1, 1, 12, 10, 8), 14),
+]
+
+
+def randomize(model, generator):
+    for p in model.parameters():
+        with torch.no_grad():
+            p.copy_(torch.rand(p.shape, generator=generator) * 1.2 - 0.6)
+    for m in model.modules():
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=generator) - 0.5)
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=generator) + 0.5)
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    generator = torch.Generator().manual_seed(2026)
+    for name, make, shape, opset in MODELS:
+        model = make()
+        randomize(model, generator)
+        model.eval()
+        x = torch.rand(shape, generator=generator) * 2 - 1
+        with torch.no_grad():
+            y = model(x)
+        path = os.path.join(out, name + ".onnx")
+        torch.onnx.export(model, x, path, opset_version=opset, input_names=["input"],
+                          output_names=["output"],
+                          dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+        x.numpy().astype(np.float32).tofile(os.path.join(out, name + ".input.bin"))
+        y.numpy().astype(np.float32).tofile(os.path.join(out, name + ".output.bin"))
+        with open(os.path.join(out, name + ".shape"), "w") as f:
+            f.write("input " + " ".join(map(str, x.shape)) + "\n")
+            f.write("output " + " ".join(map(str, y.shape)) + "\n")
+        print(f"onnx_test_models: {path}: opset {opset}, input {tuple(x.shape)}, "
+              f"output {tuple(y.shape)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
