@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <yaml-cpp/yaml.h>
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cmath>
@@ -181,6 +182,16 @@ struct TrainCommand {
   }
 };
 
+/// `overrides` with the model set to the ONNX file at `path` (after the user's, so it wins).
+std::vector<std::string> with_onnx_model(std::vector<std::string> overrides,
+                                         const std::string& path) {
+  std::string quoted = "'";  // a YAML single-quoted string: any path, ' doubled
+  for (const char c : path) quoted += c == '\'' ? std::string("''") : std::string(1, c);
+  overrides.push_back("model.type=onnx");
+  overrides.push_back("model.path=" + quoted + "'");
+  return overrides;
+}
+
 /// `infer`: a trained model over an HDF5 file, with the error against targets on rank 0.
 struct InferCommand {
   CLI::App* command = nullptr;
@@ -193,10 +204,18 @@ struct InferCommand {
     command->add_option("-c,--config", config_path,
                         "Run config (YAML); default: the config stored in the checkpoint");
     command->add_option("--set", overrides, "Override a config key");
-    command
-        ->add_option("--checkpoint", options.checkpoint,
-                     "Checkpoint file, or a run directory (its newest checkpoint)")
-        ->required();
+    auto* checkpoint = command->add_option(
+        "--checkpoint", options.checkpoint,
+        "Checkpoint file, or a run directory (its newest checkpoint)");
+    auto* model = command->add_option(
+        "--model", options.onnx_model,
+        "An ONNX file (e.g. from torch.onnx.export) run as it is, instead of a checkpoint");
+    checkpoint->excludes(model);
+    model->excludes(checkpoint);
+    command->callback([checkpoint, model] {
+      if (checkpoint->count() + model->count() == 0)
+        throw CLI::RequiredError("--checkpoint or --model");
+    });
     command->add_option("-i,--input", options.input_path, "Input HDF5 file")->required();
     command->add_option("-o,--output", options.output_path, "Output HDF5 file")->required();
     command->add_option("--dataset", options.input_dataset,
@@ -209,15 +228,30 @@ struct InferCommand {
   }
 
   void run(const Communicator& world) {
-    options.checkpoint = resolve_checkpoint(options.checkpoint);
     // Inference reads its input from --input, not data.path: configs of models trained
     // online by an embedding solver have none.
     const auto arrays = RunConfig::DataUse::arrays;
-    const RunConfig config =
-        config_path.empty()
-            ? RunConfig::parse(read_checkpoint_state(world, options.checkpoint).config,
-                               options.checkpoint + " (stored config)", overrides, arrays)
-            : RunConfig::load(config_path, overrides, arrays);
+    RunConfig config;
+    if (!options.onnx_model.empty()) {
+      // The ONNX file is the model (its graph and weights, no normalisation); a --config
+      // gives the rest (data names, parallel, memory), its model section is not used.
+      std::string text = "data: {normalize: false}\n";
+      if (!config_path.empty()) {
+        YAML::Node tree = YAML::Load(RunConfig::load(config_path, {}, arrays).text);
+        tree.remove("model");
+        YAML::Emitter out;
+        out << tree;
+        text = out.c_str();
+      }
+      config = RunConfig::parse(text, config_path.empty() ? "--model" : config_path,
+                                with_onnx_model(overrides, options.onnx_model), arrays);
+    } else {
+      options.checkpoint = resolve_checkpoint(options.checkpoint);
+      config = config_path.empty()
+                   ? RunConfig::parse(read_checkpoint_state(world, options.checkpoint).config,
+                                      options.checkpoint + " (stored config)", overrides, arrays)
+                   : RunConfig::load(config_path, overrides, arrays);
+    }
     options.config_path = config_path;
     enable_memory_tracking();  // the report below, memory.budget_mib
     const InferResult r = infer(world, config, options);

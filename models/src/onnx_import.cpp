@@ -27,6 +27,11 @@ namespace shardtensor::models {
 
 bool onnx_available() { return false; }
 
+OnnxSignature onnx_signature(const std::string& path, const Communicator&) {
+  SHARDTENSOR_FAIL("import_onnx", path << ": this build reads no ONNX files (it was configured "
+                                          "without libonnx-dev)");
+}
+
 template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator&,
                                       const ModelShape&, const std::string& key) {
@@ -148,6 +153,33 @@ Tensor tensor_of(const onnx::TensorProto& t, const std::string& directory) {
   return out;
 }
 
+/// The model in the file at `path`, parsed and checked by ONNX's checker. Collective: a file
+/// one rank cannot open is an error on every rank; the rest fails alike everywhere.
+onnx::ModelProto read_model(const std::string& path, const Communicator& comm,
+                            const std::string& key) {
+  std::string bytes, problem;
+  try {
+    bytes = read_bytes(path);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  comm.agree(problem.empty() ? "" : key + ": " + problem);  // no rank reads alone
+  onnx::ModelProto model;
+  google::protobuf::io::ArrayInputStream stream(bytes.data(), int(bytes.size()));
+  google::protobuf::io::CodedInputStream coded(&stream);
+  coded.SetTotalBytesLimit(int(std::min<std::size_t>(bytes.size() + 1, INT32_MAX)));
+  SHARDTENSOR_REQUIRE(model.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage(), where,
+                      key << ": '" << path << "' (" << bytes.size()
+                          << " bytes) is not an ONNX model: the protobuf does not parse "
+                             "(truncated or corrupt)");
+  try {
+    onnx::checker::check_model(model);
+  } catch (const std::exception& e) {
+    SHARDTENSOR_FAIL(where, key << ": '" << path << "' fails ONNX's checker: " << e.what());
+  }
+  return model;
+}
+
 const onnx::AttributeProto* find_attribute(const onnx::NodeProto& n, const std::string& name) {
   for (const auto& a : n.attribute())
     if (a.name() == name) return &a;
@@ -247,26 +279,7 @@ class Importer {
   // ---- reading ---------------------------------------------------------------------------
 
   void read() {
-    std::string bytes, problem;
-    try {
-      bytes = read_bytes(path_);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-    comm_.agree(problem.empty() ? "" : key_ + ": " + problem);  // no rank reads alone
-    google::protobuf::io::ArrayInputStream stream(bytes.data(), int(bytes.size()));
-    google::protobuf::io::CodedInputStream coded(&stream);
-    coded.SetTotalBytesLimit(int(std::min<std::size_t>(bytes.size() + 1, INT32_MAX)));
-    SHARDTENSOR_REQUIRE(model_.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage(),
-                        where,
-                        key_ << ": '" << path_ << "' (" << bytes.size()
-                             << " bytes) is not an ONNX model: the protobuf does not parse "
-                                "(truncated or corrupt)");
-    try {
-      onnx::checker::check_model(model_);
-    } catch (const std::exception& e) {
-      SHARDTENSOR_FAIL(where, key_ << ": '" << path_ << "' fails ONNX's checker: " << e.what());
-    }
+    model_ = read_model(path_, comm_, key_);
     for (const auto& o : model_.opset_import())
       if (o.domain().empty() || o.domain() == "ai.onnx") opset_ = o.version();
     SHARDTENSOR_REQUIRE(opset_ >= 11 && opset_ <= 18, where,
@@ -890,6 +903,29 @@ class Importer {
 };
 
 }  // namespace
+
+OnnxSignature onnx_signature(const std::string& path, const Communicator& comm) {
+  const onnx::ModelProto model = read_model(path, comm, "--model");
+  const onnx::GraphProto& g = model.graph();
+  std::set<std::string> initializers;
+  for (const auto& t : g.initializer()) initializers.insert(t.name());
+  OnnxSignature s;
+  const auto describe = [](const onnx::ValueInfoProto& v, int& rank, Index& channels) {
+    const auto& dims = v.type().tensor_type().shape().dim();
+    rank = dims.size();
+    channels = dims.size() > 1 && dims[1].has_dim_value() ? dims[1].dim_value() : 0;
+  };
+  for (const auto& i : g.input())
+    if (!initializers.count(i.name())) {
+      describe(i, s.input_rank, s.input_channels);
+      break;
+    }
+  SHARDTENSOR_REQUIRE(g.output_size() == 1, where,
+                      path << ": the graph has " << g.output_size()
+                           << " outputs; one output field is supported");
+  describe(g.output(0), s.output_rank, s.output_channels);
+  return s;
+}
 
 template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator& comm,

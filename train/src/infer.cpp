@@ -18,6 +18,7 @@
 #include "shardtensor/io/file.hpp"
 #include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/io/xdmf.hpp"
+#include "shardtensor/models/onnx_import.hpp"
 #include "shardtensor/train/batch_reader.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/trainer.hpp"
@@ -49,12 +50,30 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   // typo would pass for a file without targets.
   if (!options.target_dataset.empty())
     io::dataset_info(file, target);  // throws, naming those there
-  const TrainingState stored = read_checkpoint_state(world, options.checkpoint);
-  require_trained_on(stored, options.checkpoint, inspect(file, input, "", false),
-                     options.input_path + " dataset '" + input + "'", false, "infer");
+  // A checkpoint brings its statistics and parameters; an ONNX file its own weights and none.
+  const bool from_onnx = options.checkpoint.empty();
+  TrainingState stored;
+  if (from_onnx) {
+    const impl::FieldData data = inspect(file, input, "", false);
+    const models::OnnxSignature onnx = models::onnx_signature(options.onnx_model, world);
+    SHARDTENSOR_REQUIRE(onnx.output_channels > 0 && onnx.output_rank == data.dims + 2, "infer",
+                        options.onnx_model
+                            << ": its output is of rank " << onnx.output_rank << " with "
+                            << (onnx.output_channels > 0 ? std::to_string(onnx.output_channels)
+                                                         : std::string("symbolic"))
+                            << " channels; a field of the data's " << data.dims
+                            << " spatial axes with fixed channels is expected");
+    stored.input_statistics = ChannelStatistics::identity(data.input_channels);
+    stored.target_statistics = ChannelStatistics::identity(onnx.output_channels);
+  } else {
+    stored = read_checkpoint_state(world, options.checkpoint);
+    require_trained_on(stored, options.checkpoint, inspect(file, input, "", false),
+                       options.input_path + " dataset '" + input + "'", false, "infer");
+  }
   Setup<T> s =
       set_up<T>(world, config, file, input, target, false, stored.target_statistics.channels());
-  const TrainingState state = load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
+  const TrainingState state =
+      from_onnx ? stored : load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
   const Index out_channels = state.target_statistics.channels();
   s.model->eval();
   const NoGradGuard no_grad;  // inference: keep no graph
@@ -126,13 +145,15 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
 }  // namespace
 
 InferResult infer(const Communicator& world, const RunConfig& config, const InferOptions& options) {
-  SHARDTENSOR_REQUIRE(!options.checkpoint.empty(), "infer", "no checkpoint given");
+  SHARDTENSOR_REQUIRE(options.checkpoint.empty() != options.onnx_model.empty(), "infer",
+                      "give a checkpoint or an ONNX model (--model), one of them");
   // Before anything is opened for writing: the outputs replace none of the files read.
   const std::string sidecar = fs::path(options.output_path).replace_extension(".xdmf").string();
   io::require_outputs_apart(
       world, "infer", {{"--output", options.output_path}, {"XDMF sidecar of --output", sidecar}},
       {{"--input", options.input_path},
        {"--checkpoint", options.checkpoint},
+       {"--model", options.onnx_model},
        {"--config", options.config_path}});
   return config.training.precision == "double" ? infer_as<double>(world, config, options)
                                                : infer_as<float>(world, config, options);

@@ -15,6 +15,17 @@ namespace shardtensor::models {
 /// Whether this build reads ONNX files (it was built with libonnx-dev).
 bool onnx_available();
 
+/// What an ONNX file takes and gives, read from its graph's input and output (no layer is
+/// made): their ranks and channel counts (0 where the file leaves them symbolic).
+struct OnnxSignature {
+  int input_rank = 0, output_rank = 0;
+  Index input_channels = 0, output_channels = 0;
+};
+
+/// The signature of the ONNX file at `path`. Collective over `comm`: a file that one rank
+/// cannot read is an error on every rank.
+OnnxSignature onnx_signature(const std::string& path, const Communicator& comm);
+
 /// The network in the ONNX file at `path`: its one input (N, C, spatial...) with
 /// shape.in_channels channels and shape.dims spatial axes, its one output a field. Every rank
 /// reads the file; a file that cannot be read, fails ONNX's checker or holds an operator,

@@ -51,7 +51,8 @@ TrainResult train(const Communicator& world, const RunConfig& config,
                   const TrainOptions& options = {});
 
 struct InferOptions {
-  std::string checkpoint;      ///< required
+  std::string checkpoint;      ///< a trained model, or:
+  std::string onnx_model;      ///< an ONNX file run as it is (its weights, no normalisation)
   std::string input_path;      ///< HDF5 file with the input dataset
   std::string output_path;     ///< written atomically, with an XDMF sidecar
   std::string input_dataset;   ///< default: config data.input

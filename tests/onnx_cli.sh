@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A network written in PyTorch, exported to ONNX, through the `shardtensor` command on 2 ranks:
+# `infer --model` equals PyTorch's predictions (1e-5); `train` with `model: {type: onnx}`
+# trains it further (the initializers are the starting parameters) and `infer --checkpoint`
+# runs the trained graph; a file that is not ONNX stops every rank with one message.
+#   tests/onnx_cli.sh <path to shardtensor> <source dir>
+# Exit 77 (skipped) without PyTorch, ONNX or h5py.
+set -euo pipefail
+bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+source_dir="$(cd "$2" && pwd)"
+python="${SHARDTENSOR_PYTHON:-/usr/bin/python3}"
+work="$(mktemp -d /tmp/shardtensor_onnx_XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+run() { mpirun -n 2 --oversubscribe --bind-to none "$bin" "$@"; }
+expect() {  # expect <pattern> <file>
+  grep -q -- "$1" "$2" || { echo "FAIL: '$1' not in $2:"; cat "$2"; exit 1; }
+}
+
+set +e
+"$python" "$source_dir/tools/onnx_heat_model.py" export heat.onnx > export.log 2>&1
+status=$?
+set -e
+[ "$status" -eq 77 ] && { cat export.log; exit 77; }
+[ "$status" -eq 0 ] || { cat export.log; exit 1; }
+
+run generate heat --dims 2 --size 32 --samples 6 --steps 10 --output data.h5 > gen.log
+
+echo "== infer --model heat.onnx: PyTorch's predictions"
+run infer --model heat.onnx --input data.h5 --output onnx_out.h5 > infer.log
+expect "infer: 6 samples -> onnx_out.h5" infer.log
+"$python" "$source_dir/tools/onnx_heat_model.py" compare heat.onnx data.h5 onnx_out.h5
+
+echo "== train model: {type: onnx}, then infer --checkpoint"
+cat > run.yaml <<YAML
+run_dir: run
+data: {path: data.h5, validation_samples: 2, periodic: true, normalize: false}
+model: {type: onnx, path: heat.onnx}
+optimizer: {type: adam, lr: 1.0e-3}
+training: {epochs: 2, batch_size: 2, loss: mse}
+YAML
+run train --config run.yaml > train.log
+expect "epoch 2/2" train.log
+expect "validation relative L2 error" train.log
+run infer --checkpoint run --input data.h5 --output trained_out.h5 > infer_trained.log
+expect "relative L2 error vs target" infer_trained.log
+
+echo "== a file that is not ONNX"
+head -c 300 heat.onnx > cut.onnx
+set +e
+run infer --model cut.onnx --input data.h5 --output never.h5 > cut.log 2>&1
+status=$?
+set -e
+[ "$status" -ne 0 ] || { echo "FAIL: a truncated ONNX file was accepted"; cat cut.log; exit 1; }
+expect "is not an ONNX model" cut.log
+test ! -e never.h5 || { echo "FAIL: never.h5 was written"; exit 1; }
+echo "onnx_cli: passed"
