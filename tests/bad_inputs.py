@@ -229,6 +229,35 @@ def symlink_loop(name):
 
 # ---- the catalogue ------------------------------------------------------------------------
 
+def onnx_model(name, make_nodes, in_channels=2, out_channels=1, external=None):
+    """A setup writing NAME, made with onnx.helper (no PyTorch needed): a graph from input
+    [N, in_channels, 12, 12] to output [N, out_channels, 12, 12] of the nodes
+    make_nodes(onnx.helper) returns, with a 3x3 conv weight 'w' (in_channels -> 1) whose data
+    lies in the file `external` beside the model when given (not written)."""
+    def setup(d):
+        from onnx import TensorProto, helper
+        x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", in_channels, 12, 12])
+        y = helper.make_tensor_value_info("prediction", TensorProto.FLOAT,
+                                          ["N", out_channels, 12, 12])
+        values = np.linspace(-1, 1, in_channels * 9).astype(np.float32)
+        w = helper.make_tensor("w", TensorProto.FLOAT, [1, in_channels, 3, 3], values)
+        if external:
+            w.ClearField("float_data")
+            w.data_location = TensorProto.EXTERNAL
+            entry = w.external_data.add()
+            entry.key, entry.value = "location", external
+        graph = helper.make_graph(make_nodes(helper), "bad", [x], [y], [w])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(model.SerializeToString())
+    return setup
+
+
+def onnx_conv(output="prediction"):
+    from onnx import helper
+    return helper.make_node("Conv", ["input", "w"], [output], name="conv", pads=[1, 1, 1, 1])
+
+
 T = ["train", "--config"]
 TB = ["train", "--config", "bad.yaml"]
 I = ["infer", "--checkpoint", "ck.h5", "--input", "data.h5"]
@@ -547,6 +576,31 @@ def cases():
     add("ranks given different commands", T + ["run.yaml"],
         r"command line.*differs between ranks.*'infer'",
         last_rank_argv=I + ["--output", "out.h5"], min_ranks=2)
+
+    # ONNX models (infer --model): files crafted with onnx.helper.
+    IM = ["infer", "--model", "m.onnx", "--input", "data.h5", "--output", "out.h5"]
+    add("ONNX: an operator with no sharded equivalent", IM,
+        r"node 'soft' \(Softsign\): the operator is not supported",
+        setup=onnx_model("m.onnx", lambda h: [
+            onnx_conv("h"), h.make_node("Softsign", ["h"], ["prediction"], name="soft")]))
+    add("ONNX: external data missing", IM, r"weights\.bin",
+        setup=onnx_model("m.onnx", lambda h: [onnx_conv()], external="weights.bin"))
+    add("ONNX: input channels other than the data's", IM,
+        r"takes 3 input channel\(s\); the data has 2",
+        setup=onnx_model("m.onnx", lambda h: [onnx_conv()], in_channels=3))
+    add("ONNX: an output size baked into the graph", IM,
+        r"node 'resize' \(Resize\): scales must be a constant \(sizes",
+        setup=onnx_model("m.onnx", lambda h: [
+            onnx_conv("h"),
+            h.make_node("Constant", [], ["sizes"], name="sizes",
+                        value=h.make_tensor("v", 7, [4], [1, 1, 12, 12])),
+            h.make_node("Resize", ["h", "", "", "sizes"], ["prediction"], name="resize",
+                        mode="nearest")]))
+    add("ONNX: a truncated file", IM, r"'m\.onnx' \(\d+ bytes\) is not an ONNX model",
+        setup=steps(onnx_model("m.onnx", lambda h: [onnx_conv()]), truncate("m.onnx", 0.5)))
+    add("ONNX: --model with --checkpoint", IM + ["--checkpoint", "ck.h5"],
+        r"--model excludes --checkpoint|--checkpoint excludes --model",
+        setup=onnx_model("m.onnx", lambda h: [onnx_conv()]))
 
     # C API misuse (tests/capi_misuse.c; every rank must return the error).
     for name, expect in [  # (the case, in capi_misuse.c; the message)

@@ -173,7 +173,8 @@ onnx::ModelProto read_model(const std::string& path, const Communicator& comm,
                           << " bytes) is not an ONNX model: the protobuf does not parse "
                              "(truncated or corrupt)");
   try {
-    onnx::checker::check_model(model);
+    // By path: external data is then looked for beside the model, not in the working directory.
+    onnx::checker::check_model(path);
   } catch (const std::exception& e) {
     SHARDTENSOR_FAIL(where, key << ": '" << path << "' fails ONNX's checker: " << e.what());
   }
