@@ -17,7 +17,7 @@ packages=(
   gfortran                                # the Fortran embedding module and example
   petsc-dev                               # examples/06_petsc and its tests (a PETSc solver)
   libonnx-dev libprotobuf-dev             # ONNX import (models/onnx_import.hpp)
-  python3-onnx                            # the ONNX tests export PyTorch models at test time
+  python3-onnx python3-torchvision        # the ONNX tests export PyTorch models at test time
   python3-torch python3-h5py python3-yaml  # PyTorch interop (tools/, its equivalence test)
   python3-matplotlib                      # plots of tools/scaling.py and tools/accuracy_curves.py
 )

@@ -23,6 +23,7 @@ namespace {
 struct Exported {
   std::string path;
   std::vector<Index> input_shape, output_shape;
+  Index stride = 1;  ///< cells of the input per cell of the network's coarsest stage
   std::vector<float> input, output;
 
   int dims() const { return int(input_shape.size()) - 2; }
@@ -55,6 +56,10 @@ Exported load(const std::string& name) {
     std::istringstream words(line);
     std::string which;
     words >> which;
+    if (which == "stride") {
+      words >> e.stride;
+      continue;
+    }
     std::vector<Index>& shape = which == "input" ? e.input_shape : e.output_shape;
     for (Index v; words >> v;) shape.push_back(v);
   }
@@ -77,37 +82,69 @@ models::ModelShape model_shape(const Exported& e) {
   return {e.dims(), e.input_shape[1], e.output_shape[1], e.extents()};
 }
 
+/// max |ours - PyTorch's| / max |PyTorch's| of the network's output on the exported input,
+/// run sharded over `d`: a field (gathered) or a pooled vector (replicated).
+double error_against_pytorch(const Exported& e, const Communicator& world, const Decomposition& d) {
+  const auto model = models::import_onnx<float>(e.path, world, model_shape(e));
+  model->eval();  // as exported: batch norm with its running statistics
+  ShardTensor<float> x(d, world.rank(), e.input_shape[0], e.input_shape[1]);
+  test::fill(x, [&](Index n, Index c, const SpatialIndex&, const SpatialIndex& g) {
+    return double(e.input[linear(e.input_shape, n, c, g)]);
+  });
+  const NoGradGuard no_grad;
+  const Variable<float> y = model->forward(Variable<float>::field(x));
+  std::vector<double> ours;
+  if (y.is_field()) {
+    CHECK(y.value().decomposition() == d);  // back on the input's split
+    const auto whole = all_gather(world, y.value());
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole);
+    ours.assign(host.data(), host.data() + host.span());
+  } else {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.data());
+    ours.assign(host.data(), host.data() + host.span());
+  }
+  REQUIRE(ours.size() == e.output.size());
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < e.output.size(); ++i) {
+    diff = std::max(diff, std::abs(ours[i] - double(e.output[i])));
+    scale = std::max(scale, std::abs(double(e.output[i])));
+  }
+  return diff / scale;
+}
+
 }  // namespace
 
 TEST_CASE("ONNX networks from PyTorch run sharded as PyTorch computes them", "[onnx]") {
   REQUIRE(models::onnx_available());
   const Communicator world;
-  for (const std::string name : {"unet2d", "resnet1d", "net3d"}) {
+  for (const std::string name : {"unet2d", "resnet1d", "net3d", "head2d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       for (const Decomposition& d :
            test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4)) {
         INFO(name << " on " << d.describe());
-        const auto model = models::import_onnx<float>(e.path, world, model_shape(e));
-        model->eval();  // as exported: batch norm with its running statistics
-        ShardTensor<float> x(d, world.rank(), e.input_shape[0], e.input_shape[1]);
-        test::fill(x, [&](Index n, Index c, const SpatialIndex&, const SpatialIndex& g) {
-          return double(e.input[linear(e.input_shape, n, c, g)]);
-        });
-        const NoGradGuard no_grad;
-        const Variable<float> y = model->forward(Variable<float>::field(x));
-        const auto whole = all_gather(world, y.value());
-        auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole);
-        REQUIRE(host.span() == e.output.size());
-        double diff = 0, scale = 0;
-        for (std::size_t i = 0; i < e.output.size(); ++i) {
-          diff = std::max(diff, std::abs(double(host.data()[i]) - double(e.output[i])));
-          scale = std::max(scale, std::abs(double(e.output[i])));
-        }
-        INFO("max |ShardTensor - PyTorch| = " << diff << ", max |PyTorch| = " << scale);
-        CHECK(diff <= 1e-5 * scale);
-        CHECK(y.value().decomposition() == d);  // back on the input's split
+        CHECK(error_against_pytorch(e, world, d) <= 1e-5);
       }
+    }
+  }
+}
+
+TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]") {
+  // Classification (ResNet-18: global pooling and a linear head), video (R3D-18) and
+  // segmentation (FCN-ResNet50: dilated stages, a resize to the input's size), random weights,
+  // split along the last axis into parts that keep a cell at the coarsest stage.
+  const Communicator world;
+  for (const std::string name : {"tv_resnet18", "tv_r3d_18", "tv_fcn_resnet50"}) {
+    DYNAMIC_SECTION(name) {
+      const Exported e = load(name);
+      std::vector<int> grid(e.dims(), 1);
+      grid.back() = world.size();
+      if (e.extents().back() / world.size() < e.stride) continue;  // too small to split so
+      const Decomposition d(e.extents(), grid);
+      INFO(name << " on " << d.describe());
+      const double error = error_against_pytorch(e, world, d);
+      INFO("max |ShardTensor - PyTorch| / max |PyTorch| = " << error);
+      CHECK(error <= 1e-4);
     }
   }
 }
@@ -125,6 +162,37 @@ TEST_CASE("an imported graph trains sharded as on one rank", "[onnx]") {
       for (const Decomposition& d :
            test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4))
         test::check_equivalence(make, d, e.input_shape[0], e.input_shape[1]);
+    }
+  }
+}
+
+TEST_CASE("a pooled head's gradients are one rank's", "[onnx]") {
+  // Conv, global average pooling, flatten, linear to one score: backward from the score.
+  const Communicator world, self(MPI_COMM_SELF);
+  const Exported e = load("head2d");
+  REQUIRE(e.output_shape == std::vector<Index>{1, 1});
+  const auto run = [&](const Communicator& comm, const Decomposition& d) {
+    test::Run<float> r;
+    r.module = models::import_onnx<float>(e.path, comm, model_shape(e));
+    r.input = Variable<float>::field(test::random_shard<float>(d, comm.rank(), 1, 2, 11), true,
+                                     "input");
+    r.output = r.module->forward(r.input);
+    backward(r.output);
+    r.loss = r.output.item();
+    return r;
+  };
+  for (const Decomposition& d :
+       test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/3)) {
+    INFO(d.describe());
+    const test::Run<float> reference = run(self, test::unsharded(d)), sharded = run(world, d);
+    CHECK(std::abs(sharded.loss - reference.loss) <= 1e-5 * std::abs(reference.loss));
+    CHECK(test::relative_error(all_gather(world, sharded.input.grad()),
+                               reference.input.grad().view()) <= 1e-5);
+    const auto p = sharded.module->named_parameters(), q = reference.module->named_parameters();
+    REQUIRE(p.size() == q.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      INFO("parameter " << p[i].first);
+      CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) <= 1e-5);
     }
   }
 }

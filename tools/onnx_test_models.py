@@ -87,18 +87,63 @@ class Net3d(nn.Module):
         return self.out(torch.cat([a, u, t], 1))
 
 
+class Head2d(nn.Module):
+    """A classifier head: conv, global average pooling, flatten, a linear layer to one score
+    (one sample: the score is the scalar the gradient test starts backward from)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 6, 3, padding=1)
+        self.fc = nn.Linear(6, 1)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(torch.tanh(self.conv(x)), 1), 1))
+
+
 # (name, model, input shape, opset)
 MODELS = [
+    ("head2d", Head2d, (1, 2, 16, 12), 13),
     ("unet2d", UNet2d, (2, 2, 24, 20), 13),
     ("resnet1d", ResNet1d, (1, 3, 40), 17),
     ("net3d", Net3d, (1, 1, 12, 10, 8), 14),
 ]
 
 
+def torchvision_models():
+    """Networks no one wrote for ShardTensor (python3-torchvision, random weights): (name, make,
+    input shape, opset, total stride: each rank's part of the last axis must hold that many
+    cells, enough for the dilated stages' halos too). Empty without torchvision."""
+    try:
+        import torchvision.models as tv
+    except ImportError:
+        return []
+    return [
+        ("tv_resnet18", lambda: tv.resnet18(num_classes=10), (2, 3, 64, 128), 13, 32),
+        ("tv_r3d_18", lambda: tv.video.r3d_18(num_classes=5), (1, 3, 8, 16, 64), 13, 16),
+        ("tv_fcn_resnet50",
+         lambda: tv.segmentation.fcn_resnet50(num_classes=3, weights_backbone=None,
+                                              aux_loss=False), (1, 3, 32, 128), 13, 32),
+    ]
+
+
+class FcnOut(nn.Module):
+    """torchvision's segmentation models return a dict; the exported graph is its 'out'."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x)["out"]
+
+
 def randomize(model, generator):
     for p in model.parameters():
         with torch.no_grad():
-            p.copy_(torch.rand(p.shape, generator=generator) * 1.2 - 0.6)
+            # Uniform in +-bound with PyTorch's fan-in bound: deep networks stay O(1).
+            fan_in = p[0].numel() if p.dim() > 1 else max(p.numel(), 1)
+            bound = 1.2 / fan_in ** 0.5 if p.dim() > 1 else 0.6
+            p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)
     for m in model.modules():
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=generator) - 0.5)
@@ -112,8 +157,11 @@ def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     generator = torch.Generator().manual_seed(2026)
-    for name, make, shape, opset in MODELS:
+    models = [(name, make, shape, opset, 1) for name, make, shape, opset in MODELS]
+    for name, make, shape, opset, stride in models + torchvision_models():
         model = make()
+        if name.startswith("tv_fcn"):
+            model = FcnOut(model)
         randomize(model, generator)
         model.eval()
         x = torch.rand(shape, generator=generator) * 2 - 1
@@ -128,6 +176,7 @@ def main():
         with open(os.path.join(out, name + ".shape"), "w") as f:
             f.write("input " + " ".join(map(str, x.shape)) + "\n")
             f.write("output " + " ".join(map(str, y.shape)) + "\n")
+            f.write(f"stride {stride}\n")
         print(f"onnx_test_models: {path}: opset {opset}, input {tuple(x.shape)}, "
               f"output {tuple(y.shape)}")
     return 0

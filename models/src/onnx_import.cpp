@@ -218,6 +218,14 @@ struct PaddedField {
   PaddingMode mode = PaddingMode::zeros;
 };
 
+/// One entry of a shape computation's value: a number, or an axis of a field's shape
+/// (`field` names it), known only when the field is there.
+struct Dim {
+  std::int64_t value = 0;
+  std::string field;
+  int axis = 0;
+};
+
 /// The exporter's decompositions recognised as one layer.
 struct GeluPattern {
   std::string input;
@@ -258,8 +266,14 @@ class Importer {
     }
     ++uses_[g.output(0).name()];
     absorbed_.assign(g.node_size(), false);
-    for (int i = 0; i < g.node_size(); ++i)
-      if (g.node(i).op_type() == "Constant") constant_node(g.node(i)), absorbed_[i] = true;
+    for (int i = 0; i < g.node_size(); ++i) {
+      const onnx::NodeProto& n = g.node(i);
+      if (n.op_type() == "Constant") constant_node(n), absorbed_[i] = true;
+      // The exporter passes shared weights through Identity: the same constant.
+      if (n.op_type() == "Identity" && constant(n.input(0)))
+        constants_[n.output(0)] = *constant(n.input(0)), absorbed_[i] = true;
+    }
+    fold_shapes(input);
     find_patterns();
 
     graph_ = std::make_shared<Graph<T>>(input);
@@ -267,7 +281,7 @@ class Importer {
     for (int i = 0; i < g.node_size(); ++i)
       if (!absorbed_[i]) convert(i);
     const std::string& output = g.output(0).name();
-    SHARDTENSOR_REQUIRE(fields_.count(output), where,
+    SHARDTENSOR_REQUIRE(fields_.count(output) || vectors_.count(output), where,
                         path_ << ": the output '" << output
                               << "' is not a field (a constant, or a value of a pattern that "
                                  "no layer ends)");
@@ -364,6 +378,9 @@ class Importer {
     if (padded_.count(name))
       refuse(n, "reads a padded field (a Pad node or circular padding); only a Conv or an "
                 "average pooling may (as its padding)");
+    if (vectors_.count(name))
+      refuse(n, "input '" + name + "' is a pooled vector (after a global pooling), not a field; "
+                "on vectors Flatten, Reshape to (N, -1), Squeeze and Gemm are supported");
     if (!fields_.count(name))
       refuse(n, "input '" + name + "' is not a field: " +
                     (constant(name) ? "a constant (ops between constants and fields other than "
@@ -452,6 +469,94 @@ class Importer {
                 typename Graph<T>::Operation operation) {
     graph_->add_step(n.name(), n.op_type(), inputs, n.output(0), std::move(operation));
     fields_.insert(n.output(0));
+  }
+
+  // ---- shape computations ------------------------------------------------------------------
+
+  /// The Shape, Gather, Slice, Concat, Unsqueeze, Squeeze and Cast nodes that compute sizes
+  /// from fields' shapes (what torch.onnx.export writes for x.shape[-2:] and the like), folded
+  /// into vectors of Dims: numbers, or axes of fields read when the graph runs.
+  void fold_shapes(const std::string& graph_input) {
+    graph_input_ = graph_input;
+    const onnx::GraphProto& g = model_.graph();
+    for (int i = 0; i < g.node_size(); ++i) {
+      if (absorbed_[i]) continue;
+      const onnx::NodeProto& n = g.node(i);
+      std::vector<Dim> out;
+      if (fold(n, out)) {
+        shapes_[n.output(0)] = out;
+        absorbed_[i] = true;
+      }
+    }
+  }
+
+  /// `name` as a shape vector: a folded value, or an integer constant.
+  bool shape_value(const std::string& name, std::vector<Dim>& out) const {
+    const auto found = shapes_.find(name);
+    if (found != shapes_.end()) return out = found->second, true;
+    const Tensor* t = constant(name);
+    if (!t) return false;
+    out.clear();
+    for (const double v : t->values) out.push_back(Dim{std::int64_t(v), "", 0});
+    return true;
+  }
+
+  bool fold(const onnx::NodeProto& n, std::vector<Dim>& out) const {
+    const std::string& op = n.op_type();
+    const int rank = shape_.dims + 2;
+    std::vector<Dim> a, b;
+    if (op == "Shape") {
+      if (constant(n.input(0)) || shapes_.count(n.input(0)) || find_attribute(n, "start") ||
+          find_attribute(n, "end"))
+        return false;
+      for (int axis = 0; axis < rank; ++axis) out.push_back(Dim{0, n.input(0), axis});
+      return true;
+    }
+    if (op == "Cast" || op == "Identity" || op == "Squeeze" || op == "Unsqueeze")
+      return shapes_.count(n.input(0)) && shape_value(n.input(0), out);  // 0-D, 1-D alike
+    if (op == "Gather") {
+      if (integer(n, "axis", 0) != 0 || !shape_value(n.input(0), a) || !constant(n.input(1)))
+        return false;
+      for (const double v : constant(n.input(1))->values) {
+        std::int64_t i = std::int64_t(v);
+        if (i < 0) i += std::int64_t(a.size());
+        if (i < 0 || i >= std::int64_t(a.size())) return false;
+        out.push_back(a[std::size_t(i)]);
+      }
+      return true;
+    }
+    if (op == "Concat") {
+      if (integer(n, "axis", 0) != 0) return false;
+      for (const auto& in : n.input()) {
+        if (!shape_value(in, b) || (!shapes_.count(in) && constant(in)->dims.size() > 1))
+          return false;
+        out.insert(out.end(), b.begin(), b.end());
+      }
+      // Only a vector made of shapes (not one of constants alone, which stays a constant).
+      for (const auto& in : n.input())
+        if (shapes_.count(in)) return true;
+      return false;
+    }
+    if (op == "Slice") {
+      if (!shapes_.count(n.input(0)) || !shape_value(n.input(0), a) || n.input_size() < 3)
+        return false;
+      const Tensor *starts = constant(n.input(1)), *ends = constant(n.input(2));
+      if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return false;
+      if (n.input_size() > 4 && !n.input(4).empty()) {
+        double step = 0;
+        if (!scalar(n.input(4), step) || step != 1) return false;
+      }
+      const std::int64_t size = std::int64_t(a.size());
+      const auto clamp = [&](double v) {
+        std::int64_t i = v > 1e18 ? size : v < -1e18 ? -size - 1 : std::int64_t(v);
+        if (i < 0) i += size;
+        return std::max<std::int64_t>(0, std::min(i, size));
+      };
+      for (std::int64_t i = clamp(starts->values[0]); i < clamp(ends->values[0]); ++i)
+        out.push_back(a[std::size_t(i)]);
+      return true;
+    }
+    return false;
   }
 
   // ---- patterns ------------------------------------------------------------------------------
@@ -615,6 +720,9 @@ class Importer {
     if (op == "BatchNormalization") return batch_norm(n);
     if (op == "InstanceNormalization") return instance_norm(n);
     if (op == "Pad") return pad(n);
+    if (op == "GlobalAveragePool") return global_average_pool_node(n);
+    if (op == "Flatten" || op == "Reshape" || op == "Squeeze") return flatten_vector(n);
+    if (op == "Gemm") return gemm(n);
     if (op == "Identity" || op == "Dropout") {
       const std::string x = field_input(n);
       return add_step(n, {x}, [](const std::vector<Variable<T>>& v) { return v[0]; });
@@ -661,6 +769,57 @@ class Importer {
     assign_parameter(n, *layer, "weight", w);
     if (o.bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  /// The mean over the whole field per (sample, channel): a replicated (N, C) vector.
+  void global_average_pool_node(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    const Communicator comm = comm_;
+    graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
+                     [comm](const std::vector<Variable<T>>& v) {
+                       return global_average_pool(comm, v[0]);
+                     });
+    vectors_.insert(n.output(0));
+  }
+
+  /// Flatten (axis 1), Reshape to (N, -1) or Squeeze of the unit spatial axes of a pooled
+  /// vector: the vector as it is (it is kept as (N, C) already).
+  void flatten_vector(const onnx::NodeProto& n) {
+    const std::string& x = n.input(0);
+    if (!vectors_.count(x))
+      refuse(n, "reshapes a field (a sharded spatial axis cannot be flattened); only a pooled "
+                "vector may be flattened");
+    if (n.op_type() == "Flatten" && integer(n, "axis", 1) != 1)
+      refuse(n, "axis " + std::to_string(integer(n, "axis", 1)) + "; Flatten(axis 1) is supported");
+    if (n.op_type() == "Reshape") {
+      const Tensor* shape = n.input_size() > 1 ? constant(n.input(1)) : nullptr;
+      if (!shape || shape->size() != 2 || shape->values[1] != -1 ||
+          (shape->values[0] != 0 && shape->values[0] != -1 && shape->values[0] < 1))
+        refuse(n, "a reshape of a pooled vector other than to (N, -1)");
+    }
+    graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
+                     [](const std::vector<Variable<T>>& v) { return v[0]; });
+    vectors_.insert(n.output(0));
+  }
+
+  /// Y = A B^T + C on a pooled vector (PyTorch's nn.Linear): a Linear layer.
+  void gemm(const onnx::NodeProto& n) {
+    const std::string& a = n.input(0);
+    if (!vectors_.count(a)) refuse(n, "input '" + a + "' is not a pooled vector");
+    if (real(n, "alpha", 1) != 1 || real(n, "beta", 1) != 1 || integer(n, "transA", 0) != 0 ||
+        integer(n, "transB", 0) != 1)
+      refuse(n, "alpha, beta, transA, transB other than PyTorch's Linear (1, 1, 0, 1)");
+    const Tensor& w = required_constant(n, 1, "the weight");
+    if (w.dims.size() != 2) refuse(n, "a weight of rank " + std::to_string(w.dims.size()));
+    const bool bias = n.input_size() > 2 && !n.input(2).empty();
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(
+        name, std::make_shared<Linear<T>>(Index(w.dims[1]), Index(w.dims[0]), bias, 0, name));
+    assign_parameter(n, *layer, "weight", w);
+    if (bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
+    graph_->add_step(n.name(), n.op_type(), {a}, n.output(0),
+                     [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+    vectors_.insert(n.output(0));
   }
 
   /// A Pad of the spatial axes, kept for the Conv or average pooling that reads it.
@@ -797,21 +956,27 @@ class Importer {
   void resize(const onnx::NodeProto& n) {
     const std::string x = field_input(n);
     const std::string mode = text(n, "mode", "nearest");
+    std::vector<Dim> sizes;
+    const bool to_sizes = n.op_type() == "Resize" && n.input_size() > 3 && !n.input(3).empty() &&
+                          shape_value(n.input(3), sizes);
     // Opset >= 11: X, roi, scales[, sizes]; Upsample: X, scales.
     const int scales_input = n.op_type() == "Upsample" ? 1 : 2;
     const Tensor* scales = scales_input < n.input_size() ? constant(n.input(scales_input)) : nullptr;
-    if (!scales || scales->size() == 0)
-      refuse(n, "scales must be a constant (sizes, or scales computed from shapes, are not "
-                "supported: export with scale_factor)");
-    if (int(scales->size()) != shape_.dims + 2 || scales->values[0] != 1 || scales->values[1] != 1)
-      refuse(n, "scales must be [1, 1, s...] (batch and channels unscaled)");
     std::vector<int> factors;
-    for (int d = 0; d < shape_.dims; ++d) {
-      const double s = scales->values[d + 2];
-      if (s < 1 || s != std::floor(s))
-        refuse(n, "scale " + std::to_string(s) + " along spatial axis " + std::to_string(d) +
-                      "; integer upsampling factors are supported");
-      factors.push_back(int(s));
+    if (!to_sizes) {
+      if (!scales || scales->size() == 0)
+        refuse(n, "scales must be a constant (sizes, or scales computed from shapes, are not "
+                  "supported: export with scale_factor, or size= from the input's shape)");
+      if (int(scales->size()) != shape_.dims + 2 || scales->values[0] != 1 ||
+          scales->values[1] != 1)
+        refuse(n, "scales must be [1, 1, s...] (batch and channels unscaled)");
+      for (int d = 0; d < shape_.dims; ++d) {
+        const double s = scales->values[d + 2];
+        if (s < 1 || s != std::floor(s))
+          refuse(n, "scale " + std::to_string(s) + " along spatial axis " + std::to_string(d) +
+                        "; integer upsampling factors are supported");
+        factors.push_back(int(s));
+      }
     }
     UpsampleMode kind = UpsampleMode::nearest;
     const std::string transform = text(n, "coordinate_transformation_mode", "half_pixel");
@@ -827,6 +992,50 @@ class Importer {
                       "; align_corners=False (half_pixel, pytorch_half_pixel) is supported");
     } else {
       refuse(n, "mode " + mode + "; nearest and linear are supported");
+    }
+    if (to_sizes) {
+      // Sizes from shapes (x.shape[-2:] of the graph's input, folded) or fixed at export: the
+      // factor follows from the fields that arrive and must be an integer.
+      if (int(sizes.size()) != shape_.dims + 2)
+        refuse(n, "sizes has " + std::to_string(sizes.size()) + " entries");
+      for (int a = 0; a < 2; ++a)
+        if (sizes[a].field.empty() || sizes[a].axis != a)
+          refuse(n, "sizes must keep the batch and channel axes (taken from a shape)");
+      for (int a = 2; a < shape_.dims + 2; ++a)
+        if (!sizes[a].field.empty() && (sizes[a].field != graph_input_ || sizes[a].axis < 2))
+          refuse(n, "sizes follow the shape of '" + sizes[a].field +
+                        "'; the graph input's shape or numbers are supported");
+      const Communicator comm = comm_;
+      const std::string node = n.name(), where_text = key_ + ": '" + path_ + "': node '" +
+                                                      n.name() + "' (Resize)";
+      auto layer = std::make_shared<std::shared_ptr<Upsample<T>>>();
+      auto made_for = std::make_shared<std::vector<int>>();
+      add_step(n, {x, graph_input_}, [=](const std::vector<Variable<T>>& v) {
+        const Decomposition& d = v[0].value().decomposition();
+        const Decomposition& whole = v[1].value().decomposition();
+        std::vector<int> f;
+        for (int a = 0; a < d.ndims(); ++a) {
+          const Dim& size = sizes[a + 2];
+          const Index target = size.field.empty() ? Index(size.value) : whole.global_extent(size.axis - 2);
+          const Index extent = d.global_extent(a);
+          SHARDTENSOR_REQUIRE(target >= extent && target % extent == 0, where,
+                              where_text << ": resizes " << extent << " cells to " << target
+                                         << " along spatial axis " << a
+                                         << (size.field.empty()
+                                                 ? " (a size fixed at export for the traced "
+                                                   "input: export with this resolution or "
+                                                   "with scale_factor)"
+                                                 : "")
+                                         << "; integer factors are supported");
+          f.push_back(int(target / extent));
+        }
+        if (!*layer || *made_for != f) {
+          *layer = std::make_shared<Upsample<T>>(comm, f, kind, node);
+          *made_for = f;
+        }
+        return (*layer)->forward(v[0]);
+      });
+      return;
     }
     auto layer = std::make_shared<Upsample<T>>(comm_, factors, kind, n.name());
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
@@ -899,7 +1108,9 @@ class Importer {
   std::map<std::string, PaddedField> padded_;
   std::map<int, GeluPattern> gelus_;
   std::map<int, GroupNormPattern> group_norms_;
-  std::set<std::string> fields_, module_names_;
+  std::map<std::string, std::vector<Dim>> shapes_;  // values of shape computations
+  std::set<std::string> fields_, vectors_, module_names_;
+  std::string graph_input_;
   std::shared_ptr<Graph<T>> graph_;
 };
 

@@ -7,6 +7,8 @@
 #include "shardtensor/nn/conv_transpose.hpp"
 #include "shardtensor/nn/crop_pad.hpp"
 #include "shardtensor/nn/dropout.hpp"
+#include "shardtensor/nn/global_pool.hpp"
+#include "shardtensor/nn/linear.hpp"
 #include "shardtensor/nn/loss.hpp"
 #include "shardtensor/nn/module.hpp"
 #include "shardtensor/nn/multi_head_attention.hpp"

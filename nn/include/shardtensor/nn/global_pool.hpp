@@ -1,0 +1,62 @@
+#pragma once
+// global_average_pool: the mean of each (sample, channel) of a sharded field over the whole
+// field, a replicated (N, C) tensor (every rank's partial sums, then one allreduce): what the
+// classifier heads of CNNs (nn/linear.hpp) read.
+
+#include <Kokkos_Core.hpp>
+#include <string>
+
+#include "shardtensor/comm/collectives.hpp"
+#include "shardtensor/comm/communicator.hpp"
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/autograd/variable.hpp"
+
+namespace shardtensor {
+
+/// Replicated (N, C): y(n, c) = mean over the global field's cells of x(n, c, cell). Backward
+/// spreads dy(n, c) / cells over this rank's cells. Collective over `comm`.
+template <class T>
+Variable<T> global_average_pool(const Communicator& comm, const Variable<T>& input) {
+  SHARDTENSOR_REQUIRE(input.is_field(), "global_average_pool",
+                      "input '" << input.name() << "' is not a field");
+  const ShardTensor<T>& x = input.value();
+  SHARDTENSOR_REQUIRE(x.ghosts().none(), "global_average_pool",
+                      "input '" << input.name() << "' carries ghost cells");
+  const Index batch = x.batch(), channels = x.channels();
+  const Index cells = Index(x.view().span()) / (batch * channels);
+  const double count = double(x.decomposition().global_cells());
+  // Sums in double per (sample, channel), each over this rank's cells in one order, then over
+  // the ranks: the same on every rank.
+  Kokkos::View<double*> sums("global_average_pool.sums", batch * channels);
+  const T* values = x.view().data();
+  Kokkos::parallel_for(
+      "global_average_pool", batch * channels, KOKKOS_LAMBDA(const Index i) {
+        double s = 0;
+        for (Index k = 0; k < cells; ++k) s += double(values[i * cells + k]);
+        sums(i) = s;
+      });
+  allreduce(comm, sums);
+  ReplicatedView<T> mean("global_average_pool", batch * channels);
+  Kokkos::parallel_for(
+      "global_average_pool.mean", batch * channels,
+      KOKKOS_LAMBDA(const Index i) { mean(i) = T(sums(i) / count); });
+  auto node = make_result_node<T>("global_average_pool", {input.node()});
+  node->is_field = false;
+  node->data = mean;
+  node->shape = {batch, channels};
+  if (node->requires_grad) {
+    auto in = input.node();
+    node->backward = [in, cells, count](impl::Node<T>& self) {
+      const auto g = self.grad_data();
+      const auto gx = in->grad_field().view();
+      T* gx_data = gx.data();
+      Kokkos::parallel_for(
+          "global_average_pool_backward", gx.span(), KOKKOS_LAMBDA(const std::size_t i) {
+            gx_data[i] += T(double(g(Index(i) / cells)) / count);
+          });
+    };
+  }
+  return Variable<T>(node);
+}
+
+}  // namespace shardtensor
