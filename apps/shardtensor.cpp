@@ -29,6 +29,7 @@
 #include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/output_paths.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
+#include "shardtensor/models/onnx_import.hpp"
 #include "shardtensor/train/checkpoint.hpp"
 #include "shardtensor/train/run_config.hpp"
 #include "shardtensor/train/trainer.hpp"
@@ -270,6 +271,66 @@ struct InferCommand {
   }
 };
 
+/// `export`: a trained ONNX graph (model type onnx) back to an ONNX file, its nodes as read,
+/// its trained parameters in place of the initializers.
+struct ExportCommand {
+  CLI::App* command = nullptr;
+  std::string checkpoint, output;
+
+  void add_to(CLI::App& app) {
+    command = app.add_subcommand(
+        "export", "Write a model trained from an ONNX file (model: {type: onnx}) back to ONNX");
+    command
+        ->add_option("--checkpoint", checkpoint,
+                     "Checkpoint file, or a run directory (its newest checkpoint)")
+        ->required();
+    command->add_option("-o,--output", output, "The ONNX file to write")->required();
+  }
+
+  void run(const Communicator& world) {
+    checkpoint = resolve_checkpoint(checkpoint);
+    const TrainingState state = read_checkpoint_state(world, checkpoint);
+    const RunConfig config = RunConfig::parse(state.config, checkpoint + " (stored config)", {},
+                                              RunConfig::DataUse::arrays);
+    const std::string type = config.model["type"].as<std::string>("");
+    SHARDTENSOR_REQUIRE(type == "onnx", "export",
+                        checkpoint << " holds a '" << type
+                                   << "' model; export writes models trained from an ONNX "
+                                      "file (model: {type: onnx})");
+    const auto identity = [](const ChannelStatistics& s) {
+      for (Index c = 0; c < s.channels(); ++c)
+        if (s.mean[c] != 0.0 || s.std[c] != 1.0) return false;
+      return true;
+    };
+    SHARDTENSOR_REQUIRE(identity(state.input_statistics) && identity(state.target_statistics),
+                        "export",
+                        checkpoint << " was trained on normalized data (data.normalize): the "
+                                      "graph alone would expect normalized inputs; train with "
+                                      "data.normalize: false to export it");
+    const std::string source = config.model["path"].as<std::string>();
+    io::require_outputs_apart(world, "export", {{"--output", output}},
+                              {{"--checkpoint", checkpoint}, {"the model's ONNX file", source}});
+    const models::OnnxSignature signature = models::onnx_signature(source, world);
+    const models::ModelShape shape{signature.input_rank - 2, signature.input_channels,
+                                   signature.output_channels, {}};
+    if (config.training.precision == "double")
+      write<double>(world, source, shape);
+    else
+      write<float>(world, source, shape);
+    if (world.rank() == 0)
+      std::printf("export: %s (step %lld) -> %s\n", checkpoint.c_str(), (long long)state.step,
+                  output.c_str());
+  }
+
+  template <class T>
+  void write(const Communicator& world, const std::string& source,
+             const models::ModelShape& shape) {
+    const auto graph = models::import_onnx<T>(source, world, shape);
+    load_checkpoint<T>(world, checkpoint, *graph, nullptr);
+    models::export_onnx<T>(source, *graph, output, world);
+  }
+};
+
 /// Every rank must run the same command: a rank given other arguments (an MPMD launch, a
 /// per-rank wrapper script) would wait in another collective. Agreed before anything else,
 /// with an unknown command named (and the closest known one).
@@ -278,14 +339,15 @@ void require_same_known_command(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) command_line += std::string(argv[i]) + "\n";
   Communicator(MPI_COMM_WORLD)
       .require_same_text(command_line, "shardtensor", "the command line (one argument per line)");
-  const std::vector<std::string> commands{"generate", "train", "infer", "info"};
+  const std::vector<std::string> commands{"generate", "train", "infer", "export", "info"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
     const std::string near = closest_name(argv[1], commands);
     SHARDTENSOR_FAIL("shardtensor", "unknown command '"
                                         << argv[1] << "'"
                                         << (near.empty() ? "" : "; did you mean '" + near + "'?")
-                                        << " The commands are generate, train, infer and info");
+                                        << " The commands are generate, train, infer, export "
+                                           "and info");
   }
 }
 
@@ -310,6 +372,8 @@ int main(int argc, char** argv) {
   generate.add_to(app);
   train_command.add_to(app);
   infer_command.add_to(app);
+  ExportCommand export_command;
+  export_command.add_to(app);
   auto* info = app.add_subcommand("info", "Versions of ShardTensor and its libraries");
 
   try {
@@ -334,6 +398,7 @@ int main(int argc, char** argv) {
       if (generate.command->parsed()) generate.run(world);
       if (train_command.command->parsed()) train_command.run(world);
       if (infer_command.command->parsed()) infer_command.run(world);
+      if (export_command.command->parsed()) export_command.run(world);
       if (info->parsed()) print_info(world);
     } catch (const TrainingStopped& e) {  // every rank, after a checkpoint: finalize normally
       if (rank == 0) std::fprintf(stderr, "shardtensor: %s\n", e.what());

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A network written in PyTorch, exported to ONNX, through the `shardtensor` command on 2 ranks:
 # `infer --model` equals PyTorch's predictions (1e-5); `train` with `model: {type: onnx}`
-# trains it further (the initializers are the starting parameters) and `infer --checkpoint`
-# runs the trained graph; a file that is not ONNX stops every rank with one message.
+# trains it further (the initializers are the starting parameters), `infer --checkpoint`
+# runs the trained graph and `export` writes it back to ONNX, which predicts the same; a file
+# that is not ONNX stops every rank with one message.
 #   tests/onnx_cli.sh <path to shardtensor> <source dir>
 # Exit 77 (skipped) without PyTorch, ONNX or h5py.
 set -euo pipefail
@@ -44,6 +45,25 @@ expect "epoch 2/2" train.log
 expect "validation relative L2 error" train.log
 run infer --checkpoint run --input data.h5 --output trained_out.h5 > infer_trained.log
 expect "relative L2 error vs target" infer_trained.log
+
+echo "== export the trained graph back to ONNX: it predicts what the checkpoint predicts"
+run export --checkpoint run --output trained.onnx > export.log
+expect "export: .* -> trained.onnx" export.log
+run infer --model trained.onnx --input data.h5 --output exported_out.h5 > infer_exported.log
+"$python" - <<'PY'
+import sys
+import h5py
+import numpy as np
+import onnx
+onnx.checker.check_model("trained.onnx")
+a = np.asarray(h5py.File("trained_out.h5", "r")["prediction"])
+b = np.asarray(h5py.File("exported_out.h5", "r")["prediction"])
+c = np.asarray(h5py.File("onnx_out.h5", "r")["prediction"])
+error = np.abs(a - b).max() / np.abs(a).max()
+changed = np.abs(a - c).max() / np.abs(c).max()
+print(f"onnx_cli: exported graph vs checkpoint {error:.2e}; trained vs untrained {changed:.2e}")
+sys.exit(0 if error <= 1e-6 and changed > 1e-4 else 1)
+PY
 
 echo "== a file that is not ONNX"
 head -c 300 heat.onnx > cut.onnx

@@ -33,6 +33,13 @@ OnnxSignature onnx_signature(const std::string& path, const Communicator&) {
 }
 
 template <class T>
+void export_onnx(const std::string& source, const Graph<T>&, const std::string&,
+                 const Communicator&) {
+  SHARDTENSOR_FAIL("export_onnx", source << ": this build writes no ONNX files (it was "
+                                            "configured without libonnx-dev)");
+}
+
+template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator&,
                                       const ModelShape&, const std::string& key) {
   SHARDTENSOR_FAIL("import_onnx", key << ": " << path
@@ -453,11 +460,26 @@ class Importer {
     for (std::size_t i = 0; i < values.size(); ++i) host(i) = T(values.values[i]);
     Kokkos::deep_copy(view, host);
   }
-  void assign_parameter(const onnx::NodeProto& n, Module<T>& module, const std::string& name,
-                        const Tensor& values) const {
+  /// The layer `module` (registered as `module_name`) gets its parameter `name` from the
+  /// constant `value`, which export_onnx writes back to.
+  void assign_parameter(const onnx::NodeProto& n, Module<T>& module, const std::string& module_name,
+                        const std::string& name, const std::string& value) {
+    const Tensor* values = constant(value);
+    if (!values) refuse(n, name + " '" + value + "' is not a constant (an initializer)");
     for (const auto& [p_name, p] : module.named_parameters())
-      if (p_name == name) return assign(n, p.data(), name, values);
+      if (p_name == name) {
+        assign(n, p.data(), name, *values);
+        graph_->set_source(module_name + "." + name, value);
+        return;
+      }
     refuse(n, "the layer has no parameter '" + name + "'");
+  }
+  void assign_buffer(const onnx::NodeProto& n, const ReplicatedView<T>& view,
+                     const std::string& buffer_name, const std::string& value) {
+    const Tensor* values = constant(value);
+    if (!values) refuse(n, buffer_name + " '" + value + "' is not a constant (an initializer)");
+    assign(n, view, buffer_name, *values);
+    graph_->set_source(buffer_name, value);
   }
   const Tensor& required_constant(const onnx::NodeProto& n, int i, const std::string& what) const {
     if (i >= n.input_size() || n.input(i).empty()) refuse(n, what + " is missing");
@@ -766,8 +788,8 @@ class Importer {
     }
     const std::string name = module_name(n, n.input(1));
     auto layer = graph_->add_module(name, std::make_shared<Conv<T>>(comm_, o, name));
-    assign_parameter(n, *layer, "weight", w);
-    if (o.bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    if (o.bias) assign_parameter(n, *layer, name, "bias", n.input(2));
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
@@ -815,8 +837,8 @@ class Importer {
     const std::string name = module_name(n, n.input(1));
     auto layer = graph_->add_module(
         name, std::make_shared<Linear<T>>(Index(w.dims[1]), Index(w.dims[0]), bias, 0, name));
-    assign_parameter(n, *layer, "weight", w);
-    if (bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    if (bias) assign_parameter(n, *layer, name, "bias", n.input(2));
     graph_->add_step(n.name(), n.op_type(), {a}, n.output(0),
                      [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
     vectors_.insert(n.output(0));
@@ -869,8 +891,8 @@ class Importer {
     o.bias = n.input_size() > 2 && !n.input(2).empty();
     const std::string name = module_name(n, n.input(1));
     auto layer = graph_->add_module(name, std::make_shared<ConvTranspose<T>>(comm_, o, name));
-    assign_parameter(n, *layer, "weight", w);
-    if (o.bias) assign_parameter(n, *layer, "bias", required_constant(n, 2, "the bias"));
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    if (o.bias) assign_parameter(n, *layer, name, "bias", n.input(2));
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
@@ -1055,10 +1077,11 @@ class Importer {
     auto layer = graph_->add_module(
         name, std::make_shared<BatchNorm<T>>(comm_, channels, momentum, real(n, "epsilon", 1e-5),
                                              true, name));
-    assign_parameter(n, *layer, "weight", scale);
-    assign_parameter(n, *layer, "bias", bias);
-    assign(n, layer->running_mean(), "the running mean", mean);
-    assign(n, layer->running_var(), "the running variance", var);
+    (void)scale, (void)bias, (void)mean, (void)var;  // checked present above
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    assign_parameter(n, *layer, name, "bias", n.input(2));
+    assign_buffer(n, layer->running_mean(), name + ".running_mean", n.input(3));
+    assign_buffer(n, layer->running_var(), name + ".running_var", n.input(4));
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
@@ -1071,8 +1094,9 @@ class Importer {
     auto layer = graph_->add_module(
         name, std::make_shared<GroupNorm<T>>(comm_, channels, channels, real(n, "epsilon", 1e-5),
                                              true, name));
-    assign_parameter(n, *layer, "weight", scale);
-    assign_parameter(n, *layer, "bias", bias);
+    (void)bias;
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    assign_parameter(n, *layer, name, "bias", n.input(2));
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
@@ -1090,8 +1114,8 @@ class Importer {
     const std::string name = module_name(n, p.weight);
     auto layer = graph_->add_module(
         name, std::make_shared<GroupNorm<T>>(comm_, p.groups, channels, p.eps, affine, name));
-    assign_parameter(n, *layer, "weight", *constant(p.weight));
-    assign_parameter(n, *layer, "bias", *constant(p.bias));
+    assign_parameter(n, *layer, name, "weight", p.weight);
+    assign_parameter(n, *layer, name, "bias", p.bias);
     add_step(n, {p.input},
              [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
@@ -1145,8 +1169,90 @@ std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicato
   return Importer<T>(path, comm, shape, key).run();
 }
 
+namespace {
+
+/// `tensor` holding `values` in its own data type, inline (external data is brought in).
+void overwrite(onnx::TensorProto& tensor, const std::vector<double>& values) {
+  std::string raw;
+  const auto append = [&](auto v) {
+    raw.append(reinterpret_cast<const char*>(&v), sizeof v);
+  };
+  for (const double v : values) switch (tensor.data_type()) {
+      case onnx::TensorProto::FLOAT: append(float(v)); break;
+      case onnx::TensorProto::DOUBLE: append(v); break;
+      default:
+        SHARDTENSOR_FAIL(where, "tensor '" << tensor.name() << "' of ONNX data type "
+                                           << tensor.data_type() << " cannot take trained values");
+    }
+  tensor.clear_float_data();
+  tensor.clear_double_data();
+  tensor.clear_external_data();
+  tensor.set_data_location(onnx::TensorProto::DEFAULT);
+  tensor.set_raw_data(raw);
+}
+
+/// The tensor in `model` that holds the value `name`: an initializer, a Constant node's value,
+/// or what an Identity passes on.
+onnx::TensorProto* tensor_named(onnx::ModelProto& model, std::string name) {
+  onnx::GraphProto& g = *model.mutable_graph();
+  for (int guard = 0; guard < g.node_size() + 1; ++guard) {
+    for (auto& t : *g.mutable_initializer())
+      if (t.name() == name) return &t;
+    bool followed = false;
+    for (auto& n : *g.mutable_node()) {
+      if (n.output_size() == 0 || n.output(0) != name) continue;
+      if (n.op_type() == "Constant")
+        for (auto& a : *n.mutable_attribute())
+          if (a.name() == "value" && a.has_t()) return a.mutable_t();
+      if (n.op_type() == "Identity") name = n.input(0), followed = true;
+      break;
+    }
+    if (!followed) break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+template <class T>
+void export_onnx(const std::string& source, const Graph<T>& graph, const std::string& output,
+                 const Communicator& comm) {
+  onnx::ModelProto model = read_model(source, comm, "export");
+  std::map<std::string, ReplicatedView<T>> values;
+  for (const auto& [name, p] : graph.named_parameters()) values[name] = p.data();
+  for (const auto& [name, b] : graph.named_buffers()) values[name] = b;
+  std::string problem;
+  if (comm.rank() == 0) {
+    try {
+      for (const auto& [name, value] : graph.sources()) {
+        onnx::TensorProto* tensor = tensor_named(model, value);
+        SHARDTENSOR_REQUIRE(tensor && values.count(name), where,
+                            source << ": '" << value << "' (" << name << ") is not in the file");
+        auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values.at(name));
+        overwrite(*tensor, std::vector<double>(host.data(), host.data() + host.extent(0)));
+      }
+      const std::string temporary = output + ".tmp-export";
+      {
+        std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+        SHARDTENSOR_REQUIRE(out && model.SerializeToOstream(&out), where,
+                            "cannot write '" << temporary << "': " << std::strerror(errno));
+      }
+      SHARDTENSOR_REQUIRE(std::rename(temporary.c_str(), output.c_str()) == 0, where,
+                          "cannot rename '" << temporary << "' to '" << output
+                                            << "': " << std::strerror(errno));
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  comm.agree(problem);
+}
+
 #endif  // SHARDTENSOR_HAVE_ONNX
 
+template void export_onnx<float>(const std::string&, const Graph<float>&, const std::string&,
+                                 const Communicator&);
+template void export_onnx<double>(const std::string&, const Graph<double>&, const std::string&,
+                                  const Communicator&);
 template std::shared_ptr<Graph<float>> import_onnx<float>(const std::string&, const Communicator&,
                                                           const ModelShape&, const std::string&);
 template std::shared_ptr<Graph<double>> import_onnx<double>(const std::string&,

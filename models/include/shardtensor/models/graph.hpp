@@ -92,6 +92,13 @@ class Graph : public Module<T> {
     return y;
   }
 
+  /// Where a parameter or buffer ("enc.weight") came from in the file the graph was read from
+  /// (an initializer's or a constant's name): what export_onnx writes it back into.
+  void set_source(const std::string& name, const std::string& file_value) {
+    sources_[name] = file_value;
+  }
+  const std::map<std::string, std::string>& sources() const { return sources_; }
+
   std::size_t size() const { return steps_.size(); }
   /// (node name, op) of every step, in order.
   std::vector<std::pair<std::string, std::string>> steps() const {
@@ -131,6 +138,7 @@ class Graph : public Module<T> {
   std::vector<Step> steps_;
   int output_ = -1;
   std::optional<Communicator> comm_;
+  std::map<std::string, std::string> sources_;
 };
 
 }  // namespace shardtensor::models

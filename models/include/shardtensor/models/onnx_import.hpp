@@ -35,6 +35,19 @@ template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator& comm,
                                       const ModelShape& shape, const std::string& key = "model");
 
+/// Writes the ONNX file at `source` (the one `graph` was imported from) to `output` with the
+/// graph's current parameters and buffers in place of the initializers they came from: the
+/// same nodes, the trained weights, for PyTorch or ONNX Runtime. Atomic (a temporary file,
+/// then a rename); rank 0 writes. Collective over `comm`.
+template <class T>
+void export_onnx(const std::string& source, const Graph<T>& graph, const std::string& output,
+                 const Communicator& comm);
+
+extern template void export_onnx<float>(const std::string&, const Graph<float>&,
+                                        const std::string&, const Communicator&);
+extern template void export_onnx<double>(const std::string&, const Graph<double>&,
+                                         const std::string&, const Communicator&);
+
 extern template std::shared_ptr<Graph<float>> import_onnx<float>(const std::string&,
                                                                  const Communicator&,
                                                                  const ModelShape&,
