@@ -100,8 +100,26 @@ class Head2d(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(torch.tanh(self.conv(x)), 1), 1))
 
 
+class Affine2d(nn.Module):
+    """Arithmetic with constants, as users write it: an input normalisation from buffers,
+    a scaled difference of two branches, a constant minus a field, a constant added."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.2, -0.1]).view(1, 2, 1, 1))
+        self.register_buffer("std", torch.tensor([1.5, 0.5]).view(1, 2, 1, 1))
+        self.a = nn.Conv2d(2, 4, 3, padding=1)
+        self.b = nn.Conv2d(2, 4, 1)
+
+    def forward(self, x):
+        x = (x - self.mean) / self.std
+        h = self.a(x) * 0.5 - self.b(x)
+        return 1.0 - torch.relu(h) + 2
+
+
 # (name, model, input shape, opset)
 MODELS = [
+    ("affine2d", Affine2d, (2, 2, 12, 10), 13),
     ("head2d", Head2d, (1, 2, 16, 12), 13),
     ("unet2d", UNet2d, (2, 2, 24, 20), 13),
     ("resnet1d", ResNet1d, (1, 3, 40), 17),

@@ -736,7 +736,7 @@ class Importer {
     if (op == "Tanh") return activation(n, field_input(n), Activation::tanh);
     if (op == "LeakyRelu")
       return activation(n, field_input(n), Activation::leaky_relu, real(n, "alpha", 0.01));
-    if (op == "Add" || op == "Mul") return binary(n);
+    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") return binary(n);
     if (op == "Concat") return concat(n);
     if (op == "Resize" || op == "Upsample") return resize(n);
     if (op == "BatchNormalization") return batch_norm(n);
@@ -948,9 +948,58 @@ class Importer {
     return out;
   }
 
+  /// The per-channel (or scalar) values of constant `name` broadcast against an (N, C,
+  /// spatial...) field: shape [], [1], [C], [1, C, 1...] or [C, 1...]; false otherwise.
+  bool channel_constant(const std::string& name, std::vector<double>& values) const {
+    const Tensor* t = constant(name);
+    if (!t) return false;
+    if (t->size() == 1) return values = t->values, true;
+    // The channel axis: the one dim above 1, at position 1 of an (N, C, ...) broadcast or 0 of
+    // a (C, spatial...) one.
+    const std::size_t rank = t->dims.size();
+    int channel_axis = -1;
+    for (std::size_t a = 0; a < rank; ++a)
+      if (t->dims[a] != 1) {
+        if (channel_axis >= 0) return false;
+        channel_axis = int(a);
+      }
+    // Broadcasting aligns the right ends: C is the axis just before the spatial ones (a 1-D
+    // constant of C values would meet the last spatial axis instead).
+    const int expected = int(rank) - 1 - shape_.dims;
+    if (channel_axis != expected || expected < 0) return false;
+    values = t->values;
+    return true;
+  }
+
   void binary(const onnx::NodeProto& n) {
+    const std::string& op = n.op_type();
+    std::vector<double> c;
+    // A field and a constant: x + c, x - c, c - x, x * c, c * x, x / c.
+    for (int side = 0; side < 2; ++side) {
+      if (!channel_constant(n.input(side), c)) continue;
+      const std::string x = field_input(n, 1 - side);
+      std::vector<double> scale(c.size(), 1.0), shift(c.size(), 0.0);
+      if (op == "Add") shift = c;
+      if (op == "Sub" && side == 1) for (std::size_t i = 0; i < c.size(); ++i) shift[i] = -c[i];
+      if (op == "Sub" && side == 0) shift = c, scale.assign(c.size(), -1.0);
+      if (op == "Mul") scale = c;
+      if (op == "Div" && side == 0) refuse(n, "a constant divided by a field is not supported");
+      if (op == "Div") for (std::size_t i = 0; i < c.size(); ++i) scale[i] = 1.0 / c[i];
+      add_step(n, {x}, [scale, shift](const std::vector<Variable<T>>& v) {
+        return channel_affine(v[0], scale, shift);
+      });
+      return;
+    }
+    if (op == "Div") refuse(n, "a field divided by a field is not supported");
     const std::string a = field_input(n, 0), b = field_input(n, 1);
     const Communicator comm = comm_;
+    if (op == "Sub") {
+      add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
+        const auto w = aligned(comm, v);
+        return add(w[0], channel_affine(w[1], {-1.0}, {0.0}));
+      });
+      return;
+    }
     if (n.op_type() == "Add")
       add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
         const auto w = aligned(comm, v);

@@ -2,6 +2,7 @@
 // Umbrella header of the nn module: the layers, losses and the Module base (with autograd).
 
 #include "shardtensor/autograd.hpp"
+#include "shardtensor/nn/channel_affine.hpp"
 #include "shardtensor/nn/concat.hpp"
 #include "shardtensor/nn/conv.hpp"
 #include "shardtensor/nn/conv_transpose.hpp"

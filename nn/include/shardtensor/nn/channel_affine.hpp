@@ -1,0 +1,65 @@
+#pragma once
+// channel_affine: y = x * scale[c] + shift[c] with constant (not trained) per-channel or scalar
+// factors: a field plus, minus, times or divided by a constant, as imported graphs write
+// their input normalisation ((x - mean) / std) and scalings.
+
+#include <Kokkos_Core.hpp>
+#include <string>
+#include <vector>
+
+#include "shardtensor/core/error.hpp"
+#include "shardtensor/nn/pointwise.hpp"
+
+namespace shardtensor {
+
+/// y(n, c, cell) = x(n, c, cell) * scale[c] + shift[c]; `scale` and `shift` hold one value per
+/// channel or one for all. Backward: dx = dy * scale[c].
+template <class T>
+Variable<T> channel_affine(const Variable<T>& input, const std::vector<double>& scale,
+                           const std::vector<double>& shift) {
+  impl::require_field(input, "channel_affine");
+  const ShardTensor<T>& x = input.value();
+  const Index channels = x.channels();
+  const auto fits = [&](const std::vector<double>& v) {
+    return v.size() == 1 || Index(v.size()) == channels;
+  };
+  SHARDTENSOR_REQUIRE(fits(scale) && fits(shift), "channel_affine",
+                      scale.size() << " scale(s) and " << shift.size() << " shift(s) for a field of "
+                                   << channels << " channels: give 1 or " << channels);
+  Kokkos::View<T**> factors("channel_affine.factors", channels, 2);
+  auto host = Kokkos::create_mirror_view(factors);
+  for (Index c = 0; c < channels; ++c) {
+    host(c, 0) = T(scale[scale.size() == 1 ? 0 : c]);
+    host(c, 1) = T(shift[shift.size() == 1 ? 0 : c]);
+  }
+  Kokkos::deep_copy(factors, host);
+  ShardTensor<T> y = impl::field_like(x, "channel_affine");
+  const auto in = x.view(), out = y.view();  // ghosts included, as the other pointwise ops
+  Kokkos::parallel_for(
+      "channel_affine",
+      Kokkos::MDRangePolicy<Kokkos::Rank<5>>({0, 0, 0, 0, 0},
+                                             {in.extent(0), in.extent(1), in.extent(2),
+                                              in.extent(3), in.extent(4)}),
+      KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j, const Index k) {
+        out(n, c, i, j, k) = in(n, c, i, j, k) * factors(c, 0) + factors(c, 1);
+      });
+  auto node = make_result_node<T>("channel_affine", {input.node()});
+  node->field = y;
+  if (node->requires_grad) {
+    auto xn = input.node();
+    node->backward = [xn, factors](impl::Node<T>& self) {
+      const auto dy = self.grad_field().view();
+      const auto dx = xn->grad_field().view();
+      Kokkos::parallel_for(
+          "channel_affine_backward",
+          Kokkos::MDRangePolicy<Kokkos::Rank<5>>({0, 0, 0, 0, 0},
+                                                 {dy.extent(0), dy.extent(1), dy.extent(2),
+                                                  dy.extent(3), dy.extent(4)}),
+          KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j,
+                        const Index k) { dx(n, c, i, j, k) += dy(n, c, i, j, k) * factors(c, 0); });
+    };
+  }
+  return Variable<T>(node);
+}
+
+}  // namespace shardtensor
