@@ -117,7 +117,7 @@ double error_against_pytorch(const Exported& e, const Communicator& world, const
 TEST_CASE("ONNX networks from PyTorch run sharded as PyTorch computes them", "[onnx]") {
   REQUIRE(models::onnx_available());
   const Communicator world;
-  for (const std::string name : {"unet2d", "resnet1d", "net3d", "head2d", "affine2d"}) {
+  for (const std::string name : {"unet2d", "resnet1d", "net3d", "head2d", "affine2d", "acts1d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       for (const Decomposition& d :
@@ -151,7 +151,7 @@ TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]
 
 TEST_CASE("an imported graph trains sharded as on one rank", "[onnx]") {
   const Communicator world;
-  for (const std::string name : {"unet2d", "resnet1d", "net3d", "affine2d"}) {
+  for (const std::string name : {"unet2d", "resnet1d", "net3d", "affine2d", "acts1d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       const test::ModuleFactory<float> make = [&](const Communicator& comm) {

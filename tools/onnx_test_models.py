@@ -117,8 +117,26 @@ class Affine2d(nn.Module):
         return 1.0 - torch.relu(h) + 2
 
 
+class Acts1d(nn.Module):
+    """The activations beyond ReLU: ELU, SELU, Softplus, hard sigmoid and swish (MobileNet's),
+    ReLU6 (a Clip), Mish and SiLU (Sigmoid times the field), one after another between convs."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv1d(2 if i == 0 else 4, 4, 3, padding=1)
+                                    for i in range(8)])
+        self.out = nn.Conv1d(4, 1, 1)
+
+    def forward(self, x):
+        acts = [F.elu, F.selu, F.softplus, F.hardsigmoid, F.hardswish, F.relu6, F.mish, F.silu]
+        for conv, act in zip(self.convs, acts):
+            x = act(conv(x) * 3)  # spread the inputs over the activations' bends
+        return self.out(x)
+
+
 # (name, model, input shape, opset)
 MODELS = [
+    ("acts1d", Acts1d, (2, 2, 24), 14),
     ("affine2d", Affine2d, (2, 2, 12, 10), 13),
     ("head2d", Head2d, (1, 2, 16, 12), 13),
     ("unet2d", UNet2d, (2, 2, 24, 20), 13),

@@ -736,6 +736,22 @@ class Importer {
     if (op == "Tanh") return activation(n, field_input(n), Activation::tanh);
     if (op == "LeakyRelu")
       return activation(n, field_input(n), Activation::leaky_relu, real(n, "alpha", 0.01));
+    if (op == "Elu") return activation(n, field_input(n), Activation::elu, real(n, "alpha", 1.0));
+    if (op == "Selu") {
+      if (std::abs(real(n, "alpha", 1.67326) - 1.6732632) > 1e-5 ||
+          std::abs(real(n, "gamma", 1.0507) - 1.0507010) > 1e-5)
+        refuse(n, "alpha and gamma other than SELU's constants");
+      return activation(n, field_input(n), Activation::selu);
+    }
+    if (op == "Softplus") return activation(n, field_input(n), Activation::softplus);
+    if (op == "HardSigmoid") {
+      if (std::abs(real(n, "alpha", 0.2) - 1.0 / 6) > 1e-6 || std::abs(real(n, "beta", 0.5) - 0.5) > 1e-6)
+        refuse(n, "alpha and beta other than PyTorch's (1/6, 1/2)");
+      return activation(n, field_input(n), Activation::hardsigmoid);
+    }
+    if (op == "HardSwish") return activation(n, field_input(n), Activation::hardswish);
+    if (op == "Mish") return activation(n, field_input(n), Activation::mish);
+    if (op == "Clip") return clip(n);
     if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") return binary(n);
     if (op == "Concat") return concat(n);
     if (op == "Resize" || op == "Upsample") return resize(n);
@@ -969,6 +985,19 @@ class Importer {
     if (channel_axis != expected || expected < 0) return false;
     values = t->values;
     return true;
+  }
+
+  /// Clip to [0, 6] (ReLU6) or [0, inf) (ReLU): the bounds as inputs (opset 11+) or attributes.
+  void clip(const onnx::NodeProto& n) {
+    double low = real(n, "min", -1e300), high = real(n, "max", 1e300);
+    if (n.input_size() > 1 && !n.input(1).empty() && !scalar(n.input(1), low))
+      refuse(n, "min is not a constant");
+    if (n.input_size() > 2 && !n.input(2).empty() && !scalar(n.input(2), high))
+      refuse(n, "max is not a constant");
+    if (low == 0 && high == 6) return activation(n, field_input(n), Activation::relu6);
+    if (low == 0 && high > 1e30) return activation(n, field_input(n), Activation::relu);
+    refuse(n, "bounds [" + std::to_string(low) + ", " + std::to_string(high) +
+                  "]; ReLU6's [0, 6] and ReLU's [0, inf) are supported");
   }
 
   void binary(const onnx::NodeProto& n) {
