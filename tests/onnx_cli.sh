@@ -32,6 +32,12 @@ run infer --model heat.onnx --input data.h5 --output onnx_out.h5 > infer.log
 expect "infer: 6 samples -> onnx_out.h5" infer.log
 "$python" "$source_dir/tools/onnx_heat_model.py" compare heat.onnx data.h5 onnx_out.h5
 
+echo "== infer --model with a classifier: [samples, scores] once"
+"$python" "$source_dir/tools/onnx_heat_model.py" export-classifier classifier.onnx > /dev/null 2>&1
+run infer --model classifier.onnx --input data.h5 --output scores.h5 > classify.log
+expect "infer: 6 samples -> scores.h5" classify.log
+"$python" "$source_dir/tools/onnx_heat_model.py" compare classifier.onnx data.h5 scores.h5
+
 echo "== train model: {type: onnx}, then infer --checkpoint"
 cat > run.yaml <<YAML
 run_dir: run

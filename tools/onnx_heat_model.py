@@ -3,6 +3,7 @@
 exported to ONNX, and PyTorch's predictions on a data file, for tests/onnx_cli.sh.
 
     /usr/bin/python3 tools/onnx_heat_model.py export MODEL.onnx
+    /usr/bin/python3 tools/onnx_heat_model.py export-classifier MODEL.onnx
     /usr/bin/python3 tools/onnx_heat_model.py compare MODEL.onnx DATA.h5 PREDICTIONS.h5
 
 `compare` runs the exported network's PyTorch twin (same seed) on DATA.h5's `input` and
@@ -41,15 +42,28 @@ class HeatNet(nn.Module):
         return self.head(F.gelu(self.dec(torch.cat([a, b], 1)))) + self.skip(x)
 
 
-def model():
+class HeatClassifier(nn.Module):
+    """A network that ends in a pooled vector: three scores per sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 8, 3, padding=1, padding_mode="circular")
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 1), 1))
+
+
+def model(classifier=False):
     torch.manual_seed(7)
-    return HeatNet().eval()
+    return (HeatClassifier() if classifier else HeatNet()).eval()
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "export":
+    if len(sys.argv) == 3 and sys.argv[1] in ("export", "export-classifier"):
         x = torch.rand(1, 2, 32, 32)
-        torch.onnx.export(model(), x, sys.argv[2], opset_version=17, input_names=["input"],
+        net = model(sys.argv[1] == "export-classifier")
+        torch.onnx.export(net, x, sys.argv[2], opset_version=17, input_names=["input"],
                           output_names=["prediction"],
                           dynamic_axes={"input": {0: "batch"}, "prediction": {0: "batch"}})
         print(f"onnx_heat_model: wrote {sys.argv[2]}")
@@ -60,7 +74,7 @@ def main():
         with h5py.File(sys.argv[4], "r") as f:
             ours = np.asarray(f["prediction"], dtype=np.float64)
         with torch.no_grad():
-            theirs = model()(x).numpy().astype(np.float64)
+            theirs = model(ours.ndim == 2)(x).numpy().astype(np.float64)
         if ours.shape != theirs.shape:
             print(f"onnx_heat_model: shapes differ: {ours.shape} against PyTorch's {theirs.shape}")
             return 1

@@ -12,6 +12,7 @@
 #include "shardtensor/comm/memory_budget.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
+#include "shardtensor/io/array_io.hpp"
 #include "shardtensor/io/atomic_output.hpp"
 #include "shardtensor/io/dataset.hpp"
 #include "shardtensor/io/field_io.hpp"
@@ -53,16 +54,20 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
   // A checkpoint brings its statistics and parameters; an ONNX file its own weights and none.
   const bool from_onnx = options.checkpoint.empty();
   TrainingState stored;
+  bool vectors = false;  // the model ends in a pooled vector (a classifier): [samples, features]
   if (from_onnx) {
     const impl::FieldData data = inspect(file, input, "", false);
     const models::OnnxSignature onnx = models::onnx_signature(options.onnx_model, world);
-    SHARDTENSOR_REQUIRE(onnx.output_channels > 0 && onnx.output_rank == data.dims + 2, "infer",
+    vectors = onnx.output_rank == 2;
+    SHARDTENSOR_REQUIRE(onnx.output_channels > 0 && (vectors || onnx.output_rank == data.dims + 2),
+                        "infer",
                         options.onnx_model
                             << ": its output is of rank " << onnx.output_rank << " with "
                             << (onnx.output_channels > 0 ? std::to_string(onnx.output_channels)
                                                          : std::string("symbolic"))
                             << " channels; a field of the data's " << data.dims
-                            << " spatial axes with fixed channels is expected");
+                            << " spatial axes, or a vector (rank 2), with fixed channels is "
+                               "expected");
     stored.input_statistics = ChannelStatistics::identity(data.input_channels);
     stored.target_statistics = ChannelStatistics::identity(onnx.output_channels);
   } else {
@@ -70,8 +75,9 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
     require_trained_on(stored, options.checkpoint, inspect(file, input, "", false),
                        options.input_path + " dataset '" + input + "'", false, "infer");
   }
-  Setup<T> s =
-      set_up<T>(world, config, file, input, target, false, stored.target_statistics.channels());
+  // A vector model's predictions are not fields: no target is read or compared.
+  Setup<T> s = set_up<T>(world, config, file, input, vectors ? std::string() : target, false,
+                         stored.target_statistics.channels());
   const TrainingState state =
       from_onnx ? stored : load_checkpoint<T>(world, options.checkpoint, *s.model, nullptr);
   const Index out_channels = state.target_statistics.channels();
@@ -80,9 +86,13 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
 
   io::AtomicOutput output(world, options.output_path);
   io::File out = io::File::create(world, output.temporary_path());
-  io::create_field_dataset(
-      out, options.output_dataset, s.data.samples, out_channels, s.data.extents,
-      std::is_same<T, float>::value ? io::DataType::float32 : io::DataType::float64);
+  if (!vectors)
+    io::create_field_dataset(
+        out, options.output_dataset, s.data.samples, out_channels, s.data.extents,
+        std::is_same<T, float>::value ? io::DataType::float32 : io::DataType::float64);
+  // Pooled vectors: every sample's row, from the group that computed it, summed over groups.
+  Kokkos::View<double**, Kokkos::HostSpace> rows("infer.vectors", vectors ? s.data.samples : 0,
+                                                 out_channels);
   std::vector<std::string> names{input};
   std::vector<Index> channels{s.data.input_channels};
   if (s.data.has_target) names.push_back(target), channels.push_back(s.data.target_channels);
@@ -103,6 +113,16 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
     MemoryCategoryScope graph_memory(MemoryCategory::activations);
     const Variable<T> prediction = s.model->forward(Variable<T>::field(batch[0]));
     check_memory_budget(s.mesh.domain, s.mesh.data);
+    if (vectors) {
+      SHARDTENSOR_REQUIRE(!prediction.is_field() && prediction.data().extent(0) ==
+                                                        std::size_t(out_channels),
+                          "infer", options.onnx_model << ": the graph's output is not the "
+                                                      << out_channels << " values its signature says");
+      const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), prediction.data());
+      if (counted && s.mesh.domain.rank() == 0)
+        for (Index f = 0; f < out_channels; ++f) rows(sample, f) = double(host(f));
+      continue;
+    }
     denormalize(prediction.value(), state.target_statistics);
     // Groups past the end rewrite sample 0 with the same values: every rank joins the write.
     io::write_field(out, options.output_dataset, sample, prediction.value());
@@ -117,16 +137,22 @@ InferResult infer_as(const Communicator& world, const RunConfig& config,
       }
     }
   }
+  if (vectors) {
+    allreduce(world, rows);  // each row from one rank: the sum is the row
+    std::vector<T> values(rows.size());
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = T(rows.data()[i]);
+    io::write_array(out, options.output_dataset, {s.data.samples, out_channels}, values.data());
+  }
   out.close();
   output.commit();
-  if (s.data.dims >= 2) {  // XDMF describes 2-D and 3-D grids; 1-D fields get no sidecar
+  if (s.data.dims >= 2 && !vectors) {  // XDMF describes 2-D and 3-D grids; 1-D fields get no sidecar
     const std::string xdmf = fs::path(options.output_path).replace_extension(".xdmf").string();
     io::write_xdmf(world, options.output_path, xdmf, {options.output_dataset});
   }
 
   InferResult result;
   result.samples = s.data.samples;
-  if (s.data.has_target) {
+  if (s.data.has_target && !vectors) {
     Kokkos::View<double*, Kokkos::HostSpace> v("max", 1);
     v(0) = relative_max;
     allreduce(s.mesh.data, v, ReduceOp::max);
