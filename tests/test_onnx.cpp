@@ -12,6 +12,7 @@
 
 #include "equivalence.hpp"
 #include "shardtensor/comm.hpp"
+#include "shardtensor/embed.hpp"
 #include "shardtensor/models/onnx_import.hpp"
 #include "test_support.hpp"
 
@@ -195,6 +196,48 @@ TEST_CASE("a pooled head's gradients are one rank's", "[onnx]") {
       CHECK(test::relative_error(p[i].second.data_grad(), q[i].second.data_grad()) <= 1e-5);
     }
   }
+}
+
+TEST_CASE("a solver's session runs an ONNX network on its own arrays", "[onnx]") {
+  // The embedding API with model: {type: onnx}: each rank's patch of the exported input's
+  // first sample, in the solver's C-order arrays (one per channel), against PyTorch.
+  const Communicator world;
+  const Exported e = load("unet2d");
+  const Decomposition d = Decomposition::automatic(e.extents(), world.size());
+  const Box box = d.box(world.rank());
+  SolverPatch patch{e.extents(), {box.lower[0], box.lower[1]}, {box.extent[0], box.extent[1]}, {}};
+  SessionOptions options;
+  options.config_text = "model: {type: onnx, path: '" + e.path +
+                        "'}\ntraining: {precision: float}\ndata: {normalize: false}\n";
+  options.input_channels = e.input_shape[1];
+  options.output_channels = e.output_shape[1];
+  Session session(MPI_COMM_WORLD, patch, options);
+  const Index cells = box.extent[0] * box.extent[1];
+  std::vector<double> inputs(std::size_t(options.input_channels * cells)),
+      outputs(std::size_t(options.output_channels * cells), 0.0);
+  for (Index c = 0; c < options.input_channels; ++c)
+    for (Index i = 0; i < box.extent[0]; ++i)
+      for (Index j = 0; j < box.extent[1]; ++j)
+        inputs[std::size_t((c * box.extent[0] + i) * box.extent[1] + j)] = e.input[linear(
+            e.input_shape, 0, c, SpatialIndex{box.lower[0] + i, box.lower[1] + j, 0})];
+  std::vector<const double*> in;
+  std::vector<double*> out;
+  for (Index c = 0; c < options.input_channels; ++c) in.push_back(inputs.data() + c * cells);
+  for (Index c = 0; c < options.output_channels; ++c) out.push_back(outputs.data() + c * cells);
+  session.infer(in, out);
+  double diff = 0, scale = 0;
+  for (Index c = 0; c < options.output_channels; ++c)
+    for (Index i = 0; i < box.extent[0]; ++i)
+      for (Index j = 0; j < box.extent[1]; ++j) {
+        const double theirs = e.output[linear(e.output_shape, 0, c,
+                                              SpatialIndex{box.lower[0] + i, box.lower[1] + j, 0})];
+        diff = std::max(diff, std::abs(outputs[std::size_t((c * box.extent[0] + i) * box.extent[1] + j)] - theirs));
+        scale = std::max(scale, std::abs(theirs));
+      }
+  MPI_Allreduce(MPI_IN_PLACE, &diff, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &scale, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  INFO("max |session - PyTorch| / max |PyTorch| = " << diff / scale);
+  CHECK(diff <= 1e-5 * scale);
 }
 
 TEST_CASE("the graph's parameters are the file's initializers, named as in PyTorch", "[onnx]") {
