@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/execution.hpp"
 #include "shardtensor/nn/pointwise.hpp"
 
 namespace shardtensor {
@@ -37,7 +38,7 @@ Variable<T> channel_affine(const Variable<T>& input, const std::vector<double>& 
   const auto in = x.view(), out = y.view();  // ghosts included, as the other pointwise ops
   Kokkos::parallel_for(
       "channel_affine",
-      Kokkos::MDRangePolicy<Kokkos::Rank<5>>({0, 0, 0, 0, 0},
+      Kokkos::MDRangePolicy<RightRank<5>>({0, 0, 0, 0, 0},
                                              {in.extent(0), in.extent(1), in.extent(2),
                                               in.extent(3), in.extent(4)}),
       KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j, const Index k) {
@@ -52,7 +53,7 @@ Variable<T> channel_affine(const Variable<T>& input, const std::vector<double>& 
       const auto dx = xn->grad_field().view();
       Kokkos::parallel_for(
           "channel_affine_backward",
-          Kokkos::MDRangePolicy<Kokkos::Rank<5>>({0, 0, 0, 0, 0},
+          Kokkos::MDRangePolicy<RightRank<5>>({0, 0, 0, 0, 0},
                                                  {dy.extent(0), dy.extent(1), dy.extent(2),
                                                   dy.extent(3), dy.extent(4)}),
           KOKKOS_LAMBDA(const Index n, const Index c, const Index i, const Index j,
