@@ -589,13 +589,14 @@ def cases():
         r"takes 3 input channel\(s\); the data has 2",
         setup=onnx_model("m.onnx", lambda h: [onnx_conv()], in_channels=3))
     add("ONNX: an output size baked into the graph", IM,
-        r"node 'resize' \(Resize\): scales must be a constant \(sizes",
+        r"node 'resize' \(Resize\): resizes 12 cells to 18 along spatial axis 0 \(a size fixed at export",
         setup=onnx_model("m.onnx", lambda h: [
             onnx_conv("h"),
             h.make_node("Constant", [], ["sizes"], name="sizes",
-                        value=h.make_tensor("v", 7, [4], [1, 1, 12, 12])),
+                        value=h.make_tensor("v", 7, [4], [1, 1, 18, 18])),
             h.make_node("Resize", ["h", "", "", "sizes"], ["prediction"], name="resize",
-                        mode="nearest")]))
+                        mode="nearest", coordinate_transformation_mode="asymmetric",
+                        nearest_mode="floor")]))
     add("ONNX: a truncated file", IM, r"'m\.onnx' \(\d+ bytes\) is not an ONNX model",
         setup=steps(onnx_model("m.onnx", lambda h: [onnx_conv()]), truncate("m.onnx", 0.5)))
     add("ONNX: --model with --checkpoint", IM + ["--checkpoint", "ck.h5"],

@@ -1099,8 +1099,8 @@ class Importer {
       if (int(sizes.size()) != shape_.dims + 2)
         refuse(n, "sizes has " + std::to_string(sizes.size()) + " entries");
       for (int a = 0; a < 2; ++a)
-        if (sizes[a].field.empty() || sizes[a].axis != a)
-          refuse(n, "sizes must keep the batch and channel axes (taken from a shape)");
+        if (!sizes[a].field.empty() && sizes[a].axis != a)
+          refuse(n, "sizes must keep the batch and channel axes");
       for (int a = 2; a < shape_.dims + 2; ++a)
         if (!sizes[a].field.empty() && (sizes[a].field != graph_input_ || sizes[a].axis < 2))
           refuse(n, "sizes follow the shape of '" + sizes[a].field +
@@ -1113,6 +1113,13 @@ class Importer {
       add_step(n, {x, graph_input_}, [=](const std::vector<Variable<T>>& v) {
         const Decomposition& d = v[0].value().decomposition();
         const Decomposition& whole = v[1].value().decomposition();
+        const Index kept[2] = {v[0].value().batch(), v[0].value().channels()};
+        for (int a = 0; a < 2; ++a)
+          SHARDTENSOR_REQUIRE(!sizes[a].field.empty() || Index(sizes[a].value) == kept[a], where,
+                              where_text << ": resizes " << (a ? "channels " : "the batch ")
+                                         << kept[a] << " to " << sizes[a].value
+                                         << " (a size fixed at export); the batch and channels "
+                                            "are kept");
         std::vector<int> f;
         for (int a = 0; a < d.ndims(); ++a) {
           const Dim& size = sizes[a + 2];
