@@ -297,12 +297,8 @@ struct ExportCommand {
                         checkpoint << " holds a '" << type
                                    << "' model; export writes models trained from an ONNX "
                                       "file (model: {type: onnx})");
-    const auto identity = [](const ChannelStatistics& s) {
-      for (Index c = 0; c < s.channels(); ++c)
-        if (s.mean[c] != 0.0 || s.std[c] != 1.0) return false;
-      return true;
-    };
-    SHARDTENSOR_REQUIRE(identity(state.input_statistics) && identity(state.target_statistics),
+    SHARDTENSOR_REQUIRE(state.input_statistics.is_identity() &&
+                            state.target_statistics.is_identity(),
                         "export",
                         checkpoint << " was trained on normalized data (data.normalize): the "
                                       "graph alone would expect normalized inputs; train with "

@@ -65,12 +65,6 @@ void check_arrays(const Communicator& comm, const char* call, const ResolvedArra
                                    std::to_string(comm.rank()) + ": " + problem);
 }
 
-bool is_identity(const ChannelStatistics& s) {
-  for (Index c = 0; c < s.channels(); ++c)
-    if (s.mean[c] != 0.0 || s.std[c] != 1.0) return false;
-  return true;
-}
-
 /// Per channel scale and shift on the device, value * scale[c] + shift[c]: normalisation by
 /// statistics (or its inverse). Rebuilt only when the statistics change, so steady-state
 /// calls allocate nothing.
@@ -275,7 +269,7 @@ class Engine {
     else if (description.components > 1)
       reason = "the arrays interleave " + std::to_string(description.components) +
                " components per cell; the model's fields hold one channel after another";
-    else if (!is_identity(statistics))
+    else if (!statistics.is_identity())
       reason = "the inputs are normalized (data.normalize)";
     else if (!layout_.ghosts.none() && !(ghosts_allowed && model_->reads_owned_cells_only()))
       reason = "the model's first layer needs a field without ghost cells";

@@ -1151,18 +1151,13 @@ class Importer {
   void batch_norm(const onnx::NodeProto& n) {
     const std::string x = field_input(n);
     if (n.output_size() > 1) refuse(n, "training-mode outputs (running statistics) are not supported");
-    const Tensor& scale = required_constant(n, 1, "the scale");
-    const Tensor& bias = required_constant(n, 2, "the bias");
-    const Tensor& mean = required_constant(n, 3, "the running mean");
-    const Tensor& var = required_constant(n, 4, "the running variance");
-    const int channels = int(scale.size());
+    const int channels = int(required_constant(n, 1, "the scale").size());
     // ONNX's momentum weighs the old running value (0.9), PyTorch's the new one (0.1).
     const double momentum = 1 - real(n, "momentum", 0.9);
     const std::string name = module_name(n, n.input(1));
     auto layer = graph_->add_module(
         name, std::make_shared<BatchNorm<T>>(comm_, channels, momentum, real(n, "epsilon", 1e-5),
                                              true, name));
-    (void)scale, (void)bias, (void)mean, (void)var;  // checked present above
     assign_parameter(n, *layer, name, "weight", n.input(1));
     assign_parameter(n, *layer, name, "bias", n.input(2));
     assign_buffer(n, layer->running_mean(), name + ".running_mean", n.input(3));
@@ -1172,14 +1167,11 @@ class Importer {
 
   void instance_norm(const onnx::NodeProto& n) {
     const std::string x = field_input(n);
-    const Tensor& scale = required_constant(n, 1, "the scale");
-    const Tensor& bias = required_constant(n, 2, "the bias");
-    const int channels = int(scale.size());
+    const int channels = int(required_constant(n, 1, "the scale").size());
     const std::string name = module_name(n, n.input(1));
     auto layer = graph_->add_module(
         name, std::make_shared<GroupNorm<T>>(comm_, channels, channels, real(n, "epsilon", 1e-5),
                                              true, name));
-    (void)bias;
     assign_parameter(n, *layer, name, "weight", n.input(1));
     assign_parameter(n, *layer, name, "bias", n.input(2));
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });

@@ -19,6 +19,12 @@ struct ChannelStatistics {
     return {std::vector<double>(channels, 0.0), std::vector<double>(channels, 1.0)};
   }
   Index channels() const { return Index(mean.size()); }
+  /// True where normalising with these statistics changes nothing.
+  bool is_identity() const {
+    for (Index c = 0; c < channels(); ++c)
+      if (mean[c] != 0.0 || std[c] != 1.0) return false;
+    return true;
+  }
 };
 
 /// Mean and standard deviation (population) per channel of field dataset `name` over
