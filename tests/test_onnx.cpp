@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "equivalence.hpp"
@@ -118,13 +119,92 @@ double error_against_pytorch(const Exported& e, const Communicator& world, const
 TEST_CASE("ONNX networks from PyTorch run sharded as PyTorch computes them", "[onnx]") {
   REQUIRE(models::onnx_available());
   const Communicator world;
-  for (const std::string name : {"unet2d", "resnet1d", "net3d", "head2d", "affine2d", "acts1d"}) {
+  for (const std::string name :
+       {"unet2d", "resnet1d", "net3d", "head2d", "affine2d", "acts1d", "ops2d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       for (const Decomposition& d :
            test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4)) {
         INFO(name << " on " << d.describe());
         CHECK(error_against_pytorch(e, world, d) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
+  // One backward pass of mean((output - target)^2), eval mode, sharded, against PyTorch's
+  // gradients of the input and of each parameter that is one of PyTorch's (read from the
+  // initializer of that name: a conv with a batch norm folded into it has other weights).
+  const Communicator world;
+  for (const std::string name : {"ops2d", "unet2d", "resnet1d", "net3d", "affine2d", "acts1d"}) {
+    DYNAMIC_SECTION(name) {
+      const Exported e = load(name);
+      const std::string base = models_directory() + "/" + name;
+      const std::vector<float> target = read_floats(base + ".target.bin", e.output.size());
+      const std::vector<float> input_grad = read_floats(base + ".input_grad.bin", e.input.size());
+      std::map<std::string, std::vector<float>> pytorch;  // parameter name -> gradient
+      {
+        std::ifstream list(base + ".grads");
+        std::vector<std::pair<std::string, std::size_t>> sizes;
+        std::size_t total = 0;
+        for (std::string p; list >> p;) {
+          std::size_t count = 0;
+          list >> count;
+          sizes.emplace_back(p, count);
+          total += count;
+        }
+        const std::vector<float> all = read_floats(base + ".param_grads.bin", total);
+        std::size_t at = 0;
+        for (const auto& [p, count] : sizes) {
+          pytorch[p].assign(all.begin() + long(at), all.begin() + long(at + count));
+          at += count;
+        }
+      }
+      const auto relative_difference = [](const auto& ours, const std::vector<float>& theirs) {
+        REQUIRE(std::size_t(ours.size()) == theirs.size());
+        double diff = 0, scale = 0;
+        for (std::size_t i = 0; i < theirs.size(); ++i) {
+          diff = std::max(diff, std::abs(double(ours[i]) - double(theirs[i])));
+          scale = std::max(scale, std::abs(double(theirs[i])));
+        }
+        return diff / scale;
+      };
+      for (const Decomposition& d :
+           test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4)) {
+        INFO(name << " on " << d.describe());
+        const auto model = models::import_onnx<float>(e.path, world, model_shape(e));
+        model->eval();
+        const auto field_of = [&](const std::vector<float>& values, Index channels) {
+          ShardTensor<float> f(d, world.rank(), e.input_shape[0], channels);
+          std::vector<Index> shape = e.input_shape;
+          shape[1] = channels;
+          test::fill(f, [&](Index n, Index c, const SpatialIndex&, const SpatialIndex& g) {
+            return double(values[linear(shape, n, c, g)]);
+          });
+          return f;
+        };
+        const Variable<float> x =
+            Variable<float>::field(field_of(e.input, e.input_shape[1]), true, "input");
+        const Variable<float> y = model->forward(x);
+        const Variable<float> t = Variable<float>::field(field_of(target, e.output_shape[1]));
+        backward(mse_loss(world, y, resplit_like(world, t, y.value().decomposition())));
+        const auto gathered = all_gather(world, x.grad());
+        auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gathered);
+        CHECK(relative_difference(std::vector<double>(host.data(), host.data() + host.span()),
+                                  input_grad) <= 1e-4);
+        std::size_t compared = 0;
+        for (const auto& [p, v] : model->named_parameters()) {
+          const auto source = model->sources().find(p);
+          if (!pytorch.count(p) || source == model->sources().end() || source->second != p)
+            continue;
+          INFO("parameter " << p);
+          auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v.data_grad());
+          CHECK(relative_difference(std::vector<double>(g.data(), g.data() + g.extent(0)),
+                                    pytorch.at(p)) <= 1e-4);
+          ++compared;
+        }
+        CHECK(compared >= 2);
       }
     }
   }
@@ -152,7 +232,7 @@ TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]
 
 TEST_CASE("an imported graph trains sharded as on one rank", "[onnx]") {
   const Communicator world;
-  for (const std::string name : {"unet2d", "resnet1d", "net3d", "affine2d", "acts1d"}) {
+  for (const std::string name : {"unet2d", "resnet1d", "net3d", "affine2d", "acts1d", "ops2d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       const test::ModuleFactory<float> make = [&](const Communicator& comm) {

@@ -134,8 +134,42 @@ class Acts1d(nn.Module):
         return self.out(x)
 
 
+class Ops2d(nn.Module):
+    """The rest of the operator table: elementwise functions (Exp, Log, Sqrt, Abs, Neg, Erf,
+    Reciprocal, Pow, CELU, Clip), PReLU (per channel and shared), quotients, minima and maxima
+    of fields, reductions over the channels broadcast back (x - x.mean(1)), softmax and
+    log-softmax over the channels, a split and a slice of the channels, squeeze-and-excitation
+    (a pooled vector through 1x1 convs, times the field) and a global maximum added to the
+    field."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Conv2d(2, 6, 3, padding=1)
+        self.prelu = nn.PReLU(6)
+        self.shared = nn.PReLU()
+        self.squeeze = nn.Conv2d(6, 3, 1)
+        self.excite = nn.Conv2d(3, 6, 1)
+        self.mid = nn.Conv2d(6, 6, 3, padding=1)
+        self.out = nn.Conv2d(12, 3, 1)
+
+    def forward(self, x):
+        h = self.prelu(self.inp(x))
+        h = h - h.mean(1, keepdim=True)
+        h = h / (1 + h.amax(1, keepdim=True).abs())
+        p = torch.exp(-h * h) + torch.sqrt(torch.abs(h) + 0.5) - torch.log(1 + h * h)
+        q = torch.erf(h) * torch.reciprocal(h * h + 2) + F.celu(h, 0.7) - h ** 3
+        h = torch.minimum(p, q) + torch.maximum(torch.clamp(h, -0.5, 0.8), -q)
+        h = self.shared(self.mid(h)) + torch.maximum(h, torch.tensor(0.1))
+        gate = self.excite(torch.relu(self.squeeze(h.mean((2, 3), keepdim=True))))
+        h = h * torch.sigmoid(gate) - h.amax((2, 3), keepdim=True)
+        a, b, c = torch.split(h, [2, 3, 1], dim=1)
+        s = torch.cat([F.softmax(h, 1), -a, torch.tanh(b), F.log_softmax(c * h, 1)[:, :1]], 1)
+        return self.out(s)
+
+
 # (name, model, input shape, opset)
 MODELS = [
+    ("ops2d", Ops2d, (2, 2, 12, 10), 13),
     ("acts1d", Acts1d, (2, 2, 24), 14),
     ("affine2d", Affine2d, (2, 2, 12, 10), 13),
     ("head2d", Head2d, (1, 2, 16, 12), 13),
@@ -186,6 +220,21 @@ def randomize(model, generator):
             m.running_var.copy_(torch.rand(m.running_var.shape, generator=generator) + 0.5)
 
 
+def write_gradients(model, x, y, base, generator):
+    """PyTorch's gradients of mean((model(x) - target)^2) for a random target (eval mode)."""
+    target = torch.rand(y.shape, generator=generator) * 2 - 1
+    x = x.clone().requires_grad_(True)
+    model.zero_grad()
+    F.mse_loss(model(x), target).backward()
+    target.numpy().astype(np.float32).tofile(base + ".target.bin")
+    x.grad.numpy().astype(np.float32).tofile(base + ".input_grad.bin")
+    grads = [(n, p.grad.reshape(-1)) for n, p in model.named_parameters() if p.grad is not None]
+    torch.cat([g for _, g in grads]).numpy().astype(np.float32).tofile(base + ".param_grads.bin")
+    with open(base + ".grads", "w") as f:
+        for n, g in grads:
+            f.write(f"{n} {g.numel()}\n")
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -203,6 +252,8 @@ def main():
         x = torch.rand(shape, generator=generator) * 2 - 1
         with torch.no_grad():
             y = model(x)
+        if not name.startswith("tv_"):
+            write_gradients(model, x, y, os.path.join(out, name), generator)
         path = os.path.join(out, name + ".onnx")
         torch.onnx.export(model, x, path, opset_version=opset, input_names=["input"],
                           output_names=["output"],

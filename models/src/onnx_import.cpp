@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -387,7 +388,8 @@ class Importer {
                 "average pooling may (as its padding)");
     if (vectors_.count(name))
       refuse(n, "input '" + name + "' is a pooled vector (after a global pooling), not a field; "
-                "on vectors Flatten, Reshape to (N, -1), Squeeze and Gemm are supported");
+                "on vectors 1x1 Conv, Gemm, Flatten, Reshape to (N, -1), Squeeze, the "
+                "elementwise functions and products with fields are supported");
     if (!fields_.count(name))
       refuse(n, "input '" + name + "' is not a field: " +
                     (constant(name) ? "a constant (ops between constants and fields other than "
@@ -731,45 +733,63 @@ class Importer {
     if (op == "Conv") return conv(n);
     if (op == "ConvTranspose") return conv_transpose(n);
     if (op == "MaxPool" || op == "AveragePool") return pool(n);
-    if (op == "Relu") return activation(n, field_input(n), Activation::relu);
-    if (op == "Sigmoid") return activation(n, field_input(n), Activation::sigmoid);
-    if (op == "Tanh") return activation(n, field_input(n), Activation::tanh);
+    // Elementwise functions, on fields and pooled vectors alike.
+    static const std::map<std::string, Activation> functions{
+        {"Relu", Activation::relu},       {"Sigmoid", Activation::sigmoid},
+        {"Tanh", Activation::tanh},       {"Softplus", Activation::softplus},
+        {"HardSwish", Activation::hardswish}, {"Mish", Activation::mish},
+        {"Erf", Activation::erf},         {"Exp", Activation::exp},
+        {"Log", Activation::log},         {"Sqrt", Activation::sqrt},
+        {"Abs", Activation::abs},         {"Neg", Activation::neg},
+        {"Reciprocal", Activation::reciprocal}};
+    if (functions.count(op)) return activation(n, n.input(0), functions.at(op));
     if (op == "LeakyRelu")
-      return activation(n, field_input(n), Activation::leaky_relu, real(n, "alpha", 0.01));
-    if (op == "Elu") return activation(n, field_input(n), Activation::elu, real(n, "alpha", 1.0));
+      return activation(n, n.input(0), Activation::leaky_relu, real(n, "alpha", 0.01));
+    if (op == "Elu") return activation(n, n.input(0), Activation::elu, real(n, "alpha", 1.0));
+    if (op == "Celu") return activation(n, n.input(0), Activation::celu, real(n, "alpha", 1.0));
     if (op == "Selu") {
       if (std::abs(real(n, "alpha", 1.67326) - 1.6732632) > 1e-5 ||
           std::abs(real(n, "gamma", 1.0507) - 1.0507010) > 1e-5)
         refuse(n, "alpha and gamma other than SELU's constants");
-      return activation(n, field_input(n), Activation::selu);
+      return activation(n, n.input(0), Activation::selu);
     }
-    if (op == "Softplus") return activation(n, field_input(n), Activation::softplus);
     if (op == "HardSigmoid") {
       if (std::abs(real(n, "alpha", 0.2) - 1.0 / 6) > 1e-6 || std::abs(real(n, "beta", 0.5) - 0.5) > 1e-6)
         refuse(n, "alpha and beta other than PyTorch's (1/6, 1/2)");
-      return activation(n, field_input(n), Activation::hardsigmoid);
+      return activation(n, n.input(0), Activation::hardsigmoid);
     }
-    if (op == "HardSwish") return activation(n, field_input(n), Activation::hardswish);
-    if (op == "Mish") return activation(n, field_input(n), Activation::mish);
     if (op == "Clip") return clip(n);
-    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") return binary(n);
+    if (op == "PRelu") return prelu(n);
+    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div" || op == "Min" || op == "Max" ||
+        op == "Pow")
+      return binary(n);
+    if (op == "Softmax" || op == "LogSoftmax") return softmax(n);
+    if (op == "ReduceMean" || op == "ReduceMax" || op == "ReduceMin" || op == "ReduceSum")
+      return reduce(n);
+    if (op == "Split") return split(n);
+    if (op == "Slice") return slice(n);
     if (op == "Concat") return concat(n);
     if (op == "Resize" || op == "Upsample") return resize(n);
     if (op == "BatchNormalization") return batch_norm(n);
     if (op == "InstanceNormalization") return instance_norm(n);
     if (op == "Pad") return pad(n);
-    if (op == "GlobalAveragePool") return global_average_pool_node(n);
+    if (op == "GlobalAveragePool") return global_pool(n, false);
+    if (op == "GlobalMaxPool") return global_pool(n, true);
     if (op == "Flatten" || op == "Reshape" || op == "Squeeze") return flatten_vector(n);
     if (op == "Gemm") return gemm(n);
     if (op == "Identity" || op == "Dropout") {
-      const std::string x = field_input(n);
-      return add_step(n, {x}, [](const std::vector<Variable<T>>& v) { return v[0]; });
+      if (n.output_size() > 1 && !n.output(1).empty()) refuse(n, "the mask output is not supported");
+      const std::string x = value_input(n);
+      graph_->add_step(n.name(), op, {x}, n.output(0),
+                       [](const std::vector<Variable<T>>& v) { return v[0]; });
+      return mark_like(n.output(0), x);
     }
     refuse(n, "the operator is not supported (docs/onnx.md lists those that are)");
   }
 
   void conv(const onnx::NodeProto& n) {
     std::string x = n.input(0);
+    if (vectors_.count(x)) return vector_conv(n);
     PaddedField padded{x, std::vector<int>(shape_.dims, 0)};
     const bool pads_before = padded_.count(x) > 0;
     if (pads_before) {
@@ -809,15 +829,40 @@ class Importer {
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
-  /// The mean over the whole field per (sample, channel): a replicated (N, C) vector.
-  void global_average_pool_node(const onnx::NodeProto& n) {
+  /// A 1x1 Conv of a pooled (N, C, 1...) vector (a squeeze-and-excitation gate's): a Linear
+  /// layer, the conv's weight (out, in, 1...) being the Linear's (out, in).
+  void vector_conv(const onnx::NodeProto& n) {
+    const std::string& x = n.input(0);
+    if (!vectors_.at(x)) refuse(n, "a Conv of a flattened (N, C) vector");
+    const Tensor& w = required_constant(n, 1, "the weight");
+    if (int(w.dims.size()) != shape_.dims + 2)
+      refuse(n, "a weight of rank " + std::to_string(w.dims.size()));
+    for (std::size_t d = 2; d < w.dims.size(); ++d)
+      if (w.dims[d] != 1) refuse(n, "a kernel larger than 1 on a pooled (N, C, 1...) vector");
+    if (integer(n, "group", 1) != 1) refuse(n, "groups on a pooled vector");
+    for (const int p : symmetric_pads(n))
+      if (p != 0) refuse(n, "pads on a pooled vector");
+    const bool bias = n.input_size() > 2 && !n.input(2).empty();
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(
+        name, std::make_shared<Linear<T>>(Index(w.dims[1]), Index(w.dims[0]), bias, 0, name));
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    if (bias) assign_parameter(n, *layer, name, "bias", n.input(2));
+    graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
+                     [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+    vectors_[n.output(0)] = true;
+  }
+
+  /// The mean or largest value over the whole field per (sample, channel): a replicated
+  /// (N, C) vector (`keeps_dims`: ONNX's (N, C, 1...), else (N, C)).
+  void global_pool(const onnx::NodeProto& n, bool max, bool keeps_dims = true) {
     const std::string x = field_input(n);
     const Communicator comm = comm_;
     graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
-                     [comm](const std::vector<Variable<T>>& v) {
-                       return global_average_pool(comm, v[0]);
+                     [comm, max](const std::vector<Variable<T>>& v) {
+                       return max ? global_max_pool(comm, v[0]) : global_average_pool(comm, v[0]);
                      });
-    vectors_.insert(n.output(0));
+    vectors_[n.output(0)] = keeps_dims;
   }
 
   /// Flatten (axis 1), Reshape to (N, -1) or Squeeze of the unit spatial axes of a pooled
@@ -837,7 +882,7 @@ class Importer {
     }
     graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
                      [](const std::vector<Variable<T>>& v) { return v[0]; });
-    vectors_.insert(n.output(0));
+    vectors_[n.output(0)] = false;
   }
 
   /// Y = A B^T + C on a pooled vector (PyTorch's nn.Linear): a Linear layer.
@@ -857,7 +902,7 @@ class Importer {
     if (bias) assign_parameter(n, *layer, name, "bias", n.input(2));
     graph_->add_step(n.name(), n.op_type(), {a}, n.output(0),
                      [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
-    vectors_.insert(n.output(0));
+    vectors_[n.output(0)] = false;
   }
 
   /// A Pad of the spatial axes, kept for the Conv or average pooling that reads it.
@@ -946,21 +991,43 @@ class Importer {
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
+  /// An elementwise function of a field or a pooled vector (`slope`, `upper`: its parameters,
+  /// kernels/activation.hpp).
   void activation(const onnx::NodeProto& n, const std::string& x, Activation kind,
-                  double slope = 0.01) {
-    if (!fields_.count(x)) field_input(n);
-    add_step(n, {x}, [kind, slope](const std::vector<Variable<T>>& v) {
-      return activate(v[0], kind, slope);
-    });
+                  double slope = 0.01, double upper = 0) {
+    if (!fields_.count(x) && !vectors_.count(x)) field_input(n);  // says why
+    graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
+                     [kind, slope, upper](const std::vector<Variable<T>>& v) {
+                       return activate(v[0], kind, slope, upper);
+                     });
+    mark_like(n.output(0), x);
+  }
+
+  /// Input `i` of `n`: a field or a pooled vector.
+  const std::string& value_input(const onnx::NodeProto& n, int i = 0) const {
+    if (i < n.input_size() && vectors_.count(n.input(i))) return n.input(i);
+    return field_input(n, i);
+  }
+  /// `output` is a field or a vector as `input` is.
+  void mark_like(const std::string& output, const std::string& input) {
+    if (vectors_.count(input))
+      vectors_[output] = vectors_.at(input);
+    else
+      fields_.insert(output);
   }
 
   /// The fields of `v` on the first one's split: layers that pool or upsample on split points
   /// that are not multiples of their factor move them, and the branches of a graph meet again.
   static std::vector<Variable<T>> aligned(const Communicator& comm,
                                           const std::vector<Variable<T>>& v) {
-    std::vector<Variable<T>> out{v[0]};
-    for (std::size_t i = 1; i < v.size(); ++i)
-      out.push_back(resplit_like(comm, v[i], v[0].value().decomposition()));
+    const Variable<T>* first = nullptr;  // the first field; pooled vectors are left as they are
+    for (const auto& x : v)
+      if (!first && x.is_field()) first = &x;
+    std::vector<Variable<T>> out;
+    for (const auto& x : v)
+      out.push_back(!x.is_field() || &x == first
+                        ? x
+                        : resplit_like(comm, x, first->value().decomposition()));
     return out;
   }
 
@@ -989,56 +1056,221 @@ class Importer {
 
   /// Clip to [0, 6] (ReLU6) or [0, inf) (ReLU): the bounds as inputs (opset 11+) or attributes.
   void clip(const onnx::NodeProto& n) {
-    double low = real(n, "min", -1e300), high = real(n, "max", 1e300);
+    constexpr double unbounded = std::numeric_limits<double>::infinity();
+    double low = real(n, "min", -unbounded), high = real(n, "max", unbounded);
     if (n.input_size() > 1 && !n.input(1).empty() && !scalar(n.input(1), low))
       refuse(n, "min is not a constant");
     if (n.input_size() > 2 && !n.input(2).empty() && !scalar(n.input(2), high))
       refuse(n, "max is not a constant");
-    if (low == 0 && high == 6) return activation(n, field_input(n), Activation::relu6);
-    if (low == 0 && high > 1e30) return activation(n, field_input(n), Activation::relu);
-    refuse(n, "bounds [" + std::to_string(low) + ", " + std::to_string(high) +
-                  "]; ReLU6's [0, 6] and ReLU's [0, inf) are supported");
+    if (low > high) refuse(n, "bounds [" + std::to_string(low) + ", " + std::to_string(high) + "]");
+    if (low == 0 && high == 6) return activation(n, n.input(0), Activation::relu6);
+    if (low == 0 && high > 1e30) return activation(n, n.input(0), Activation::relu);
+    return activation(n, n.input(0), Activation::clip, low, high);
   }
 
+  /// Add, Sub, Mul, Div, Min, Max, Pow: between a field or vector and a scalar or
+  /// per-channel constant, or between two values that broadcast (nn/broadcast_binary.hpp).
   void binary(const onnx::NodeProto& n) {
     const std::string& op = n.op_type();
+    if (n.input_size() != 2)
+      refuse(n, std::to_string(n.input_size()) + " inputs; two are supported");
     std::vector<double> c;
-    // A field and a constant: x + c, x - c, c - x, x * c, c * x, x / c.
     for (int side = 0; side < 2; ++side) {
       if (!channel_constant(n.input(side), c)) continue;
-      const std::string x = field_input(n, 1 - side);
+      const std::string& x = n.input(1 - side);
+      if (op == "Pow" || op == "Min" || op == "Max") {
+        // x^p, max(x, c), min(x, c): elementwise functions of a constant scalar.
+        if (c.size() != 1) refuse(n, "a per-channel constant; a scalar is supported");
+        if (op == "Pow" && side == 0) refuse(n, "a constant raised to a field is not supported");
+        constexpr double unbounded = std::numeric_limits<double>::infinity();
+        if (op == "Pow") return activation(n, x, Activation::pow, c[0]);
+        if (op == "Max") return activation(n, x, Activation::clip, c[0], unbounded);
+        return activation(n, x, Activation::clip, -unbounded, c[0]);
+      }
+      field_input(n, 1 - side);  // a constant meets a field only (says why otherwise)
       std::vector<double> scale(c.size(), 1.0), shift(c.size(), 0.0);
       if (op == "Add") shift = c;
       if (op == "Sub" && side == 1) for (std::size_t i = 0; i < c.size(); ++i) shift[i] = -c[i];
       if (op == "Sub" && side == 0) shift = c, scale.assign(c.size(), -1.0);
       if (op == "Mul") scale = c;
-      if (op == "Div" && side == 0) refuse(n, "a constant divided by a field is not supported");
+      if (op == "Div" && side == 0) refuse(n, "a constant divided by a field is not supported (Reciprocal is)");
       if (op == "Div") for (std::size_t i = 0; i < c.size(); ++i) scale[i] = 1.0 / c[i];
       add_step(n, {x}, [scale, shift](const std::vector<Variable<T>>& v) {
         return channel_affine(v[0], scale, shift);
       });
       return;
     }
-    if (op == "Div") refuse(n, "a field divided by a field is not supported");
-    const std::string a = field_input(n, 0), b = field_input(n, 1);
+    if (op == "Pow") refuse(n, "an exponent other than a constant scalar is not supported");
+    const std::string a = value_input(n, 0), b = value_input(n, 1);
+    const bool a_field = fields_.count(a) > 0, b_field = fields_.count(b) > 0;
+    for (const std::string* v : {&a, &b})
+      if ((a_field || b_field) && vectors_.count(*v) && !vectors_.at(*v))
+        refuse(n, "'" + *v + "' is a flattened (N, C) vector; only a pooled vector that keeps "
+                  "its spatial axes (N, C, 1...) broadcasts against a field");
+    if (!a_field && !b_field && vectors_.at(a) != vectors_.at(b))
+      refuse(n, "a flattened (N, C) vector meets a pooled (N, C, 1...) one");
+    const BinaryOp kind = op == "Add"   ? BinaryOp::add
+                          : op == "Sub" ? BinaryOp::subtract
+                          : op == "Mul" ? BinaryOp::multiply
+                          : op == "Div" ? BinaryOp::divide
+                          : op == "Min" ? BinaryOp::minimum
+                                        : BinaryOp::maximum;
     const Communicator comm = comm_;
-    if (op == "Sub") {
-      add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
-        const auto w = aligned(comm, v);
-        return add(w[0], channel_affine(w[1], {-1.0}, {0.0}));
-      });
-      return;
+    graph_->add_step(n.name(), op, {a, b}, n.output(0),
+                     [comm, kind](const std::vector<Variable<T>>& v) {
+                       const auto w = aligned(comm, v);
+                       // Two fields of one layout: the plain kernels of nn/pointwise.hpp.
+                       if (w[0].is_field() && w[1].is_field() &&
+                           w[0].value().same_layout(w[1].value())) {
+                         if (kind == BinaryOp::add) return add(w[0], w[1]);
+                         if (kind == BinaryOp::multiply) return multiply(w[0], w[1]);
+                       }
+                       return broadcast_binary(comm, kind, w[0], w[1]);
+                     });
+    mark_like(n.output(0), a_field || !b_field ? a : b);
+  }
+
+  void prelu(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    std::vector<double> slopes;
+    if (n.input_size() < 2 || !channel_constant(n.input(1), slopes))
+      refuse(n, "the slope must be a constant of one value or one per channel");
+    const std::string name = module_name(n, n.input(1));
+    auto layer = graph_->add_module(name, std::make_shared<PRelu<T>>(comm_, Index(slopes.size()), name));
+    assign_parameter(n, *layer, name, "weight", n.input(1));
+    add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  void softmax(const onnx::NodeProto& n) {
+    if (opset_ < 13)
+      refuse(n, "opset " + std::to_string(opset_) + "'s softmax flattens the axes from `axis` on; "
+                "export with opset 13 or later (softmax over the channels is supported)");
+    const int axis = spatial_axis(n, integer(n, "axis", -1));
+    if (axis != 1)
+      refuse(n, "a softmax along axis " + std::to_string(axis) +
+                    "; over the channels (axis 1) is supported (a spatial axis is sharded)");
+    const std::string x = field_input(n);
+    const bool log = n.op_type() == "LogSoftmax";
+    add_step(n, {x}, [log](const std::vector<Variable<T>>& v) { return softmax_channels(v[0], log); });
+  }
+
+  /// ReduceMean/Max/Min/Sum over the channels (keepdims: a one-channel field) or over all
+  /// spatial axes (mean and max: a global pooling).
+  void reduce(const onnx::NodeProto& n) {
+    const std::string& op = n.op_type();
+    std::vector<std::int64_t> axes = ints(n, "axes");
+    if (n.input_size() > 1 && !n.input(1).empty()) {  // axes as an input: opset 18 (ReduceSum 13)
+      const Tensor* t = constant(n.input(1));
+      if (!t) refuse(n, "axes must be a constant");
+      axes.assign(t->values.begin(), t->values.end());
     }
-    if (n.op_type() == "Add")
-      add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
-        const auto w = aligned(comm, v);
-        return add(w[0], w[1]);
+    if (axes.empty()) refuse(n, "a reduction over every axis (the batch too) is not supported");
+    std::vector<int> sorted;
+    for (const auto a : axes) sorted.push_back(spatial_axis(n, a));
+    std::sort(sorted.begin(), sorted.end());
+    const bool keeps_dims = integer(n, "keepdims", 1) != 0;
+    std::vector<int> spatial;
+    for (int a = 2; a < shape_.dims + 2; ++a) spatial.push_back(a);
+    if (sorted == std::vector<int>{1}) {
+      if (!keeps_dims) refuse(n, "keepdims 0 over the channels (the field would lose its channel axis)");
+      const std::string x = field_input(n);
+      const ChannelReduction kind = op == "ReduceMean"  ? ChannelReduction::mean
+                                    : op == "ReduceSum" ? ChannelReduction::sum
+                                    : op == "ReduceMax" ? ChannelReduction::max
+                                                        : ChannelReduction::min;
+      return add_step(n, {x}, [kind](const std::vector<Variable<T>>& v) {
+        return reduce_channels(v[0], kind);
       });
-    else
-      add_step(n, {a, b}, [comm](const std::vector<Variable<T>>& v) {
-        const auto w = aligned(comm, v);
-        return multiply(w[0], w[1]);
-      });
+    }
+    if (sorted == spatial && (op == "ReduceMean" || op == "ReduceMax"))
+      return global_pool(n, op == "ReduceMax", keeps_dims);
+    std::string listed;
+    for (const int a : sorted) listed += (listed.empty() ? "" : ", ") + std::to_string(a);
+    refuse(n, "a reduction over axes [" + listed +
+                  "]; over the channels (axis 1), or the mean or max over all spatial axes, is "
+                  "supported");
+  }
+
+  /// A Slice of the channels (x[:, a:b]), step 1; the batch axis, if named, whole.
+  void slice(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    if (n.input_size() < 3) refuse(n, "starts and ends are missing (opset 10 or later is read)");
+    const Tensor *starts = constant(n.input(1)), *ends = constant(n.input(2));
+    const Tensor* axes = n.input_size() > 3 && !n.input(3).empty() ? constant(n.input(3)) : nullptr;
+    const Tensor* steps = n.input_size() > 4 && !n.input(4).empty() ? constant(n.input(4)) : nullptr;
+    if (!starts || !ends || (n.input_size() > 3 && !n.input(3).empty() && !axes) ||
+        (n.input_size() > 4 && !n.input(4).empty() && !steps))
+      refuse(n, "starts, ends, axes and steps must be constants");
+    constexpr double whole = double(std::int64_t(1) << 40);  // "to the end" as exporters write it
+    std::int64_t begin = 0, end = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t k = 0; k < starts->size(); ++k) {
+      const int axis = spatial_axis(n, axes ? std::int64_t(axes->values[k]) : std::int64_t(k));
+      if (steps && steps->values[k] != 1) refuse(n, "a step other than 1");
+      const double s = starts->values[k], e = ends->values[k];
+      if (axis == 1) {
+        begin = std::int64_t(s), end = e >= whole ? end : std::int64_t(e);
+        continue;
+      }
+      if (s == 0 && e >= whole) continue;  // the whole axis
+      refuse(n, axis == 0 ? std::string("a slice of the batch")
+                          : "a slice of spatial axis " + std::to_string(axis - 2) +
+                                " (a crop of a sharded axis) is not supported");
+    }
+    const std::string where_text = key_ + ": '" + path_ + "': node '" + n.name() + "' (Slice)";
+    add_step(n, {x}, [begin, end, where_text](const std::vector<Variable<T>>& v) {
+      const std::int64_t channels = v[0].value().channels();
+      const auto clamp = [&](std::int64_t i) {
+        if (i < 0) i += channels;
+        return std::max<std::int64_t>(0, std::min(i, channels));
+      };
+      const std::int64_t from = clamp(begin), to = clamp(end);
+      SHARDTENSOR_REQUIRE(to > from, where,
+                          where_text << ": keeps no channel of " << channels << " (from " << begin
+                                     << " to " << end << ")");
+      return slice_channels(v[0], Index(from), Index(to - from));
+    });
+  }
+
+  /// Split over the channels: one step per output, each a range of channels.
+  void split(const onnx::NodeProto& n) {
+    const std::string x = field_input(n);
+    if (spatial_axis(n, integer(n, "axis", 0)) != 1)
+      refuse(n, "a split along axis " + std::to_string(integer(n, "axis", 0)) +
+                    "; only channels (axis 1) are split (a spatial axis is sharded)");
+    std::vector<std::int64_t> sizes = ints(n, "split");  // opset < 13
+    if (n.input_size() > 1 && !n.input(1).empty()) {
+      const Tensor* t = constant(n.input(1));
+      if (!t) refuse(n, "the split sizes must be a constant");
+      sizes.assign(t->values.begin(), t->values.end());
+    }
+    const int parts = n.output_size();
+    if (!sizes.empty() && int(sizes.size()) != parts)
+      refuse(n, std::to_string(sizes.size()) + " sizes for " + std::to_string(parts) + " outputs");
+    const std::string where_text = key_ + ": '" + path_ + "': node '" + n.name() + "' (Split)";
+    for (int i = 0; i < parts; ++i) {
+      graph_->add_step(n.name() + ":" + std::to_string(i), "Split", {x}, n.output(i),
+                       [sizes, parts, i, where_text](const std::vector<Variable<T>>& v) {
+                         const Index channels = v[0].value().channels();
+                         Index begin = 0, count = 0;
+                         if (sizes.empty()) {  // equal parts
+                           SHARDTENSOR_REQUIRE(channels % parts == 0, where,
+                                               where_text << ": splits " << channels
+                                                          << " channels into " << parts
+                                                          << " equal parts");
+                           count = channels / parts, begin = i * count;
+                         } else {
+                           for (int k = 0; k < i; ++k) begin += Index(sizes[k]);
+                           count = Index(sizes[i]);
+                           Index total = 0;
+                           for (const auto s : sizes) total += Index(s);
+                           SHARDTENSOR_REQUIRE(total == channels, where,
+                                               where_text << ": splits " << channels
+                                                          << " channels into parts of " << total);
+                         }
+                         return slice_channels(v[0], begin, count);
+                       });
+      fields_.insert(n.output(i));
+    }
   }
 
   void concat(const onnx::NodeProto& n) {
@@ -1210,7 +1442,10 @@ class Importer {
   std::map<int, GeluPattern> gelus_;
   std::map<int, GroupNormPattern> group_norms_;
   std::map<std::string, std::vector<Dim>> shapes_;  // values of shape computations
-  std::set<std::string> fields_, vectors_, module_names_;
+  std::set<std::string> fields_, module_names_;
+  /// Replicated (N, C) values (after a global pooling): true where ONNX sees (N, C, 1...)
+  /// (the spatial axes kept, so it broadcasts against fields), false for a flat (N, C).
+  std::map<std::string, bool> vectors_;
   std::string graph_input_;
   std::shared_ptr<Graph<T>> graph_;
 };

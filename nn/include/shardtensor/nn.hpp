@@ -2,6 +2,8 @@
 // Umbrella header of the nn module: the layers, losses and the Module base (with autograd).
 
 #include "shardtensor/autograd.hpp"
+#include "shardtensor/nn/across_channels.hpp"
+#include "shardtensor/nn/broadcast_binary.hpp"
 #include "shardtensor/nn/channel_affine.hpp"
 #include "shardtensor/nn/concat.hpp"
 #include "shardtensor/nn/conv.hpp"
@@ -20,6 +22,7 @@
 #include "shardtensor/nn/pointwise.hpp"
 #include "shardtensor/nn/pooling.hpp"
 #include "shardtensor/nn/positional_embedding.hpp"
+#include "shardtensor/nn/prelu.hpp"
 #include "shardtensor/nn/redistribute_field.hpp"
 #include "shardtensor/nn/ring_attention.hpp"
 #include "shardtensor/nn/token_layer_norm.hpp"

@@ -1,7 +1,8 @@
 #pragma once
 // The activations' scalar functions and derivatives, for the portable kernels that apply them
 // (nn/pointwise.hpp's activate, and the normalization's fused activation in
-// kernels/normalization.hpp). GELU on float arrays has a vector path too: kernels/gelu.hpp.
+// kernels/normalization.hpp), and the other elementwise functions imported graphs apply
+// (ONNX's Exp, Sqrt, Clip, ...). GELU on float arrays has a vector path too: kernels/gelu.hpp.
 
 #include "shardtensor/core/kokkos_math.hpp"
 
@@ -20,7 +21,17 @@ enum class Activation {
   hardsigmoid,  ///< PyTorch's: relu6(x + 3) / 6
   hardswish,    ///< x hardsigmoid(x)
   relu6,        ///< min(max(x, 0), 6)
-  mish          ///< x tanh(softplus(x))
+  mish,         ///< x tanh(softplus(x))
+  celu,         ///< max(0, x) + min(0, alpha (e^(x / alpha) - 1)); alpha: `slope`
+  erf,
+  exp,
+  log,
+  sqrt,
+  abs,          ///< derivative sign(x), 0 at 0 (PyTorch's)
+  neg,
+  reciprocal,
+  pow,          ///< x^p, p: `slope`
+  clip          ///< min(max(x, slope), upper); derivative 1 on [slope, upper] (PyTorch's)
 };
 
 namespace kernels {
@@ -30,7 +41,8 @@ namespace kernels {
 template <class T>
 struct ActivationFunction {
   Activation kind;
-  T slope;  // leaky_relu's slope, elu's alpha
+  T slope;  // leaky_relu's slope, elu's and celu's alpha, pow's exponent, clip's lower bound
+  T upper = T(0);  // clip's upper bound
 
   static KOKKOS_INLINE_FUNCTION T softplus(T x) {
     return x > T(20) ? x : math::log(T(1) + math::exp(x));  // e^x would overflow past ~88
@@ -64,6 +76,26 @@ struct ActivationFunction {
         return x <= T(0) ? T(0) : x >= T(6) ? T(6) : x;
       case Activation::mish:
         return x * math::tanh(softplus(x));
+      case Activation::celu:
+        return x > T(0) ? x : slope * (math::exp(x / slope) - T(1));
+      case Activation::erf:
+        return math::erf(x);
+      case Activation::exp:
+        return math::exp(x);
+      case Activation::log:
+        return math::log(x);
+      case Activation::sqrt:
+        return math::sqrt(x);
+      case Activation::abs:
+        return math::fabs(x);
+      case Activation::neg:
+        return -x;
+      case Activation::reciprocal:
+        return T(1) / x;
+      case Activation::pow:
+        return slope == T(2) ? x * x : math::pow(x, slope);
+      case Activation::clip:
+        return x < slope ? slope : x > upper ? upper : x;
       default:
         return logistic(x);
     }
@@ -104,6 +136,26 @@ struct ActivationFunction {
         const T t = math::tanh(softplus(x));
         return t + x * (T(1) - t * t) * logistic(x);
       }
+      case Activation::celu:
+        return x > T(0) ? T(1) : math::exp(x / slope);
+      case Activation::erf:
+        return T(1.12837916709551257390) * math::exp(-x * x);  // 2 / sqrt(pi) e^(-x^2)
+      case Activation::exp:
+        return math::exp(x);
+      case Activation::log:
+        return T(1) / x;
+      case Activation::sqrt:
+        return T(0.5) / math::sqrt(x);
+      case Activation::abs:
+        return x > T(0) ? T(1) : x < T(0) ? T(-1) : T(0);
+      case Activation::neg:
+        return T(-1);
+      case Activation::reciprocal:
+        return T(-1) / (x * x);
+      case Activation::pow:
+        return slope == T(2) ? T(2) * x : slope * math::pow(x, slope - T(1));
+      case Activation::clip:
+        return x >= slope && x <= upper ? T(1) : T(0);
       default: {
         const T s = T(1) / (T(1) + math::exp(-x));
         return s * (T(1) - s);

@@ -1,7 +1,8 @@
 #pragma once
-// global_average_pool: the mean of each (sample, channel) of a sharded field over the whole
-// field, a replicated (N, C) tensor (every rank's partial sums, then one allreduce): what the
-// classifier heads of CNNs (nn/linear.hpp) read.
+// global_average_pool, global_max_pool: the mean or the largest value of each (sample,
+// channel) of a sharded field over the whole field, a replicated (N, C) tensor (every rank's
+// partial result, then one allreduce): what the classifier heads of CNNs (nn/linear.hpp) and
+// squeeze-and-excitation gates (nn/broadcast_binary.hpp) read.
 
 #include <Kokkos_Core.hpp>
 #include <string>
@@ -9,6 +10,7 @@
 #include "shardtensor/comm/collectives.hpp"
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/error.hpp"
+#include "shardtensor/core/kokkos_math.hpp"
 #include "shardtensor/autograd/variable.hpp"
 
 namespace shardtensor {
@@ -53,6 +55,55 @@ Variable<T> global_average_pool(const Communicator& comm, const Variable<T>& inp
       Kokkos::parallel_for(
           "global_average_pool_backward", gx.span(), KOKKOS_LAMBDA(const std::size_t i) {
             gx_data[i] += T(double(g(Index(i) / cells)) / count);
+          });
+    };
+  }
+  return Variable<T>(node);
+}
+
+/// Replicated (N, C): y(n, c) = the largest x(n, c, cell) over the global field. Backward sends
+/// dy(n, c) to the cells that hold it, split evenly where several do (on any rank: the count
+/// is global). Collective over `comm`.
+template <class T>
+Variable<T> global_max_pool(const Communicator& comm, const Variable<T>& input) {
+  SHARDTENSOR_REQUIRE(input.is_field(), "global_max_pool",
+                      "input '" << input.name() << "' is not a field");
+  const ShardTensor<T>& x = input.value();
+  SHARDTENSOR_REQUIRE(x.ghosts().none(), "global_max_pool",
+                      "input '" << input.name() << "' carries ghost cells");
+  const Index batch = x.batch(), channels = x.channels();
+  const Index cells = Index(x.view().span()) / (batch * channels);
+  ReplicatedView<T> largest("global_max_pool", batch * channels);
+  const T* values = x.view().data();
+  Kokkos::parallel_for(
+      "global_max_pool", batch * channels, KOKKOS_LAMBDA(const Index i) {
+        T m = -math::infinity<T>();
+        for (Index k = 0; k < cells; ++k) m = math::max(m, values[i * cells + k]);
+        largest(i) = m;
+      });
+  allreduce(comm, largest, ReduceOp::max);
+  auto node = make_result_node<T>("global_max_pool", {input.node()});
+  node->is_field = false;
+  node->data = largest;
+  node->shape = {batch, channels};
+  if (node->requires_grad) {
+    auto in = input.node();
+    node->backward = [in, x, largest, cells, batch, channels, comm](impl::Node<T>& self) {
+      const auto g = self.grad_data();
+      const T* values = x.view().data();
+      T* gx = in->grad_field().view().data();
+      Kokkos::View<T*> ties("global_max_pool.ties", batch * channels);
+      Kokkos::parallel_for(
+          "global_max_pool_ties", batch * channels, KOKKOS_LAMBDA(const Index i) {
+            T count = 0;
+            for (Index k = 0; k < cells; ++k) count += values[i * cells + k] == largest(i);
+            ties(i) = count;
+          });
+      allreduce(comm, ties);
+      Kokkos::parallel_for(
+          "global_max_pool_backward", batch * channels, KOKKOS_LAMBDA(const Index i) {
+            for (Index k = 0; k < cells; ++k)
+              if (values[i * cells + k] == largest(i)) gx[i * cells + k] += g(i) / ties(i);
           });
     };
   }

@@ -60,14 +60,41 @@ void apply_activation(const ActivationFunction<T>& f, const ShardTensor<T>& x,
       KOKKOS_LAMBDA(const std::size_t i) { yv.data()[i] = f.value(xv.data()[i]); });
 }
 
+/// y = f(x) for every value of a replicated tensor (a pooled vector), and its backward.
+template <class T>
+Variable<T> activate_replicated(const Variable<T>& input, const ActivationFunction<T>& f) {
+  const ReplicatedView<T> x = input.data();
+  ReplicatedView<T> y("activation", x.extent(0));
+  Kokkos::parallel_for(
+      "activate_replicated", x.extent(0), KOKKOS_LAMBDA(const std::size_t i) { y(i) = f.value(x(i)); });
+  auto node = make_result_node<T>("activation", {input.node()});
+  node->is_field = false;
+  node->data = y;
+  node->shape = input.shape();
+  if (node->requires_grad) {
+    auto in = input.node();
+    node->backward = [in, f, x](impl::Node<T>& self) {
+      const auto gy = self.grad_data();
+      const auto gx = in->grad_data();
+      Kokkos::parallel_for(
+          "activate_replicated_backward", x.extent(0),
+          KOKKOS_LAMBDA(const std::size_t i) { gx(i) += gy(i) * f.derivative(x(i)); });
+    };
+  }
+  return Variable<T>(node);
+}
+
 }  // namespace impl
 
-/// Elementwise activation.
+/// Elementwise activation (or other function: kernels/activation.hpp) of a field, or of a
+/// replicated tensor. `slope` and `upper` are the function's parameters (there).
 template <class T>
-Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0.01) {
-  impl::require_field(input, "activate");
+Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0.01,
+                     double upper = 0) {
+  SHARDTENSOR_REQUIRE(input.defined(), "activate", "the input is undefined");
+  const impl::ActivationFunction<T> f{kind, static_cast<T>(slope), static_cast<T>(upper)};
+  if (!input.is_field()) return impl::activate_replicated(input, f);
   const ShardTensor<T>& x = input.value();
-  const impl::ActivationFunction<T> f{kind, static_cast<T>(slope)};
   ShardTensor<T> y = impl::field_like(x, "activation");
   impl::apply_activation(f, x, y);
   auto node = make_result_node<T>("activation", {input.node()});
@@ -96,14 +123,17 @@ Variable<T> activate(const Variable<T>& input, Activation kind, double slope = 0
 /// without a copy), the activation is written over that field, no new one (an inference's
 /// activations in a Sequential: Module::forward_handed_over).
 template <class T>
-Variable<T> activate(Variable<T>&& input, Activation kind, double slope = 0.01) {
-  impl::require_field(input, "activate");
+Variable<T> activate(Variable<T>&& input, Activation kind, double slope = 0.01,
+                     double upper = 0) {
+  SHARDTENSOR_REQUIRE(input.defined(), "activate", "the input is undefined");
   const bool graph = grad_enabled() && input.requires_grad();
-  if (graph || input.node().use_count() != 1 || input.value().view().use_count() != 1)
-    return activate(static_cast<const Variable<T>&>(input), kind, slope);
+  if (!input.is_field() || graph || input.node().use_count() != 1 ||
+      input.value().view().use_count() != 1)
+    return activate(static_cast<const Variable<T>&>(input), kind, slope, upper);
   const ShardTensor<T> x = input.value();
   input = Variable<T>();  // the field is x's alone now
-  impl::apply_activation(impl::ActivationFunction<T>{kind, static_cast<T>(slope)}, x, x);
+  impl::apply_activation(
+      impl::ActivationFunction<T>{kind, static_cast<T>(slope), static_cast<T>(upper)}, x, x);
   auto node = make_result_node<T>("activation", {});
   node->field = x;
   return Variable<T>(node);
