@@ -211,11 +211,13 @@ TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
 }
 
 TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]") {
-  // Classification (ResNet-18: global pooling and a linear head), video (R3D-18) and
-  // segmentation (FCN-ResNet50: dilated stages, a resize to the input's size), random weights,
-  // split along the last axis into parts that keep a cell at the coarsest stage.
+  // Classification (ResNet-18: global pooling and a linear head; MobileNetV3: squeeze-and-
+  // excitation), video (R3D-18) and segmentation (FCN-ResNet50: dilated stages, a resize to
+  // the input's size; LR-ASPP: a pooled branch gating the field), random weights, split along the last
+  // axis into parts that keep a cell at the coarsest stage.
   const Communicator world;
-  for (const std::string name : {"tv_resnet18", "tv_r3d_18", "tv_fcn_resnet50"}) {
+  for (const std::string name : {"tv_resnet18", "tv_r3d_18", "tv_fcn_resnet50", "tv_mobilenet_v3_small",
+                                 "tv_lraspp_mobilenet"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       std::vector<int> grid(e.dims(), 1);

@@ -193,6 +193,14 @@ def torchvision_models():
         ("tv_fcn_resnet50",
          lambda: tv.segmentation.fcn_resnet50(num_classes=3, weights_backbone=None,
                                               aux_loss=False), (1, 3, 32, 128), 13, 32),
+        # Squeeze-and-excitation (pooled vectors through 1x1 convs gating fields), hard swish.
+        ("tv_mobilenet_v3_small", lambda: tv.mobilenet_v3_small(num_classes=10),
+         (1, 3, 64, 256), 13, 64),  # 5x5 convs at stride 32: two cells a part
+        # Lite R-ASPP: a pooled branch gating the field, the stride-8 and stride-16 features
+        # resized and added, the result resized to the input's size.
+        ("tv_lraspp_mobilenet",
+         lambda: tv.segmentation.lraspp_mobilenet_v3_large(num_classes=3, weights_backbone=None),
+         (1, 3, 32, 256), 13, 64),  # 5x5 convs dilated by 2 at stride 16: four cells a part
     ]
 
 
@@ -245,7 +253,7 @@ def main():
     models = [(name, make, shape, opset, 1) for name, make, shape, opset in MODELS]
     for name, make, shape, opset, stride in models + torchvision_models():
         model = make()
-        if name.startswith("tv_fcn"):
+        if name.startswith("tv_fcn") or name.startswith("tv_lraspp"):
             model = FcnOut(model)
         randomize(model, generator)
         model.eval()

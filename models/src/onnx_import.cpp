@@ -1286,6 +1286,7 @@ class Importer {
   }
 
   void resize(const onnx::NodeProto& n) {
+    if (vectors_.count(n.input(0))) return resize_vector(n);
     const std::string x = field_input(n);
     const std::string mode = text(n, "mode", "nearest");
     std::vector<Dim> sizes;
@@ -1326,23 +1327,28 @@ class Importer {
       refuse(n, "mode " + mode + "; nearest and linear are supported");
     }
     if (to_sizes) {
-      // Sizes from shapes (x.shape[-2:] of the graph's input, folded) or fixed at export: the
-      // factor follows from the fields that arrive and must be an integer.
+      // Sizes from shapes (x.shape[-2:] of the graph's input or of another field, folded) or
+      // fixed at export: the factor follows from the fields that arrive and must be an integer.
       if (int(sizes.size()) != shape_.dims + 2)
         refuse(n, "sizes has " + std::to_string(sizes.size()) + " entries");
       for (int a = 0; a < 2; ++a)
         if (!sizes[a].field.empty() && sizes[a].axis != a)
           refuse(n, "sizes must keep the batch and channel axes");
+      std::string follows = graph_input_;  // the field whose extents the sizes are
       for (int a = 2; a < shape_.dims + 2; ++a)
-        if (!sizes[a].field.empty() && (sizes[a].field != graph_input_ || sizes[a].axis < 2))
-          refuse(n, "sizes follow the shape of '" + sizes[a].field +
-                        "'; the graph input's shape or numbers are supported");
+        if (!sizes[a].field.empty()) follows = sizes[a].field;
+      for (int a = 2; a < shape_.dims + 2; ++a)
+        if (!sizes[a].field.empty() && (sizes[a].field != follows || sizes[a].axis != a))
+          refuse(n, "sizes follow the shapes of '" + sizes[a].field + "' and '" + follows +
+                        "' or other axes; one field's spatial extents or numbers are supported");
+      if (!fields_.count(follows))
+        refuse(n, "sizes follow the shape of '" + follows + "', which is not a field made before");
       const Communicator comm = comm_;
       const std::string node = n.name(), where_text = key_ + ": '" + path_ + "': node '" +
                                                       n.name() + "' (Resize)";
       auto layer = std::make_shared<std::shared_ptr<Upsample<T>>>();
       auto made_for = std::make_shared<std::vector<int>>();
-      add_step(n, {x, graph_input_}, [=](const std::vector<Variable<T>>& v) {
+      add_step(n, {x, follows}, [=](const std::vector<Variable<T>>& v) {
         const Decomposition& d = v[0].value().decomposition();
         const Decomposition& whole = v[1].value().decomposition();
         const Index kept[2] = {v[0].value().batch(), v[0].value().channels()};
@@ -1378,6 +1384,58 @@ class Importer {
     }
     auto layer = std::make_shared<Upsample<T>>(comm_, factors, kind, n.name());
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+  }
+
+  /// A pooled (N, C, 1...) vector resized to the size of a field (DeepLab's image pooling,
+  /// size=x.shape[-2:]): every cell holds the vector's value, whatever the mode. The field is
+  /// the one the sizes follow; where the export fixed them as numbers, the field the result
+  /// meets in its one reader (a Concat, an Add), made earlier, whose extents must be those.
+  void resize_vector(const onnx::NodeProto& n) {
+    const std::string& x = n.input(0);
+    std::vector<Dim> sizes;
+    if (!vectors_.at(x) || n.op_type() != "Resize" || n.input_size() < 4 ||
+        !shape_value(n.input(3), sizes) || int(sizes.size()) != shape_.dims + 2)
+      refuse(n, "resizes a pooled vector other than to a field's sizes (size=x.shape[-2:])");
+    std::string field = sizes[2].field;
+    std::vector<Index> fixed;  // sizes fixed at export
+    for (int a = 2; a < shape_.dims + 2; ++a) {
+      if (sizes[a].field.empty()) {
+        fixed.push_back(Index(sizes[a].value));
+        continue;
+      }
+      if (sizes[a].field != field || sizes[a].axis != a)
+        refuse(n, "resizes a pooled vector to sizes that are not one field's spatial extents");
+    }
+    if (!fixed.empty()) {
+      if (int(fixed.size()) != shape_.dims)
+        refuse(n, "resizes a pooled vector to sizes partly fixed at export");
+      field.clear();
+      for (const auto& reader : model_.graph().node())
+        for (const auto& in : reader.input())
+          if (in == n.output(0) && uses(in) == 1)
+            for (const auto& other : reader.input())
+              if (field.empty() && fields_.count(other)) field = other;
+    }
+    if (!fields_.count(field))
+      refuse(n, "resizes a pooled vector to " +
+                    (fixed.empty() ? "the sizes of '" + field + "', which is not a field"
+                                   : std::string("sizes fixed at export, and its reader meets no "
+                                                 "field made before it to take the layout of")));
+    const Communicator comm = comm_;
+    const std::string where_text = key_ + ": '" + path_ + "': node '" + n.name() + "' (Resize)";
+    graph_->add_step(n.name(), n.op_type(), {x, field}, n.output(0),
+                     [comm, fixed, where_text](const std::vector<Variable<T>>& v) {
+                       const Decomposition& d = v[1].value().decomposition();
+                       for (std::size_t a = 0; a < fixed.size(); ++a)
+                         SHARDTENSOR_REQUIRE(
+                             d.global_extent(int(a)) == fixed[a], where,
+                             where_text << ": resizes to " << fixed[a] << " cells along spatial axis "
+                                        << a << " (a size fixed at export for the traced input), "
+                                        << "where the field it meets has " << d.global_extent(int(a))
+                                        << ": export at this resolution");
+                       return spread_over_field(comm, v[0], v[1].value());
+                     });
+    fields_.insert(n.output(0));
   }
 
   void batch_norm(const onnx::NodeProto& n) {

@@ -2,7 +2,8 @@
 // global_average_pool, global_max_pool: the mean or the largest value of each (sample,
 // channel) of a sharded field over the whole field, a replicated (N, C) tensor (every rank's
 // partial result, then one allreduce): what the classifier heads of CNNs (nn/linear.hpp) and
-// squeeze-and-excitation gates (nn/broadcast_binary.hpp) read.
+// squeeze-and-excitation gates (nn/broadcast_binary.hpp) read; and back, a vector spread over
+// a field (an image-pooling branch resized to the field's size).
 
 #include <Kokkos_Core.hpp>
 #include <string>
@@ -104,6 +105,45 @@ Variable<T> global_max_pool(const Communicator& comm, const Variable<T>& input) 
           "global_max_pool_backward", batch * channels, KOKKOS_LAMBDA(const Index i) {
             for (Index k = 0; k < cells; ++k)
               if (values[i * cells + k] == largest(i)) gx[i * cells + k] += g(i) / ties(i);
+          });
+    };
+  }
+  return Variable<T>(node);
+}
+
+/// A field with the split and batch of `like` and the vector's C channels, every cell of
+/// (n, c) holding v(n, c): a pooled (N, C) vector resized to a field's size. Backward sums
+/// the gradient over every rank's cells (a partial sum per rank). Collective over `comm` in
+/// backward.
+template <class T>
+Variable<T> spread_over_field(const Communicator& comm, const Variable<T>& vector,
+                              const ShardTensor<T>& like) {
+  SHARDTENSOR_REQUIRE(!vector.is_field() && vector.shape().size() == 2 &&
+                          vector.shape()[0] == like.batch(),
+                      "spread_over_field",
+                      "'" << vector.name() << "' is not an (N, C) vector of the field's batch "
+                          << like.batch());
+  const Index batch = like.batch(), channels = vector.shape()[1];
+  ShardTensor<T> y = ShardTensor<T>::uninitialized(like.decomposition(), like.rank(), batch,
+                                                   channels, GhostWidths{}, "spread_over_field");
+  const Index cells = Index(y.view().span()) / (batch * channels);
+  const ReplicatedView<T> v = vector.data();
+  T* yv = y.view().data();
+  Kokkos::parallel_for(
+      "spread_over_field", Index(y.view().span()),
+      KOKKOS_LAMBDA(const Index i) { yv[i] = v(i / cells); });
+  auto node = make_result_node<T>("spread_over_field", {vector.node()});
+  node->field = y;
+  if (node->requires_grad) {
+    auto in = vector.node();
+    node->backward = [in, cells, batch, channels, comm](impl::Node<T>& self) {
+      const T* gy = self.grad_field().view().data();
+      const ReplicatedView<T> gv = in->grad_partial(comm);
+      Kokkos::parallel_for(
+          "spread_over_field_backward", batch * channels, KOKKOS_LAMBDA(const Index j) {
+            T sum = 0;
+            for (Index k = 0; k < cells; ++k) sum += gy[j * cells + k];
+            gv(j) += sum;
           });
     };
   }
