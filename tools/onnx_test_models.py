@@ -137,7 +137,8 @@ class Acts1d(nn.Module):
 class Ops2d(nn.Module):
     """The rest of the operator table: elementwise functions (Exp, Log, Sqrt, Abs, Neg, Erf,
     Reciprocal, Pow, CELU, Clip), PReLU (per channel and shared), quotients, minima and maxima
-    of fields, reductions over the channels broadcast back (x - x.mean(1)), softmax and
+    of fields, a group norm without weights, reductions over the channels broadcast back
+    (x - x.mean(1)), softmax and
     log-softmax over the channels, a split and a slice of the channels, squeeze-and-excitation
     (a pooled vector through 1x1 convs, times the field) and a global maximum added to the
     field."""
@@ -159,7 +160,7 @@ class Ops2d(nn.Module):
         p = torch.exp(-h * h) + torch.sqrt(torch.abs(h) + 0.5) - torch.log(1 + h * h)
         q = torch.erf(h) * torch.reciprocal(h * h + 2) + F.celu(h, 0.7) - h ** 3
         h = torch.minimum(p, q) + torch.maximum(torch.clamp(h, -0.5, 0.8), -q)
-        h = self.shared(self.mid(h)) + torch.maximum(h, torch.tensor(0.1))
+        h = self.shared(F.group_norm(self.mid(h), 3)) + torch.maximum(h, torch.tensor(0.1))
         gate = self.excite(torch.relu(self.squeeze(h.mean((2, 3), keepdim=True))))
         h = h * torch.sigmoid(gate) - h.amax((2, 3), keepdim=True)
         a, b, c = torch.split(h, [2, 3, 1], dim=1)

@@ -714,7 +714,10 @@ class Importer {
           add = &node;
     }
     if (mul && add) {
-      p.weight = mul->input(1), p.bias = add->input(1);
+      // F.group_norm without weights is exported with a Mul by 1 and an Add of 0.
+      const Tensor &w = *constant(mul->input(1)), &b = *constant(add->input(1));
+      if (!(w.size() == 1 && b.size() == 1 && w.values[0] == 1 && b.values[0] == 0))
+        p.weight = mul->input(1), p.bias = add->input(1);
       parts.push_back(anchor);
       parts.push_back(producer_index(mul->output(0)));
       anchor = producer_index(add->output(0));
@@ -1470,14 +1473,25 @@ class Importer {
   void emit_group_norm(const onnx::NodeProto& n, const GroupNormPattern& p) {
     if (!fields_.count(p.input)) field_input(n);
     const bool affine = !p.weight.empty();
-    int channels = 0;
-    if (affine) {
-      channels = int(constant(p.weight)->size());
-      if (constant(p.bias)->size() != std::size_t(channels))
-        refuse(n, "the GroupNorm's weight and bias differ in size");
-    } else {
-      refuse(n, "a GroupNorm without affine weights is not supported yet");
+    if (!affine) {
+      // No weights to tell the channels: the layer (it has no parameters) is made for the
+      // field that arrives.
+      const Communicator comm = comm_;
+      const std::string name = module_name(n);
+      auto layer = std::make_shared<std::shared_ptr<GroupNorm<T>>>();
+      const int groups = p.groups;
+      const double eps = p.eps;
+      add_step(n, {p.input}, [=](const std::vector<Variable<T>>& v) {
+        const int channels = int(v[0].value().channels());
+        if (!*layer || (*layer)->channels() != channels)
+          *layer = std::make_shared<GroupNorm<T>>(comm, groups, channels, eps, false, name);
+        return (*layer)->forward(v[0]);
+      });
+      return;
     }
+    const int channels = int(constant(p.weight)->size());
+    if (constant(p.bias)->size() != std::size_t(channels) || channels == 1)
+      refuse(n, "the GroupNorm's weight and bias are not one value per channel");
     const std::string name = module_name(n, p.weight);
     auto layer = graph_->add_module(
         name, std::make_shared<GroupNorm<T>>(comm_, p.groups, channels, p.eps, affine, name));
