@@ -1,7 +1,9 @@
 /* The C API from C: a session on a solver's C-order arrays with ghost cells computes what one
  * rank computes on the whole field; online training gives the same loss on every rank;
  * checkpoints load into a session on another rank count; bad input fails with an error code
- * and a message on every rank (no rank hangs). Run at 1, 2 and 4 ranks. */
+ * and a message on every rank (no rank hangs); where the suite exported its ONNX networks
+ * ($SHARDTENSOR_ONNX_MODELS), a session with model: {type: onnx} predicts PyTorch's output
+ * and trains as one rank does. Run at 1, 2 and 4 ranks. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -360,6 +362,116 @@ static void test_bad_input(void) {
   free(y.data);
 }
 
+/* A PyTorch network exported to ONNX (tools/onnx_test_models.py's net3d: one input channel,
+ * two output channels, 12 x 10 x 8 cells) through the C API, config type: onnx: the sharded
+ * session's prediction on the exported input is PyTorch's (float32 files), equal to one rank's;
+ * a training step gives one rank's loss on every rank. */
+static void test_onnx_session(void) {
+  const char* directory = getenv("SHARDTENSOR_ONNX_MODELS");
+  if (directory == NULL) return; /* a build without ONNX: nothing exported */
+  enum { NX = 12, NY = 10, NZ = 8, CELLS = NX * NY * NZ };
+  char path[512], config[700];
+  float input[CELLS], expected[2 * CELLS];
+  snprintf(path, sizeof path, "%s/net3d.input.bin", directory);
+  FILE* in_file = fopen(path, "rb");
+  snprintf(path, sizeof path, "%s/net3d.output.bin", directory);
+  FILE* out_file = fopen(path, "rb");
+  CHECK(in_file != NULL && out_file != NULL);
+  if (in_file == NULL || out_file == NULL) return;
+  CHECK(fread(input, sizeof(float), CELLS, in_file) == CELLS);
+  CHECK(fread(expected, sizeof(float), 2 * CELLS, out_file) == 2 * CELLS);
+  fclose(in_file);
+  fclose(out_file);
+  snprintf(config, sizeof config,
+           "model: {type: onnx, path: '%s/net3d.onnx'}\n"
+           "optimizer: {type: adam, lr: 0.001}\n"
+           "training: {precision: double, loss: mse}\n"
+           "data: {normalize: false}\n",
+           directory);
+
+  /* A balanced split of the 12 x 10 x 8 field, no ghost cells. */
+  int dims[3] = {0, 0, 0};
+  MPI_Dims_create(nranks, 3, dims);
+  const int coords[3] = {rank / (dims[1] * dims[2]), (rank / dims[2]) % dims[1], rank % dims[2]};
+  const int64_t extent[3] = {NX, NY, NZ};
+  shardtensor_patch patch, whole;
+  memset(&patch, 0, sizeof patch);
+  memset(&whole, 0, sizeof whole);
+  patch.ndims = whole.ndims = 3;
+  for (int a = 0; a < 3; ++a) {
+    patch.global_extent[a] = whole.global_extent[a] = whole.extent[a] = extent[a];
+    patch.offset[a] = extent[a] * coords[a] / dims[a];
+    patch.extent[a] = extent[a] * (coords[a] + 1) / dims[a] - patch.offset[a];
+  }
+  shardtensor_options options;
+  shardtensor_options_default(&options);
+  options.config_text = config;
+  options.input_channels = 1;
+  options.output_channels = 2;
+  options.array_order = SHARDTENSOR_ORDER_C;
+  shardtensor_session session = NULL, single = NULL;
+  CHECK(shardtensor_create(MPI_COMM_WORLD, &patch, &options, &session) == SHARDTENSOR_OK);
+  CHECK(shardtensor_create(MPI_COMM_SELF, &whole, &options, &single) == SHARDTENSOR_OK);
+  if (session == NULL || single == NULL) {
+    fprintf(stderr, "rank %d: create failed: %s\n", rank, shardtensor_last_error());
+    return;
+  }
+  const int64_t cells = patch.extent[0] * patch.extent[1] * patch.extent[2];
+  double* x = malloc(sizeof(double) * cells);
+  double* y = malloc(sizeof(double) * 2 * cells);
+  double* target = malloc(sizeof(double) * 2 * cells);
+  double whole_x[CELLS], whole_y[2 * CELLS], whole_target[2 * CELLS];
+  for (int64_t v = 0; v < CELLS; ++v) whole_x[v] = input[v];
+  for (int64_t i = 0, v = 0; i < patch.extent[0]; ++i)
+    for (int64_t j = 0; j < patch.extent[1]; ++j)
+      for (int64_t k = 0; k < patch.extent[2]; ++k, ++v)
+        x[v] = input[((patch.offset[0] + i) * NY + patch.offset[1] + j) * NZ + patch.offset[2] + k];
+  const double* in[1] = {x};
+  double* out[2] = {y, y + cells};
+  const double* whole_in[1] = {whole_x};
+  double* whole_out[2] = {whole_y, whole_y + CELLS};
+  CHECK(shardtensor_infer_double(session, in, 1, out, 2) == SHARDTENSOR_OK);
+  CHECK(shardtensor_infer_double(single, whole_in, 1, whole_out, 2) == SHARDTENSOR_OK);
+  double to_pytorch = 0, to_single = 0, scale = 0;
+  for (int c = 0; c < 2; ++c)
+    for (int64_t i = 0, v = 0; i < patch.extent[0]; ++i)
+      for (int64_t j = 0; j < patch.extent[1]; ++j)
+        for (int64_t k = 0; k < patch.extent[2]; ++k, ++v) {
+          const int64_t g = ((patch.offset[0] + i) * NY + patch.offset[1] + j) * NZ + patch.offset[2] + k;
+          to_pytorch = fmax(to_pytorch, fabs(out[c][v] - expected[c * CELLS + g]));
+          to_single = fmax(to_single, fabs(out[c][v] - whole_out[c][g]));
+          scale = fmax(scale, fabs(expected[c * CELLS + g]));
+        }
+  MPI_Allreduce(MPI_IN_PLACE, &to_pytorch, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &to_single, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &scale, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0)
+    printf("onnx: sharded vs PyTorch %.3e, vs one rank %.3e (of the largest)\n",
+           to_pytorch / scale, to_single / scale);
+  CHECK(to_pytorch <= 1e-5 * scale);
+  CHECK(to_single <= 1e-12 * scale);
+
+  /* A training step toward a target: the same loss everywhere, one rank's. */
+  for (int64_t v = 0; v < 2 * cells; ++v) target[v] = 0.5 * y[v] + 0.1;
+  for (int64_t v = 0; v < 2 * CELLS; ++v) whole_target[v] = 0.5 * whole_y[v] + 0.1;
+  const double* targets[2] = {target, target + cells};
+  const double* whole_targets[2] = {whole_target, whole_target + CELLS};
+  double loss = -1, reference = -2, lowest = 0, highest = 0;
+  CHECK(shardtensor_train_step_double(session, in, 1, targets, 2, &loss) == SHARDTENSOR_OK);
+  CHECK(shardtensor_train_step_double(single, whole_in, 1, whole_targets, 2, &reference) ==
+        SHARDTENSOR_OK);
+  MPI_Allreduce(&loss, &lowest, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&loss, &highest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0) printf("onnx train_step: loss %.12g (one rank %.12g)\n", loss, reference);
+  CHECK(lowest == highest);
+  CHECK(fabs(loss - reference) <= 1e-9 * fabs(reference));
+  CHECK(shardtensor_destroy(&single) == SHARDTENSOR_OK);
+  CHECK(shardtensor_destroy(&session) == SHARDTENSOR_OK);
+  free(x);
+  free(y);
+  free(target);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -376,6 +488,7 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof path, "test_capi_%d_np%d.h5", id, nranks);
   test_session(path);
   test_bad_input();
+  test_onnx_session();
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) remove(path);
 
