@@ -110,29 +110,26 @@ static double relative_difference(field* sharded, field* whole) {
   return diff / scale;
 }
 
-/* This rank's patch of a balanced process grid (MPI_Dims_create). */
-static shardtensor_patch my_patch(void) {
+/* This rank's patch of a field of `extent` cells on a balanced process grid (MPI_Dims_create),
+ * or the whole field (`whole`). */
+static shardtensor_patch patch_of(const int64_t extent[3], int whole) {
   int dims[3] = {0, 0, 0};
-  MPI_Dims_create(nranks, 3, dims);
-  const int coords[3] = {rank / (dims[1] * dims[2]), (rank / dims[2]) % dims[1], rank % dims[2]};
+  MPI_Dims_create(whole ? 1 : nranks, 3, dims);
+  const int r = whole ? 0 : rank;
+  const int coords[3] = {r / (dims[1] * dims[2]), (r / dims[2]) % dims[1], r % dims[2]};
   shardtensor_patch p;
   memset(&p, 0, sizeof p);
   p.ndims = 3;
   for (int a = 0; a < 3; ++a) {
-    p.global_extent[a] = global_extent[a];
-    p.offset[a] = global_extent[a] * coords[a] / dims[a];
-    p.extent[a] = global_extent[a] * (coords[a] + 1) / dims[a] - p.offset[a];
+    p.global_extent[a] = extent[a];
+    p.offset[a] = extent[a] * coords[a] / dims[a];
+    p.extent[a] = extent[a] * (coords[a] + 1) / dims[a] - p.offset[a];
   }
   return p;
 }
 
-static shardtensor_patch whole_patch(void) {
-  shardtensor_patch p;
-  memset(&p, 0, sizeof p);
-  p.ndims = 3;
-  for (int a = 0; a < 3; ++a) p.global_extent[a] = p.extent[a] = global_extent[a];
-  return p;
-}
+static shardtensor_patch my_patch(void) { return patch_of(global_extent, 0); }
+static shardtensor_patch whole_patch(void) { return patch_of(global_extent, 1); }
 
 static shardtensor_options model_options(int64_t ghost) {
   shardtensor_options o;
@@ -390,19 +387,8 @@ static void test_onnx_session(void) {
            directory);
 
   /* A balanced split of the 12 x 10 x 8 field, no ghost cells. */
-  int dims[3] = {0, 0, 0};
-  MPI_Dims_create(nranks, 3, dims);
-  const int coords[3] = {rank / (dims[1] * dims[2]), (rank / dims[2]) % dims[1], rank % dims[2]};
   const int64_t extent[3] = {NX, NY, NZ};
-  shardtensor_patch patch, whole;
-  memset(&patch, 0, sizeof patch);
-  memset(&whole, 0, sizeof whole);
-  patch.ndims = whole.ndims = 3;
-  for (int a = 0; a < 3; ++a) {
-    patch.global_extent[a] = whole.global_extent[a] = whole.extent[a] = extent[a];
-    patch.offset[a] = extent[a] * coords[a] / dims[a];
-    patch.extent[a] = extent[a] * (coords[a] + 1) / dims[a] - patch.offset[a];
-  }
+  const shardtensor_patch patch = patch_of(extent, 0), whole = patch_of(extent, 1);
   shardtensor_options options;
   shardtensor_options_default(&options);
   options.config_text = config;

@@ -845,6 +845,13 @@ class Importer {
     if (integer(n, "group", 1) != 1) refuse(n, "groups on a pooled vector");
     for (const int p : symmetric_pads(n))
       if (p != 0) refuse(n, "pads on a pooled vector");
+    linear_on_vector(n, x, w, true);
+  }
+
+  /// A Linear layer on the pooled vector `x` from the weight `w` (out, in, 1...) and the
+  /// node's bias (input 2, if any); `keeps_dims` as vectors_ says of its output.
+  void linear_on_vector(const onnx::NodeProto& n, const std::string& x, const Tensor& w,
+                        bool keeps_dims) {
     const bool bias = n.input_size() > 2 && !n.input(2).empty();
     const std::string name = module_name(n, n.input(1));
     auto layer = graph_->add_module(
@@ -853,7 +860,7 @@ class Importer {
     if (bias) assign_parameter(n, *layer, name, "bias", n.input(2));
     graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
                      [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
-    vectors_[n.output(0)] = true;
+    vectors_[n.output(0)] = keeps_dims;
   }
 
   /// The mean or largest value over the whole field per (sample, channel): a replicated
@@ -897,15 +904,7 @@ class Importer {
       refuse(n, "alpha, beta, transA, transB other than PyTorch's Linear (1, 1, 0, 1)");
     const Tensor& w = required_constant(n, 1, "the weight");
     if (w.dims.size() != 2) refuse(n, "a weight of rank " + std::to_string(w.dims.size()));
-    const bool bias = n.input_size() > 2 && !n.input(2).empty();
-    const std::string name = module_name(n, n.input(1));
-    auto layer = graph_->add_module(
-        name, std::make_shared<Linear<T>>(Index(w.dims[1]), Index(w.dims[0]), bias, 0, name));
-    assign_parameter(n, *layer, name, "weight", n.input(1));
-    if (bias) assign_parameter(n, *layer, name, "bias", n.input(2));
-    graph_->add_step(n.name(), n.op_type(), {a}, n.output(0),
-                     [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
-    vectors_[n.output(0)] = false;
+    linear_on_vector(n, a, w, false);
   }
 
   /// A Pad of the spatial axes, kept for the Conv or average pooling that reads it.
