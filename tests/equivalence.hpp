@@ -4,7 +4,9 @@
 // gradients must agree. Plus finite-difference gradient checks in double.
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -49,7 +51,8 @@ std::vector<double> host_values(const A& a) {
   return std::vector<double>(h.data(), h.data() + h.span());
 }
 
-/// max |a - b| / max |b| over the whole arrays (b the reference).
+/// max |a - b| / max |b| over the whole arrays (b the reference); infinite where either holds
+/// a NaN or an infinity (which std::max would pass over).
 template <class A, class B>
 double relative_error(const A& a, const B& b) {
   auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
@@ -57,6 +60,8 @@ double relative_error(const A& a, const B& b) {
   REQUIRE(ha.span() == hb.span());
   double diff = 0, scale = 0;
   for (std::size_t i = 0; i < ha.span(); ++i) {
+    if (!std::isfinite(double(ha.data()[i])) || !std::isfinite(double(hb.data()[i])))
+      return std::numeric_limits<double>::infinity();
     diff = std::max(diff, std::abs(double(ha.data()[i]) - double(hb.data()[i])));
     scale = std::max(scale, std::abs(double(hb.data()[i])));
   }

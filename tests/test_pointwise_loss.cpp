@@ -214,8 +214,10 @@ TEST_CASE("pointwise ops and losses reject fields that do not match", "[pointwis
       add(a, b), Contains("add: 'a' (batch 1, channels 2") && Contains("'b' (batch 1, channels 3"));
   CHECK_THROWS_WITH(mse_loss(comm, a, b), Contains("mse_loss:"));
   const auto scalar = sum(comm, a);
-  CHECK_THROWS_WITH(activate(scalar, Activation::relu),
-                    Contains("activate: 'sum' is not a sharded field"));
+  // A replicated tensor takes the elementwise functions too (a pooled vector's gate).
+  CHECK(activate(scalar, Activation::neg).item() == -scalar.item());
+  CHECK_THROWS_WITH(activate(Variable<float>(), Activation::relu),
+                    Contains("activate: the input is undefined"));
   CHECK_THROWS_WITH(backward(a),
                     Contains("backward: the loss must be a replicated scalar, got 'a'"));
 }

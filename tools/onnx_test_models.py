@@ -12,6 +12,7 @@ or ONNX."""
 
 import os
 import sys
+import zlib
 
 try:
     import numpy as np
@@ -168,8 +169,42 @@ class Ops2d(nn.Module):
         return self.out(s)
 
 
+class Next2d(nn.Module):
+    """ConvNeXt's blocks as torchvision writes them: channels-last regions (a permute, a
+    LayerNorm over the channels, Linear layers as MatMul and Add, GELU, a permute back), a
+    layer scale, and the official repository's channels-first LayerNorm (x - x.mean(1)) /
+    sqrt(var + eps) with per-channel weights; a stem and a downsampling conv, upsampled back."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(2, 8, 2, stride=2)
+        self.stem_norm = nn.LayerNorm(8, eps=1e-6)
+        self.dw = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.norm = nn.LayerNorm(8, eps=1e-6)
+        self.expand = nn.Linear(8, 32)
+        self.project = nn.Linear(32, 8)
+        self.layer_scale = nn.Parameter(torch.full((8, 1, 1), 0.5))
+        self.cf_weight = nn.Parameter(torch.ones(8))
+        self.cf_bias = nn.Parameter(torch.zeros(8))
+        self.out = nn.ConvTranspose2d(8, 3, 2, stride=2)
+
+    def forward(self, x):
+        h = self.stem(x).permute(0, 2, 3, 1)
+        h = self.stem_norm(h).permute(0, 3, 1, 2)
+        r = self.dw(h).permute(0, 2, 3, 1)
+        r = self.project(F.gelu(self.expand(self.norm(r)))).permute(0, 3, 1, 2)
+        h = h + self.layer_scale * r
+        u = h.mean(1, keepdim=True)
+        v = (h - u).pow(2).mean(1, keepdim=True)
+        h = (h - u) / torch.sqrt(v + 1e-6)
+        h = self.cf_weight[:, None, None] * h + self.cf_bias[:, None, None]
+        return self.out(h)
+
+
 # (name, model, input shape, opset)
 MODELS = [
+    ("next2d", Next2d, (2, 2, 16, 12), 13),
+    ("next2d_opset17", Next2d, (1, 2, 16, 12), 17),  # LayerNormalization as one op
     ("ops2d", Ops2d, (2, 2, 12, 10), 13),
     ("acts1d", Acts1d, (2, 2, 24), 14),
     ("affine2d", Affine2d, (2, 2, 12, 10), 13),
@@ -250,9 +285,10 @@ def main():
         return 2
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    generator = torch.Generator().manual_seed(2026)
     models = [(name, make, shape, opset, 1) for name, make, shape, opset in MODELS]
     for name, make, shape, opset, stride in models + torchvision_models():
+        # A seed per network: adding one leaves the others' weights and inputs as they were.
+        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
         model = make()
         if name.startswith("tv_fcn") or name.startswith("tv_lraspp"):
             model = FcnOut(model)
