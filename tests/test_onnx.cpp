@@ -25,7 +25,7 @@ namespace {
 struct Exported {
   std::string path;
   std::vector<Index> input_shape, output_shape;
-  Index stride = 1;  ///< cells of the input per cell of the network's coarsest stage
+  Index stride = 1;  ///< input cells a part must hold (the coarsest stage's halos)
   std::vector<float> input, output;
 
   int dims() const { return int(input_shape.size()) - 2; }
@@ -119,12 +119,12 @@ double error_against_pytorch(const Exported& e, const Communicator& world, const
 TEST_CASE("ONNX networks from PyTorch run sharded as PyTorch computes them", "[onnx]") {
   REQUIRE(models::onnx_available());
   const Communicator world;
-  for (const std::string name :
-       {"unet2d", "resnet1d", "net3d", "head2d", "affine2d", "acts1d", "ops2d"}) {
+  for (const std::string name : {"unet2d", "resnet1d", "net3d", "head2d", "affine2d", "acts1d",
+                                 "ops2d", "next2d", "next2d_opset17"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       for (const Decomposition& d :
-           test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4)) {
+           test::test_decompositions(e.extents(), world.size(), {}, std::max<Index>(4, e.stride))) {
         INFO(name << " on " << d.describe());
         CHECK(error_against_pytorch(e, world, d) <= 1e-5);
       }
@@ -137,7 +137,8 @@ TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
   // gradients of the input and of each parameter that is one of PyTorch's (read from the
   // initializer of that name: a conv with a batch norm folded into it has other weights).
   const Communicator world;
-  for (const std::string name : {"ops2d", "unet2d", "resnet1d", "net3d", "affine2d", "acts1d"}) {
+  for (const std::string name : {"ops2d", "next2d", "next2d_opset17", "unet2d", "resnet1d", "net3d",
+                                 "affine2d", "acts1d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       const std::string base = models_directory() + "/" + name;
@@ -175,7 +176,7 @@ TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
       for (const float g : input_grad) input_scale = std::max(input_scale, double(std::abs(g)));
       REQUIRE(input_scale > 0);  // the output depends on the input: a test that can fail
       for (const Decomposition& d :
-           test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4)) {
+           test::test_decompositions(e.extents(), world.size(), {}, std::max<Index>(4, e.stride))) {
         INFO(name << " on " << d.describe());
         const auto model = models::import_onnx<float>(e.path, world, model_shape(e));
         model->eval();
@@ -221,7 +222,7 @@ TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]
   // axis into parts that keep a cell at the coarsest stage.
   const Communicator world;
   for (const std::string name : {"tv_resnet18", "tv_r3d_18", "tv_fcn_resnet50", "tv_mobilenet_v3_small",
-                                 "tv_lraspp_mobilenet"}) {
+                                 "tv_lraspp_mobilenet", "tv_convnext_tiny"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       std::vector<int> grid(e.dims(), 1);
@@ -238,7 +239,8 @@ TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]
 
 TEST_CASE("an imported graph trains sharded as on one rank", "[onnx]") {
   const Communicator world;
-  for (const std::string name : {"unet2d", "resnet1d", "net3d", "affine2d", "acts1d", "ops2d"}) {
+  for (const std::string name :
+       {"unet2d", "resnet1d", "net3d", "affine2d", "acts1d", "ops2d", "next2d", "next2d_opset17"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       const test::ModuleFactory<float> make = [&](const Communicator& comm) {
@@ -247,7 +249,7 @@ TEST_CASE("an imported graph trains sharded as on one rank", "[onnx]") {
       };
       // Training mode: batch norm on the batch's statistics, global over the ranks.
       for (const Decomposition& d :
-           test::test_decompositions(e.extents(), world.size(), {}, /*min_cells=*/4))
+           test::test_decompositions(e.extents(), world.size(), {}, std::max<Index>(4, e.stride)))
         test::check_equivalence(make, d, e.input_shape[0], e.input_shape[1]);
     }
   }

@@ -201,10 +201,10 @@ class Next2d(nn.Module):
         return self.out(h)
 
 
-# (name, model, input shape, opset)
+# (name, model, input shape, opset[, input cells a part must hold: 7x7 convs at stride 2 need 6])
 MODELS = [
-    ("next2d", Next2d, (2, 2, 16, 12), 13),
-    ("next2d_opset17", Next2d, (1, 2, 16, 12), 17),  # LayerNormalization as one op
+    ("next2d", Next2d, (2, 2, 32, 24), 13, 6),
+    ("next2d_opset17", Next2d, (1, 2, 32, 24), 17, 6),  # LayerNormalization as one op
     ("ops2d", Ops2d, (2, 2, 12, 10), 13),
     ("acts1d", Acts1d, (2, 2, 24), 14),
     ("affine2d", Affine2d, (2, 2, 12, 10), 13),
@@ -237,6 +237,9 @@ def torchvision_models():
         ("tv_lraspp_mobilenet",
          lambda: tv.segmentation.lraspp_mobilenet_v3_large(num_classes=3, weights_backbone=None),
          (1, 3, 32, 256), 13, 64),  # 5x5 convs dilated by 2 at stride 16: four cells a part
+        # Channels-last blocks (permute, LayerNorm, Linear as MatMul, GELU, permute back),
+        # layer scales, a LayerNorm of the pooled vector before the head.
+        ("tv_convnext_tiny", lambda: tv.convnext_tiny(num_classes=10), (1, 3, 32, 512), 13, 128),
     ]
 
 
@@ -285,7 +288,7 @@ def main():
         return 2
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    models = [(name, make, shape, opset, 1) for name, make, shape, opset in MODELS]
+    models = [(m + (1,))[:5] for m in MODELS]
     for name, make, shape, opset, stride in models + torchvision_models():
         # A seed per network: adding one leaves the others' weights and inputs as they were.
         generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))

@@ -243,6 +243,13 @@ struct GroupNormPattern {
   int groups = 1;
   double eps = 1e-5;
 };
+/// ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div-Mul-Add: PyTorch's LayerNorm below opset 17
+/// (over the last axis of a channels-last value) or its channels-first form (axis 1).
+struct LayerNormPattern {
+  std::string input, weight, bias;
+  std::vector<int> axes;  // as written (normalized to the rank)
+  double eps = 1e-5;
+};
 
 template <class T>
 class Importer {
@@ -380,12 +387,18 @@ class Importer {
     return p && p->op_type() == op && uses(value) <= max_uses ? p : nullptr;
   }
   /// The field input of node `n` (its first input), which an earlier step must have made.
-  const std::string& field_input(const onnx::NodeProto& n, int i = 0) const {
+  /// `channels_last_ok`: a channels-last value (after a Transpose) is read too.
+  const std::string& field_input(const onnx::NodeProto& n, int i = 0,
+                                 bool channels_last_ok = false) const {
     if (i >= n.input_size() || n.input(i).empty()) refuse(n, "input " + std::to_string(i) + " is missing");
     const std::string& name = n.input(i);
     if (padded_.count(name))
       refuse(n, "reads a padded field (a Pad node or circular padding); only a Conv or an "
                 "average pooling may (as its padding)");
+    if (channels_last_.count(name) && !channels_last_ok)
+      refuse(n, "input '" + name + "' has its channels last (after a Transpose); on such "
+                "values the elementwise ops, LayerNorm over the channels, MatMul with a "
+                "constant and the Transpose back are supported");
     if (vectors_.count(name))
       refuse(n, "input '" + name + "' is a pooled vector (after a global pooling), not a field; "
                 "on vectors 1x1 Conv, Gemm, Flatten, Reshape to (N, -1), Squeeze, the "
@@ -592,7 +605,67 @@ class Importer {
       if (n.op_type() == "Concat") circular_pad(i);
       if (n.op_type() == "Erf") gelu(i);
       if (n.op_type() == "InstanceNormalization") group_norm(i);
+      if (n.op_type() == "ReduceMean") layer_norm(i);
     }
+  }
+
+  /// The reader of `value` with op type `op` (the first), if any.
+  const onnx::NodeProto* reader(const std::string& value, const std::string& op) const {
+    for (const auto& node : model_.graph().node())
+      if (node.op_type() == op)
+        for (const auto& in : node.input())
+          if (in == value) return &node;
+    return nullptr;
+  }
+  /// The constant among the two inputs of `n` other than `value`, if one is.
+  std::string other_constant(const onnx::NodeProto& n, const std::string& value) const {
+    if (n.input_size() != 2) return "";
+    const std::string& other = n.input(0) == value ? n.input(1) : n.input(0);
+    return constant(other) && (n.input(0) == value || n.input(1) == value) ? other : "";
+  }
+
+  /// m = ReduceMean(x), d = x - m, v = ReduceMean(d^2), y = d / sqrt(v + eps), y * w + b:
+  /// a LayerNorm over the reduced axis, as torch.onnx.export writes nn.LayerNorm below opset 17
+  /// (and as ConvNeXt's channels-first LayerNorm is written by hand).
+  void layer_norm(int index) {
+    const onnx::NodeProto& mean = model_.graph().node(index);
+    if (integer(mean, "keepdims", 1) != 1 || mean.input_size() != 1) return;
+    const std::string& x = mean.input(0);
+    const std::vector<std::int64_t> axes = ints(mean, "axes");
+    const onnx::NodeProto* sub = reader(mean.output(0), "Sub");
+    if (!sub || uses(mean.output(0)) != 1 || sub->input(0) != x || sub->input(1) != mean.output(0))
+      return;
+    const std::string& d = sub->output(0);
+    const onnx::NodeProto* pow = reader(d, "Pow");
+    const onnx::NodeProto* div = reader(d, "Div");
+    double c = 0;
+    if (uses(d) != 2 || !pow || !div || pow->input(0) != d || !scalar(pow->input(1), c) || c != 2 ||
+        div->input(0) != d || uses(pow->output(0)) != 1)
+      return;
+    const onnx::NodeProto* variance = reader(pow->output(0), "ReduceMean");
+    if (!variance || ints(*variance, "axes") != axes || integer(*variance, "keepdims", 1) != 1 ||
+        uses(variance->output(0)) != 1)
+      return;
+    const onnx::NodeProto* add = reader(variance->output(0), "Add");
+    double eps = 0;
+    if (!add || !scalar(other_constant(*add, variance->output(0)), eps) || uses(add->output(0)) != 1)
+      return;
+    const onnx::NodeProto* root = reader(add->output(0), "Sqrt");
+    if (!root || uses(root->output(0)) != 1 || div->input(1) != root->output(0) ||
+        uses(div->output(0)) != 1)
+      return;
+    const onnx::NodeProto* mul = reader(div->output(0), "Mul");
+    if (!mul || uses(mul->output(0)) != 1) return;
+    const std::string weight = other_constant(*mul, div->output(0));
+    const onnx::NodeProto* shift = reader(mul->output(0), "Add");
+    if (weight.empty() || !shift) return;
+    const std::string bias = other_constant(*shift, mul->output(0));
+    if (bias.empty()) return;
+    LayerNormPattern p{x, weight, bias, {}, eps};
+    for (const auto a : axes) p.axes.push_back(int(a < 0 ? a + shape_.dims + 2 : a));
+    for (const auto* node : {&mean, sub, pow, variance, add, root, div, mul})
+      absorbed_[producer_index(node->output(0))] = true;
+    layer_norms_[producer_index(shift->output(0))] = p;
   }
 
   /// Concat(Slice(x, -p:), x, Slice(x, :p)) along a spatial axis: x padded periodically.
@@ -733,6 +806,13 @@ class Importer {
     const std::string& op = n.op_type();
     if (gelus_.count(index)) return activation(n, gelus_.at(index).input, Activation::gelu);
     if (group_norms_.count(index)) return emit_group_norm(n, group_norms_.at(index));
+    if (layer_norms_.count(index)) {
+      const LayerNormPattern& p = layer_norms_.at(index);
+      return emit_layer_norm(n, p.input, p.axes, p.weight, p.bias, p.eps);
+    }
+    if (op == "LayerNormalization") return layer_norm_op(n);
+    if (op == "Transpose") return transpose(n);
+    if (op == "MatMul") return matmul(n);
     if (op == "Conv") return conv(n);
     if (op == "ConvTranspose") return conv_transpose(n);
     if (op == "MaxPool" || op == "AveragePool") return pool(n);
@@ -1006,16 +1086,20 @@ class Importer {
   }
 
   /// Input `i` of `n`: a field or a pooled vector.
-  const std::string& value_input(const onnx::NodeProto& n, int i = 0) const {
-    if (i < n.input_size() && vectors_.count(n.input(i))) return n.input(i);
-    return field_input(n, i);
+  const std::string& value_input(const onnx::NodeProto& n, int i = 0,
+                                 bool channels_last_ok = false) const {
+    if (i < n.input_size() && vectors_.count(n.input(i)) &&
+        (channels_last_ok || !channels_last_.count(n.input(i))))
+      return n.input(i);
+    return field_input(n, i, channels_last_ok);
   }
-  /// `output` is a field or a vector as `input` is.
+  /// `output` is a field or a vector, channels last or not, as `input` is.
   void mark_like(const std::string& output, const std::string& input) {
     if (vectors_.count(input))
       vectors_[output] = vectors_.at(input);
     else
       fields_.insert(output);
+    if (channels_last_.count(input)) channels_last_.insert(output);
   }
 
   /// The fields of `v` on the first one's split: layers that pool or upsample on split points
@@ -1035,7 +1119,9 @@ class Importer {
 
   /// The per-channel (or scalar) values of constant `name` broadcast against an (N, C,
   /// spatial...) field: shape [], [1], [C], [1, C, 1...] or [C, 1...]; false otherwise.
-  bool channel_constant(const std::string& name, std::vector<double>& values) const {
+  /// `channels_last`: against a channels-last value, whose channel axis is the last one.
+  bool channel_constant(const std::string& name, std::vector<double>& values,
+                        bool channels_last = false) const {
     const Tensor* t = constant(name);
     if (!t) return false;
     if (t->size() == 1) return values = t->values, true;
@@ -1050,7 +1136,7 @@ class Importer {
       }
     // Broadcasting aligns the right ends: C is the axis just before the spatial ones (a 1-D
     // constant of C values would meet the last spatial axis instead).
-    const int expected = int(rank) - 1 - shape_.dims;
+    const int expected = channels_last ? int(rank) - 1 : int(rank) - 1 - shape_.dims;
     if (channel_axis != expected || expected < 0) return false;
     values = t->values;
     return true;
@@ -1078,8 +1164,8 @@ class Importer {
       refuse(n, std::to_string(n.input_size()) + " inputs; two are supported");
     std::vector<double> c;
     for (int side = 0; side < 2; ++side) {
-      if (!channel_constant(n.input(side), c)) continue;
       const std::string& x = n.input(1 - side);
+      if (!channel_constant(n.input(side), c, channels_last_.count(x) > 0)) continue;
       if (op == "Pow" || op == "Min" || op == "Max") {
         // x^p, max(x, c), min(x, c): elementwise functions of a constant scalar.
         if (c.size() != 1) refuse(n, "a per-channel constant; a scalar is supported");
@@ -1089,7 +1175,7 @@ class Importer {
         if (op == "Max") return activation(n, x, Activation::clip, c[0], unbounded);
         return activation(n, x, Activation::clip, -unbounded, c[0]);
       }
-      field_input(n, 1 - side);  // a constant meets a field only (says why otherwise)
+      field_input(n, 1 - side, true);  // a constant meets a field only (says why otherwise)
       std::vector<double> scale(c.size(), 1.0), shift(c.size(), 0.0);
       if (op == "Add") shift = c;
       if (op == "Sub" && side == 1) for (std::size_t i = 0; i < c.size(); ++i) shift[i] = -c[i];
@@ -1097,13 +1183,17 @@ class Importer {
       if (op == "Mul") scale = c;
       if (op == "Div" && side == 0) refuse(n, "a constant divided by a field is not supported (Reciprocal is)");
       if (op == "Div") for (std::size_t i = 0; i < c.size(); ++i) scale[i] = 1.0 / c[i];
-      add_step(n, {x}, [scale, shift](const std::vector<Variable<T>>& v) {
-        return channel_affine(v[0], scale, shift);
-      });
-      return;
+      graph_->add_step(n.name(), op, {x}, n.output(0),
+                       [scale, shift](const std::vector<Variable<T>>& v) {
+                         return channel_affine(v[0], scale, shift);
+                       });
+      return mark_like(n.output(0), x);
     }
     if (op == "Pow") refuse(n, "an exponent other than a constant scalar is not supported");
-    const std::string a = value_input(n, 0), b = value_input(n, 1);
+    const std::string a = value_input(n, 0, true), b = value_input(n, 1, true);
+    if (channels_last_.count(a) != channels_last_.count(b))
+      refuse(n, "'" + (channels_last_.count(a) ? a : b) +
+                    "' has its channels last (after a Transpose), the other operand not");
     const bool a_field = fields_.count(a) > 0, b_field = fields_.count(b) > 0;
     for (const std::string* v : {&a, &b})
       if ((a_field || b_field) && vectors_.count(*v) && !vectors_.at(*v))
@@ -1173,9 +1263,11 @@ class Importer {
     const bool keeps_dims = integer(n, "keepdims", 1) != 0;
     std::vector<int> spatial;
     for (int a = 2; a < shape_.dims + 2; ++a) spatial.push_back(a);
-    if (sorted == std::vector<int>{1}) {
+    const bool last = channels_last_.count(n.input(0)) > 0;
+    if (sorted == std::vector<int>{last ? shape_.dims + 1 : 1}) {
       if (!keeps_dims) refuse(n, "keepdims 0 over the channels (the field would lose its channel axis)");
-      const std::string x = field_input(n);
+      const std::string x = field_input(n, 0, true);
+      if (last) channels_last_.insert(n.output(0));
       const ChannelReduction kind = op == "ReduceMean"  ? ChannelReduction::mean
                                     : op == "ReduceSum" ? ChannelReduction::sum
                                     : op == "ReduceMax" ? ChannelReduction::max
@@ -1440,6 +1532,131 @@ class Importer {
     fields_.insert(n.output(0));
   }
 
+  /// A LayerNorm over the channels (TokenLayerNorm: per cell, or per row of a pooled vector):
+  /// `axes` must be the channel axis, the last one of a channels-last value or axis 1.
+  void emit_layer_norm(const onnx::NodeProto& n, const std::string& x, const std::vector<int>& axes,
+                       const std::string& weight, const std::string& bias, double eps) {
+    if (!fields_.count(x) && !vectors_.count(x)) refuse(n, "'" + x + "' is not a field or a pooled vector");
+    const bool last = channels_last_.count(x) > 0;
+    const int channel_axis = last ? shape_.dims + 1 : 1;
+    if (axes != std::vector<int>{channel_axis})
+      refuse(n, "a LayerNorm over other axes than the channels (axis " +
+                    std::to_string(channel_axis) + (last ? ", channels last" : "") +
+                    "): a spatial axis is sharded");
+    const Tensor* w = constant(weight);
+    const Tensor* b = constant(bias);
+    if (!w || !b || w->size() != b->size() || w->size() < 2)
+      refuse(n, "the LayerNorm's weight and bias are not one value per channel");
+    const std::string name = module_name(n, weight);
+    auto layer = graph_->add_module(
+        name, std::make_shared<TokenLayerNorm<T>>(comm_, int(w->size()), eps, name));
+    assign_parameter(n, *layer, name, "weight", weight);
+    assign_parameter(n, *layer, name, "bias", bias);
+    graph_->add_step(n.name(), "LayerNorm", {x}, n.output(0),
+                     [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+    mark_like(n.output(0), x);
+  }
+
+  /// LayerNormalization (opset 17): over the last axis of a channels-last value.
+  void layer_norm_op(const onnx::NodeProto& n) {
+    for (int o = 1; o < n.output_size(); ++o)
+      if (!n.output(o).empty()) refuse(n, "the Mean and InvStdDev outputs are not supported");
+    if (n.input_size() < 3 || n.input(2).empty()) refuse(n, "a LayerNormalization without a bias");
+    emit_layer_norm(n, n.input(0), {spatial_axis(n, integer(n, "axis", -1))}, n.input(1),
+                    n.input(2), real(n, "epsilon", 1e-5));
+  }
+
+  /// Transpose moving the channels last (x.permute(0, 2, 3, 1)) or back: the values stay in
+  /// (N, C, spatial...), the ops between read them as channels-last ONNX values.
+  void transpose(const onnx::NodeProto& n) {
+    const std::string& x = n.input(0);
+    value_input(n, 0, true);
+    const int rank = shape_.dims + 2;
+    std::vector<std::int64_t> to_last{0}, to_first{0, rank - 1};
+    for (int a = 2; a < rank; ++a) to_last.push_back(a);
+    to_last.push_back(1);
+    for (int a = 1; a < rank - 1; ++a) to_first.push_back(a);
+    const std::vector<std::int64_t> perm = ints(n, "perm");
+    const bool last = channels_last_.count(x) > 0;
+    if (perm != (last ? to_first : to_last)) {
+      std::string listed;
+      for (const auto a : perm) listed += (listed.empty() ? "" : ", ") + std::to_string(a);
+      refuse(n, "perm [" + listed + "] moves a sharded spatial axis; moving the channels last "
+                "and back (x.permute(0, 2, ..., 1) and its inverse) is supported");
+    }
+    graph_->add_step(n.name(), n.op_type(), {x}, n.output(0),
+                     [](const std::vector<Variable<T>>& v) { return v[0]; });
+    mark_like(n.output(0), x);
+    if (last)
+      channels_last_.erase(n.output(0));
+    else
+      channels_last_.insert(n.output(0));
+  }
+
+  /// MatMul with a constant (in, out) matrix on a channels-last value (nn.Linear over the
+  /// channels: a 1x1 Conv) or a flattened vector (a Linear); an Add of a constant of `out`
+  /// values after it is the layer's bias. The matrix is held transposed, as (out, in).
+  void matmul(const onnx::NodeProto& n) {
+    const std::string& x = n.input(0);
+    const bool last = channels_last_.count(x) > 0;
+    if (!last && !(vectors_.count(x) && !vectors_.at(x)))
+      refuse(n, "a MatMul of '" + x + "'; with a constant matrix, of a value whose channels "
+                "are last (after a Transpose) or of a flattened pooled vector, is supported");
+    const std::string input = value_input(n, 0, true);
+    const Tensor& w = required_constant(n, 1, "the weight");
+    if (w.dims.size() != 2) refuse(n, "a weight of rank " + std::to_string(w.dims.size()));
+    std::string output = n.output(0), bias;
+    const onnx::NodeProto* add = reader(n.output(0), "Add");
+    if (add && uses(n.output(0)) == 1) {
+      bias = other_constant(*add, n.output(0));
+      const Tensor* b = bias.empty() ? nullptr : constant(bias);
+      if (b && b->dims.size() == 1 && std::int64_t(b->size()) == w.dims[1]) {
+        output = add->output(0);
+        absorbed_[producer_index(output)] = true;
+      } else {
+        bias.clear();
+      }
+    }
+    const std::string name = module_name(n, bias.empty() ? "" : bias.substr(0, bias.rfind('.')) + ".weight");
+    std::shared_ptr<Module<T>> layer;
+    if (fields_.count(input)) {
+      ConvOptions o;
+      o.in_channels = int(w.dims[0]);
+      o.out_channels = int(w.dims[1]);
+      o.kernel.assign(shape_.dims, 1);
+      o.stride.assign(shape_.dims, 1);
+      o.dilation.assign(shape_.dims, 1);
+      o.padding.assign(shape_.dims, 0);
+      o.bias = !bias.empty();
+      layer = graph_->add_module(name, std::make_shared<Conv<T>>(comm_, o, name));
+    } else {
+      layer = graph_->add_module(
+          name, std::make_shared<Linear<T>>(Index(w.dims[0]), Index(w.dims[1]), !bias.empty(), 0, name));
+    }
+    assign_transposed(n, *layer, name, n.input(1), w);
+    if (!bias.empty()) assign_parameter(n, *layer, name, "bias", bias);
+    graph_->add_step(n.name(), n.op_type(), {input}, output,
+                     [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+    mark_like(output, input);
+  }
+
+  /// The layer's "weight" (out, in, ...) from the (in, out) matrix `value` holds.
+  void assign_transposed(const onnx::NodeProto& n, Module<T>& module, const std::string& module_name,
+                         const std::string& value, const Tensor& w) {
+    const std::int64_t rows = w.dims[0], columns = w.dims[1];
+    Tensor transposed{{columns, rows}, std::vector<double>(w.size())};
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t o = 0; o < columns; ++o)
+        transposed.values[std::size_t(o * rows + i)] = w.values[std::size_t(i * columns + o)];
+    for (const auto& [p_name, p] : module.named_parameters())
+      if (p_name == "weight") {
+        assign(n, p.data(), "the weight", transposed);
+        graph_->set_source(module_name + ".weight", value, /*transposed=*/true);
+        return;
+      }
+    refuse(n, "the layer has no weight");
+  }
+
   void batch_norm(const onnx::NodeProto& n) {
     const std::string x = field_input(n);
     if (n.output_size() > 1) refuse(n, "training-mode outputs (running statistics) are not supported");
@@ -1512,6 +1729,10 @@ class Importer {
   std::map<std::string, PaddedField> padded_;
   std::map<int, GeluPattern> gelus_;
   std::map<int, GroupNormPattern> group_norms_;
+  std::map<int, LayerNormPattern> layer_norms_;
+  /// Values ONNX sees as (N, spatial..., C) (after a Transpose moved the channels last),
+  /// computed as (N, C, spatial...) fields or pooled vectors as usual.
+  std::set<std::string> channels_last_;
   std::map<std::string, std::vector<Dim>> shapes_;  // values of shape computations
   std::set<std::string> fields_, module_names_;
   /// Replicated (N, C) values (after a global pooling): true where ONNX sees (N, C, 1...)
@@ -1612,7 +1833,18 @@ void export_onnx(const std::string& source, const Graph<T>& graph, const std::st
         SHARDTENSOR_REQUIRE(tensor && values.count(name), where,
                             source << ": '" << value << "' (" << name << ") is not in the file");
         auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values.at(name));
-        overwrite(*tensor, std::vector<double>(host.data(), host.data() + host.extent(0)));
+        std::vector<double> trained(host.data(), host.data() + host.extent(0));
+        if (graph.source_transposed(name)) {  // ours (out, in); the file's (in, out)
+          SHARDTENSOR_REQUIRE(tensor->dims_size() == 2, where,
+                              source << ": '" << value << "' is not a matrix");
+          const std::int64_t rows = tensor->dims(0), columns = tensor->dims(1);
+          std::vector<double> file(trained.size());
+          for (std::int64_t i = 0; i < rows; ++i)
+            for (std::int64_t o = 0; o < columns; ++o)
+              file[std::size_t(i * columns + o)] = trained[std::size_t(o * rows + i)];
+          trained.swap(file);
+        }
+        overwrite(*tensor, trained);
       }
       const std::string temporary = output + ".tmp-export";
       {

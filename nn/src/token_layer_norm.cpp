@@ -22,8 +22,80 @@ TokenLayerNorm<T>::TokenLayerNorm(const Communicator& comm, int channels, double
 }
 
 template <class T>
+Variable<T> TokenLayerNorm<T>::forward_rows(const Variable<T>& input) {
+  SHARDTENSOR_REQUIRE(input.shape().size() == 2 && input.shape()[1] == channels_,
+                      "TokenLayerNorm '" + name_ + "'",
+                      "a replicated input must be (N, " << channels_ << ")");
+  const Index C = channels_, N = input.shape()[0];
+  const double eps = eps_;
+  const ReplicatedView<T> x = input.data(), w = weight_.data(), b = bias_.data();
+  ReplicatedView<T> y(name_ + ".output", N * C);
+  Kokkos::View<double*, DefaultMemorySpace> mean(name_ + ".mean", N), rstd(name_ + ".rstd", N);
+  Kokkos::parallel_for(
+      "token_layer_norm_rows", N, KOKKOS_LAMBDA(const Index n) {
+        double s = 0, v = 0;
+        for (Index c = 0; c < C; ++c) s += static_cast<double>(x(n * C + c));
+        const double m = s / double(C);
+        for (Index c = 0; c < C; ++c) {
+          const double d = static_cast<double>(x(n * C + c)) - m;
+          v += d * d;
+        }
+        const double r = 1.0 / math::sqrt(v / double(C) + eps);
+        mean(n) = m;
+        rstd(n) = r;
+        for (Index c = 0; c < C; ++c)
+          y(n * C + c) =
+              static_cast<T>((static_cast<double>(x(n * C + c)) - m) * r * double(w(c)) + double(b(c)));
+      });
+  auto node = make_result_node<T>(name_, {input.node(), weight_.node(), bias_.node()});
+  node->is_field = false;
+  node->data = y;
+  node->shape = input.shape();
+  if (!node->requires_grad) return Variable<T>(node);
+  auto x_node = input.node(), w_node = weight_.node(), b_node = bias_.node();
+  node->backward = [=](impl::Node<T>& self) {
+    const auto gy = self.grad_data();
+    // Every rank holds every row: the gradients are whole on each, no partial sums.
+    if (w_node->requires_grad || b_node->requires_grad) {
+      const auto gw = w_node->grad_data(), gb = b_node->grad_data();
+      Kokkos::parallel_for(
+          "token_layer_norm_rows_weight_grad", C, KOKKOS_LAMBDA(const Index c) {
+            double sw = 0, sb = 0;
+            for (Index n = 0; n < N; ++n) {
+              const double g = static_cast<double>(gy(n * C + c));
+              sw += g * (static_cast<double>(x(n * C + c)) - mean(n)) * rstd(n);
+              sb += g;
+            }
+            gw(c) += static_cast<T>(sw);
+            gb(c) += static_cast<T>(sb);
+          });
+    }
+    if (!x_node->requires_grad) return;
+    const auto gx = x_node->grad_data();
+    Kokkos::parallel_for(
+        "token_layer_norm_rows_backward", N, KOKKOS_LAMBDA(const Index n) {
+          double sg = 0, sgx = 0;
+          for (Index c = 0; c < C; ++c) {
+            const double g = static_cast<double>(gy(n * C + c)) * double(w(c));
+            sg += g;
+            sgx += g * (static_cast<double>(x(n * C + c)) - mean(n)) * rstd(n);
+          }
+          sg /= double(C);
+          sgx /= double(C);
+          for (Index c = 0; c < C; ++c) {
+            const double g = static_cast<double>(gy(n * C + c)) * double(w(c));
+            const double xhat = (static_cast<double>(x(n * C + c)) - mean(n)) * rstd(n);
+            gx(n * C + c) += static_cast<T>(rstd(n) * (g - sg - xhat * sgx));
+          }
+        });
+  };
+  return Variable<T>(node);
+}
+
+template <class T>
 Variable<T> TokenLayerNorm<T>::forward(const Variable<T>& input) {
-  impl::require_field(input, "TokenLayerNorm");
+  SHARDTENSOR_REQUIRE(input.defined(), "TokenLayerNorm '" + name_ + "'", "the input is undefined");
+  if (!input.is_field()) return forward_rows(input);
   const ShardTensor<T>& x = input.value();
   SHARDTENSOR_REQUIRE(x.channels() == channels_, "TokenLayerNorm '" + name_ + "'",
                       "input has " << x.channels() << " channels, the layer expects " << channels_);

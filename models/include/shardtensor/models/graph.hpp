@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,10 +95,14 @@ class Graph : public Module<T> {
 
   /// Where a parameter or buffer ("enc.weight") came from in the file the graph was read from
   /// (an initializer's or a constant's name): what export_onnx writes it back into.
-  void set_source(const std::string& name, const std::string& file_value) {
+  /// `transposed`: the file holds the (rows, columns) matrix transposed (a MatMul's weight,
+  /// which a Linear or 1x1 Conv holds as (out, in)).
+  void set_source(const std::string& name, const std::string& file_value, bool transposed = false) {
     sources_[name] = file_value;
+    if (transposed) transposed_.insert(name);
   }
   const std::map<std::string, std::string>& sources() const { return sources_; }
+  bool source_transposed(const std::string& name) const { return transposed_.count(name) > 0; }
 
   std::size_t size() const { return steps_.size(); }
   /// (node name, op) of every step, in order.
@@ -139,6 +144,7 @@ class Graph : public Module<T> {
   int output_ = -1;
   std::optional<Communicator> comm_;
   std::map<std::string, std::string> sources_;
+  std::set<std::string> transposed_;
 };
 
 }  // namespace shardtensor::models

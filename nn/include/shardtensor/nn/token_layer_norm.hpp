@@ -13,6 +13,8 @@ namespace shardtensor {
 /// nn.LayerNorm(channels) applied to each token). weight (ones) and bias (zeros), shape
 /// (channels).
 ///
+/// A replicated (N, C) tensor (a pooled vector) is normalized row by row, every rank alike.
+///
 /// Sharding: the statistics are per cell, so forward and the input gradient need no
 /// communication. The weight and bias gradients are each rank's sums over its own cells,
 /// added over the ranks by the autodiff (Node::grad_partial). Only owned cells are read
@@ -31,6 +33,8 @@ class TokenLayerNorm : public Module<T> {
   Variable<T> bias() const { return bias_; }
 
  private:
+  Variable<T> forward_rows(const Variable<T>& input);
+
   Communicator comm_;
   int channels_;
   double eps_;
