@@ -26,6 +26,8 @@ class TokenLayerNorm : public Module<T> {
                  const std::string& name = "token_layer_norm");
 
   Variable<T> forward(const Variable<T>& input) override;
+  /// forward of a replicated (N, C) tensor (public: a CUDA lambda's enclosing function must be).
+  Variable<T> forward_rows(const Variable<T>& input);
   bool reads_owned_cells_only() const override { return true; }
 
   int channels() const { return channels_; }
@@ -33,8 +35,6 @@ class TokenLayerNorm : public Module<T> {
   Variable<T> bias() const { return bias_; }
 
  private:
-  Variable<T> forward_rows(const Variable<T>& input);
-
   Communicator comm_;
   int channels_;
   double eps_;
