@@ -7,9 +7,14 @@ For each network NAME it writes OUTDIR/NAME.onnx, a random input and PyTorch's o
 (OUTDIR/NAME.input.bin, NAME.output.bin: float32, C order) and their shapes (NAME.shape:
 "input N C spatial...", "output N C spatial..."). Weights are random (seeded), the
 BatchNorm running statistics too, so that no layer is an identity. The models are exported
-in eval mode, as a trained network is handed over. Exit 77 (ctest: skipped) without PyTorch
-or ONNX."""
+in eval mode, as a trained network is handed over. For the networks written here, PyTorch's
+gradients of the mean squared difference to a random target (NAME.target.bin) too: the
+input's (NAME.input_grad.bin) and each parameter's (NAME.grads: "name count" lines, the values
+in NAME.param_grads.bin in that order); and the same network exported for training
+(NAME.train.onnx: batch norm on the batch's statistics, no constant folding) with PyTorch's
+training-mode gradients (NAME.train.*). Exit 77 (ctest: skipped) without PyTorch or ONNX."""
 
+import copy
 import os
 import sys
 import zlib
@@ -302,6 +307,15 @@ def main():
             y = model(x)
         if not name.startswith("tv_"):
             write_gradients(model, x, y, os.path.join(out, name), generator)
+        if not name.startswith("tv_") and name != "head2d":
+            base = os.path.join(out, name + ".train")
+            torch.onnx.export(copy.deepcopy(model).train(), x, base + ".onnx", opset_version=opset,
+                              training=torch.onnx.TrainingMode.TRAINING,
+                              do_constant_folding=False, input_names=["input"],
+                              output_names=["output"],
+                              dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+            trained = copy.deepcopy(model).train()
+            write_gradients(trained, x, trained(x).detach(), base, generator)
         path = os.path.join(out, name + ".onnx")
         torch.onnx.export(model, x, path, opset_version=opset, input_names=["input"],
                           output_names=["output"],

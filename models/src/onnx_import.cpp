@@ -150,10 +150,16 @@ Tensor tensor_of(const onnx::TensorProto& t, const std::string& directory) {
       else
         out.values.assign(t.int32_data().begin(), t.int32_data().end());
       break;
+    case onnx::TensorProto::BOOL:  // a training export's training_mode
+      if (!raw.empty() || count == 0)
+        append_raw<std::uint8_t>(raw, count, out.values, t.name());
+      else
+        out.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
     default:
       SHARDTENSOR_FAIL(where, "tensor '" << t.name() << "' has ONNX data type "
                                          << t.data_type()
-                                         << "; float, double, int64 and int32 are read");
+                                         << "; float, double, int64, int32 and bool are read");
   }
   SHARDTENSOR_REQUIRE(out.values.size() == count, where,
                       "tensor '" << t.name() << "' holds " << out.values.size()
@@ -284,9 +290,10 @@ class Importer {
     for (int i = 0; i < g.node_size(); ++i) {
       const onnx::NodeProto& n = g.node(i);
       if (n.op_type() == "Constant") constant_node(n), absorbed_[i] = true;
-      // The exporter passes shared weights through Identity: the same constant.
-      if (n.op_type() == "Identity" && constant(n.input(0)))
-        constants_[n.output(0)] = *constant(n.input(0)), absorbed_[i] = true;
+      // The exporter passes shared weights through Identity, and, without constant folding
+      // (a training export), reshapes them (w[:, None, None]): the same values.
+      Tensor folded;
+      if (reshaped_constant(n, folded)) constants_[n.output(0)] = folded, absorbed_[i] = true;
     }
     fold_shapes(input);
     find_patterns();
@@ -348,6 +355,78 @@ class Importer {
     else if (fs) t.values.assign(fs->floats().begin(), fs->floats().end()), t.dims = {fs->floats_size()};
     else refuse(n, "a Constant without a tensor, float or int value");
     constants_[n.output(0)] = t;
+  }
+
+  /// Whether a Dropout node drops in training (its training_mode input a constant true, as a
+  /// training export writes it); otherwise ONNX's Dropout is the identity.
+  bool dropout_trains(const onnx::NodeProto& n) const {
+    if (n.input_size() < 3 || n.input(2).empty()) return false;
+    double on = 0;
+    if (!scalar(n.input(2), on)) refuse(n, "training_mode is not a constant");
+    return on != 0;
+  }
+
+  /// Identity, Cast, Unsqueeze, Squeeze or Reshape of a constant: the same values, new dims.
+  bool reshaped_constant(const onnx::NodeProto& n, Tensor& out) const {
+    if (n.op_type() == "Concat") {  // of 1-D constants (a shape written out, unfolded)
+      out = Tensor{};
+      for (const auto& in : n.input()) {
+        const Tensor* t = constant(in);
+        if (!t || t->dims.size() != 1) return false;
+        out.values.insert(out.values.end(), t->values.begin(), t->values.end());
+      }
+      out.dims = {std::int64_t(out.values.size())};
+      return n.input_size() > 0;
+    }
+    if (n.op_type() == "Transpose") {  // of a matrix (a Linear's weight before its MatMul)
+      const Tensor* t = n.input_size() == 1 ? constant(n.input(0)) : nullptr;
+      const std::vector<std::int64_t> perm = ints(n, "perm", {1, 0});
+      if (!t || t->dims.size() != 2 || perm != std::vector<std::int64_t>{1, 0}) return false;
+      const std::int64_t rows = t->dims[0], columns = t->dims[1];
+      out = Tensor{{columns, rows}, std::vector<double>(t->size())};
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < columns; ++j)
+          out.values[std::size_t(j * rows + i)] = t->values[std::size_t(i * columns + j)];
+      return true;
+    }
+    static const std::set<std::string> ops{"Identity", "Cast", "Unsqueeze", "Squeeze", "Reshape"};
+    if (!ops.count(n.op_type()) || n.input_size() < 1 || !constant(n.input(0))) return false;
+    out = *constant(n.input(0));
+    std::vector<std::int64_t> axes = ints(n, "axes");  // Unsqueeze, Squeeze below opset 13
+    if (n.input_size() > 1 && !n.input(1).empty()) {
+      const Tensor* second = constant(n.input(1));
+      if (!second) return false;
+      axes.assign(second->values.begin(), second->values.end());
+    }
+    if (n.op_type() == "Unsqueeze") {
+      const std::int64_t rank = std::int64_t(out.dims.size() + axes.size());
+      for (auto& a : axes) a = a < 0 ? a + rank : a;
+      std::sort(axes.begin(), axes.end());
+      for (const auto a : axes) {
+        if (a < 0 || a > std::int64_t(out.dims.size())) return false;
+        out.dims.insert(out.dims.begin() + a, 1);
+      }
+    } else if (n.op_type() == "Squeeze") {
+      std::vector<std::int64_t> dims;
+      for (std::size_t a = 0; a < out.dims.size(); ++a) {
+        const bool listed = axes.empty() ? out.dims[a] == 1
+                                         : std::count(axes.begin(), axes.end(), std::int64_t(a)) ||
+                                               std::count(axes.begin(), axes.end(),
+                                                          std::int64_t(a) - std::int64_t(out.dims.size()));
+        if (!listed) dims.push_back(out.dims[a]);
+      }
+      out.dims = dims;
+    } else if (n.op_type() == "Reshape") {
+      std::int64_t known = 1, unknown = -1;
+      for (std::size_t a = 0; a < axes.size(); ++a) {
+        if (axes[a] == 0 && a < out.dims.size()) axes[a] = out.dims[a];
+        if (axes[a] == -1) unknown = std::int64_t(a);
+        else known *= axes[a];
+      }
+      if (unknown >= 0 && known > 0) axes[std::size_t(unknown)] = std::int64_t(out.size()) / known;
+      out.dims = axes;
+    }
+    return true;
   }
 
   // ---- helpers -----------------------------------------------------------------------------
@@ -860,6 +939,15 @@ class Importer {
     if (op == "GlobalMaxPool") return global_pool(n, true);
     if (op == "Flatten" || op == "Reshape" || op == "Squeeze") return flatten_vector(n);
     if (op == "Gemm") return gemm(n);
+    if (op == "Dropout" && dropout_trains(n)) {  // a training export's: a Dropout layer
+      const std::string x = field_input(n);
+      double ratio = real(n, "ratio", 0.5);
+      if (n.input_size() > 1 && !n.input(1).empty() && !scalar(n.input(1), ratio))
+        refuse(n, "the ratio is not a constant");
+      const std::string name = module_name(n);
+      auto layer = graph_->add_module(name, std::make_shared<Dropout<T>>(ratio));
+      return add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
+    }
     if (op == "Identity" || op == "Dropout") {
       if (n.output_size() > 1 && !n.output(1).empty()) refuse(n, "the mask output is not supported");
       const std::string x = value_input(n);
@@ -1648,10 +1736,13 @@ class Importer {
     for (std::int64_t i = 0; i < rows; ++i)
       for (std::int64_t o = 0; o < columns; ++o)
         transposed.values[std::size_t(o * rows + i)] = w.values[std::size_t(i * columns + o)];
+    // The matrix may be a Transpose of the layer's own (out, in) weight (a training export).
+    const onnx::NodeProto* flip = producer(value);
+    const bool of_weight = flip && flip->op_type() == "Transpose" && constant(flip->input(0));
     for (const auto& [p_name, p] : module.named_parameters())
       if (p_name == "weight") {
         assign(n, p.data(), "the weight", transposed);
-        graph_->set_source(module_name + ".weight", value, /*transposed=*/true);
+        graph_->set_source(module_name + ".weight", of_weight ? flip->input(0) : value, !of_weight);
         return;
       }
     refuse(n, "the layer has no weight");
@@ -1659,7 +1750,10 @@ class Importer {
 
   void batch_norm(const onnx::NodeProto& n) {
     const std::string x = field_input(n);
-    if (n.output_size() > 1) refuse(n, "training-mode outputs (running statistics) are not supported");
+    // A training export's running-statistics outputs: the layer keeps its own; nothing may read them.
+    for (int o = 1; o < n.output_size(); ++o)
+      if (!n.output(o).empty() && uses(n.output(o)) > 0)
+        refuse(n, "output " + std::to_string(o) + " (the running statistics) is read by another node");
     const int channels = int(required_constant(n, 1, "the scale").size());
     // ONNX's momentum weighs the old running value (0.9), PyTorch's the new one (0.1).
     const double momentum = 1 - real(n, "momentum", 0.9);
@@ -1808,7 +1902,10 @@ onnx::TensorProto* tensor_named(onnx::ModelProto& model, std::string name) {
       if (n.op_type() == "Constant")
         for (auto& a : *n.mutable_attribute())
           if (a.name() == "value" && a.has_t()) return a.mutable_t();
-      if (n.op_type() == "Identity") name = n.input(0), followed = true;
+      // What a reshape of a constant read (a training export's w[:, None, None]).
+      static const std::set<std::string> same_values{"Identity", "Cast", "Unsqueeze", "Squeeze",
+                                                     "Reshape"};
+      if (same_values.count(n.op_type())) name = n.input(0), followed = true;
       break;
     }
     if (!followed) break;
