@@ -168,7 +168,7 @@ class Ops2d(nn.Module):
         h = torch.minimum(p, q) + torch.maximum(torch.clamp(h, -0.5, 0.8), -q)
         h = self.shared(F.group_norm(self.mid(h), 3)) + torch.maximum(h, torch.tensor(0.1))
         gate = self.excite(torch.relu(self.squeeze(h.mean((2, 3), keepdim=True))))
-        h = h * torch.sigmoid(gate) - h.amax((2, 3), keepdim=True)
+        h = h * (F.relu6(gate * 2 + 3) / 6) - h.amax((2, 3), keepdim=True)  # a hand-written hard sigmoid
         a, b, c = torch.split(h, [2, 3, 1], dim=1)
         s = torch.cat([F.softmax(h, 1), -a, torch.tanh(b), F.log_softmax(c * h, 1)[:, :1]], 1)
         return self.out(s)

@@ -1253,7 +1253,9 @@ class Importer {
     std::vector<double> c;
     for (int side = 0; side < 2; ++side) {
       const std::string& x = n.input(1 - side);
-      if (!channel_constant(n.input(side), c, channels_last_.count(x) > 0)) continue;
+      // The channels are the last axis of a channels-last value and of a flattened vector.
+      const bool last = channels_last_.count(x) || (vectors_.count(x) && !vectors_.at(x));
+      if (!channel_constant(n.input(side), c, last)) continue;
       if (op == "Pow" || op == "Min" || op == "Max") {
         // x^p, max(x, c), min(x, c): elementwise functions of a constant scalar.
         if (c.size() != 1) refuse(n, "a per-channel constant; a scalar is supported");
@@ -1263,7 +1265,7 @@ class Importer {
         if (op == "Max") return activation(n, x, Activation::clip, c[0], unbounded);
         return activation(n, x, Activation::clip, -unbounded, c[0]);
       }
-      field_input(n, 1 - side, true);  // a constant meets a field only (says why otherwise)
+      value_input(n, 1 - side, true);  // a field or a vector (says why otherwise)
       std::vector<double> scale(c.size(), 1.0), shift(c.size(), 0.0);
       if (op == "Add") shift = c;
       if (op == "Sub" && side == 1) for (std::size_t i = 0; i < c.size(); ++i) shift[i] = -c[i];

@@ -1,7 +1,7 @@
 #pragma once
 // channel_affine: y = x * scale[c] + shift[c] with constant (not trained) per-channel or scalar
-// factors: a field plus, minus, times or divided by a constant, as imported graphs write
-// their input normalisation ((x - mean) / std) and scalings.
+// factors: a field (or a pooled (N, C) vector) plus, minus, times or divided by a constant, as
+// imported graphs write their input normalisation ((x - mean) / std) and scalings.
 
 #include <Kokkos_Core.hpp>
 #include <string>
@@ -13,12 +13,59 @@
 
 namespace shardtensor {
 
+namespace impl {
+
+/// The same on a replicated (N, C) tensor (a pooled vector): y(n, c) = x(n, c) scale[c] + shift[c].
+template <class T>
+Variable<T> channel_affine_replicated(const Variable<T>& input, const std::vector<double>& scale,
+                                      const std::vector<double>& shift) {
+  const Index channels = input.shape().size() == 2 ? input.shape()[1] : 0;
+  const auto fits = [&](const std::vector<double>& v) {
+    return v.size() == 1 || Index(v.size()) == channels;
+  };
+  SHARDTENSOR_REQUIRE(channels > 0 && fits(scale) && fits(shift), "channel_affine",
+                      scale.size() << " scale(s) and " << shift.size()
+                                   << " shift(s) for a replicated tensor of "
+                                   << input.shape().size() << " axes (an (N, C) one is read)");
+  Kokkos::View<T**> factors("channel_affine.factors", channels, 2);
+  auto host = Kokkos::create_mirror_view(factors);
+  for (Index c = 0; c < channels; ++c) {
+    host(c, 0) = T(scale[scale.size() == 1 ? 0 : c]);
+    host(c, 1) = T(shift[shift.size() == 1 ? 0 : c]);
+  }
+  Kokkos::deep_copy(factors, host);
+  const ReplicatedView<T> x = input.data();
+  ReplicatedView<T> y("channel_affine", x.extent(0));
+  Kokkos::parallel_for(
+      "channel_affine_replicated", x.extent(0), KOKKOS_LAMBDA(const Index i) {
+        y(i) = x(i) * factors(i % channels, 0) + factors(i % channels, 1);
+      });
+  auto node = make_result_node<T>("channel_affine", {input.node()});
+  node->is_field = false;
+  node->data = y;
+  node->shape = input.shape();
+  if (node->requires_grad) {
+    auto xn = input.node();
+    node->backward = [xn, factors, channels](impl::Node<T>& self) {
+      const auto dy = self.grad_data();
+      const auto dx = xn->grad_data();
+      Kokkos::parallel_for(
+          "channel_affine_replicated_backward", dy.extent(0),
+          KOKKOS_LAMBDA(const Index i) { dx(i) += dy(i) * factors(i % channels, 0); });
+    };
+  }
+  return Variable<T>(node);
+}
+
+}  // namespace impl
+
 /// y(n, c, cell) = x(n, c, cell) * scale[c] + shift[c]; `scale` and `shift` hold one value per
 /// channel or one for all. Backward: dx = dy * scale[c].
 template <class T>
 Variable<T> channel_affine(const Variable<T>& input, const std::vector<double>& scale,
                            const std::vector<double>& shift) {
-  impl::require_field(input, "channel_affine");
+  SHARDTENSOR_REQUIRE(input.defined(), "channel_affine", "the input is undefined");
+  if (!input.is_field()) return impl::channel_affine_replicated(input, scale, shift);
   const ShardTensor<T>& x = input.value();
   const Index channels = x.channels();
   const auto fits = [&](const std::vector<double>& v) {
