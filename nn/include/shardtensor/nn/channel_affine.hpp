@@ -15,18 +15,18 @@ namespace shardtensor {
 
 namespace impl {
 
-/// The same on a replicated (N, C) tensor (a pooled vector): y(n, c) = x(n, c) scale[c] + shift[c].
+/// (scale, shift) per channel on the device, from one value for all or one per channel of
+/// `channels`; `what` describes the input for the error.
 template <class T>
-Variable<T> channel_affine_replicated(const Variable<T>& input, const std::vector<double>& scale,
-                                      const std::vector<double>& shift) {
-  const Index channels = input.shape().size() == 2 ? input.shape()[1] : 0;
+Kokkos::View<T**> channel_factors(const std::vector<double>& scale,
+                                  const std::vector<double>& shift, Index channels,
+                                  const std::string& what) {
   const auto fits = [&](const std::vector<double>& v) {
     return v.size() == 1 || Index(v.size()) == channels;
   };
   SHARDTENSOR_REQUIRE(channels > 0 && fits(scale) && fits(shift), "channel_affine",
-                      scale.size() << " scale(s) and " << shift.size()
-                                   << " shift(s) for a replicated tensor of "
-                                   << input.shape().size() << " axes (an (N, C) one is read)");
+                      scale.size() << " scale(s) and " << shift.size() << " shift(s) for " << what
+                                   << ": give 1 or one per channel");
   Kokkos::View<T**> factors("channel_affine.factors", channels, 2);
   auto host = Kokkos::create_mirror_view(factors);
   for (Index c = 0; c < channels; ++c) {
@@ -34,6 +34,18 @@ Variable<T> channel_affine_replicated(const Variable<T>& input, const std::vecto
     host(c, 1) = T(shift[shift.size() == 1 ? 0 : c]);
   }
   Kokkos::deep_copy(factors, host);
+  return factors;
+}
+
+/// The same on a replicated (N, C) tensor (a pooled vector): y(n, c) = x(n, c) scale[c] + shift[c].
+template <class T>
+Variable<T> channel_affine_replicated(const Variable<T>& input, const std::vector<double>& scale,
+                                      const std::vector<double>& shift) {
+  const Index channels = input.shape().size() == 2 ? input.shape()[1] : 0;
+  const auto factors = channel_factors<T>(
+      scale, shift, channels,
+      "a replicated tensor of " + std::to_string(input.shape().size()) +
+          " axes (an (N, C) one is read)");
   const ReplicatedView<T> x = input.data();
   ReplicatedView<T> y("channel_affine", x.extent(0));
   Kokkos::parallel_for(
@@ -68,19 +80,8 @@ Variable<T> channel_affine(const Variable<T>& input, const std::vector<double>& 
   if (!input.is_field()) return impl::channel_affine_replicated(input, scale, shift);
   const ShardTensor<T>& x = input.value();
   const Index channels = x.channels();
-  const auto fits = [&](const std::vector<double>& v) {
-    return v.size() == 1 || Index(v.size()) == channels;
-  };
-  SHARDTENSOR_REQUIRE(fits(scale) && fits(shift), "channel_affine",
-                      scale.size() << " scale(s) and " << shift.size() << " shift(s) for a field of "
-                                   << channels << " channels: give 1 or " << channels);
-  Kokkos::View<T**> factors("channel_affine.factors", channels, 2);
-  auto host = Kokkos::create_mirror_view(factors);
-  for (Index c = 0; c < channels; ++c) {
-    host(c, 0) = T(scale[scale.size() == 1 ? 0 : c]);
-    host(c, 1) = T(shift[shift.size() == 1 ? 0 : c]);
-  }
-  Kokkos::deep_copy(factors, host);
+  const auto factors = impl::channel_factors<T>(
+      scale, shift, channels, "a field of " + std::to_string(channels) + " channels");
   ShardTensor<T> y = impl::field_like(x, "channel_affine");
   const auto in = x.view(), out = y.view();  // ghosts included, as the other pointwise ops
   Kokkos::parallel_for(
