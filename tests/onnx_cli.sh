@@ -2,7 +2,8 @@
 # A network written in PyTorch, exported to ONNX, through the `shardtensor` command on 2 ranks:
 # `infer --model` equals PyTorch's predictions (1e-5); `train` with `model: {type: onnx}`
 # trains it further (the initializers are the starting parameters), `infer --checkpoint`
-# runs the trained graph and `export` writes it back to ONNX, which predicts the same; a file
+# runs the trained graph and `export` writes it back to ONNX, which predicts the same; bf16
+# training runs the graph's convs in bf16; a file
 # that is not ONNX stops every rank with one message.
 #   tests/onnx_cli.sh <path to shardtensor> <source dir>
 # Exit 77 (skipped) without PyTorch, ONNX or h5py.
@@ -69,6 +70,20 @@ error = np.abs(a - b).max() / np.abs(a).max()
 changed = np.abs(a - c).max() / np.abs(c).max()
 print(f"onnx_cli: exported graph vs checkpoint {error:.2e}; trained vs untrained {changed:.2e}")
 sys.exit(0 if error <= 1e-6 and changed > 1e-4 else 1)
+PY
+
+echo "== training.precision: bf16 trains the graph's convs in bf16, its loss near float's"
+sed -e 's/^run_dir: run$/run_dir: run_bf16/' -e 's/loss: mse}/loss: mse, precision: bf16}/' \
+  run.yaml > run_bf16.yaml
+run train --config run_bf16.yaml > train_bf16.log
+expect "steps per epoch, bf16" train_bf16.log
+"$python" - <<'PY'
+import re
+import sys
+loss = lambda f: float(re.search(r"train: .* loss ([0-9.e+-]+),", open(f).read()).group(1))
+a, b = loss("train.log"), loss("train_bf16.log")
+print(f"onnx_cli: final loss float {a:.4e}, bf16 {b:.4e}")
+sys.exit(0 if a != b and abs(a - b) <= 0.05 * a else 1)
 PY
 
 echo "== a file that is not ONNX"
