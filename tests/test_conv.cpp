@@ -97,6 +97,19 @@ std::vector<ConvCase> all_conv_cases() {
   // Rows of 300 cells: a band's planes outgrow L2, so the vector kernels take a band in chunks
   // of output vectors (conv_vector.cpp, vectors_per_chunk).
   cases.push_back({"2-D k3 same zeros 20->17 channels, long rows", {20, 300}, wide_2d});
+  // Asymmetric padding (an ONNX file's pads, a Pad node before the conv): a stride-2
+  // downsampling that pads only after the field, and reflect padding wider before than after.
+  ConvOptions after_only = wide_2d;
+  after_only.stride = {2, 2};
+  after_only.padding = {0, 0};
+  after_only.padding_after = {1, 1};
+  cases.push_back({"2-D k3 stride 2 padded 1 after only", {23, 20}, after_only});
+  ConvOptions lopsided = wide_2d;
+  lopsided.kernel = {4, 3};
+  lopsided.padding = {2, 1};
+  lopsided.padding_after = {1, 0};
+  lopsided.padding_mode = PaddingMode::reflect;
+  cases.push_back({"2-D k4x3 reflect padded (2, 1) before, (1, 0) after", {19, 22}, lopsided});
   // Pointwise: the layer reads its input in place (HaloPadding::reads_in_place).
   ConvOptions pointwise = wide;
   pointwise.kernel = {1, 1, 1};

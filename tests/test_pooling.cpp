@@ -30,6 +30,16 @@ PoolOptions pool(PoolKind kind, std::vector<int> window, std::vector<int> stride
   return o;
 }
 
+/// `pool` with the padding after the field (empty: as before) and ceil_mode.
+PoolOptions asymmetric_pool(PoolKind kind, std::vector<int> window, std::vector<int> stride,
+                            std::vector<int> padding, std::vector<int> padding_after,
+                            bool ceil_mode, bool include_pad = true) {
+  PoolOptions o = pool(kind, window, stride, padding, {}, PaddingMode::zeros, include_pad);
+  o.padding_after = padding_after;
+  o.ceil_mode = ceil_mode;
+  return o;
+}
+
 std::vector<PoolCase> pool_cases() {
   return {
       {"1-D max 2", {40}, pool(PoolKind::max, {2}, {}, {})},
@@ -47,6 +57,17 @@ std::vector<PoolCase> pool_cases() {
       {"3-D max 3 stride 2 pad 1",
        {13, 11, 9},
        pool(PoolKind::max, {3, 3, 3}, {2, 2, 2}, {1, 1, 1})},
+      // ceil_mode (GoogLeNet's, SqueezeNet's max pooling) and asymmetric pads (ONNX files).
+      {"1-D max 3 stride 2 ceil_mode", {40}, asymmetric_pool(PoolKind::max, {3}, {2}, {}, {}, true)},
+      {"2-D avg 3x3 stride 2 pad 1 ceil_mode",
+       {20, 17},
+       asymmetric_pool(PoolKind::average, {3, 3}, {2, 2}, {1, 1}, {}, true)},
+      {"2-D avg 3x2 stride 2 pads (1, 0) and (0, 1) ceil_mode exclude pad",
+       {21, 18},
+       asymmetric_pool(PoolKind::average, {3, 2}, {2, 2}, {1, 0}, {0, 1}, true, false)},
+      {"3-D max 2 padded 1 after",
+       {9, 8, 7},
+       asymmetric_pool(PoolKind::max, {2, 2, 2}, {2, 2, 2}, {0, 0, 0}, {1, 1, 1}, false)},
   };
 }
 
@@ -119,6 +140,37 @@ TEST_CASE("Pool values on a small known field", "[pool]") {
   Pool<double> avg_pool(self, pool(PoolKind::average, {3}, {}, {}), "avg");
   const auto a = host(avg_pool.forward(Variable<double>::field(x)).value());
   CHECK((a(0, 0, 0, 0, 0) == 1 && a(0, 0, 1, 0, 0) == 4));
+}
+
+TEST_CASE("ceil_mode's last window: PyTorch's output count and divisors", "[pool]") {
+  // Values from torch.nn.functional on the fields 0..n-1, one rank.
+  const Communicator self(MPI_COMM_SELF);
+  auto pooled = [&](Index n, const PoolOptions& options) {
+    const Decomposition d({n}, {1});
+    ShardTensor<double> x(d, 0, 1, 1);
+    test::fill(x, [](Index, Index, const SpatialIndex&, const SpatialIndex& g) {
+      return double(g[0]);
+    });
+    Pool<double> layer(self, options, "pool");
+    const auto h = Kokkos::create_mirror_view_and_copy(
+        Kokkos::HostSpace(), layer.forward(Variable<double>::field(x)).value().view());
+    std::vector<double> v;
+    for (Index i = 0; i < Index(h.extent(2)); ++i) v.push_back(h(0, 0, i, 0, 0));
+    return v;
+  };
+  // max_pool1d(k 2, s 2, ceil_mode): the last window is one cell.
+  CHECK(pooled(5, asymmetric_pool(PoolKind::max, {2}, {2}, {}, {}, true)) ==
+        std::vector<double>{1, 3, 4});
+  // avg_pool1d(k 3, s 2, pad 1, ceil_mode): the last window [5, 8) reaches a cell past the
+  // padded field [-1, 7), which it does not count: (5 + 0) / 2; the first counts its padding.
+  CHECK(pooled(6, asymmetric_pool(PoolKind::average, {3}, {2}, {1}, {}, true)) ==
+        std::vector<double>{1.0 / 3, 2, 4, 2.5});
+  // count_include_pad=False: only the field's cells.
+  CHECK(pooled(6, asymmetric_pool(PoolKind::average, {3}, {2}, {1}, {}, true, false)) ==
+        std::vector<double>{0.5, 2, 4, 5});
+  // A window that would start past the field and its lower padding makes no output.
+  CHECK(pooled(4, asymmetric_pool(PoolKind::max, {2}, {2}, {1}, {}, true)) ==
+        std::vector<double>{0, 2, 3});
 }
 
 TEST_CASE("2x2 average pooling sums each window's taps in order, bit for bit", "[pool]") {

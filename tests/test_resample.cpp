@@ -13,11 +13,20 @@ using Catch::Matchers::Contains;
 namespace {
 
 template <class T>
-test::ModuleFactory<T> upsample_factory(std::vector<int> scale, UpsampleMode mode) {
-  return [scale, mode](const Communicator& comm) {
-    return std::make_shared<Upsample<T>>(comm, scale, mode, "up");
+test::ModuleFactory<T> upsample_factory(
+    std::vector<int> scale, UpsampleMode mode,
+    LinearCoordinates coordinates = LinearCoordinates::half_pixel) {
+  return [scale, mode, coordinates](const Communicator& comm) {
+    return std::make_shared<Upsample<T>>(comm, scale, mode, "up", coordinates);
   };
 }
+
+/// Nearest, and linear in each of its coordinate modes.
+const std::vector<std::pair<UpsampleMode, LinearCoordinates>> upsample_modes{
+    {UpsampleMode::nearest, LinearCoordinates::half_pixel},
+    {UpsampleMode::linear, LinearCoordinates::half_pixel},
+    {UpsampleMode::linear, LinearCoordinates::align_corners},
+    {UpsampleMode::linear, LinearCoordinates::asymmetric}};
 
 /// conv -> maxpool 2 -> conv -> linear upsample 2 -> concat with the first conv -> conv,
 /// with dropout in the middle.
@@ -74,15 +83,17 @@ std::vector<Index> unet_extents(int ndims) {
 TEMPLATE_TEST_CASE("Upsample sharded equals Upsample on one rank", "[upsample][equivalence]", float,
                    double) {
   const std::vector<std::vector<Index>> extents{{20}, {14, 11}, {8, 7, 6}};
-  for (UpsampleMode mode : {UpsampleMode::nearest, UpsampleMode::linear})
+  for (const auto& [mode, coordinates] : upsample_modes)
     for (int ndims = 1; ndims <= 3; ++ndims)
       for (int s : {2, 3}) {
         std::vector<int> scale(ndims, s);
         scale[0] = 2;  // mixed factors
-        INFO("mode " << int(mode) << ", " << ndims << "-D, scale " << s);
+        INFO("mode " << int(mode) << ", coordinates " << int(coordinates) << ", " << ndims
+                     << "-D, scale " << s);
         for (const Decomposition& d : test::test_decompositions(
                  extents[ndims - 1], test::world_size(), std::vector<bool>(ndims, false), 1))
-          test::check_equivalence<TestType>(upsample_factory<TestType>(scale, mode), d, 2, 2);
+          test::check_equivalence<TestType>(upsample_factory<TestType>(scale, mode, coordinates),
+                                            d, 2, 2);
       }
 }
 
@@ -116,11 +127,11 @@ TEMPLATE_TEST_CASE("a U-Net block (conv, pool, upsample, concat, dropout) sharde
 }
 
 TEST_CASE("upsampling and the U-Net block match finite differences", "[upsample][unet][gradient]") {
-  for (UpsampleMode mode : {UpsampleMode::nearest, UpsampleMode::linear}) {
+  for (const auto& [mode, coordinates] : upsample_modes) {
     const auto ds = test::test_decompositions({10, 9}, test::world_size(), {false, false}, 1);
     if (!ds.empty())
-      test::check_gradients_by_finite_differences(upsample_factory<double>({2, 3}, mode), ds.back(),
-                                                  1, 2);
+      test::check_gradients_by_finite_differences(
+          upsample_factory<double>({2, 3}, mode, coordinates), ds.back(), 1, 2);
   }
   for (const Decomposition& d :
        test::test_decompositions(unet_extents(2), test::world_size(), {false, false}, 2)) {
@@ -150,6 +161,33 @@ TEST_CASE("linear upsampling matches PyTorch's align_corners=False values", "[up
   const auto z = Kokkos::create_mirror_view_and_copy(
       Kokkos::HostSpace(), nearest.forward(Variable<double>::field(x)).value().view());
   for (int i = 0; i < 9; ++i) CHECK(z(0, 0, i, 0, 0) == double(i / 3));
+}
+
+TEST_CASE("linear upsampling matches align_corners=True's and ONNX's asymmetric values",
+          "[upsample]") {
+  const Communicator self(MPI_COMM_SELF);
+  ShardTensor<double> x(Decomposition({3}, {1}), 0, 1, 1);
+  test::fill(x, [](Index, Index, const SpatialIndex&, const SpatialIndex& g) {
+    return double(g[0] * g[0]);  // 0, 1, 4
+  });
+  auto upsampled = [&](LinearCoordinates coordinates) {
+    Upsample<double> up(self, {2}, UpsampleMode::linear, "up", coordinates);
+    const auto y = Kokkos::create_mirror_view_and_copy(
+        Kokkos::HostSpace(), up.forward(Variable<double>::field(x)).value().view());
+    std::vector<double> v;
+    for (int i = 0; i < 6; ++i) v.push_back(y(0, 0, i, 0, 0));
+    return v;
+  };
+  // F.interpolate(x, scale_factor=2, mode='linear', align_corners=True): sources 0, 0.4, ..., 2.
+  const std::vector<double> corners = upsampled(LinearCoordinates::align_corners);
+  const double expected_corners[6] = {0, 0.4, 0.8, 1.6, 2.8, 4};
+  // ONNX Resize, asymmetric: sources o / 2, the last clamped to the field's end.
+  const std::vector<double> asymmetric = upsampled(LinearCoordinates::asymmetric);
+  const double expected_asymmetric[6] = {0, 0.5, 1, 2.5, 4, 4};
+  for (int i = 0; i < 6; ++i) {
+    CHECK(corners[i] == Approx(expected_corners[i]).margin(1e-15));
+    CHECK(asymmetric[i] == Approx(expected_asymmetric[i]).margin(1e-15));
+  }
 }
 
 TEST_CASE("nearest upsampling's gradient sums each input's outputs, in order", "[upsample]") {
@@ -243,10 +281,13 @@ TEST_CASE("clamped linear upsampling reads the input itself: a padded copy's val
                         Case{{3, 1, 1}, {2, 2, 1}, 2},
                         Case{{4, 3, 5}, {2, 3, 2}, 3}}) {
     INFO(k.ndims << "-D, " << k.in[0] << "x" << k.in[1] << "x" << k.in[2]);
-    kernels::UpsampleShape clamped{2, {}, {0, 0, 0}, {0, 0, 0}, {}, {}, {0, 0, 0}, true};
+    kernels::UpsampleShape clamped{};
+    clamped.channels = 2;
+    clamped.clamped = true;
     kernels::UpsampleShape padded = clamped;
     padded.clamped = false;
     for (int d = 0; d < 3; ++d) {
+      clamped.global_in[d] = padded.global_in[d] = k.in[d];
       clamped.scale[d] = padded.scale[d] = k.scale[d];
       clamped.out[d] = padded.out[d] = k.in[d] * k.scale[d];
       clamped.in[d] = k.in[d];

@@ -206,11 +206,37 @@ class Next2d(nn.Module):
         return self.out(h)
 
 
+class Pads2d(nn.Module):
+    """Asymmetric pads and ceil_mode: latent diffusion's downsampling (F.pad(x, (0, 1, 0, 1)),
+    then a stride-2 conv), a reflect pad wider on one side, max and average pooling with
+    ceil_mode (GoogLeNet's, SqueezeNet's) whose last windows run past the padded field (with
+    and without the padding counted), and bilinear upsampling with align_corners=True."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Conv2d(2, 6, 3, padding=1)
+        self.down = nn.Conv2d(6, 6, 3, stride=2)
+        self.side = nn.Conv2d(6, 6, (4, 3))
+        self.out = nn.Conv2d(6, 3, 1)
+
+    def forward(self, x):
+        h = self.down(F.pad(self.inp(x), (0, 1, 0, 1)))
+        e = self.side(F.pad(torch.relu(h), (1, 1, 2, 1), mode="reflect"))
+        m = F.max_pool2d(e, 3, stride=2, ceil_mode=True)
+        b = F.avg_pool2d(m, 3, stride=2, padding=1, ceil_mode=True)
+        c = F.avg_pool2d(m, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+        d = F.avg_pool2d(b * c, 2, stride=2, ceil_mode=True)
+        gate = torch.sigmoid(d.mean((2, 3), keepdim=True)) + (b + c).amax((2, 3), keepdim=True)
+        u = F.interpolate(m * gate, scale_factor=2, mode="bilinear", align_corners=True)
+        return self.out(F.interpolate(u + e, scale_factor=2, mode="nearest"))
+
+
 # (name, model, input shape, opset[, input cells a part must hold: 7x7 convs at stride 2 need 6])
 MODELS = [
     ("next2d", Next2d, (2, 2, 32, 24), 13, 6),
     ("next2d_opset17", Next2d, (1, 2, 32, 24), 17, 6),  # LayerNormalization as one op
     ("ops2d", Ops2d, (2, 2, 12, 10), 13),
+    ("pads2d", Pads2d, (2, 2, 64, 96), 13, 16),
     ("acts1d", Acts1d, (2, 2, 24), 14),
     ("affine2d", Affine2d, (2, 2, 12, 10), 13),
     ("head2d", Head2d, (1, 2, 16, 12), 13),
@@ -245,6 +271,13 @@ def torchvision_models():
         # Channels-last blocks (permute, LayerNorm, Linear as MatMul, GELU, permute back),
         # layer scales, a LayerNorm of the pooled vector before the head.
         ("tv_convnext_tiny", lambda: tv.convnext_tiny(num_classes=10), (1, 3, 32, 512), 13, 128),
+        # Max pooling with ceil_mode, Fire modules (squeeze, two expands concatenated).
+        ("tv_squeezenet1_1", lambda: tv.squeezenet1_1(num_classes=10), (1, 3, 64, 256), 13, 64),
+        # Inception blocks (four branches concatenated), ceil_mode max pooling with and without
+        # padding.
+        ("tv_googlenet",
+         lambda: tv.googlenet(num_classes=10, aux_logits=False, init_weights=False),
+         (1, 3, 64, 256), 13, 64),
     ]
 
 

@@ -225,11 +225,16 @@ std::vector<int> as_ints(const std::vector<std::int64_t>& v) {
 
 /// A padded field that only the next layer reads: PyTorch's circular padding (Slices and a
 /// Concat per axis), or a Pad node before a Conv or an average pooling. The value it pads,
-/// the cells added on both sides of each spatial axis, how they are filled.
+/// the cells added before and after the field along each spatial axis, how they are filled.
 struct PaddedField {
   std::string source;
-  std::vector<int> pads;  // per spatial axis
+  std::vector<int> before, after;  // per spatial axis
   PaddingMode mode = PaddingMode::zeros;
+};
+
+/// A conv's or pool's pads, ONNX's [begin..., end...], per spatial axis.
+struct WindowPads {
+  std::vector<int> before, after;
 };
 
 /// One entry of a shape computation's value: a number, or an axis of a field's shape
@@ -267,7 +272,10 @@ class Importer {
   std::shared_ptr<Graph<T>> run() {
     read();
     const onnx::GraphProto& g = model_.graph();
-    for (const auto& t : g.initializer()) constants_[t.name()] = tensor_of(t, directory_of(path_));
+    for (const auto& t : g.initializer()) {
+      constants_[t.name()] = tensor_of(t, directory_of(path_));
+      initializers_.insert(t.name());
+    }
     std::string input;
     for (const auto& i : g.input())
       if (!constants_.count(i.name())) {
@@ -368,6 +376,59 @@ class Importer {
 
   /// Identity, Cast, Unsqueeze, Squeeze or Reshape of a constant: the same values, new dims.
   bool reshaped_constant(const onnx::NodeProto& n, Tensor& out) const {
+    if (n.op_type() == "ConstantOfShape") {  // F.pad's pads, written out: zeros to fill
+      const Tensor* shape = constant(n.input(0));
+      if (!shape) return false;
+      const auto* value = find_attribute(n, "value");
+      const double fill =
+          value && value->has_t() ? tensor_of(value->t(), directory_of(path_)).values.at(0) : 0.0;
+      out = Tensor{};
+      std::int64_t size = 1;
+      for (const double d : shape->values) out.dims.push_back(std::int64_t(d)), size *= std::int64_t(d);
+      if (size < 0 || size > (std::int64_t(1) << 20)) return false;
+      out.values.assign(std::size_t(size), fill);
+      return true;
+    }
+    if (n.op_type() == "Slice") return sliced_constant(n, out);
+    // An export without constant folding computes F.pad's pads from shapes of constants.
+    if (n.op_type() == "Shape") {
+      const Tensor* t = constant(n.input(0));
+      if (!t || find_attribute(n, "start") || find_attribute(n, "end")) return false;
+      out = Tensor{{std::int64_t(t->dims.size())}, {t->dims.begin(), t->dims.end()}};
+      return true;
+    }
+    if (n.op_type() == "Gather") {  // of a 1-D constant
+      const Tensor *t = constant(n.input(0)), *indices = constant(n.input(1));
+      if (!t || !indices || t->dims.size() != 1 || integer(n, "axis", 0) != 0) return false;
+      out = Tensor{indices->dims, {}};
+      for (const double v : indices->values) {
+        std::int64_t i = std::int64_t(v);
+        if (i < 0) i += std::int64_t(t->size());
+        if (i < 0 || i >= std::int64_t(t->size())) return false;
+        out.values.push_back(t->values[std::size_t(i)]);
+      }
+      return true;
+    }
+    if (n.op_type() == "Add" || n.op_type() == "Sub" || n.op_type() == "Mul") {
+      // Of two small constants that no initializer holds (shape arithmetic; a weight's
+      // product stays a node, so that `export` finds the initializer behind a parameter), of
+      // one shape or one a single value. No Div: the values are held as doubles, not their
+      // type (an integer division truncates).
+      const Tensor *a = n.input_size() == 2 ? constant(n.input(0)) : nullptr,
+                   *b = n.input_size() == 2 ? constant(n.input(1)) : nullptr;
+      if (!a || !b || !(a->dims == b->dims || a->size() == 1 || b->size() == 1)) return false;
+      if (a->size() > 16 || b->size() > 16 || initializers_.count(n.input(0)) ||
+          initializers_.count(n.input(1)))
+        return false;
+      const bool a_spreads = a->size() == 1 && (b->size() != 1 || b->dims.size() > a->dims.size());
+      out = Tensor{a_spreads ? b->dims : a->dims, {}};
+      const std::size_t size = std::max(a->size(), b->size());
+      for (std::size_t i = 0; i < size; ++i) {
+        const double x = a->values[a->size() == 1 ? 0 : i], y = b->values[b->size() == 1 ? 0 : i];
+        out.values.push_back(n.op_type() == "Add" ? x + y : n.op_type() == "Sub" ? x - y : x * y);
+      }
+      return true;
+    }
     if (n.op_type() == "Concat") {  // of 1-D constants (a shape written out, unfolded)
       out = Tensor{};
       for (const auto& in : n.input()) {
@@ -425,6 +486,57 @@ class Importer {
       }
       if (unknown >= 0 && known > 0) axes[std::size_t(unknown)] = std::int64_t(out.size()) / known;
       out.dims = axes;
+    }
+    return true;
+  }
+
+  /// Slice of a constant, any axes and steps (F.pad's pads are reversed by a step of -1).
+  bool sliced_constant(const onnx::NodeProto& n, Tensor& out) const {
+    if (n.input_size() < 3) return false;
+    const auto optional = [&](int i) {
+      return i < n.input_size() && !n.input(i).empty() ? constant(n.input(i)) : nullptr;
+    };
+    const Tensor *t = constant(n.input(0)), *starts = constant(n.input(1)),
+                 *ends = constant(n.input(2)), *axes = optional(3), *steps = optional(4);
+    if (!t || !starts || !ends || starts->size() != ends->size() ||
+        (n.input_size() > 3 && !n.input(3).empty() && !axes) ||
+        (n.input_size() > 4 && !n.input(4).empty() && !steps))
+      return false;
+    const std::int64_t rank = std::int64_t(t->dims.size());
+    std::vector<std::int64_t> first(t->dims.size(), 0), step(t->dims.size(), 1),
+        count(t->dims.begin(), t->dims.end());
+    // INT64_MAX and INT64_MIN ("to the end") as doubles: clamped before the cast.
+    const auto index = [](double v) { return std::int64_t(std::max(-4e18, std::min(4e18, v))); };
+    for (std::size_t i = 0; i < starts->size(); ++i) {
+      std::int64_t axis = axes ? index(axes->values.at(i)) : std::int64_t(i);
+      if (axis < 0) axis += rank;
+      const std::int64_t s = steps ? index(steps->values.at(i)) : 1;
+      if (axis < 0 || axis >= rank || s == 0) return false;
+      const std::int64_t dim = t->dims[std::size_t(axis)];
+      std::int64_t b = index(starts->values[i]), e = index(ends->values[i]);
+      if (b < 0) b += dim;
+      if (e < 0) e += dim;
+      if (s > 0) {
+        b = std::clamp<std::int64_t>(b, 0, dim), e = std::clamp<std::int64_t>(e, 0, dim);
+        count[std::size_t(axis)] = std::max<std::int64_t>(0, (e - b + s - 1) / s);
+      } else {
+        b = std::clamp<std::int64_t>(b, 0, dim - 1), e = std::clamp<std::int64_t>(e, -1, dim - 1);
+        count[std::size_t(axis)] = std::max<std::int64_t>(0, (b - e - s - 1) / -s);
+      }
+      first[std::size_t(axis)] = b, step[std::size_t(axis)] = s;
+    }
+    out = Tensor{count, {}};
+    std::int64_t cells = 1;
+    for (const std::int64_t c : count) cells *= c;
+    std::vector<std::int64_t> at(t->dims.size(), 0);  // the output index, row-major
+    for (std::int64_t k = 0; k < cells; ++k) {
+      std::int64_t source = 0;
+      for (std::size_t a = 0; a < at.size(); ++a)
+        source = source * t->dims[a] + first[a] + at[a] * step[a];
+      out.values.push_back(t->values[std::size_t(source)]);
+      for (std::size_t a = at.size(); a-- > 0;)
+        if (++at[a] < count[a]) break;
+        else at[a] = 0;
     }
     return true;
   }
@@ -496,22 +608,30 @@ class Importer {
     if (axis < 0 || axis >= rank) refuse(n, "axis " + std::to_string(axis) + " is out of range");
     return int(axis);
   }
-  /// Symmetric pads of a conv or pool: ONNX's [begin..., end...].
-  std::vector<int> symmetric_pads(const onnx::NodeProto& n) const {
+  /// The pads of a conv or pool, before and after the field along each spatial axis.
+  WindowPads window_pads(const onnx::NodeProto& n) const {
     const std::string auto_pad = text(n, "auto_pad", "NOTSET");
     if (auto_pad != "NOTSET" && auto_pad != "VALID")
       refuse(n, "auto_pad " + auto_pad + " is not supported (export with explicit pads)");
     const std::vector<std::int64_t> pads = ints(n, "pads", std::vector<std::int64_t>(2 * shape_.dims, 0));
     if (int(pads.size()) != 2 * shape_.dims) refuse(n, "pads has " + std::to_string(pads.size()) + " entries");
-    std::vector<int> out;
+    WindowPads out;
     for (int d = 0; d < shape_.dims; ++d) {
-      if (pads[d] != pads[d + shape_.dims])
-        refuse(n, "asymmetric pads along spatial axis " + std::to_string(d) + " (" +
-                      std::to_string(pads[d]) + " before, " + std::to_string(pads[d + shape_.dims]) +
-                      " after) are not supported");
-      out.push_back(int(pads[d]));
+      if (pads[d] < 0 || pads[d + shape_.dims] < 0) refuse(n, "negative pads");
+      out.before.push_back(int(pads[d]));
+      out.after.push_back(int(pads[d + shape_.dims]));
     }
     return out;
+  }
+  /// The pads of a node whose layer pads both sides alike (a ConvTranspose).
+  std::vector<int> symmetric_pads(const onnx::NodeProto& n) const {
+    const WindowPads pads = window_pads(n);
+    for (int d = 0; d < shape_.dims; ++d)
+      if (pads.before[d] != pads.after[d])
+        refuse(n, "asymmetric pads along spatial axis " + std::to_string(d) + " (" +
+                      std::to_string(pads.before[d]) + " before, " +
+                      std::to_string(pads.after[d]) + " after) are not supported");
+    return pads.before;
   }
   /// The name of the layer a node is part of, from the exporter's scope ("/layer1/layer1.0/
   /// conv1/Conv" -> "layer1.0.conv1") or its weight ("c2.weight" -> "c2"); unique.
@@ -783,14 +903,15 @@ class Importer {
     const bool exact = s0 == -p && e0 >= std::int64_t(1) << 30;
     const bool pytorch_1_13 = s0 == -p - 1 && e0 == -1;
     if (s1 != 0 || p < 1 || !(exact || pytorch_1_13)) return;
-    PaddedField pad{x, std::vector<int>(shape_.dims, 0), PaddingMode::periodic};
+    PaddedField pad{x, std::vector<int>(shape_.dims, 0), std::vector<int>(shape_.dims, 0),
+                    PaddingMode::periodic};
     const auto inner = padded_.find(x);
     if (inner != padded_.end()) {
       if (inner->second.mode != PaddingMode::periodic) return;
       if (uses(x) != 3) return;  // the inner pad's result is read by this pattern alone
       pad = inner->second;
     }
-    pad.pads[axis - 2] = int(p);
+    pad.before[axis - 2] = pad.after[axis - 2] = int(p);
     padded_[n.output(0)] = pad;
     absorbed_[index] = true;
     absorbed_[producer_index(n.input(0))] = true;
@@ -961,7 +1082,7 @@ class Importer {
   void conv(const onnx::NodeProto& n) {
     std::string x = n.input(0);
     if (vectors_.count(x)) return vector_conv(n);
-    PaddedField padded{x, std::vector<int>(shape_.dims, 0)};
+    PaddedField padded;
     const bool pads_before = padded_.count(x) > 0;
     if (pads_before) {
       padded = padded_.at(x);
@@ -980,16 +1101,19 @@ class Importer {
     o.kernel.assign(w.dims.begin() + 2, w.dims.end());
     o.stride = as_ints(ints(n, "strides", std::vector<std::int64_t>(shape_.dims, 1)));
     o.dilation = as_ints(ints(n, "dilations", std::vector<std::int64_t>(shape_.dims, 1)));
-    o.padding = symmetric_pads(n);
+    const WindowPads pads = window_pads(n);
+    o.padding = pads.before;
+    o.padding_after = pads.after;
     o.bias = n.input_size() > 2 && !n.input(2).empty();
     if (pads_before) {
-      // PyTorch's circular, reflect and replicate padding: the nodes before pad, the Conv
-      // itself pads nothing.
+      // PyTorch's circular, reflect and replicate padding, F.pad: the nodes before pad; a
+      // zeros Pad adds to the Conv's own pads.
       for (int d = 0; d < shape_.dims; ++d) {
-        if (o.padding[d] != 0)
-          refuse(n, "its own pads on top of a padded input along spatial axis " +
-                        std::to_string(d));
-        o.padding[d] = padded.pads[d];
+        if (padded.mode != PaddingMode::zeros && (o.padding[d] != 0 || o.padding_after[d] != 0))
+          refuse(n, std::string("its own pads on top of a ") + to_string(padded.mode) +
+                        "-padded input along spatial axis " + std::to_string(d));
+        o.padding[d] += padded.before[d];
+        o.padding_after[d] += padded.after[d];
       }
       o.padding_mode = padded.mode;
     }
@@ -1011,8 +1135,9 @@ class Importer {
     for (std::size_t d = 2; d < w.dims.size(); ++d)
       if (w.dims[d] != 1) refuse(n, "a kernel larger than 1 on a pooled (N, C, 1...) vector");
     if (integer(n, "group", 1) != 1) refuse(n, "groups on a pooled vector");
-    for (const int p : symmetric_pads(n))
-      if (p != 0) refuse(n, "pads on a pooled vector");
+    const WindowPads pads = window_pads(n);
+    for (int d = 0; d < shape_.dims; ++d)
+      if (pads.before[d] != 0 || pads.after[d] != 0) refuse(n, "pads on a pooled vector");
     linear_on_vector(n, x, w, true);
   }
 
@@ -1088,17 +1213,16 @@ class Importer {
         refuse(n, "a constant pad value other than 0 is not supported");
     }
     if (n.input_size() > 3 && !n.input(3).empty()) refuse(n, "the axes input is not supported");
-    PaddedField padded{x, {}, PaddingMode::zeros};
+    PaddedField padded{x, {}, {}, PaddingMode::zeros};
     if (mode == "reflect") padded.mode = PaddingMode::reflect;
     else if (mode == "edge") padded.mode = PaddingMode::replicate;
     else if (mode != "constant") refuse(n, "mode " + mode + " is not supported");
     for (int a = 0; a < rank; ++a) {
       const double before = pads.values[a], after = pads.values[a + rank];
       if (a < 2 && (before != 0 || after != 0)) refuse(n, "pads the batch or channel axis");
-      if (a >= 2 && before != after)
-        refuse(n, "asymmetric pads along spatial axis " + std::to_string(a - 2));
-      if (a >= 2 && before < 0) refuse(n, "negative pads (a crop)");
-      if (a >= 2) padded.pads.push_back(int(before));
+      if (a >= 2 && (before < 0 || after < 0)) refuse(n, "negative pads (a crop)");
+      if (a >= 2) padded.before.push_back(int(before));
+      if (a >= 2) padded.after.push_back(int(after));
     }
     padded_[n.output(0)] = padded;
   }
@@ -1138,22 +1262,26 @@ class Importer {
       x = padded.source;
     }
     if (!fields_.count(x)) field_input(n);
-    if (integer(n, "ceil_mode", 0) != 0) refuse(n, "ceil_mode 1 is not supported");
     if (n.output_size() > 1 && !n.output(1).empty()) refuse(n, "the Indices output is not supported");
     PoolOptions o;
     o.kind = n.op_type() == "MaxPool" ? PoolKind::max : PoolKind::average;
     o.window = as_ints(ints(n, "kernel_shape"));
     if (int(o.window.size()) != shape_.dims) refuse(n, "kernel_shape does not match the spatial axes");
     o.stride = as_ints(ints(n, "strides", std::vector<std::int64_t>(shape_.dims, 1)));
-    o.padding = symmetric_pads(n);
+    const WindowPads pads = window_pads(n);
+    o.padding = pads.before;
+    o.padding_after = pads.after;
+    o.ceil_mode = integer(n, "ceil_mode", 0) != 0;
     if (o.kind == PoolKind::max)
       o.dilation = as_ints(ints(n, "dilations", std::vector<std::int64_t>(shape_.dims, 1)));
     else
       o.count_include_pad = integer(n, "count_include_pad", 0) != 0;
     if (pads_before) {  // avg_pool with count_include_pad: a Pad of zeros, then the pooling
       for (int d = 0; d < shape_.dims; ++d) {
-        if (o.padding[d] != 0) refuse(n, "its own pads on top of a padded input");
-        o.padding[d] = padded.pads[d];
+        if (o.padding[d] != 0 || o.padding_after[d] != 0)
+          refuse(n, "its own pads on top of a padded input");
+        o.padding[d] = padded.before[d];
+        o.padding_after[d] = padded.after[d];
       }
       o.count_include_pad = true;
     }
@@ -1496,17 +1624,29 @@ class Importer {
       }
     }
     UpsampleMode kind = UpsampleMode::nearest;
-    const std::string transform = text(n, "coordinate_transformation_mode", "half_pixel");
+    LinearCoordinates coordinates = LinearCoordinates::half_pixel;
+    // The Upsample op (opsets 7 to 9) has no such attribute: its linear mode is asymmetric.
+    const std::string transform = n.op_type() == "Upsample"
+                                      ? "asymmetric"
+                                      : text(n, "coordinate_transformation_mode", "half_pixel");
     if (mode == "nearest") {
+      // Output o of an integer factor s: (o + 0.5) / s - 0.5 lies within (s - 1) / 2s of
+      // floor(o / s), so half-pixel coordinates round to PyTorch's nearest source whatever
+      // the rounding ('nearest' and 'nearest-exact' alike); asymmetric ones only when floored.
       const std::string rounding = text(n, "nearest_mode", "round_prefer_floor");
-      if (n.op_type() == "Resize" && (transform != "asymmetric" || rounding != "floor"))
+      const bool half_pixel = transform == "half_pixel" || transform == "pytorch_half_pixel";
+      if (n.op_type() == "Resize" && !half_pixel && !(transform == "asymmetric" && rounding == "floor"))
         refuse(n, "nearest with coordinate_transformation_mode " + transform + " and nearest_mode " +
-                      rounding + "; PyTorch's nearest (asymmetric, floor) is supported");
+                      rounding + "; half_pixel or pytorch_half_pixel (any rounding) and asymmetric "
+                      "with floor are supported");
     } else if (mode == "linear") {
       kind = UpsampleMode::linear;
-      if (transform != "half_pixel" && transform != "pytorch_half_pixel")
+      if (transform == "align_corners") coordinates = LinearCoordinates::align_corners;
+      else if (transform == "asymmetric") coordinates = LinearCoordinates::asymmetric;
+      else if (transform != "half_pixel" && transform != "pytorch_half_pixel")
         refuse(n, "linear with coordinate_transformation_mode " + transform +
-                      "; align_corners=False (half_pixel, pytorch_half_pixel) is supported");
+                      "; half_pixel, pytorch_half_pixel (align_corners=False), align_corners and "
+                      "asymmetric are supported");
     } else {
       refuse(n, "mode " + mode + "; nearest and linear are supported");
     }
@@ -1559,14 +1699,14 @@ class Importer {
           f.push_back(int(target / extent));
         }
         if (!*layer || *made_for != f) {
-          *layer = std::make_shared<Upsample<T>>(comm, f, kind, node);
+          *layer = std::make_shared<Upsample<T>>(comm, f, kind, node, coordinates);
           *made_for = f;
         }
         return (*layer)->forward(v[0]);
       });
       return;
     }
-    auto layer = std::make_shared<Upsample<T>>(comm_, factors, kind, n.name());
+    auto layer = std::make_shared<Upsample<T>>(comm_, factors, kind, n.name(), coordinates);
     add_step(n, {x}, [layer](const std::vector<Variable<T>>& v) { return layer->forward(v[0]); });
   }
 
@@ -1823,6 +1963,7 @@ class Importer {
   std::map<std::string, int> producer_, uses_;
   std::vector<bool> absorbed_;
   std::map<std::string, PaddedField> padded_;
+  std::set<std::string> initializers_;  // the graph's initializers' names
   std::map<int, GeluPattern> gelus_;
   std::map<int, GroupNormPattern> group_norms_;
   std::map<int, LayerNormPattern> layer_norms_;

@@ -111,15 +111,21 @@ Conv<T>::Conv(const Communicator& comm, ConvOptions options, const std::string& 
       impl::per_dim_option(options_.dilation, ndims, 1, "dilation", where);
   const std::vector<int> padding =
       impl::per_dim_option(options_.padding, ndims, 0, "padding", where);
+  const std::vector<int> padding_after =
+      impl::per_dim_option(options_.padding_after, ndims, padding, "padding_after", where);
   for (int d = 0; d < ndims; ++d) {
-    SHARDTENSOR_REQUIRE(
-        options_.kernel[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 && padding[d] >= 0, where,
-        "kernel " << options_.kernel[d] << ", stride " << stride[d] << ", dilation " << dilation[d]
-                  << ", padding " << padding[d] << " along dim " << d);
+    SHARDTENSOR_REQUIRE(options_.kernel[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 &&
+                            padding[d] >= 0 && padding_after[d] >= 0,
+                        where,
+                        "kernel " << options_.kernel[d] << ", stride " << stride[d]
+                                  << ", dilation " << dilation[d] << ", padding " << padding[d]
+                                  << " before and " << padding_after[d] << " after along dim "
+                                  << d);
     geometry_.kernel[d] = options_.kernel[d];
     geometry_.stride[d] = stride[d];
     geometry_.dilation[d] = dilation[d];
-    geometry_.padding[d] = padding[d];
+    geometry_.padding_lower[d] = padding[d];
+    geometry_.padding_upper[d] = padding_after[d];
   }
   impl::check_channel_groups(options_.in_channels, options_.out_channels, options_.groups, where);
   double bound = 0;

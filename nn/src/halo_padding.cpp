@@ -99,13 +99,16 @@ void fill_padded(const ShardTensor<T>& input, const ShardTensor<T>& padded, bool
       });
 }
 
-/// Zeros / periodic / replicate / reflect padding of a window's width on both sides.
+/// Zeros / periodic / replicate / reflect padding of the widths the windows read past the
+/// field's ends.
 BoundaryPadding window_padding(const WindowGeometry& geometry, PaddingMode mode, double constant) {
   BoundaryPadding boundary;
   boundary.mode = mode;
   boundary.constant = constant;
-  for (int d = 0; d < geometry.ndims; ++d)
-    boundary.lower[d] = boundary.upper[d] = geometry.padding[d];
+  for (int d = 0; d < geometry.ndims; ++d) {
+    boundary.lower[d] = geometry.padding_lower[d];
+    boundary.upper[d] = geometry.reach_past_end(d);
+  }
   return boundary;
 }
 

@@ -4,6 +4,7 @@
 
 #include "shardtensor/nn/impl/per_dim_option.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace shardtensor {
@@ -20,24 +21,31 @@ Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& 
       impl::per_dim_option(options_.stride, ndims, options_.window, "stride", where);
   const std::vector<int> padding =
       impl::per_dim_option(options_.padding, ndims, std::vector<int>(ndims, 0), "padding", where);
+  const std::vector<int> padding_after =
+      impl::per_dim_option(options_.padding_after, ndims, padding, "padding_after", where);
   const std::vector<int> dilation =
       impl::per_dim_option(options_.dilation, ndims, std::vector<int>(ndims, 1), "dilation", where);
   geometry_.ndims = ndims;
+  geometry_.ceil_mode = options_.ceil_mode;
   for (int d = 0; d < ndims; ++d) {
-    SHARDTENSOR_REQUIRE(
-        options_.window[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 && padding[d] >= 0, where,
-        "window " << options_.window[d] << ", stride " << stride[d] << ", dilation " << dilation[d]
-                  << ", padding " << padding[d] << " along dim " << d);
-    SHARDTENSOR_REQUIRE(2 * padding[d] <= options_.window[d], where,
-                        "padding " << padding[d] << " along dim " << d
-                                   << " exceeds half the window " << options_.window[d]);
+    SHARDTENSOR_REQUIRE(options_.window[d] >= 1 && stride[d] >= 1 && dilation[d] >= 1 &&
+                            padding[d] >= 0 && padding_after[d] >= 0,
+                        where,
+                        "window " << options_.window[d] << ", stride " << stride[d]
+                                  << ", dilation " << dilation[d] << ", padding " << padding[d]
+                                  << " before and " << padding_after[d] << " after along dim "
+                                  << d);
+    SHARDTENSOR_REQUIRE(2 * std::max(padding[d], padding_after[d]) <= options_.window[d], where,
+                        "padding " << std::max(padding[d], padding_after[d]) << " along dim "
+                                   << d << " exceeds half the window " << options_.window[d]);
     SHARDTENSOR_REQUIRE(
         options_.kind == PoolKind::max || dilation[d] == 1, where,
         "average pooling has no dilation, got " << dilation[d] << " along dim " << d);
     geometry_.kernel[d] = options_.window[d];
     geometry_.stride[d] = stride[d];
     geometry_.dilation[d] = dilation[d];
-    geometry_.padding[d] = padding[d];
+    geometry_.padding_lower[d] = padding[d];
+    geometry_.padding_upper[d] = padding_after[d];
   }
   Index taps = 1;
   for (int d = 0; d < ndims; ++d) taps *= options_.window[d];
@@ -47,6 +55,8 @@ Pool<T>::Pool(const Communicator& comm, PoolOptions options, const std::string& 
   SHARDTENSOR_REQUIRE(
       options_.padding_mode == PaddingMode::zeros || options_.padding_mode == PaddingMode::periodic,
       where, "padding mode " << to_string(options_.padding_mode) << " is not supported by pooling");
+  SHARDTENSOR_REQUIRE(!options_.ceil_mode || options_.padding_mode == PaddingMode::zeros, where,
+                      "ceil_mode needs zeros padding, not " << to_string(options_.padding_mode));
   const T constant = options_.kind == PoolKind::max ? -math::infinity<T>() : T(0);
   halo_ =
       std::make_shared<HaloPadding<T>>(comm_, geometry_, options_.padding_mode, constant, where);
@@ -73,7 +83,8 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
                               y.local_extent(1), y.local_extent(2));
   kernels::PoolShape shape{};
   shape.channels = x.channels();
-  shape.count_include_pad =
+  // Periodic padding cells are the field's own: always counted.
+  const bool count_padding =
       options_.count_include_pad || options_.padding_mode == PaddingMode::periodic;
   const auto base = window_base(geometry_, x, y);
   for (int d = 0; d < max_spatial_dims; ++d) {
@@ -83,8 +94,11 @@ Variable<T> Pool<T>::forward(const Variable<T>& input) {
     shape.base[d] = base[d];
     shape.out[d] = y.local_extent(d);
     shape.padded[d] = padded.allocated_extent(d);
-    shape.first_global[d] = y.global_box().lower[d] * geometry_.stride[d] - geometry_.padding[d];
-    shape.global[d] = x.decomposition().global_extent(d);
+    shape.first_global[d] =
+        y.global_box().lower[d] * geometry_.stride[d] - geometry_.padding_lower[d];
+    const Index extent = x.decomposition().global_extent(d);
+    shape.counted_lower[d] = count_padding ? -geometry_.padding_lower[d] : 0;
+    shape.counted_upper[d] = count_padding ? extent + geometry_.padding_upper[d] : extent;
   }
   if (!plan_ || !(plan_->shape() == shape)) plan_.emplace(ExecutionSpace(), shape, options_.kind);
   const kernels::PoolPlan plan = *plan_;  // the graph may outlive the layer

@@ -6,8 +6,12 @@ namespace shardtensor {
 
 template <class T>
 Upsample<T>::Upsample(const Communicator& comm, std::vector<int> scale, UpsampleMode mode,
-                      const std::string& name)
-    : comm_(comm), ndims_(static_cast<int>(scale.size())), mode_(mode), name_(name) {
+                      const std::string& name, LinearCoordinates coordinates)
+    : comm_(comm),
+      ndims_(static_cast<int>(scale.size())),
+      mode_(mode),
+      coordinates_(coordinates),
+      name_(name) {
   where_ = std::string("Upsample") + std::to_string(ndims_) + "d '" + name + "'";
   SHARDTENSOR_REQUIRE(ndims_ >= 1 && ndims_ <= max_spatial_dims, where_,
                       "scale needs 1 to 3 factors, got " << ndims_);
@@ -21,7 +25,7 @@ Upsample<T>::Upsample(const Communicator& comm, std::vector<int> scale, Upsample
     one_cell_each_side.ndims = ndims_;
     for (int d = 0; d < ndims_; ++d) {
       one_cell_each_side.kernel[d] = 3;
-      one_cell_each_side.padding[d] = 1;
+      one_cell_each_side.padding_lower[d] = one_cell_each_side.padding_upper[d] = 1;
     }
     halo_ = std::make_shared<HaloPadding<T>>(comm_, one_cell_each_side, PaddingMode::replicate,
                                              T(0), where_);
@@ -54,6 +58,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
   kernels::UpsampleShape shape{};
   shape.clamped = clamped;
   shape.channels = x.channels();
+  shape.coordinates = coordinates_;
   for (int d = 0; d < max_spatial_dims; ++d) {
     shape.scale[d] = scale_[d];
     shape.out_offset[d] = y.global_box().lower[d];
@@ -61,6 +66,7 @@ Variable<T> Upsample<T>::forward(const Variable<T>& input) {
     shape.out[d] = y.local_extent(d);
     shape.in[d] = source.allocated_extent(d);
     shape.ghost[d] = source.ghosts().lower[d];
+    shape.global_in[d] = x.decomposition().global_extent(d);
   }
   if (!plan_ || !(plan_->shape() == shape)) plan_.emplace(ExecutionSpace(), shape, mode_);
   const kernels::UpsamplePlan<T> plan = *plan_;  // the graph may outlive the layer

@@ -16,7 +16,8 @@ Decomposition WindowGeometry::output_decomposition(const Decomposition& input,
     SHARDTENSOR_REQUIRE(outputs >= 1, where,
                         "input extent " << n << " along dim " << d << " is smaller than the kernel "
                                         << kernel[d] << " (dilation " << dilation[d] << ", padding "
-                                        << padding[d] << ")");
+                                        << padding_lower[d] << " before, " << padding_upper[d]
+                                        << " after)");
     const std::vector<Index>& in = input.split_points(d);
     const int parts = input.process_grid(d);
     points[d].push_back(0);
@@ -36,7 +37,7 @@ Decomposition WindowGeometry::output_decomposition(const Decomposition& input,
 
 bool WindowGeometry::reads_owned_cells_only(const Decomposition& input) const {
   for (int d = 0; d < ndims; ++d) {
-    if (padding[d] != 0) return false;
+    if (padding_lower[d] != 0 || padding_upper[d] != 0) return false;
     const std::vector<Index>& in = input.split_points(d);
     const Index outputs = output_extent(d, input.global_extent(d));
     for (int i = 0; i < input.process_grid(d); ++i) {

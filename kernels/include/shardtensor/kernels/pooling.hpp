@@ -32,40 +32,43 @@ struct PoolShape {
   Index out[3];           // local output extents
   Index padded[3];        // padded buffer extents
   Index first_global[3];  // global index of the first local output's window start
-  Index global[3];        // global field extents
-  bool count_include_pad;
+  // The global cells average pooling divides by, [counted_lower, counted_upper): the field,
+  // or the field and its padding (count_include_pad).
+  Index counted_lower[3], counted_upper[3];
 
   KOKKOS_INLINE_FUNCTION Index padded_flat(Index x, Index y, Index z) const {
     return (x * padded[1] + y) * padded[2] + z;
   }
   /// Cells of output o's window that average pooling divides by.
   KOKKOS_INLINE_FUNCTION Index divisor(Index ox, Index oy, Index oz) const {
-    if (count_include_pad) return k[0] * k[1] * k[2];
     const Index o[3] = {ox, oy, oz};
     Index count = 1;
     for (int a = 0; a < 3; ++a) {
       const Index start = first_global[a] + o[a] * s[a];
-      const Index lo = start < 0 ? 0 : start;
-      const Index hi = start + k[a] > global[a] ? global[a] : start + k[a];
+      const Index lo = start < counted_lower[a] ? counted_lower[a] : start;
+      const Index hi = start + k[a] > counted_upper[a] ? counted_upper[a] : start + k[a];
       count *= hi - lo;
     }
     return count;
   }
-  /// Every local output's divisor where it is the same for all (count_include_pad, or no
-  /// window of this rank reaches past the global field), else 0.
+  /// Every local output's divisor where it is the same for all (no window of this rank
+  /// reaches past the counted cells), else 0.
   Index constant_divisor() const {
-    for (int a = 0; a < 3 && !count_include_pad; ++a)
-      if (first_global[a] < 0 || first_global[a] + (out[a] - 1) * s[a] + k[a] > global[a]) return 0;
+    for (int a = 0; a < 3; ++a)
+      if (first_global[a] < counted_lower[a] ||
+          first_global[a] + (out[a] - 1) * s[a] + k[a] > counted_upper[a])
+        return 0;
     return k[0] * k[1] * k[2];
   }
 };
 
 inline bool operator==(const PoolShape& a, const PoolShape& b) {
-  bool same = a.channels == b.channels && a.count_include_pad == b.count_include_pad;
+  bool same = a.channels == b.channels;
   for (int d = 0; d < 3; ++d)
     same = same && a.k[d] == b.k[d] && a.s[d] == b.s[d] && a.d[d] == b.d[d] &&
            a.base[d] == b.base[d] && a.out[d] == b.out[d] && a.padded[d] == b.padded[d] &&
-           a.first_global[d] == b.first_global[d] && a.global[d] == b.global[d];
+           a.first_global[d] == b.first_global[d] && a.counted_lower[d] == b.counted_lower[d] &&
+           a.counted_upper[d] == b.counted_upper[d];
   return same;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // The upsampling kernels (nn/upsample.hpp) on the execution space of their Views: nearest and
-// (multi)linear interpolation (align_corners=False, as in PyTorch) from an input buffer whose
+// (multi)linear interpolation (PyTorch's align_corners=False or True) from an input buffer whose
 // ghosts the halo padding filled (or, for linear interpolation of a field held whole, the
 // input itself, its end cells read past its ends), and the backward, where each input cell
 // gathers from the outputs that read it (no scatter).
@@ -17,6 +17,11 @@ namespace shardtensor {
 /// Nearest-neighbour or (multi)linear upsampling.
 enum class UpsampleMode { nearest, linear };
 
+/// Where linear interpolation reads output cell o of an axis of n input cells scaled by s, as
+/// ONNX's Resize names it: half_pixel, (o + 0.5) / s - 0.5 (PyTorch's align_corners=False);
+/// align_corners, o (n - 1) / (n s - 1); asymmetric, o / s (TensorFlow's).
+enum class LinearCoordinates { half_pixel, align_corners, asymmetric };
+
 namespace kernels {
 
 /// Per-axis data of the upsampling kernels.
@@ -28,6 +33,8 @@ struct UpsampleShape {
   Index out[3];         // local output extents
   Index in[3];          // extents of the input buffer (owned cells plus ghosts)
   Index ghost[3];       // ghost cells below the owned ones in the input buffer
+  Index global_in[3];   // global input extents (align_corners's coordinates)
+  LinearCoordinates coordinates = LinearCoordinates::half_pixel;
   /// Linear mode: the buffer is the whole field along every axis, without ghost cells, and
   /// sources past its ends read its end cells: replicate padding with no padded copy (one
   /// rank: nothing to exchange). Else the buffer's ghosts hold the padding.
@@ -39,7 +46,13 @@ struct UpsampleShape {
   template <class T>
   KOKKOS_INLINE_FUNCTION void linear_source(int axis, Index o, Index& lower, Index& upper,
                                             T& weight) const {
-    const double source = (double(out_offset[axis] + o) + 0.5) / double(scale[axis]) - 0.5;
+    const Index at = out_offset[axis] + o;
+    const Index outputs = global_in[axis] * scale[axis];
+    const double source =
+        coordinates == LinearCoordinates::half_pixel ? (double(at) + 0.5) / double(scale[axis]) - 0.5
+        : coordinates == LinearCoordinates::asymmetric ? double(at) / double(scale[axis])
+        : outputs > 1 ? double(at * (global_in[axis] - 1)) / double(outputs - 1)
+                      : 0.0;
     const double floor_source = math::floor(source);
     lower = static_cast<Index>(floor_source) - in_offset[axis] + ghost[axis];
     upper = in[axis] > 1 ? lower + 1 : lower;
@@ -52,11 +65,11 @@ struct UpsampleShape {
 };
 
 inline bool operator==(const UpsampleShape& a, const UpsampleShape& b) {
-  bool same = a.channels == b.channels;
+  bool same = a.channels == b.channels && a.coordinates == b.coordinates;
   for (int d = 0; d < 3; ++d)
     same = same && a.scale[d] == b.scale[d] && a.out_offset[d] == b.out_offset[d] &&
            a.in_offset[d] == b.in_offset[d] && a.out[d] == b.out[d] && a.in[d] == b.in[d] &&
-           a.ghost[d] == b.ghost[d];
+           a.ghost[d] == b.ghost[d] && a.global_in[d] == b.global_in[d];
   return same && a.clamped == b.clamped;
 }
 

@@ -25,7 +25,10 @@ struct ConvOptions {
   std::vector<int> kernel;    ///< one size per spatial dim (its length sets the dims)
   std::vector<int> stride;    ///< default 1
   std::vector<int> dilation;  ///< default 1
-  std::vector<int> padding;   ///< cells added on both sides per dim, default 0
+  std::vector<int> padding;   ///< cells added before (and after) the field per dim, default 0
+  /// Cells added after the field per dim where they differ from `padding` (an ONNX file's
+  /// asymmetric pads, a Pad node); default: `padding`.
+  std::vector<int> padding_after;
   PaddingMode padding_mode = PaddingMode::zeros;
   int groups = 1;
   bool bias = true;

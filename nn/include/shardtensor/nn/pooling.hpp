@@ -17,12 +17,17 @@ struct PoolOptions {
   PoolKind kind = PoolKind::max;
   std::vector<int> window;    ///< one size per spatial dim (its length sets the dims)
   std::vector<int> stride;    ///< default: the window (non-overlapping)
-  std::vector<int> padding;   ///< default 0; at most half the window, as in PyTorch
+  std::vector<int> padding;   ///< before (and after); default 0; at most half the window
+  std::vector<int> padding_after;  ///< default: `padding` (ONNX's asymmetric pads)
+  /// PyTorch's ceil_mode: a last window that runs past the padded field still makes an output
+  /// (unless it starts past the field and its lower padding); zeros padding only.
+  bool ceil_mode = false;
   std::vector<int> dilation;  ///< default 1; max pooling only
   /// zeros: max pooling pads with -inf, average pooling with 0; periodic: wraps around.
   PaddingMode padding_mode = PaddingMode::zeros;
-  /// Average pooling: divide by the whole window (PyTorch's default) or by its cells inside
-  /// the field.
+  /// Average pooling: divide by the window's cells inside the padded field (PyTorch's
+  /// default: the whole window, less what ceil_mode's last window reaches past it) or by its
+  /// cells inside the field.
   bool count_include_pad = true;
 };
 

@@ -14,14 +14,17 @@ namespace shardtensor {
 
 /// Output cell o along an axis scaled by s is owned by the rank owning input cell o / s, so
 /// the output split is the input split times s. Nearest needs no communication; linear
-/// (PyTorch's align_corners=False, edges clamped) reads one ghost cell per side, filled by
-/// the halo exchange inside the field and by replicate padding at its edges; where one shard
-/// holds the whole field, the kernels read the input itself, clamped to its ends.
+/// (edges clamped; `coordinates` as in kernels/upsample.hpp: PyTorch's align_corners=False,
+/// align_corners=True, or ONNX's asymmetric) reads at most one ghost cell per side (each
+/// output's sources lie within a cell of o / s), filled by the halo exchange inside the field
+/// and by replicate padding at its edges; where one shard holds the whole field, the kernels
+/// read the input itself, clamped to its ends.
 template <class T>
 class Upsample : public Module<T> {
  public:
   Upsample(const Communicator& comm, std::vector<int> scale, UpsampleMode mode,
-           const std::string& name = "upsample");
+           const std::string& name = "upsample",
+           LinearCoordinates coordinates = LinearCoordinates::half_pixel);
   Variable<T> forward(const Variable<T>& input) override;
 
  private:
@@ -29,6 +32,7 @@ class Upsample : public Module<T> {
   std::array<int, max_spatial_dims> scale_{1, 1, 1};
   int ndims_;
   UpsampleMode mode_;
+  LinearCoordinates coordinates_;
   std::string name_, where_;
   std::shared_ptr<HaloPadding<T>> halo_;  // shared with backward closures  // linear mode
   std::optional<kernels::UpsamplePlan<T>> plan_;  // the last input's shape's tables

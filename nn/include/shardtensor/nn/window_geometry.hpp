@@ -14,24 +14,41 @@
 namespace shardtensor {
 
 /// Geometry of a windowed op (convolution, pooling) along the spatial axes: window size,
-/// stride, dilation and symmetric padding (unused axes: kernel 1, stride 1).
+/// stride, dilation and the padding before and after the field (unused axes: kernel 1,
+/// stride 1).
 struct WindowGeometry {
   int ndims = 0;
   std::array<int, max_spatial_dims> kernel{1, 1, 1}, stride{1, 1, 1}, dilation{1, 1, 1};
-  std::array<int, max_spatial_dims> padding{0, 0, 0};
+  std::array<int, max_spatial_dims> padding_lower{0, 0, 0}, padding_upper{0, 0, 0};
+  /// PyTorch's ceil_mode (pooling): a last window that only partly covers the padded field
+  /// still makes an output, unless it starts past the field and its lower padding.
+  bool ceil_mode = false;
 
-  /// Global output extent along `dim` for `input` cells.
+  /// Global output extent along `dim` for `input` cells (0 where no window fits).
   Index output_extent(int dim, Index input) const {
-    return (input + 2 * padding[dim] - dilation[dim] * (kernel[dim] - 1) - 1) / stride[dim] + 1;
+    const Index span = input + padding_lower[dim] + padding_upper[dim] -
+                       dilation[dim] * (kernel[dim] - 1) - 1;
+    if (span < 0) return 0;
+    if (!ceil_mode) return span / stride[dim] + 1;
+    Index outputs = (span + stride[dim] - 1) / stride[dim] + 1;
+    if ((outputs - 1) * stride[dim] >= input + padding_lower[dim]) --outputs;
+    return outputs;
   }
 
-  /// Ghost cells the padded input needs: `padding` below; above, whatever the windows of the
-  /// outputs anchored in this shard reach past its last cell (and the padding at the end).
+  /// Padding past the field's end that the last window may read: the upper padding, and with
+  /// ceil_mode up to stride - 1 cells of the last partial window.
+  int reach_past_end(int dim) const {
+    return padding_upper[dim] + (ceil_mode ? stride[dim] - 1 : 0);
+  }
+
+  /// Ghost cells the padded input needs: the lower padding below; above, whatever the windows
+  /// of the outputs anchored in this shard reach past its last cell (and past the field's end).
   GhostWidths input_ghosts() const {
     GhostWidths g;
     for (int d = 0; d < ndims; ++d) {
-      g.lower[d] = padding[d];
-      g.upper[d] = std::max({0, dilation[d] * (kernel[d] - 1) - padding[d], padding[d]});
+      g.lower[d] = padding_lower[d];
+      g.upper[d] =
+          std::max({0, dilation[d] * (kernel[d] - 1) - padding_lower[d], reach_past_end(d)});
     }
     return g;
   }
