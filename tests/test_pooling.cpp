@@ -219,4 +219,17 @@ TEST_CASE("Pool rejects bad options naming layer and values", "[pool][errors]") 
                     Contains("MaxPool2d 'w': a window of 90000 cells is more than max pooling's "
                              "65536"));
   CHECK_NOTHROW(Pool<float>(comm, pool(PoolKind::average, {300, 300}, {}, {}), "w"));
+  CHECK_THROWS_WITH(
+      Pool<float>(comm, asymmetric_pool(PoolKind::max, {3}, {2}, {1}, {2}, false), "after"),
+      Contains("MaxPool1d 'after': padding 2 along dim 0 exceeds half the window 3"));
+  PoolOptions wrapped = asymmetric_pool(PoolKind::max, {3}, {2}, {}, {}, true);
+  wrapped.padding_mode = PaddingMode::periodic;
+  CHECK_THROWS_WITH(Pool<float>(comm, wrapped, "c"),
+                    Contains("MaxPool1d 'c': ceil_mode needs zeros padding, not periodic"));
+  // A window larger than the padded field: no output, a clear error (not one output).
+  const Decomposition tiny({3}, {1});
+  const Communicator self(MPI_COMM_SELF);
+  Pool<float> wide(self, pool(PoolKind::max, {6}, {4}, {1}), "wide");
+  CHECK_THROWS_WITH(wide.forward(Variable<float>::field(ShardTensor<float>(tiny, 0, 1, 1))),
+                    Contains("input extent 3 along dim 0 is smaller than the kernel 6"));
 }
