@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "equivalence.hpp"
@@ -190,7 +191,13 @@ TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
       for (const Decomposition& d :
            test::test_decompositions(e.extents(), world.size(), {}, std::max<Index>(4, e.stride))) {
         INFO(name << " on " << d.describe());
-        const auto model = models::import_onnx<float>(e.path, world, model_shape(e));
+        // ConvNeXt's layer scale: an initializer that only multiplies the field, trained where
+        // listed (as ONNX Runtime's training takes it).
+        const std::vector<std::string> trained =
+            network.rfind("next2d", 0) == 0 ? std::vector<std::string>{"layer_scale"}
+                                            : std::vector<std::string>{};
+        const auto model =
+            models::import_onnx<float>(e.path, world, model_shape(e), "model", trained);
         if (training)
           model->train();
         else
@@ -213,7 +220,7 @@ TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
         auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gathered);
         CHECK(relative_difference(std::vector<double>(host.data(), host.data() + host.span()),
                                   input_grad) <= 1e-4);
-        std::size_t compared = 0;
+        std::size_t compared = 0, compared_trained = 0;
         for (const auto& [p, v] : model->named_parameters()) {
           const auto source = model->sources().find(p);
           if (!pytorch.count(p) || source == model->sources().end() || source->second != p)
@@ -223,8 +230,10 @@ TEST_CASE("an imported graph's gradients are PyTorch's", "[onnx]") {
           CHECK(relative_difference(std::vector<double>(g.data(), g.data() + g.extent(0)),
                                     pytorch.at(p), 1e-4 * parameter_scale) <= 1e-4);
           ++compared;
+          if (p == "layer_scale") ++compared_trained;
         }
         CHECK(compared >= 2);
+        CHECK(compared_trained == trained.size());
       }
     }
   }
@@ -261,9 +270,12 @@ TEST_CASE("an imported graph trains sharded as on one rank", "[onnx]") {
         "pads2d"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
+      const std::vector<std::string> trained =
+          name.rfind("next2d", 0) == 0 ? std::vector<std::string>{"layer_scale"}
+                                       : std::vector<std::string>{};
       const test::ModuleFactory<float> make = [&](const Communicator& comm) {
         return std::shared_ptr<Module<float>>(
-            models::import_onnx<float>(e.path, comm, model_shape(e)));
+            models::import_onnx<float>(e.path, comm, model_shape(e), "model", trained));
       };
       // Training mode: batch norm on the batch's statistics, global over the ranks.
       for (const Decomposition& d :
@@ -355,7 +367,12 @@ TEST_CASE("a graph exported back holds its parameters and computes what it compu
     DYNAMIC_SECTION(name) {
       Exported e = load(name.substr(0, name.find('.')));
       e.path = models_directory() + "/" + name + ".onnx";  // .train: weights under Transposes
-      const auto model = models::import_onnx<double>(e.path, world, model_shape(e));
+      // With the layer scale trained: a parameter of the graph itself, written back too.
+      const std::vector<std::string> trained =
+          name.rfind("next2d", 0) == 0 ? std::vector<std::string>{"*layer_scale"}
+                                       : std::vector<std::string>{};
+      const auto model =
+          models::import_onnx<double>(e.path, world, model_shape(e), "model", trained);
       int k = 0;
       for (const auto& [p, v] : model->named_parameters()) {
         auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v.data());
@@ -364,7 +381,8 @@ TEST_CASE("a graph exported back holds its parameters and computes what it compu
       }
       const std::string path = dir.path(name + ".exported.onnx");
       models::export_onnx(e.path, *model, path, world);
-      const auto again = models::import_onnx<double>(path, world, model_shape(e));
+      const auto again =
+          models::import_onnx<double>(path, world, model_shape(e), "model", trained);
       const auto p = model->named_parameters(), q = again->named_parameters();
       REQUIRE(p.size() == q.size());
       for (std::size_t i = 0; i < p.size(); ++i) {
@@ -394,6 +412,24 @@ TEST_CASE("the graph's parameters are the file's initializers, named as in PyTor
   std::vector<std::string> buffers;
   for (const auto& [name, b] : model->named_buffers()) buffers.push_back(name);
   CHECK(buffers == std::vector<std::string>{"bn.running_mean", "bn.running_var"});
+}
+
+TEST_CASE("a config's train_initializers makes those initializers parameters", "[onnx]") {
+  const Communicator world;
+  const Exported e = load("next2d");
+  const auto names_of = [&](const std::string& extra) {
+    const YAML::Node model = YAML::Load("{type: onnx, path: '" + e.path + "'" + extra + "}");
+    std::set<std::string> names;
+    for (const auto& [name, p] : models::build_model<float>(model, world, model_shape(e))
+                                     ->named_parameters())
+      names.insert(name);
+    return names;
+  };
+  const std::set<std::string> plain = names_of(""),
+                              trained = names_of(", train_initializers: ['layer_*']");
+  CHECK(!plain.count("layer_scale"));
+  CHECK(trained.count("layer_scale"));
+  CHECK(trained.size() == plain.size() + 1);
 }
 
 TEST_CASE("ONNX files that cannot be imported fail on every rank", "[onnx]") {
@@ -429,5 +465,16 @@ TEST_CASE("ONNX files that cannot be imported fail on every rank", "[onnx]") {
     models::ModelShape shape = model_shape(e);
     shape.dims = 3;
     fails_everywhere(e.path, shape, "of rank 4; the data's fields have 3 spatial axes");
+  }
+  SECTION("train_initializers naming no per-channel initializer") {
+    const Exported next = load("next2d");
+    const std::string message = test::error_message_of([&] {
+      models::import_onnx<float>(next.path, world, model_shape(next), "model",
+                                 {"layer_scale", "stem.weight_scale"});
+    });
+    INFO(message);
+    CHECK(test::ranks_with_error(message) == world.size());
+    CHECK_THAT(message, Catch::Contains("train_initializers: 'stem.weight_scale' matches no "
+                                        "initializer that multiplies or offsets a field"));
   }
 }

@@ -396,8 +396,11 @@ std::shared_ptr<Module<T>> build_model(const YAML::Node& model, const Communicat
   if (type == ModelType::fno) return std::make_shared<FNO<T>>(comm, fno_options(map, shape), key);
   if (type == ModelType::vit) return std::make_shared<ViT<T>>(comm, vit_options(map, shape), key);
   if (type == ModelType::onnx) {
-    map.require_map({"type", "path"});
-    return import_onnx<T>(map.require<std::string>("path"), comm, shape, key);
+    map.require_map({"type", "path", "train_initializers"});
+    std::vector<std::string> trained;
+    for (const ConfigNode& name : map.sequence("train_initializers"))
+      trained.push_back(name.as<std::string>());
+    return import_onnx<T>(map.require<std::string>("path"), comm, shape, key, trained);
   }
   map.require_map(sequential_keys);
   SequentialBuilder<T> builder(comm, shape, map.seed("seed", 1));

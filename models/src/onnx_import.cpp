@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <fnmatch.h>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -42,7 +43,8 @@ void export_onnx(const std::string& source, const Graph<T>&, const std::string&,
 
 template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator&,
-                                      const ModelShape&, const std::string& key) {
+                                      const ModelShape&, const std::string& key,
+                                      const std::vector<std::string>&) {
   SHARDTENSOR_FAIL("import_onnx", key << ": " << path
                                       << ": this build reads no ONNX files (it was configured "
                                          "without libonnx-dev; scripts/install-deps.sh installs "
@@ -266,8 +268,12 @@ template <class T>
 class Importer {
  public:
   Importer(const std::string& path, const Communicator& comm, const ModelShape& shape,
-           const std::string& key)
-      : path_(path), comm_(comm), shape_(shape), key_(key) {}
+           const std::string& key, const std::vector<std::string>& trained_initializers)
+      : path_(path),
+        comm_(comm),
+        shape_(shape),
+        key_(key),
+        trained_patterns_(trained_initializers) {}
 
   std::shared_ptr<Graph<T>> run() {
     read();
@@ -317,6 +323,14 @@ class Importer {
                                  "no layer ends)");
     graph_->set_output(output);
     graph_->restore_input_layout(comm_);
+    for (const std::string& pattern : trained_patterns_) {
+      bool matched = false;
+      for (const auto& [name, p] : trained_) matched = matched || listed(name, {pattern});
+      SHARDTENSOR_REQUIRE(matched, where,
+                          key_ << ": '" << path_ << "': train_initializers: '" << pattern
+                               << "' matches no initializer that multiplies or offsets a "
+                                  "field per channel (a Mul or Add of a field)");
+    }
     return graph_;
   }
 
@@ -1358,6 +1372,40 @@ class Importer {
     return true;
   }
 
+  /// Whether `name` matches one of `patterns` (shell wildcards: "*.layer_scale").
+  static bool listed(const std::string& name, const std::vector<std::string>& patterns) {
+    for (const std::string& p : patterns)
+      if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+    return false;
+  }
+
+  /// x * w or x + w for an initializer w listed in train_initializers (ConvNeXt's layer
+  /// scale): a parameter of the graph named as the initializer, one value per channel or one
+  /// for all, written back into it by `export`.
+  void trained_channel_parameter(const onnx::NodeProto& n, const std::string& x,
+                                 const std::string& initializer, const std::vector<double>& values) {
+    const std::string& op = n.op_type();
+    if (op != "Mul" && op != "Add")
+      refuse(n, "initializer '" + initializer + "' is listed in train_initializers; a trained "
+                "initializer multiplies (Mul) or offsets (Add) a field");
+    if (!fields_.count(x) || channels_last_.count(x))
+      refuse(n, "initializer '" + initializer + "' is listed in train_initializers; it meets '" +
+                    x + "', which is not a field with its channels first");
+    auto found = trained_.find(initializer);
+    if (found == trained_.end()) {
+      Variable<T> w = graph_->add_parameter(initializer, {Index(values.size())});
+      assign(n, w.data(), initializer, Tensor{{std::int64_t(values.size())}, values});
+      graph_->set_source(initializer, initializer);
+      found = trained_.emplace(initializer, w).first;
+    }
+    const Variable<T> w = found->second;
+    const Communicator comm = comm_;
+    const ChannelOp kind = op == "Mul" ? ChannelOp::multiply : ChannelOp::add;
+    add_step(n, {x}, [comm, kind, w](const std::vector<Variable<T>>& v) {
+      return channel_parameter(comm, kind, v[0], w);
+    });
+  }
+
   /// Clip to [0, 6] (ReLU6) or [0, inf) (ReLU): the bounds as inputs (opset 11+) or attributes.
   void clip(const onnx::NodeProto& n) {
     constexpr double unbounded = std::numeric_limits<double>::infinity();
@@ -1384,6 +1432,8 @@ class Importer {
       // The channels are the last axis of a channels-last value and of a flattened vector.
       const bool last = channels_last_.count(x) || (vectors_.count(x) && !vectors_.at(x));
       if (!channel_constant(n.input(side), c, last)) continue;
+      if (initializers_.count(n.input(side)) && listed(n.input(side), trained_patterns_))
+        return trained_channel_parameter(n, x, n.input(side), c);
       if (op == "Pow" || op == "Min" || op == "Max") {
         // x^p, max(x, c), min(x, c): elementwise functions of a constant scalar.
         if (c.size() != 1) refuse(n, "a per-channel constant; a scalar is supported");
@@ -1964,6 +2014,8 @@ class Importer {
   std::vector<bool> absorbed_;
   std::map<std::string, PaddedField> padded_;
   std::set<std::string> initializers_;  // the graph's initializers' names
+  std::vector<std::string> trained_patterns_;        // train_initializers
+  std::map<std::string, Variable<T>> trained_;        // initializer -> the parameter it became
   std::map<int, GeluPattern> gelus_;
   std::map<int, GroupNormPattern> group_norms_;
   std::map<int, LayerNormPattern> layer_norms_;
@@ -2006,8 +2058,9 @@ OnnxSignature onnx_signature(const std::string& path, const Communicator& comm) 
 
 template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator& comm,
-                                      const ModelShape& shape, const std::string& key) {
-  return Importer<T>(path, comm, shape, key).run();
+                                      const ModelShape& shape, const std::string& key,
+                                      const std::vector<std::string>& trained_initializers) {
+  return Importer<T>(path, comm, shape, key, trained_initializers).run();
 }
 
 namespace {
@@ -2108,10 +2161,11 @@ template void export_onnx<float>(const std::string&, const Graph<float>&, const 
                                  const Communicator&);
 template void export_onnx<double>(const std::string&, const Graph<double>&, const std::string&,
                                   const Communicator&);
-template std::shared_ptr<Graph<float>> import_onnx<float>(const std::string&, const Communicator&,
-                                                          const ModelShape&, const std::string&);
-template std::shared_ptr<Graph<double>> import_onnx<double>(const std::string&,
-                                                            const Communicator&, const ModelShape&,
-                                                            const std::string&);
+template std::shared_ptr<Graph<float>> import_onnx<float>(
+    const std::string&, const Communicator&, const ModelShape&, const std::string&,
+    const std::vector<std::string>&);
+template std::shared_ptr<Graph<double>> import_onnx<double>(
+    const std::string&, const Communicator&, const ModelShape&, const std::string&,
+    const std::vector<std::string>&);
 
 }  // namespace shardtensor::models

@@ -5,6 +5,7 @@
 #include "shardtensor/nn/across_channels.hpp"
 #include "shardtensor/nn/broadcast_binary.hpp"
 #include "shardtensor/nn/channel_affine.hpp"
+#include "shardtensor/nn/channel_parameter.hpp"
 #include "shardtensor/nn/concat.hpp"
 #include "shardtensor/nn/conv.hpp"
 #include "shardtensor/nn/conv_transpose.hpp"

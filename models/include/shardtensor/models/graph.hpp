@@ -59,6 +59,13 @@ class Graph : public Module<T> {
     return child;
   }
 
+  /// A parameter of the graph itself, named `name` (an imported file's initializer that
+  /// trains outside any layer, e.g. "features.1.0.layer_scale"), zero-filled: the caller
+  /// writes its values.
+  Variable<T> add_parameter(const std::string& name, std::vector<Index> shape) {
+    return this->register_parameter(name, std::move(shape), 0.0, 0);
+  }
+
   /// The value forward returns.
   void set_output(const std::string& name) {
     const auto found = values_.find(name);

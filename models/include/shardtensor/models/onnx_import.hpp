@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/models/builder.hpp"
@@ -31,9 +32,17 @@ OnnxSignature onnx_signature(const std::string& path, const Communicator& comm);
 /// reads the file; a file that cannot be read, fails ONNX's checker or holds an operator,
 /// attribute or pattern that has no sharded equivalent throws Error on every rank, naming the
 /// node, its op type and what is not supported. `key` names the model in messages.
+///
+/// The weights of convs, norms, Linear layers and PReLU train. An initializer that only
+/// multiplies or offsets a field per channel (ConvNeXt's layer scale, an input normalisation's
+/// buffer) is a constant unless `trained_initializers` lists it (names or shell wildcards,
+/// "*.layer_scale"): ONNX does not say which initializers were parameters (ONNX Runtime's
+/// training takes the same list). A listed one becomes a parameter of the graph named as the
+/// initializer; a pattern that matches none is an error.
 template <class T>
 std::shared_ptr<Graph<T>> import_onnx(const std::string& path, const Communicator& comm,
-                                      const ModelShape& shape, const std::string& key = "model");
+                                      const ModelShape& shape, const std::string& key = "model",
+                                      const std::vector<std::string>& trained_initializers = {});
 
 /// Writes the ONNX file at `source` (the one `graph` was imported from) to `output` with the
 /// graph's current parameters and buffers in place of the initializers they came from: the
@@ -48,13 +57,11 @@ extern template void export_onnx<float>(const std::string&, const Graph<float>&,
 extern template void export_onnx<double>(const std::string&, const Graph<double>&,
                                          const std::string&, const Communicator&);
 
-extern template std::shared_ptr<Graph<float>> import_onnx<float>(const std::string&,
-                                                                 const Communicator&,
-                                                                 const ModelShape&,
-                                                                 const std::string&);
-extern template std::shared_ptr<Graph<double>> import_onnx<double>(const std::string&,
-                                                                   const Communicator&,
-                                                                   const ModelShape&,
-                                                                   const std::string&);
+extern template std::shared_ptr<Graph<float>> import_onnx<float>(
+    const std::string&, const Communicator&, const ModelShape&, const std::string&,
+    const std::vector<std::string>&);
+extern template std::shared_ptr<Graph<double>> import_onnx<double>(
+    const std::string&, const Communicator&, const ModelShape&, const std::string&,
+    const std::vector<std::string>&);
 
 }  // namespace shardtensor::models
