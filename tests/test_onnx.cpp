@@ -243,12 +243,13 @@ TEST_CASE("torchvision's networks run sharded as PyTorch computes them", "[onnx]
   // Classification (ResNet-18: global pooling and a linear head; MobileNetV3: squeeze-and-
   // excitation), video (R3D-18) and segmentation (FCN-ResNet50: dilated stages, a resize to
   // the input's size; LR-ASPP: a pooled branch gating the field; SqueezeNet and GoogLeNet:
-  // ceil_mode max pooling), random weights, split along the last axis into parts that keep a
+  // ceil_mode max pooling; ShuffleNetV2: channel splits and shuffles), random weights, split along the last axis into parts that keep a
   // cell at the coarsest stage.
   const Communicator world;
   for (const std::string name :
        {"tv_resnet18", "tv_r3d_18", "tv_fcn_resnet50", "tv_mobilenet_v3_small",
-        "tv_lraspp_mobilenet", "tv_convnext_tiny", "tv_squeezenet1_1", "tv_googlenet"}) {
+        "tv_lraspp_mobilenet", "tv_convnext_tiny", "tv_squeezenet1_1", "tv_googlenet",
+        "tv_shufflenet_v2_x0_5"}) {
     DYNAMIC_SECTION(name) {
       const Exported e = load(name);
       std::vector<int> grid(e.dims(), 1);

@@ -275,6 +275,10 @@ def torchvision_models():
         ("tv_squeezenet1_1", lambda: tv.squeezenet1_1(num_classes=10), (1, 3, 64, 256), 13, 64),
         # Inception blocks (four branches concatenated), ceil_mode max pooling with and without
         # padding.
+        # Channel split (Slices of the channels), concatenation and channel shuffle (Reshape,
+        # Transpose, Reshape of the channels).
+        ("tv_shufflenet_v2_x0_5", lambda: tv.shufflenet_v2_x0_5(num_classes=10),
+         (1, 3, 64, 256), 13, 64),
         ("tv_googlenet",
          lambda: tv.googlenet(num_classes=10, aux_logits=False, init_weights=False),
          (1, 3, 64, 256), 13, 64),

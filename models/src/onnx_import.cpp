@@ -242,9 +242,27 @@ struct WindowPads {
 /// One entry of a shape computation's value: a number, or an axis of a field's shape
 /// (`field` names it), known only when the field is there.
 struct Dim {
+  Dim() = default;
+  Dim(std::int64_t v, std::string f, int a) : value(v), field(std::move(f)), axis(a) {}
+
   std::int64_t value = 0;
   std::string field;
   int axis = 0;
+  /// Integer arithmetic on the field's extent, in order ('+', '-', '*', '/': x.size(1) // 2 as
+  /// torch.chunk writes it); empty for the extent itself.
+  std::vector<std::pair<char, std::int64_t>> ops;
+
+  static std::int64_t apply(char op, std::int64_t a, std::int64_t b) {
+    return op == '+' ? a + b : op == '-' ? a - b : op == '*' ? a * b : a / b;
+  }
+  /// The value, for a field whose extent along `axis` is `extent`.
+  std::int64_t resolve(std::int64_t extent) const {
+    std::int64_t v = field.empty() ? value : extent;
+    for (const auto& [op, k] : ops) v = apply(op, v, k);
+    return v;
+  }
+  /// An extent of `f` along `a` itself, no arithmetic.
+  bool is_extent(const std::string& f, int a) const { return field == f && axis == a && ops.empty(); }
 };
 
 /// The exporter's decompositions recognised as one layer.
@@ -255,6 +273,12 @@ struct GroupNormPattern {
   std::string input, weight, bias;  // weight and bias: constants ("" if absent)
   int groups = 1;
   double eps = 1e-5;
+};
+/// Reshape-Transpose-Reshape that shuffles each cell's channels (ShuffleNet's channel_shuffle).
+struct ShufflePattern {
+  std::string input;
+  std::int64_t groups = 1;
+  std::int64_t per_group = 0;  // C / groups where the file fixed it, else 0
 };
 /// ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div-Mul-Add: PyTorch's LayerNorm below opset 17
 /// (over the last axis of a channels-last value) or its channels-first form (axis 1).
@@ -787,6 +811,24 @@ class Importer {
         if (shapes_.count(in)) return true;
       return false;
     }
+    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+      // Integer arithmetic of a shape and a constant (torch.chunk's x.size(1) // 2).
+      const bool shape_first = shapes_.count(n.input(0)) > 0;
+      const std::string& other = n.input(shape_first ? 1 : 0);
+      if (n.input_size() != 2 || (!shape_first && !shapes_.count(n.input(1)))) return false;
+      if (!shape_first && (op == "Sub" || op == "Div")) return false;
+      const Tensor* c = constant(other);
+      if (!c || c->size() != 1 || c->values[0] != std::floor(c->values[0])) return false;
+      const std::int64_t k = std::int64_t(c->values[0]);
+      if (op == "Div" && k == 0) return false;
+      const char symbol = op == "Add" ? '+' : op == "Sub" ? '-' : op == "Mul" ? '*' : '/';
+      shape_value(n.input(shape_first ? 0 : 1), out);
+      for (Dim& d : out) {
+        if (d.field.empty()) d.value = Dim::apply(symbol, d.value, k);
+        else d.ops.emplace_back(symbol, k);
+      }
+      return true;
+    }
     if (op == "Slice") {
       if (!shapes_.count(n.input(0)) || !shape_value(n.input(0), a) || n.input_size() < 3)
         return false;
@@ -819,7 +861,69 @@ class Importer {
       if (n.op_type() == "Erf") gelu(i);
       if (n.op_type() == "InstanceNormalization") group_norm(i);
       if (n.op_type() == "ReduceMean") layer_norm(i);
+      if (n.op_type() == "Transpose") channel_shuffle_pattern(i);
     }
+  }
+
+  /// x.view(N, g, C / g, spatial...).transpose(1, 2).reshape(N, -1, spatial...): ShuffleNet's
+  /// channel_shuffle, a permutation of each cell's channels (no spatial axis moves). The
+  /// split's shape may hold C / g as a computation the folding leaves (a Div of x's shape):
+  /// the other entries fix it, ONNX's Reshape keeping the count of values.
+  void channel_shuffle_pattern(int index) {
+    const onnx::NodeProto& t = model_.graph().node(index);
+    const int rank = shape_.dims + 2;
+    std::vector<std::int64_t> perm{0, 2, 1};
+    for (int a = 3; a <= rank; ++a) perm.push_back(a);
+    if (ints(t, "perm") != perm) return;
+    const onnx::NodeProto* split = made_by(t.input(0), "Reshape");
+    const onnx::NodeProto* merge = reader(t.output(0), "Reshape");
+    if (!split || !merge || uses(t.output(0)) != 1 || merge->input(0) != t.output(0)) return;
+    const std::string& x = split->input(0);
+    const auto axis_of_x = [&](const Dim& d, int axis) { return d.is_extent(x, axis); };
+    std::vector<Dim> to, back;
+    if (!shape_value(split->input(1), to)) {
+      const onnx::NodeProto* pieces = made_by(split->input(1), "Concat");
+      if (!pieces || pieces->input_size() != rank + 1) return;
+      to.clear();
+      for (int k = 0; k <= rank; ++k) {
+        std::vector<Dim> piece;
+        if (shape_value(pieces->input(k), piece) && piece.size() == 1) to.push_back(piece[0]);
+        else if (k == 2) to.push_back(Dim{-1, "", 0});  // C / g, computed
+        else return;
+      }
+    }
+    if (int(to.size()) != rank + 1 || !shape_value(merge->input(1), back) || int(back.size()) != rank)
+      return;
+    // C / g: a number, C's arithmetic, or computed beyond folding.
+    if (!(axis_of_x(to[0], 0) || (to[0].field.empty() && to[0].value == 0)) || !to[1].field.empty() ||
+        to[1].value < 1 || !(to[2].field.empty() || (to[2].field == x && to[2].axis == 1)))
+      return;
+    if (!(axis_of_x(back[0], 0) || (back[0].field.empty() && back[0].value == 0))) return;
+    if (!(axis_of_x(back[1], 1) || back[1].field.empty())) return;
+    for (int a = 2; a < rank; ++a)
+      if (!axis_of_x(to[a + 1], a) || !axis_of_x(back[a], a)) return;
+    shuffles_[producer_index(merge->output(0))] =
+        ShufflePattern{x, to[1].value, to[2].field.empty() && to[2].value > 0 ? to[2].value : 0};
+    absorbed_[producer_index(t.input(0))] = true;
+    absorbed_[index] = true;
+    absorb_shape_computation(split->input(1));
+    absorb_shape_computation(merge->input(1));
+  }
+
+  /// The nodes that compute the shape `value` and nothing else (what the folding left, e.g. a
+  /// Div of a field's shape), absorbed with the pattern that read it. Stops at Shape nodes
+  /// (their input is a field) and at values read elsewhere.
+  void absorb_shape_computation(const std::string& value) {
+    static const std::set<std::string> shape_ops{"Concat", "Unsqueeze", "Squeeze", "Cast", "Div",
+                                                 "Mul", "Add", "Sub", "Gather", "Slice",
+                                                 "Shape", "Constant", "Identity"};
+    const int i = producer_index(value);
+    if (i < 0 || absorbed_[i] || uses(value) != 1) return;
+    const onnx::NodeProto& p = model_.graph().node(i);
+    if (!shape_ops.count(p.op_type())) return;
+    absorbed_[i] = true;
+    if (p.op_type() != "Shape")
+      for (const auto& in : p.input()) absorb_shape_computation(in);
   }
 
   /// The reader of `value` with op type `op` (the first), if any.
@@ -1015,11 +1119,28 @@ class Importer {
 
   // ---- operators -------------------------------------------------------------------------
 
+  void emit_channel_shuffle(const onnx::NodeProto& n, const ShufflePattern& p) {
+    if (!fields_.count(p.input) || channels_last_.count(p.input))
+      refuse(n, "the channel shuffle of '" + p.input + "', which is not a field with its channels first");
+    const std::string what = key_ + ": '" + path_ + "': node '" + n.name() + "' (Reshape)";
+    add_step(n, {p.input}, [p, what](const std::vector<Variable<T>>& v) {
+      const Index channels = v[0].value().channels();
+      SHARDTENSOR_REQUIRE(channels % p.groups == 0 &&
+                              (p.per_group == 0 || p.per_group * p.groups == channels),
+                          where,
+                          what << ": shuffles " << channels << " channels as " << p.groups
+                               << " groups" << (p.per_group ? " of " + std::to_string(p.per_group) : "")
+                               << " (sizes fixed at export)");
+      return channel_shuffle(v[0], Index(p.groups));
+    });
+  }
+
   void convert(int index) {
     const onnx::NodeProto& n = model_.graph().node(index);
     const std::string& op = n.op_type();
     if (gelus_.count(index)) return activation(n, gelus_.at(index).input, Activation::gelu);
     if (group_norms_.count(index)) return emit_group_norm(n, group_norms_.at(index));
+    if (shuffles_.count(index)) return emit_channel_shuffle(n, shuffles_.at(index));
     if (layer_norms_.count(index)) {
       const LayerNormPattern& p = layer_norms_.at(index);
       return emit_layer_norm(n, p.input, p.axes, p.weight, p.bias, p.eps);
@@ -1557,23 +1678,43 @@ class Importer {
   void slice(const onnx::NodeProto& n) {
     const std::string x = field_input(n);
     if (n.input_size() < 3) refuse(n, "starts and ends are missing (opset 10 or later is read)");
-    const Tensor *starts = constant(n.input(1)), *ends = constant(n.input(2));
     const Tensor* axes = n.input_size() > 3 && !n.input(3).empty() ? constant(n.input(3)) : nullptr;
     const Tensor* steps = n.input_size() > 4 && !n.input(4).empty() ? constant(n.input(4)) : nullptr;
-    if (!starts || !ends || (n.input_size() > 3 && !n.input(3).empty() && !axes) ||
+    // Starts and ends: constants, or computed from the sliced field's channel count (torch.chunk
+    // writes x.size(1) // 2 and its multiples).
+    const auto bounds = [&](int i) {
+      std::vector<Dim> out;
+      if (const Tensor* t = constant(n.input(i))) {
+        constexpr double whole = double(std::int64_t(1) << 40);  // "to the end", as exporters write it
+        for (const double v : t->values)
+          out.push_back(Dim{v >= whole ? std::numeric_limits<std::int64_t>::max()
+                                       : std::int64_t(std::max(v, -whole)),
+                            "", 0});
+      } else if (!shape_value(n.input(i), out)) {
+        refuse(n, "starts and ends must be constants or computed from the channel count");
+      }
+      for (const Dim& d : out)
+        if (!d.field.empty() && !(d.field == x && d.axis == 1))
+          refuse(n, "starts or ends computed from the shape of '" + d.field + "' (axis " +
+                        std::to_string(d.axis) + "); the sliced field's channel count is read");
+      return out;
+    };
+    if ((n.input_size() > 3 && !n.input(3).empty() && !axes) ||
         (n.input_size() > 4 && !n.input(4).empty() && !steps))
-      refuse(n, "starts, ends, axes and steps must be constants");
-    constexpr double whole = double(std::int64_t(1) << 40);  // "to the end" as exporters write it
-    std::int64_t begin = 0, end = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t k = 0; k < starts->size(); ++k) {
+      refuse(n, "axes and steps must be constants");
+    const std::vector<Dim> starts = bounds(1), ends = bounds(2);
+    if (starts.size() != ends.size()) refuse(n, "starts and ends differ in length");
+    Dim begin{0, "", 0}, end{std::numeric_limits<std::int64_t>::max(), "", 0};
+    for (std::size_t k = 0; k < starts.size(); ++k) {
       const int axis = spatial_axis(n, axes ? std::int64_t(axes->values[k]) : std::int64_t(k));
       if (steps && steps->values[k] != 1) refuse(n, "a step other than 1");
-      const double s = starts->values[k], e = ends->values[k];
       if (axis == 1) {
-        begin = std::int64_t(s), end = e >= whole ? end : std::int64_t(e);
+        begin = starts[k], end = ends[k];
         continue;
       }
-      if (s == 0 && e >= whole) continue;  // the whole axis
+      if (starts[k].field.empty() && starts[k].value == 0 && ends[k].field.empty() &&
+          ends[k].value == std::numeric_limits<std::int64_t>::max())
+        continue;  // the whole axis
       refuse(n, axis == 0 ? std::string("a slice of the batch")
                           : "a slice of spatial axis " + std::to_string(axis - 2) +
                                 " (a crop of a sharded axis) is not supported");
@@ -1585,10 +1726,11 @@ class Importer {
         if (i < 0) i += channels;
         return std::max<std::int64_t>(0, std::min(i, channels));
       };
-      const std::int64_t from = clamp(begin), to = clamp(end);
+      const std::int64_t from = clamp(begin.resolve(channels)), to = clamp(end.resolve(channels));
       SHARDTENSOR_REQUIRE(to > from, where,
-                          where_text << ": keeps no channel of " << channels << " (from " << begin
-                                     << " to " << end << ")");
+                          where_text << ": keeps no channel of " << channels << " (from "
+                                     << begin.resolve(channels) << " to " << end.resolve(channels)
+                                     << ")");
       return slice_channels(v[0], Index(from), Index(to - from));
     });
   }
@@ -1705,6 +1847,10 @@ class Importer {
       // fixed at export: the factor follows from the fields that arrive and must be an integer.
       if (int(sizes.size()) != shape_.dims + 2)
         refuse(n, "sizes has " + std::to_string(sizes.size()) + " entries");
+      for (const Dim& size : sizes)
+        if (!size.ops.empty())
+          refuse(n, "sizes computed by arithmetic on a shape are not supported (x.shape[-2:] or "
+                    "numbers are)");
       for (int a = 0; a < 2; ++a)
         if (!sizes[a].field.empty() && sizes[a].axis != a)
           refuse(n, "sizes must keep the batch and channel axes");
@@ -1777,7 +1923,7 @@ class Importer {
         fixed.push_back(Index(sizes[a].value));
         continue;
       }
-      if (sizes[a].field != field || sizes[a].axis != a)
+      if (!sizes[a].is_extent(field, a))
         refuse(n, "resizes a pooled vector to sizes that are not one field's spatial extents");
     }
     if (!fixed.empty()) {
@@ -2018,6 +2164,7 @@ class Importer {
   std::map<std::string, Variable<T>> trained_;        // initializer -> the parameter it became
   std::map<int, GeluPattern> gelus_;
   std::map<int, GroupNormPattern> group_norms_;
+  std::map<int, ShufflePattern> shuffles_;
   std::map<int, LayerNormPattern> layer_norms_;
   /// Values ONNX sees as (N, spatial..., C) (after a Transpose moved the channels last),
   /// computed as (N, C, spatial...) fields or pooled vectors as usual.

@@ -1,7 +1,8 @@
 #pragma once
 // Ops across the channels of each cell: a reduction to one channel (ONNX's ReduceMean over
 // axis 1 and kin), softmax and log-softmax over the channels (a segmentation's class
-// probabilities), a range of channels (Split). Every cell depends on itself only: no
+// probabilities), a range of channels (Split), a shuffle of the channels (ShuffleNet's). Every
+// cell depends on itself only: no
 // communication, sharded == single-rank cell by cell.
 
 #include <Kokkos_Core.hpp>
@@ -36,6 +37,15 @@ struct ChannelRange {
   KOKKOS_INLINE_FUNCTION Index operator()(Index i) const {
     const Index n = i / (count * cells), k = i / cells % count;
     return (n * channels + begin + k) * cells + i % cells;
+  }
+};
+
+/// The index in x of y's value i, where y's channel a g + b is x's channel b (C / g) + a.
+struct ChannelShuffle {
+  Index groups, channels, cells;
+  KOKKOS_INLINE_FUNCTION Index operator()(Index i) const {
+    const Index n = i / (channels * cells), j = i / cells % channels;
+    return (n * channels + j % groups * (channels / groups) + j / groups) * cells + i % cells;
   }
 };
 
@@ -165,6 +175,40 @@ Variable<T> slice_channels(const Variable<T>& input, Index begin, Index count) {
       T* gx = in->grad_field().view().data();
       Kokkos::parallel_for(
           "slice_channels_backward", size, KOKKOS_LAMBDA(const Index i) { gx[source(i)] += gy[i]; });
+    };
+  }
+  return Variable<T>(node);
+}
+
+/// PyTorch's nn.ChannelShuffle(groups), ShuffleNet's channel_shuffle: the channels viewed as
+/// (groups, C / groups), transposed and flattened, so output channel a * groups + b is input
+/// channel b * (C / groups) + a. A permutation: its gradient is the inverse one.
+template <class T>
+Variable<T> channel_shuffle(const Variable<T>& input, Index groups) {
+  impl::require_field(input, "channel_shuffle");
+  const ShardTensor<T>& x = input.value();
+  SHARDTENSOR_REQUIRE(groups >= 1 && x.channels() % groups == 0, "channel_shuffle",
+                      groups << " groups for the " << x.channels() << " channels of '"
+                             << input.name() << "': the groups must divide the channels");
+  const impl::ChannelLines<T> lines(x);
+  ShardTensor<T> y = impl::field_like(x, "channel_shuffle");
+  const impl::ChannelShuffle source{groups, lines.channels, lines.cells};
+  const T* xv = x.view().data();
+  T* yv = y.view().data();
+  Kokkos::parallel_for(
+      "channel_shuffle", Index(y.view().span()),
+      KOKKOS_LAMBDA(const Index i) { yv[i] = xv[source(i)]; });
+  auto node = make_result_node<T>("channel_shuffle", {input.node()});
+  node->field = y;
+  if (node->requires_grad) {
+    auto in = input.node();
+    const Index size = Index(y.view().span());
+    node->backward = [in, source, size](impl::Node<T>& self) {
+      const T* gy = self.grad_field().view().data();
+      T* gx = in->grad_field().view().data();
+      Kokkos::parallel_for(
+          "channel_shuffle_backward", size,
+          KOKKOS_LAMBDA(const Index i) { gx[source(i)] += gy[i]; });
     };
   }
   return Variable<T>(node);
