@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "equivalence.hpp"
 
@@ -73,6 +74,29 @@ test::LossFunction<T> loss_against_target(int which) {
   };
 }
 
+/// conv -> times a trained value per channel -> channel shuffle (2 groups) -> plus one
+/// trained value: an imported graph's layer scale and ShuffleNet's shuffle.
+template <class T>
+class ScaledShuffle : public Module<T> {
+ public:
+  explicit ScaledShuffle(const Communicator& comm) : comm_(comm) {
+    conv_ = std::make_shared<Conv<T>>(comm, conv3x3(2, 4, 3), "conv");
+    this->register_module("conv", conv_);
+    scale_ = this->register_parameter("scale", {4}, 1.0, 11);
+    offset_ = this->register_parameter("offset", {1}, 1.0, 12);
+  }
+  Variable<T> forward(const Variable<T>& x) override {
+    const Variable<T> scaled =
+        channel_parameter(comm_, ChannelOp::multiply, conv_->forward(x), scale_);
+    return channel_parameter(comm_, ChannelOp::add, channel_shuffle(scaled, 2), offset_);
+  }
+
+ private:
+  Communicator comm_;
+  std::shared_ptr<Conv<T>> conv_;
+  Variable<T> scale_, offset_;
+};
+
 const std::vector<Activation> all_activations{Activation::relu, Activation::leaky_relu,
                                               Activation::gelu, Activation::silu,
                                               Activation::tanh, Activation::sigmoid};
@@ -87,6 +111,39 @@ TEMPLATE_TEST_CASE("activations, skips and shared layers: sharded equals one ran
          test::test_decompositions(extents, test::world_size(), {false, false}, 2))
       test::check_equivalence<TestType>(block_factory<TestType>(kind), d, 2, 2);
   }
+}
+
+TEMPLATE_TEST_CASE("trained per-channel factors and a channel shuffle: sharded equals one rank",
+                   "[pointwise][equivalence]", float, double) {
+  const test::ModuleFactory<TestType> make = [](const Communicator& comm) {
+    return std::make_shared<ScaledShuffle<TestType>>(comm);
+  };
+  for (const Decomposition& d :
+       test::test_decompositions(extents, test::world_size(), {false, false}, 2))
+    test::check_equivalence<TestType>(make, d, 2, 2);
+  const auto ds = test::test_decompositions(extents, test::world_size(), {false, false}, 2);
+  if (std::is_same<TestType, double>::value && !ds.empty())
+    test::check_gradients_by_finite_differences(
+        test::ModuleFactory<double>([](const Communicator& comm) {
+          return std::make_shared<ScaledShuffle<double>>(comm);
+        }),
+        ds.back(), 1, 2);
+}
+
+TEST_CASE("channel_shuffle moves channel b (C / g) + a to a g + b, as nn.ChannelShuffle", "[pointwise]") {
+  const Communicator self(MPI_COMM_SELF);
+  ShardTensor<double> x(Decomposition({2}, {1}), 0, 1, 6);
+  test::fill(x, [](Index, Index c, const SpatialIndex&, const SpatialIndex& g) {
+    return double(10 * c + g[0]);
+  });
+  const auto y = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), channel_shuffle(Variable<double>::field(x), 3).value().view());
+  // torch.nn.ChannelShuffle(3) of channels 0..5: 0, 2, 4, 1, 3, 5.
+  const int expected[6] = {0, 2, 4, 1, 3, 5};
+  for (int c = 0; c < 6; ++c)
+    for (int i = 0; i < 2; ++i) CHECK(y(0, c, i, 0, 0) == double(10 * expected[c] + i));
+  CHECK_THROWS_WITH(channel_shuffle(Variable<double>::field(x), 4),
+                    Contains("4 groups for the 6 channels"));
 }
 
 TEST_CASE("an activation handed over without a graph writes over its input, and only then",
