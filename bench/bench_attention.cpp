@@ -56,8 +56,8 @@
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
-#include "shardtensor/nn.hpp"
-#include "shardtensor/nn/ring_attention.hpp"
+#include "shardtensor/layers.hpp"
+#include "shardtensor/layers/ring_attention.hpp"
 
 using namespace shardtensor;
 using namespace shardtensor::bench;

@@ -62,7 +62,7 @@
 #include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/kernels/conv_library.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 using namespace shardtensor;
 using namespace shardtensor::bench;

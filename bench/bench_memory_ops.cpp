@@ -27,7 +27,7 @@
 #include "shardtensor/core/allocation_cache.hpp"
 #include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/random.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 using namespace shardtensor;
 using namespace shardtensor::bench;

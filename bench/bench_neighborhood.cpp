@@ -1,4 +1,4 @@
-// bench_neighborhood: neighbourhood attention (nn/neighborhood_attention.hpp) on a 2-D field
+// bench_neighborhood: neighbourhood attention (layers/neighborhood_attention.hpp) on a 2-D field
 // split over all ranks: forward, and forward + backward, against OpenBLAS sgemm measured in
 // the same run.
 //
@@ -27,7 +27,7 @@
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/host_blas.hpp"
 #include "shardtensor/core/random.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 using namespace shardtensor;
 using namespace shardtensor::bench;

@@ -10,7 +10,7 @@ cd "$root" || exit 2
 
 # The library's folders and the programs beside it (build trees and third-party code are not
 # the house's).
-library=(core comm io config kernels autograd nn optim data spectral models train embed capi apps)
+library=(core comm io config kernels autograd layers optim data spectral models train embed capi apps)
 programs=(tests examples bench)
 failed=0
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <sstream>
 
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 #include "test_support.hpp"
 
 namespace shardtensor::test {

@@ -42,7 +42,7 @@ restore_manifest
 echo "installed $(grep -c '^-- \(Installing\|Up-to-date\)' "$work/install.log") files into $prefix"
 
 begin "installed files"
-for f in include/shardtensor/core.hpp include/shardtensor/comm.hpp include/shardtensor/nn.hpp \
+for f in include/shardtensor/core.hpp include/shardtensor/comm.hpp include/shardtensor/layers.hpp \
          include/shardtensor/optim.hpp include/shardtensor/kernels/conv.hpp \
          include/shardtensor/io.hpp include/shardtensor/models.hpp \
          include/shardtensor/train/trainer.hpp bin/shardtensor; do

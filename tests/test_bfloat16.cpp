@@ -16,7 +16,7 @@
 #include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/kernels/bfloat16_rounding.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
-#include "shardtensor/nn/saved_field.hpp"
+#include "shardtensor/layers/saved_field.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;

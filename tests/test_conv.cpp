@@ -14,7 +14,7 @@
 #include "shardtensor/kernels/conv_library.hpp"
 #include "shardtensor/kernels/timed_choice.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
-#include "shardtensor/nn/concat.hpp"
+#include "shardtensor/layers/concat.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "equivalence.hpp"
-#include "shardtensor/nn/loss.hpp"
-#include "shardtensor/nn/pointwise.hpp"
-#include "shardtensor/nn/redistribute_field.hpp"
+#include "shardtensor/layers/loss.hpp"
+#include "shardtensor/layers/pointwise.hpp"
+#include "shardtensor/layers/redistribute_field.hpp"
 #include "test_support.hpp"
 
 using namespace shardtensor;

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "equivalence.hpp"
-#include "shardtensor/nn/conv.hpp"
+#include "shardtensor/layers/conv.hpp"
 
 using namespace shardtensor;
 using Catch::Matchers::Contains;

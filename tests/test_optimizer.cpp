@@ -12,7 +12,7 @@
 
 #include "shardtensor/core/kernel_counter.hpp"
 #include "shardtensor/core/random.hpp"
-#include "shardtensor/nn/module.hpp"
+#include "shardtensor/layers/module.hpp"
 #include "shardtensor/optim/grad_clip.hpp"
 #include "shardtensor/optim/lr_schedule.hpp"
 #include "shardtensor/optim/optimizer.hpp"

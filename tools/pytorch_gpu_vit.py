@@ -8,7 +8,7 @@ random values, with the same layers, parameter names and parameter count:
     patch_embed.proj   Conv2d(in, E, kernel patch + 2 overlap, stride patch) on the field padded
                        by `overlap` cells (periodic axes wrap, open axes pad as model.padding says)
     position           sin-cos of the global token coordinates (no parameters; docs in
-                       nn/include/shardtensor/nn/positional_embedding.hpp), or a learned table
+                       layers/include/shardtensor/layers/positional_embedding.hpp), or a learned table
     per block l        x = x + attention{l}(norm{l}a(x))
                        x = x + mlp{l}_out(act(mlp{l}_in(norm{l}b(x))))
                        norms: LayerNorm(E), eps 1e-5; attention: q, k (no bias), v, out Linear(E, E)
@@ -479,7 +479,7 @@ class FlexAttention:
 
 
 def reference_attention(q, k, v, win):
-    """Brute force in the C++ kernel's terms (nn/src/neighborhood_attention.cpp, plan_geometry):
+    """Brute force in the C++ kernel's terms (layers/src/neighborhood_attention.cpp, plan_geometry):
     per axis and query coordinate x, window positions o in [first, last) (all of them along a
     periodic axis), key x + dilation (o - below), wrapped on periodic axes."""
     n, h, length, d = q.shape

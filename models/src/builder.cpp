@@ -12,7 +12,7 @@
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
 #include "shardtensor/models/vit.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 namespace shardtensor::models {
 

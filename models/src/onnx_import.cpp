@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "shardtensor/core/error.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 #ifdef SHARDTENSOR_HAVE_ONNX
 #include <google/protobuf/io/coded_stream.h>
@@ -1542,7 +1542,7 @@ class Importer {
   }
 
   /// Add, Sub, Mul, Div, Min, Max, Pow: between a field or vector and a scalar or
-  /// per-channel constant, or between two values that broadcast (nn/broadcast_binary.hpp).
+  /// per-channel constant, or between two values that broadcast (layers/broadcast_binary.hpp).
   void binary(const onnx::NodeProto& n) {
     const std::string& op = n.op_type();
     if (n.input_size() != 2)
@@ -1600,7 +1600,7 @@ class Importer {
     graph_->add_step(n.name(), op, {a, b}, n.output(0),
                      [comm, kind](const std::vector<Variable<T>>& v) {
                        const auto w = aligned(comm, v);
-                       // Two fields of one layout: the plain kernels of nn/pointwise.hpp.
+                       // Two fields of one layout: the plain kernels of layers/pointwise.hpp.
                        if (w[0].is_field() && w[1].is_field() &&
                            w[0].value().same_layout(w[1].value())) {
                          if (kind == BinaryOp::add) return add(w[0], w[1]);

@@ -2,8 +2,8 @@
 
 #include "shardtensor/models/impl/layer_seed.hpp"
 #include "shardtensor/models/sequential.hpp"
-#include "shardtensor/nn/concat.hpp"
-#include "shardtensor/nn/recompute.hpp"
+#include "shardtensor/layers/concat.hpp"
+#include "shardtensor/layers/recompute.hpp"
 
 namespace shardtensor::models {
 

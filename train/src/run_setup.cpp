@@ -8,7 +8,7 @@
 #include "shardtensor/core/execution.hpp"
 #include "shardtensor/core/memory_tracker.hpp"
 #include "shardtensor/models/builder.hpp"
-#include "shardtensor/nn/redistribute_field.hpp"  // same_global_field
+#include "shardtensor/layers/redistribute_field.hpp"  // same_global_field
 #include "shardtensor/train/batch_reader.hpp"
 #include "shardtensor/train/parameter_limit.hpp"
 #include "shardtensor/train/training_step.hpp"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "run_data.hpp"
-#include "shardtensor/nn/module.hpp"
+#include "shardtensor/layers/module.hpp"
 #include "shardtensor/train/channel_statistics.hpp"
 
 namespace shardtensor::impl {

@@ -13,7 +13,7 @@ inline bool& grad_mode_flag() {
   thread_local bool enabled = true;
   return enabled;
 }
-/// True while a block runs again inside backward (nn/recompute.hpp): what its first forward
+/// True while a block runs again inside backward (layers/recompute.hpp): what its first forward
 /// already did once for the step (BatchNorm's running statistics) is not done twice.
 inline bool& recomputing_flag() {
   thread_local bool recomputing = false;

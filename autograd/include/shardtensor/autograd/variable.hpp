@@ -368,7 +368,7 @@ void backward(const Variable<T>& loss) {
 }
 
 /// Back-propagates from a field `output` whose gradient is `gradient` (it becomes the output's
-/// gradient, shared, not copied): a graph inside another's backward (nn/recompute.hpp).
+/// gradient, shared, not copied): a graph inside another's backward (layers/recompute.hpp).
 template <class T>
 void backward(const Variable<T>& output, const ShardTensor<T>& gradient) {
   SHARDTENSOR_REQUIRE(output.is_field(), "backward",

@@ -1,6 +1,6 @@
 #pragma once
 // The activations' scalar functions and derivatives, for the portable kernels that apply them
-// (nn/pointwise.hpp's activate, and the normalization's fused activation in
+// (layers/pointwise.hpp's activate, and the normalization's fused activation in
 // kernels/normalization.hpp), and the other elementwise functions imported graphs apply
 // (ONNX's Exp, Sqrt, Clip, ...). GELU on float arrays has a vector path too: kernels/gelu.hpp.
 

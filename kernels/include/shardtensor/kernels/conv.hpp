@@ -1,5 +1,5 @@
 #pragma once
-// The convolution kernels of Conv<T> (nn/conv.hpp) on Views of one rank's padded field: the
+// The convolution kernels of Conv<T> (layers/conv.hpp) on Views of one rank's padded field: the
 // module computes shapes and plans, these compute. Three families, each in its own source:
 //
 //   direct (kernels/src/conv_direct.cpp)   one loop nest per output; any shape; the reference

@@ -1,5 +1,5 @@
 #pragma once
-// The transposed-convolution kernels (nn/conv_transpose.hpp) on the execution space of their
+// The transposed-convolution kernels (layers/conv_transpose.hpp) on the execution space of their
 // Views: forward by output rows, backward data by padded input rows (each gathers from the
 // outputs it feeds), backward weights and bias per parameter (each sums its own terms, in
 // double). No scatter: every work item writes only what it owns. Where the taps tile the

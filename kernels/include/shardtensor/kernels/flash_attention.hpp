@@ -1,5 +1,5 @@
 #pragma once
-// The kernels of attention over token blocks (nn/ring_attention.hpp) on the execution space of
+// The kernels of attention over token blocks (layers/ring_attention.hpp) on the execution space of
 // their Views, flash-attention style: per (batch, head) slice, tiles of queries x keys; the
 // scores S = scale Q K^T and the outputs by GEMMs (KokkosBlas::gemm), an online softmax (running
 // max and sum per query row) in between; backward recomputes P from the saved log-sum-exp.

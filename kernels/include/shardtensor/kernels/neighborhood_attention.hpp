@@ -1,5 +1,5 @@
 #pragma once
-// The kernels of neighbourhood attention (nn/neighborhood_attention.hpp) on the execution space
+// The kernels of neighbourhood attention (layers/neighborhood_attention.hpp) on the execution space
 // of their Views: each query attends to the keys of a window around it, read from a padded
 // K/V field whose ghosts the halo exchange filled. Data are channel-last rows (PackedRows:
 // row n * cells + cell holds one cell's channels), so a head's D values are contiguous.

@@ -1,5 +1,5 @@
 #pragma once
-// The normalization kernels (nn/normalization.hpp: GroupNorm, LayerNorm, BatchNorm) on the
+// The normalization kernels (layers/normalization.hpp: GroupNorm, LayerNorm, BatchNorm) on the
 // execution space of their Views. A block is one (sample n, channel c) pair, numbered
 // n * channels + c: its sums over the owned cells are in double, one team per block with a
 // fixed reduction tree (the same bits on every run); the normalisation and its backward are

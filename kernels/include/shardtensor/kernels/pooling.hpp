@@ -1,5 +1,5 @@
 #pragma once
-// The pooling kernels (nn/pooling.hpp) on the execution space of their Views: max and average
+// The pooling kernels (layers/pooling.hpp) on the execution space of their Views: max and average
 // pooling over windows of a padded field (the halo padding filled its ghosts), and their
 // backward, which gathers into each padded cell from the outputs whose windows cover it (a
 // scatter only where windows are disjoint, so no two outputs write one cell).

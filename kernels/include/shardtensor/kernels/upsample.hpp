@@ -1,5 +1,5 @@
 #pragma once
-// The upsampling kernels (nn/upsample.hpp) on the execution space of their Views: nearest and
+// The upsampling kernels (layers/upsample.hpp) on the execution space of their Views: nearest and
 // (multi)linear interpolation (PyTorch's align_corners=False or True) from an input buffer whose
 // ghosts the halo padding filled (or, for linear interpolation of a field held whole, the
 // input itself, its end cells read past its ends), and the backward, where each input cell

@@ -9,7 +9,7 @@
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/models/unet.hpp"
-#include "shardtensor/nn/module.hpp"
+#include "shardtensor/layers/module.hpp"
 
 namespace shardtensor::models {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 #include "shardtensor/spectral/spectral_conv.hpp"
 
 namespace shardtensor::models {

@@ -15,7 +15,7 @@
 
 #include "shardtensor/comm/communicator.hpp"
 #include "shardtensor/core/error.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 namespace shardtensor::models {
 

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "shardtensor/nn.hpp"
-#include "shardtensor/nn/recompute.hpp"
+#include "shardtensor/layers.hpp"
+#include "shardtensor/layers/recompute.hpp"
 
 namespace shardtensor::models {
 
@@ -34,7 +34,7 @@ class Sequential : public Module<T> {
   /// then collective over `comm`. The config-driven builder sets it on every sequence.
   void restore_input_layout(const Communicator& comm) { comm_ = comm; }
 
-  /// Runs children [first, last) as one recomputed unit (nn/recompute.hpp): forward keeps
+  /// Runs children [first, last) as one recomputed unit (layers/recompute.hpp): forward keeps
   /// only the unit's input, backward runs the unit again. The parameters keep their names
   /// and the numbers stay the same bit for bit. Units must not overlap.
   void recompute_range(std::size_t first, std::size_t last) {

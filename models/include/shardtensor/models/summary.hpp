@@ -4,7 +4,7 @@
 #include <sstream>
 #include <string>
 
-#include "shardtensor/nn/module.hpp"
+#include "shardtensor/layers/module.hpp"
 
 namespace shardtensor::models {
 

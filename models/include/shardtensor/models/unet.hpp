@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "shardtensor/models/sequential.hpp"
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 namespace shardtensor::models {
 
@@ -42,7 +42,7 @@ struct UNetOptions {
   bool input_skip = false;  ///< add a 1x1 convolution of the input to the output ("skip"):
                             ///< the linear part of a surrogate, learned directly
   /// Each level's blocks (down, bottom, up) keep only their input in forward and run again
-  /// in backward (nn/recompute.hpp; level 0's up block as two units: recomputes_in_two_units):
+  /// in backward (layers/recompute.hpp; level 0's up block as two units: recomputes_in_two_units):
   /// the same numbers bit for bit, less memory (the 64^3 bench U-Net's training peak 102 -> 48
   /// MiB on one rank), one more forward of the blocks per step (about 1.3x the step). Config:
   /// model.recompute.

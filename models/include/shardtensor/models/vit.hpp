@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtensor/nn.hpp"
+#include "shardtensor/layers.hpp"
 
 namespace shardtensor::models {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
-#include "shardtensor/nn/module.hpp"
+#include "shardtensor/layers/module.hpp"
 #include "shardtensor/spectral/distributed_fft.hpp"
 
 namespace shardtensor {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "shardtensor/comm/communicator.hpp"
-#include "shardtensor/nn/module.hpp"
+#include "shardtensor/layers/module.hpp"
 #include "shardtensor/optim/optimizer.hpp"
 #include "shardtensor/train/channel_statistics.hpp"
 
