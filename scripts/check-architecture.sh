@@ -41,7 +41,7 @@ rule "MPI is called only in comm/" \
 # exceptions are what Highway does not offer: AMX tiles, and AVX512-BF16 dot products.
 rule "raw vector intrinsics only in the AMX tiles and the bf16 dot products" \
   "$(offenders 'immintrin|arm_neon\.h|_mm512_|_mm256_' \
-       '^kernels/backends/host/(amx_tiles|vector_kernels)\.cpp:' "${library[@]}" "${programs[@]}")"
+       '^kernels/backends/host/(amx/amx_tiles|vector_kernels)\.cpp:' "${library[@]}" "${programs[@]}")"
 
 # Highway is named only in the host backend.
 rule "Highway only in kernels/backends/host/" \

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "equivalence.hpp"
-#include "host/amx_tiles.hpp"  // kernels/backends: the AMX GEMM
+#include "host/amx/amx_tiles.hpp"  // kernels/backends: the AMX GEMM
 #include "model_options.hpp"
 #include "shardtensor/comm/comm_timers.hpp"
 #include "shardtensor/core/kernel_counter.hpp"

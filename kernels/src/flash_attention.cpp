@@ -5,7 +5,7 @@
 #include <type_traits>
 #include "blas.hpp"  // kernels/backends: private to kernels
 
-#include "host/amx_tiles.hpp"  // kernels/backends: the backends are private to kernels
+#include "host/amx/amx_tiles.hpp"  // kernels/backends: the backends are private to kernels
 #include "host/host_threads.hpp"
 #include "host/softmax_rows.hpp"
 #include "shardtensor/core/cell_index.hpp"

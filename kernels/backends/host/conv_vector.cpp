@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "amx_tiles.hpp"
+#include "amx/amx_tiles.hpp"
 #include "conv_winograd.hpp"
 #include "host_threads.hpp"
 #include "row_padding.hpp"

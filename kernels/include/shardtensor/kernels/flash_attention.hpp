@@ -94,7 +94,7 @@ using Progress = std::function<void()>;
 /// Folds one K/V block (`keys` tokens, K then V) into the softmax state of `queries` packed
 /// queries: per slice and tile, S = scale Q K^T, the online update of each row, O += P V.
 /// `bf16`: a bf16 op's (Q, K and V hold bf16 values): on a host with AMX tiles the products
-/// run on them, P rounded to bf16 as well (host/amx_tiles.hpp); elsewhere it changes nothing.
+/// run on them, P rounded to bf16 as well (host/amx/amx_tiles.hpp); elsewhere it changes nothing.
 template <class T>
 void fold_block(const ExecutionSpace& space, const Heads& a, const T* q, Index queries, const T* kv,
                 Index keys, const Visibility& visible, T scale, OnlineSoftmax<T>& state, T* scores,

@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "vector_kernels.hpp"
+#include "../vector_kernels.hpp"
 
 namespace shardtensor::kernels::host {
 

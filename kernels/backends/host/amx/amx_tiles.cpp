@@ -5,7 +5,7 @@
 #include <tuple>
 #include <vector>
 
-#include "environment_switch.hpp"
+#include "../environment_switch.hpp"
 #include "shardtensor/core/error.hpp"
 #include "shardtensor/kernels/vector_isa.hpp"
 
