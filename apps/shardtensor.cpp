@@ -309,10 +309,15 @@ struct ExportCommand {
     const models::OnnxSignature signature = models::onnx_signature(source, world);
     const models::ModelShape shape{signature.input_rank - 2, signature.input_channels,
                                    signature.output_channels, {}};
+    // The initializers the run trained (model.train_initializers) are parameters again, so
+    // that the checkpoint's values reach them.
+    std::vector<std::string> trained;
+    for (const auto& name : config.model["train_initializers"])
+      trained.push_back(name.as<std::string>());
     if (config.training.precision == "double")
-      write<double>(world, source, shape);
+      write<double>(world, source, shape, trained);
     else
-      write<float>(world, source, shape);
+      write<float>(world, source, shape, trained);
     if (world.rank() == 0)
       std::printf("export: %s (step %lld) -> %s\n", checkpoint.c_str(), (long long)state.step,
                   output.c_str());
@@ -320,8 +325,8 @@ struct ExportCommand {
 
   template <class T>
   void write(const Communicator& world, const std::string& source,
-             const models::ModelShape& shape) {
-    const auto graph = models::import_onnx<T>(source, world, shape);
+             const models::ModelShape& shape, const std::vector<std::string>& trained) {
+    const auto graph = models::import_onnx<T>(source, world, shape, "model", trained);
     load_checkpoint<T>(world, checkpoint, *graph, nullptr);
     models::export_onnx<T>(source, *graph, output, world);
   }

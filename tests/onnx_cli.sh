@@ -43,7 +43,7 @@ echo "== train model: {type: onnx}, then infer --checkpoint"
 cat > run.yaml <<YAML
 run_dir: run
 data: {path: data.h5, validation_samples: 2, periodic: true, normalize: false}
-model: {type: onnx, path: heat.onnx}
+model: {type: onnx, path: heat.onnx, train_initializers: [scale]}
 optimizer: {type: adam, lr: 1.0e-3}
 training: {epochs: 2, batch_size: 2, loss: mse}
 YAML

@@ -25,7 +25,8 @@ except ImportError as e:  # pragma: no cover
 
 
 class HeatNet(nn.Module):
-    """A small U-shaped network with periodic convolutions, as one would write it in PyTorch."""
+    """A small U-shaped network with periodic convolutions, as one would write it in PyTorch,
+    and a per-channel scale (a layer scale: an initializer that trains where listed)."""
 
     def __init__(self):
         super().__init__()
@@ -34,9 +35,10 @@ class HeatNet(nn.Module):
         self.dec = nn.Conv2d(16, 8, 3, padding=1, padding_mode="circular")
         self.head = nn.Conv2d(8, 1, 1)
         self.skip = nn.Conv2d(2, 1, 1)
+        self.scale = nn.Parameter(torch.full((8, 1, 1), 0.7))
 
     def forward(self, x):
-        a = F.gelu(self.enc(x))
+        a = F.gelu(self.enc(x)) * self.scale
         b = F.gelu(self.mid(F.avg_pool2d(a, 2)))
         b = F.interpolate(b, scale_factor=2, mode="bilinear", align_corners=False)
         return self.head(F.gelu(self.dec(torch.cat([a, b], 1)))) + self.skip(x)
