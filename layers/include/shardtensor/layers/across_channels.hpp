@@ -149,6 +149,38 @@ Variable<T> softmax_channels(const Variable<T>& input, bool log = false) {
   return Variable<T>(node);
 }
 
+namespace impl {
+
+/// y's value i is x's value source(i) (y has `channels` channels; every value of y is one of
+/// x's, and no two read the same one): a range or a permutation of the channels. The
+/// gradient goes back along the same map, so its scatter has no two writers.
+template <class T, class Source>
+Variable<T> gather_channels(const Variable<T>& input, Index channels, const Source& source,
+                            const std::string& label) {
+  const ShardTensor<T>& x = input.value();
+  ShardTensor<T> y = field_like(x, label, channels);
+  const T* xv = x.view().data();
+  T* yv = y.view().data();
+  Kokkos::parallel_for(
+      label, Index(y.view().span()), KOKKOS_LAMBDA(const Index i) { yv[i] = xv[source(i)]; });
+  auto node = make_result_node<T>(label, {input.node()});
+  node->field = y;
+  if (node->requires_grad) {
+    auto in = input.node();
+    const Index size = Index(y.view().span());
+    const std::string backward_label = label + "_backward";
+    node->backward = [in, source, size, backward_label](impl::Node<T>& self) {
+      const T* gy = self.grad_field().view().data();
+      T* gx = in->grad_field().view().data();
+      Kokkos::parallel_for(
+          backward_label, size, KOKKOS_LAMBDA(const Index i) { gx[source(i)] += gy[i]; });
+    };
+  }
+  return Variable<T>(node);
+}
+
+}  // namespace impl
+
 /// Channels [begin, begin + count) of a field (one output of a Split).
 template <class T>
 Variable<T> slice_channels(const Variable<T>& input, Index begin, Index count) {
@@ -158,26 +190,9 @@ Variable<T> slice_channels(const Variable<T>& input, Index begin, Index count) {
                       "channels [" << begin << ", " << begin + count << ") of '" << input.name()
                                    << "', which has " << x.channels());
   const impl::ChannelLines<T> lines(x);
-  ShardTensor<T> y = impl::field_like(x, "slice_channels", count);
-  const impl::ChannelRange source{begin, count, lines.channels, lines.cells};
-  const T* xv = x.view().data();
-  T* yv = y.view().data();
-  Kokkos::parallel_for(
-      "slice_channels", Index(y.view().span()),
-      KOKKOS_LAMBDA(const Index i) { yv[i] = xv[source(i)]; });
-  auto node = make_result_node<T>("slice_channels", {input.node()});
-  node->field = y;
-  if (node->requires_grad) {
-    auto in = input.node();
-    const Index size = Index(y.view().span());
-    node->backward = [in, source, size](impl::Node<T>& self) {
-      const T* gy = self.grad_field().view().data();
-      T* gx = in->grad_field().view().data();
-      Kokkos::parallel_for(
-          "slice_channels_backward", size, KOKKOS_LAMBDA(const Index i) { gx[source(i)] += gy[i]; });
-    };
-  }
-  return Variable<T>(node);
+  return impl::gather_channels(input, count,
+                               impl::ChannelRange{begin, count, lines.channels, lines.cells},
+                               "slice_channels");
 }
 
 /// PyTorch's nn.ChannelShuffle(groups), ShuffleNet's channel_shuffle: the channels viewed as
@@ -191,27 +206,9 @@ Variable<T> channel_shuffle(const Variable<T>& input, Index groups) {
                       groups << " groups for the " << x.channels() << " channels of '"
                              << input.name() << "': the groups must divide the channels");
   const impl::ChannelLines<T> lines(x);
-  ShardTensor<T> y = impl::field_like(x, "channel_shuffle");
-  const impl::ChannelShuffle source{groups, lines.channels, lines.cells};
-  const T* xv = x.view().data();
-  T* yv = y.view().data();
-  Kokkos::parallel_for(
-      "channel_shuffle", Index(y.view().span()),
-      KOKKOS_LAMBDA(const Index i) { yv[i] = xv[source(i)]; });
-  auto node = make_result_node<T>("channel_shuffle", {input.node()});
-  node->field = y;
-  if (node->requires_grad) {
-    auto in = input.node();
-    const Index size = Index(y.view().span());
-    node->backward = [in, source, size](impl::Node<T>& self) {
-      const T* gy = self.grad_field().view().data();
-      T* gx = in->grad_field().view().data();
-      Kokkos::parallel_for(
-          "channel_shuffle_backward", size,
-          KOKKOS_LAMBDA(const Index i) { gx[source(i)] += gy[i]; });
-    };
-  }
-  return Variable<T>(node);
+  return impl::gather_channels(input, lines.channels,
+                               impl::ChannelShuffle{groups, lines.channels, lines.cells},
+                               "channel_shuffle");
 }
 
 }  // namespace shardtensor

@@ -61,18 +61,9 @@ Variable<T> channel_parameter(const Communicator& comm, ChannelOp op, const Vari
       }
       if (wn->requires_grad) {
         const T* xv = multiply ? kept.view().data() : nullptr;
-        const ReplicatedView<T> gw = wn->grad_partial(comm);
-        Kokkos::parallel_for(
-            "channel_parameter_backward_weight", values, KOKKOS_LAMBDA(const Index v) {
-              T sum = 0;
-              for (Index n = 0; n < batch; ++n)
-                for (Index c = values == 1 ? 0 : v; c < (values == 1 ? channels : v + 1); ++c) {
-                  const Index line = (n * channels + c) * cells;
-                  for (Index k = 0; k < cells; ++k)
-                    sum += multiply ? gy[line + k] * xv[line + k] : gy[line + k];
-                }
-              gw(v) += sum;
-            });
+        impl::add_channel_sums(
+            "channel_parameter_backward_weight", wn->grad_partial(comm), values, batch, channels,
+            cells, KOKKOS_LAMBDA(const Index i)->T { return multiply ? gy[i] * xv[i] : gy[i]; });
       }
     };
   }

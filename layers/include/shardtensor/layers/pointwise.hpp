@@ -47,6 +47,24 @@ ShardTensor<T> field_like(const ShardTensor<T>& like, const std::string& label,
                                        label);
 }
 
+/// sums(v) += the sum of term(i) over the values i of channel v of a (batch, channels, cells)
+/// field (`values` == channels), or of every channel (`values` == 1), in the order n, c, cell:
+/// the partial gradient of a parameter per channel (PRelu's slopes, channel_parameter).
+template <class T, class Term>
+void add_channel_sums(const std::string& label, const ReplicatedView<T>& sums, Index values,
+                      Index batch, Index channels, Index cells, const Term& term) {
+  Kokkos::parallel_for(
+      label, values, KOKKOS_LAMBDA(const Index v) {
+        T sum = 0;
+        for (Index n = 0; n < batch; ++n)
+          for (Index c = values == 1 ? 0 : v; c < (values == 1 ? channels : v + 1); ++c) {
+            const Index line = (n * channels + c) * cells;
+            for (Index k = 0; k < cells; ++k) sum += term(line + k);
+          }
+        sums(v) += sum;
+      });
+}
+
 /// y = f(x) for every value, ghosts included (y may be x: in place).
 template <class T>
 void apply_activation(const ActivationFunction<T>& f, const ShardTensor<T>& x,

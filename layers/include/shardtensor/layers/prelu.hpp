@@ -58,18 +58,9 @@ class PRelu : public Module<T> {
               });
         }
         if (an->requires_grad) {
-          const ReplicatedView<T> ga = an->grad_partial(comm);
-          Kokkos::parallel_for(
-              "PRelu_backward_slope", slopes, KOKKOS_LAMBDA(const Index s) {
-                T sum = 0;
-                for (Index n = 0; n < batch; ++n)
-                  for (Index c = slopes == 1 ? 0 : s; c < (slopes == 1 ? channels : s + 1); ++c) {
-                    const Index line = (n * channels + c) * cells;
-                    for (Index k = 0; k < cells; ++k)
-                      sum += xv[line + k] > T(0) ? T(0) : gy[line + k] * xv[line + k];
-                  }
-                ga(s) += sum;
-              });
+          impl::add_channel_sums(
+              "PRelu_backward_slope", an->grad_partial(comm), slopes, batch, channels, cells,
+              KOKKOS_LAMBDA(const Index i)->T { return xv[i] > T(0) ? T(0) : gy[i] * xv[i]; });
         }
       };
     }
